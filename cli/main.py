@@ -1,0 +1,59 @@
+"""Entry point of the ``hypertrace`` console script.
+
+Each subcommand lives in ``hypertrace.cli.<name>`` and exposes ``register(subparsers)``, which
+adds its parser and sets ``func``. Modules import their heavy dependencies inside ``run`` so
+``hypertrace --help`` stays fast on a node.
+
+Exit status convention (all subcommands): 0 success / nothing found, 2 usage or input error,
+3 stragglers reported (report, analyze), 1 any other failure.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+SUBCOMMANDS = ("agent", "analyzer", "report", "analyze", "predict", "probe", "simulate")
+
+EPILOG = """\
+typical use:
+  hypertrace analyzer --listen 0.0.0.0:50051 --db /var/lib/hypertrace/analyzer.db
+  hypertrace agent --analyzer analyzer-host:50051          (on every GPU node, as a service)
+  hypertrace report --analyzer analyzer-host:50051 --job 1234
+  hypertrace predict --p 0.01,0.005 --nodes 64,512          (how spikes scale with job size)
+
+exit status: 0 ok / no straggler, 2 bad usage or input, 3 stragglers reported, 1 other error.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hypertrace",
+        description="Find slow GPUs and nodes in training jobs from CUDA API latency.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more logging (-v info, -vv debug)")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"hypertrace.cli.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

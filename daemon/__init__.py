@@ -1,0 +1,1 @@
+"""Node agent lifecycle: config, fixed windows, on-disk spool, gRPC client, systemd notify."""

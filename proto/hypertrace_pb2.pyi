@@ -1,0 +1,254 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Histogram(_message.Message):
+    __slots__ = ("scheme", "first_bucket", "counts")
+    SCHEME_FIELD_NUMBER: _ClassVar[int]
+    FIRST_BUCKET_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    scheme: int
+    first_bucket: int
+    counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, scheme: _Optional[int] = ..., first_bucket: _Optional[int] = ..., counts: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ApiStats(_message.Message):
+    __slots__ = ("api", "count", "sum_us", "min_us", "max_us", "histogram")
+    API_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    SUM_US_FIELD_NUMBER: _ClassVar[int]
+    MIN_US_FIELD_NUMBER: _ClassVar[int]
+    MAX_US_FIELD_NUMBER: _ClassVar[int]
+    HISTOGRAM_FIELD_NUMBER: _ClassVar[int]
+    api: str
+    count: int
+    sum_us: float
+    min_us: float
+    max_us: float
+    histogram: Histogram
+    def __init__(self, api: _Optional[str] = ..., count: _Optional[int] = ..., sum_us: _Optional[float] = ..., min_us: _Optional[float] = ..., max_us: _Optional[float] = ..., histogram: _Optional[_Union[Histogram, _Mapping]] = ...) -> None: ...
+
+class NvmlContext(_message.Message):
+    __slots__ = ("sm_clock_mhz", "max_sm_clock_mhz", "clock_event_reasons", "temperature_c", "power_w", "power_limit_w", "xid_errors", "pcie_replay_count", "pcie_link_width", "pcie_max_link_width")
+    SM_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
+    MAX_SM_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_EVENT_REASONS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
+    XID_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    PCIE_REPLAY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PCIE_LINK_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    PCIE_MAX_LINK_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    sm_clock_mhz: int
+    max_sm_clock_mhz: int
+    clock_event_reasons: int
+    temperature_c: float
+    power_w: float
+    power_limit_w: float
+    xid_errors: _containers.RepeatedScalarFieldContainer[int]
+    pcie_replay_count: int
+    pcie_link_width: int
+    pcie_max_link_width: int
+    def __init__(self, sm_clock_mhz: _Optional[int] = ..., max_sm_clock_mhz: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., temperature_c: _Optional[float] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., xid_errors: _Optional[_Iterable[int]] = ..., pcie_replay_count: _Optional[int] = ..., pcie_link_width: _Optional[int] = ..., pcie_max_link_width: _Optional[int] = ...) -> None: ...
+
+class Overhead(_message.Message):
+    __slots__ = ("estimated_fraction", "duty", "probe_cost_ns", "call_rate_hz", "budget")
+    ESTIMATED_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    DUTY_FIELD_NUMBER: _ClassVar[int]
+    PROBE_COST_NS_FIELD_NUMBER: _ClassVar[int]
+    CALL_RATE_HZ_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    estimated_fraction: float
+    duty: float
+    probe_cost_ns: float
+    call_rate_hz: float
+    budget: float
+    def __init__(self, estimated_fraction: _Optional[float] = ..., duty: _Optional[float] = ..., probe_cost_ns: _Optional[float] = ..., call_rate_hz: _Optional[float] = ..., budget: _Optional[float] = ...) -> None: ...
+
+class ProcessWindow(_message.Message):
+    __slots__ = ("job_id", "rank", "local_rank", "gpu_index", "gpu_uuid", "pid", "gpu_kind", "apis", "step_time", "nvml", "overhead")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    GPU_KIND_FIELD_NUMBER: _ClassVar[int]
+    APIS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_FIELD_NUMBER: _ClassVar[int]
+    NVML_FIELD_NUMBER: _ClassVar[int]
+    OVERHEAD_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    local_rank: int
+    gpu_index: int
+    gpu_uuid: str
+    pid: int
+    gpu_kind: str
+    apis: _containers.RepeatedCompositeFieldContainer[ApiStats]
+    step_time: Histogram
+    nvml: NvmlContext
+    overhead: Overhead
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., pid: _Optional[int] = ..., gpu_kind: _Optional[str] = ..., apis: _Optional[_Iterable[_Union[ApiStats, _Mapping]]] = ..., step_time: _Optional[_Union[Histogram, _Mapping]] = ..., nvml: _Optional[_Union[NvmlContext, _Mapping]] = ..., overhead: _Optional[_Union[Overhead, _Mapping]] = ...) -> None: ...
+
+class NodeWindow(_message.Message):
+    __slots__ = ("version", "agent_id", "node", "seq", "start", "end", "processes")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    agent_id: str
+    node: str
+    seq: int
+    start: _timestamp_pb2.Timestamp
+    end: _timestamp_pb2.Timestamp
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessWindow]
+    def __init__(self, version: _Optional[int] = ..., agent_id: _Optional[str] = ..., node: _Optional[str] = ..., seq: _Optional[int] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., processes: _Optional[_Iterable[_Union[ProcessWindow, _Mapping]]] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("agent_id", "seq", "duplicate")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    seq: int
+    duplicate: bool
+    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class Finding(_message.Message):
+    __slots__ = ("api", "stat", "value_us", "job_median_us", "ratio", "robust_z", "direction", "meaning")
+    API_FIELD_NUMBER: _ClassVar[int]
+    STAT_FIELD_NUMBER: _ClassVar[int]
+    VALUE_US_FIELD_NUMBER: _ClassVar[int]
+    JOB_MEDIAN_US_FIELD_NUMBER: _ClassVar[int]
+    RATIO_FIELD_NUMBER: _ClassVar[int]
+    ROBUST_Z_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    MEANING_FIELD_NUMBER: _ClassVar[int]
+    api: str
+    stat: str
+    value_us: float
+    job_median_us: float
+    ratio: float
+    robust_z: float
+    direction: str
+    meaning: str
+    def __init__(self, api: _Optional[str] = ..., stat: _Optional[str] = ..., value_us: _Optional[float] = ..., job_median_us: _Optional[float] = ..., ratio: _Optional[float] = ..., robust_z: _Optional[float] = ..., direction: _Optional[str] = ..., meaning: _Optional[str] = ...) -> None: ...
+
+class GpuReport(_message.Message):
+    __slots__ = ("gpu", "rank", "verdict", "windows_flagged", "windows_seen", "spike_rate", "findings", "probable_cause", "gpu_kind")
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FLAGGED_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_SEEN_FIELD_NUMBER: _ClassVar[int]
+    SPIKE_RATE_FIELD_NUMBER: _ClassVar[int]
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    PROBABLE_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    GPU_KIND_FIELD_NUMBER: _ClassVar[int]
+    gpu: str
+    rank: int
+    verdict: str
+    windows_flagged: int
+    windows_seen: int
+    spike_rate: float
+    findings: _containers.RepeatedCompositeFieldContainer[Finding]
+    probable_cause: str
+    gpu_kind: str
+    def __init__(self, gpu: _Optional[str] = ..., rank: _Optional[int] = ..., verdict: _Optional[str] = ..., windows_flagged: _Optional[int] = ..., windows_seen: _Optional[int] = ..., spike_rate: _Optional[float] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., probable_cause: _Optional[str] = ..., gpu_kind: _Optional[str] = ...) -> None: ...
+
+class NodeReport(_message.Message):
+    __slots__ = ("node", "verdict", "scope", "probable_cause", "gpus")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    PROBABLE_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    verdict: str
+    scope: str
+    probable_cause: str
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuReport]
+    def __init__(self, node: _Optional[str] = ..., verdict: _Optional[str] = ..., scope: _Optional[str] = ..., probable_cause: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuReport, _Mapping]]] = ...) -> None: ...
+
+class ClusterPrediction(_message.Message):
+    __slots__ = ("spike_probability", "basis", "step_time_now_us", "step_time_after_eviction_us", "predicted_gain", "evicted_nodes")
+    SPIKE_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    BASIS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_NOW_US_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_AFTER_EVICTION_US_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_GAIN_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_NODES_FIELD_NUMBER: _ClassVar[int]
+    spike_probability: float
+    basis: str
+    step_time_now_us: float
+    step_time_after_eviction_us: float
+    predicted_gain: float
+    evicted_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, spike_probability: _Optional[float] = ..., basis: _Optional[str] = ..., step_time_now_us: _Optional[float] = ..., step_time_after_eviction_us: _Optional[float] = ..., predicted_gain: _Optional[float] = ..., evicted_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class JobReport(_message.Message):
+    __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    windows: int
+    gpus: int
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeReport]
+    cluster: ClusterPrediction
+    def __init__(self, job_id: _Optional[str] = ..., windows: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeReport, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterPrediction, _Mapping]] = ...) -> None: ...
+
+class Report(_message.Message):
+    __slots__ = ("version", "generated", "jobs")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    generated: _timestamp_pb2.Timestamp
+    jobs: _containers.RepeatedCompositeFieldContainer[JobReport]
+    def __init__(self, version: _Optional[int] = ..., generated: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., jobs: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ...) -> None: ...
+
+class ReportRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class JobSummary(_message.Message):
+    __slots__ = ("job_id", "gpus", "nodes", "windows", "last_window")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    LAST_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    gpus: int
+    nodes: int
+    windows: int
+    last_window: _timestamp_pb2.Timestamp
+    def __init__(self, job_id: _Optional[str] = ..., gpus: _Optional[int] = ..., nodes: _Optional[int] = ..., windows: _Optional[int] = ..., last_window: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobSummary]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobSummary, _Mapping]]] = ...) -> None: ...

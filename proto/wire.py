@@ -1,0 +1,164 @@
+"""Helpers around the generated messages: histogram packing, validation, JSON-lines files.
+
+Validation lives with the wire format because both ends need it: the analyzer rejects what
+fails it (INVALID_ARGUMENT, naming the field) and the agent checks what it is about to send.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import IO, Iterable, Iterator
+
+import numpy as np
+from google.protobuf import json_format
+
+from hypertrace.proto import buckets
+from hypertrace.proto import hypertrace_pb2 as pb
+
+WIRE_VERSION = 1
+#: Hard limits that keep one window from exhausting the analyzer. A node has at most a few
+#: dozen GPUs; the caps are generous multiples of that.
+MAX_PROCESSES_PER_WINDOW = 1024
+MAX_APIS_PER_PROCESS = 64
+MAX_WINDOW_BYTES = 8 * 1024 * 1024
+MAX_ID_LEN = 256
+
+
+class WireError(ValueError):
+    """A window that breaks the wire contract; ``field`` names the offending field path."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def pack_histogram(dense: np.ndarray) -> pb.Histogram:
+    """Dense NUM_BUCKETS counts -> trimmed wire histogram."""
+    dense = np.asarray(dense, dtype=np.uint64)
+    nz = np.flatnonzero(dense)
+    if nz.size == 0:
+        return pb.Histogram(scheme=buckets.SCHEME_ID, first_bucket=0, counts=[])
+    lo, hi = int(nz[0]), int(nz[-1])
+    return pb.Histogram(scheme=buckets.SCHEME_ID, first_bucket=lo, counts=dense[lo:hi + 1].tolist())
+
+
+def unpack_histogram(hist: pb.Histogram) -> np.ndarray:
+    """Wire histogram -> dense NUM_BUCKETS counts (assumes it passed validation)."""
+    dense = np.zeros(buckets.NUM_BUCKETS, dtype=np.uint64)
+    n = len(hist.counts)
+    if n:
+        dense[hist.first_bucket:hist.first_bucket + n] = np.fromiter(hist.counts, np.uint64, n)
+    return dense
+
+
+def api_stats_from_ns(api: str, latencies_ns: np.ndarray) -> pb.ApiStats:
+    """Build an ApiStats from raw latencies (simulator, CUPTI fallback, tests)."""
+    v = np.asarray(latencies_ns, dtype=np.float64)
+    if v.size == 0:
+        return pb.ApiStats(api=api, count=0, histogram=pack_histogram(np.zeros(buckets.NUM_BUCKETS)))
+    return pb.ApiStats(
+        api=api, count=int(v.size), sum_us=float(v.sum() / 1e3), min_us=float(v.min() / 1e3),
+        max_us=float(v.max() / 1e3), histogram=pack_histogram(buckets.histogram_of_ns(v)))
+
+
+def _check_histogram(hist: pb.Histogram, field: str) -> int:
+    if hist.scheme != buckets.SCHEME_ID:
+        raise WireError(f"{field}.scheme", f"unknown bucket scheme {hist.scheme}; this analyzer "
+                        f"knows scheme {buckets.SCHEME_ID} (upgrade the analyzer or the agent)")
+    if hist.first_bucket + len(hist.counts) > buckets.NUM_BUCKETS:
+        raise WireError(f"{field}.counts", f"covers buckets {hist.first_bucket}.."
+                        f"{hist.first_bucket + len(hist.counts) - 1} but scheme "
+                        f"{buckets.SCHEME_ID} has {buckets.NUM_BUCKETS}")
+    return int(sum(hist.counts))
+
+
+def _check_finite_nonneg(value: float, field: str) -> None:
+    if math.isnan(value) or math.isinf(value):
+        raise WireError(field, f"must be a finite number, got {value}")
+    if value < 0:
+        raise WireError(field, f"must be >= 0, got {value}")
+
+
+def validate_window(w: pb.NodeWindow, encoded_size: int | None = None) -> None:
+    """Raise :class:`WireError` naming the first field that breaks the contract."""
+    size = encoded_size if encoded_size is not None else w.ByteSize()
+    if size > MAX_WINDOW_BYTES:
+        raise WireError("NodeWindow", f"is {size} bytes, over the {MAX_WINDOW_BYTES}-byte limit")
+    if w.version != WIRE_VERSION:
+        raise WireError("version", f"unknown wire version {w.version}; this analyzer speaks "
+                        f"version {WIRE_VERSION}")
+    for name in ("agent_id", "node"):
+        value = getattr(w, name)
+        if not value:
+            raise WireError(name, "is empty")
+        if len(value) > MAX_ID_LEN:
+            raise WireError(name, f"is longer than {MAX_ID_LEN} characters")
+    if not w.HasField("start") or not w.HasField("end"):
+        raise WireError("start" if not w.HasField("start") else "end", "is missing")
+    if w.end.ToNanoseconds() < w.start.ToNanoseconds():
+        raise WireError("end", "is before start")
+    if len(w.processes) > MAX_PROCESSES_PER_WINDOW:
+        raise WireError("processes", f"has {len(w.processes)} entries, over the limit of "
+                        f"{MAX_PROCESSES_PER_WINDOW}")
+    for i, p in enumerate(w.processes):
+        pf = f"processes[{i}]"
+        if not p.job_id:
+            raise WireError(f"{pf}.job_id", "is empty")
+        if len(p.job_id) > MAX_ID_LEN:
+            raise WireError(f"{pf}.job_id", f"is longer than {MAX_ID_LEN} characters")
+        if len(p.apis) > MAX_APIS_PER_PROCESS:
+            raise WireError(f"{pf}.apis", f"has {len(p.apis)} entries, over the limit of "
+                            f"{MAX_APIS_PER_PROCESS}")
+        for j, a in enumerate(p.apis):
+            af = f"{pf}.apis[{j}]"
+            if not a.api:
+                raise WireError(f"{af}.api", "is empty")
+            for stat in ("sum_us", "min_us", "max_us"):
+                _check_finite_nonneg(getattr(a, stat), f"{af}.{stat}")
+            total = _check_histogram(a.histogram, f"{af}.histogram")
+            if total != a.count:
+                raise WireError(f"{af}.count", f"is {a.count} but the histogram holds {total} "
+                                "samples; they must agree")
+            if a.count and a.min_us > a.max_us:
+                raise WireError(f"{af}.min_us", f"{a.min_us} is above max_us {a.max_us}")
+        if p.HasField("step_time"):
+            _check_histogram(p.step_time, f"{pf}.step_time")
+        if p.HasField("overhead"):
+            for stat in ("estimated_fraction", "duty", "probe_cost_ns", "call_rate_hz", "budget"):
+                _check_finite_nonneg(getattr(p.overhead, stat), f"{pf}.overhead.{stat}")
+        if p.HasField("nvml"):
+            for stat in ("temperature_c", "power_w", "power_limit_w"):
+                if p.nvml.HasField(stat):
+                    _check_finite_nonneg(getattr(p.nvml, stat), f"{pf}.nvml.{stat}")
+
+
+# ---- proto3-JSON lines: the only file format ----------------------------------------------------
+
+def window_to_json(w: pb.NodeWindow) -> str:
+    return json_format.MessageToJson(w, indent=None, preserving_proto_field_name=True)
+
+
+def window_from_json(line: str) -> pb.NodeWindow:
+    return json_format.Parse(line, pb.NodeWindow())
+
+
+def write_jsonl(windows: Iterable[pb.NodeWindow], out: IO[str]) -> int:
+    n = 0
+    for w in windows:
+        out.write(window_to_json(w))
+        out.write("\n")
+        n += 1
+    return n
+
+
+def read_jsonl(path: str | Path) -> Iterator[pb.NodeWindow]:
+    """Yield windows from a JSON-lines file; a bad line raises WireError naming the line."""
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield window_from_json(line)
+            except json_format.ParseError as exc:
+                raise WireError(f"{path}:{lineno}", f"not a hypertrace.v1 NodeWindow: {exc}") from exc
