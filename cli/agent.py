@@ -1,7 +1,59 @@
-"""`hypertrace agent` (placeholder: registered so the CLI table is complete)."""
+"""`hypertrace agent`: the node agent (normally run by systemd, see deploy/)."""
 from __future__ import annotations
+
+import argparse
+
+from hypertrace.daemon.config import DEFAULT_CONFIG_PATH
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("agent", help="(not built yet)")
-    p.set_defaults(func=lambda args: 1)
+    p = subparsers.add_parser(
+        "agent", help="run the node agent: probe CUDA calls, stream windows to the analyzer",
+        description="Find training processes on this node, probe their CUDA runtime/driver "
+                    "calls with eBPF uprobes under an overhead budget, and stream fixed windows "
+                    "to the analyzer. Every flag can also be set in the config file (same name, "
+                    "underscores); flags override the file.")
+    # Defaults are None so "not given" is distinguishable from a value: the file's value (or the
+    # documented default in daemon/config.py) applies then.
+    p.add_argument("--analyzer", metavar="HOST:PORT", help="analyzer gRPC endpoint (required "
+                   "here or in the config file)")
+    p.add_argument("--window", type=float, metavar="SECONDS",
+                   help="window length; match the analyzer's --window-seconds (default 10)")
+    p.add_argument("--overhead-budget", type=float, metavar="F",
+                   help="max fraction of a training process's time spent in probes "
+                        "(default 0.005 = 0.5%%)")
+    p.add_argument("--config", metavar="FILE",
+                   help=f"TOML config file (default {DEFAULT_CONFIG_PATH} when it exists)")
+    p.add_argument("--spool-dir", metavar="DIR",
+                   help="unsent windows and the window seq (default /var/lib/hypertrace/spool)")
+    p.add_argument("--spool-max-mb", type=float, metavar="MB", help="spool bound (default 256)")
+    p.add_argument("--node", help="node name in reports (default: host name)")
+    p.add_argument("--agent-id", help="agent identity for acks/dedup (default: node name)")
+    p.add_argument("--job-env", metavar="VAR[,VAR...]",
+                   help="environment variables naming the job, in order; A:B joins several "
+                        "(default HYPERTRACE_JOB,SLURM_JOB_ID,TORCHELASTIC_RUN_ID,"
+                        "MASTER_ADDR:MASTER_PORT)")
+    p.add_argument("--slices", type=int, help="probe-on slices per window (default 4)")
+    p.add_argument("--scan-interval", type=float, metavar="SECONDS",
+                   help="seconds between /proc scans (default 1)")
+    p.add_argument("--nvml", action=argparse.BooleanOptionalAction, default=None,
+                   help="read NVML GPU context when a driver exists (default on)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+    import sys
+
+    from hypertrace.daemon.agent import run_agent
+    from hypertrace.daemon.config import AgentConfig, ConfigError, load_config
+
+    if args.verbose == 0:          # a daemon should say what it found and sent
+        logging.getLogger().setLevel(logging.INFO)
+    overrides = {name: getattr(args, name, None) for name in AgentConfig.__dataclass_fields__}
+    try:
+        cfg = load_config(args.config, overrides)
+    except ConfigError as e:
+        print(f"hypertrace agent: {e}", file=sys.stderr)
+        return 2
+    return run_agent(cfg)

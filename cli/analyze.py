@@ -1,7 +1,96 @@
-"""`hypertrace analyze` (placeholder: registered so the CLI table is complete)."""
+"""`hypertrace analyze FILE.jsonl`: score recorded windows offline through the server's Engine.
+
+Every window is validated exactly as the server validates it; the first bad one stops the run with
+exit status 2 and a message naming the line and field. Then all windows are ingested, every epoch
+is scored (``flush(None)``) and the report is printed. Exit status: 0 no straggler, 3 stragglers,
+2 bad input or settings.
+"""
 from __future__ import annotations
+
+import argparse
+import sys
+
+#: Scoring settings exposed as flags (the rest via --config); names match ScoringConfig fields.
+FLAG_SETTINGS = (
+    ("window_seconds", float, "epoch length used to align windows (default 10)"),
+    ("z_threshold", float, "robust z cut (default 3.5)"),
+    ("min_effect", float, "minimum relative deviation from the job median (default 0.05)"),
+    ("min_samples", int, "calls per GPU per API per window needed to score it (default 50)"),
+    ("persist_k", int, "flagged windows (of persist_n) that make a straggler (default 3)"),
+    ("persist_n", int, "windows remembered for persistence (default 5)"),
+    ("clear_m", int, "clean windows that clear a straggler (default 3)"),
+)
+
+
+def add_scoring_flags(p: argparse.ArgumentParser) -> None:
+    """Add --config and the common scoring flags (shared with other commands that score)."""
+    p.add_argument("--config", metavar="TOML",
+                   help="scoring settings (keys as ScoringConfig fields, top level or [scoring])")
+    for name, typ, text in FLAG_SETTINGS:
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None, help=text)
+
+
+def scoring_config_from_args(args: argparse.Namespace):
+    """ScoringConfig from --config plus flag overrides (flags win)."""
+    from hypertrace.analyzer.config import ScoringConfig, load_scoring_config
+
+    overrides = {name: getattr(args, name) for name, _, _ in FLAG_SETTINGS
+                 if getattr(args, name, None) is not None}
+    if getattr(args, "config", None):
+        return load_scoring_config(args.config, overrides)
+    return ScoringConfig.from_mapping(overrides)
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("analyze", help="(not built yet)")
-    p.set_defaults(func=lambda args: 1)
+    p = subparsers.add_parser(
+        "analyze", help="score recorded windows (JSON lines) offline",
+        description="Score recorded hypertrace.v1 NodeWindow JSON lines with the same Engine as "
+                    "the analyzer server and print the report. Exit 0: no straggler, 3: "
+                    "stragglers, 2: bad input.")
+    p.add_argument("file", metavar="FILE.jsonl", help="recorded windows, one JSON object a line")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--job", default=None, help="report only this job id")
+    add_scoring_flags(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hypertrace.analyzer.config import ConfigError
+    from hypertrace.analyzer.engine import Engine, UnknownJobError
+    from hypertrace.analyzer.report_format import exit_status, report_to_json, report_to_table
+    from hypertrace.proto import wire
+
+    try:
+        cfg = scoring_config_from_args(args)
+    except ConfigError as exc:
+        print(f"hypertrace analyze: bad scoring setting: {exc}", file=sys.stderr)
+        return 2
+    engine = Engine(cfg)
+    n = 0
+    try:
+        for n, window in enumerate(wire.read_jsonl(args.file), 1):
+            try:
+                wire.validate_window(window)
+            except wire.WireError as exc:
+                raise wire.WireError(f"{args.file}: window {n}: {exc.field}", exc.problem) from exc
+            engine.ingest(window)
+    except OSError as exc:
+        print(f"hypertrace analyze: cannot read {args.file}: {exc.strerror or exc}; pass a "
+              "JSON-lines file written by `hypertrace simulate --output` or the analyzer",
+              file=sys.stderr)
+        return 2
+    except wire.WireError as exc:
+        print(f"hypertrace analyze: {exc}", file=sys.stderr)
+        return 2
+    if n == 0:
+        print(f"hypertrace analyze: {args.file} holds no windows", file=sys.stderr)
+        return 2
+    engine.flush(None)
+    try:
+        report = engine.report(args.job)
+    except UnknownJobError as exc:
+        print(f"hypertrace analyze: {exc}", file=sys.stderr)
+        return 2
+    out = report_to_json(report) if args.format == "json" else report_to_table(report)
+    sys.stdout.write(out if out.endswith("\n") else out + "\n")
+    return exit_status(report)

@@ -1,7 +1,150 @@
-"""`hypertrace analyzer` (placeholder: registered so the CLI table is complete)."""
+"""`hypertrace analyzer`: run the gRPC analyzer (ingest, scoring, SQLite storage, reports).
+
+Settings come from flags, an optional TOML file (``--config``; keys are the flag names with
+underscores, e.g. ``retention_hours = 72`` or ``z_threshold = 4.0``) and built-in defaults, in
+that order of precedence. Every field of ``ScoringConfig`` is a flag (``--window-seconds``,
+``--min-effect``, ...); see ``hypertrace.analyzer.config`` for what each means.
+
+On start it prints ``hypertrace analyzer listening on HOST:PORT`` (with the real port when
+``--listen HOST:0`` asked for any free one) and serves until SIGTERM/SIGINT, then stops cleanly.
+"""
 from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from typing import Any
+
+SERVER_KEYS = {"listen": str, "db": str, "retention_hours": float, "flush_interval": float,
+               "synchronous": str, "max_workers": int}
+
+
+def _scoring_fields() -> list[dataclasses.Field]:
+    from hypertrace.analyzer.config import ScoringConfig
+    return list(dataclasses.fields(ScoringConfig))
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("analyzer", help="(not built yet)")
-    p.set_defaults(func=lambda args: 1)
+    p = subparsers.add_parser(
+        "analyzer", help="run the analyzer (gRPC ingest + scoring + reports)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--listen", help="HOST:PORT to serve gRPC on (default 127.0.0.1:50051; "
+                   "port 0 picks a free one)")
+    p.add_argument("--db", help="SQLite database file (default ./hypertrace-analyzer.db)")
+    p.add_argument("--retention-hours", type=float,
+                   help="delete windows and scores older than this (default: keep all)")
+    p.add_argument("--config", help="TOML file; keys are these flags' names with underscores")
+    p.add_argument("--flush-interval", type=float,
+                   help="seconds between background scoring passes (default 1; 0: score only "
+                   "when a report is asked for)")
+    p.add_argument("--synchronous", choices=["FULL", "NORMAL"],
+                   help="SQLite durability (default FULL: acked windows survive power loss)")
+    p.add_argument("--max-workers", type=int,
+                   help="gRPC worker threads; each open agent stream holds one (default 256)")
+    scoring = p.add_argument_group("scoring (see hypertrace.analyzer.config)")
+    for f in _scoring_fields():
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, tuple) or f.default is dataclasses.MISSING:
+            scoring.add_argument(flag, type=lambda s: tuple(x for x in s.split(",") if x),
+                                 metavar="A,B,...", help=f"comma-separated (default: built-in)")
+        else:
+            scoring.add_argument(flag, type=type(f.default), help=f"default {f.default}")
+    p.set_defaults(func=run)
+
+
+def _load_toml(path: str) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ValueError(f"--config {path}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"--config {path}: not valid TOML ({exc})") from None
+
+
+def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(server settings, scoring settings) from defaults < TOML < flags; ValueError on bad keys."""
+    scoring_names = [f.name for f in _scoring_fields()]
+    file_values = _load_toml(args.config) if getattr(args, "config", None) else {}
+    unknown = sorted(set(file_values) - set(SERVER_KEYS) - set(scoring_names))
+    if unknown:
+        raise ValueError(f"--config {args.config}: unknown key(s) {unknown}; known: "
+                         f"{sorted(set(SERVER_KEYS) | set(scoring_names))}")
+    server: dict[str, Any] = {"listen": "127.0.0.1:50051", "db": "hypertrace-analyzer.db",
+                              "retention_hours": None, "flush_interval": 1.0,
+                              "synchronous": "FULL", "max_workers": 256}
+    scoring: dict[str, Any] = {}
+    for key, value in file_values.items():
+        if key in SERVER_KEYS:
+            server[key] = value
+        else:
+            scoring[key] = tuple(value) if isinstance(value, list) else value
+    for key in SERVER_KEYS:
+        v = getattr(args, key, None)
+        if v is not None:
+            server[key] = v
+    for key in scoring_names:
+        v = getattr(args, key, None)
+        if v is not None:
+            scoring[key] = v
+    return server, scoring
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+    import threading
+
+    from hypertrace.analyzer.config import ConfigError, ScoringConfig
+    from hypertrace.analyzer.server import Analyzer, AnalyzerServer, ServerError, ServerOptions
+    from hypertrace.analyzer.storage import Storage, StorageError
+
+    log = logging.getLogger("hypertrace.analyzer")
+    try:
+        server_cfg, scoring_cfg = resolve_settings(args)
+        config = ScoringConfig.from_mapping(scoring_cfg)
+    except (ValueError, ConfigError, TypeError) as exc:
+        print(f"hypertrace analyzer: {exc}", file=sys.stderr)
+        return 2
+    try:
+        storage = Storage.open(server_cfg["db"], synchronous=server_cfg["synchronous"])
+    except StorageError as exc:
+        print(f"hypertrace analyzer: {exc}", file=sys.stderr)
+        return 2
+    analyzer = Analyzer(storage, config)
+    resumed = analyzer.resume()
+    options = ServerOptions(listen=server_cfg["listen"],
+                            flush_interval=float(server_cfg["flush_interval"]),
+                            retention_hours=server_cfg["retention_hours"],
+                            max_workers=int(server_cfg["max_workers"]))
+    server = AnalyzerServer(analyzer, options)
+    try:
+        port = server.start()
+    except ServerError as exc:
+        print(f"hypertrace analyzer: {exc}", file=sys.stderr)
+        storage.close()
+        return 1
+    host = server_cfg["listen"].rsplit(":", 1)[0]
+    print(f"hypertrace analyzer listening on {host}:{port} (db {storage.path}, "
+          f"{resumed} windows resumed)", flush=True)
+    stop = threading.Event()
+
+    def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
+        stop.set()
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        log.info("shutting down")
+        server.stop()
+        storage.close()
+        for s, h in previous.items():
+            signal.signal(s, h)
+    print("hypertrace analyzer stopped", flush=True)
+    return 0

@@ -1,7 +1,79 @@
-"""`hypertrace simulate` (placeholder: registered so the CLI table is complete)."""
+"""`hypertrace simulate`: realistic windows of a training job with injected stragglers.
+
+Writes proto3-JSON lines (``--output``, ``-`` for stdout) or streams them to an analyzer as real
+agents would (``--analyzer``: one uplink with its own spool per node). The model (lognormal body,
+Pareto tail, per-node jitter, collective synchronize waits) is documented in
+``hypertrace.analyzer.simulate``. Same ``--seed``, same windows.
+
+Example: hypertrace simulate --gpus 2048 --gpus-per-node 8 --straggler node-0042:1.10 \\
+             --windows 8 --seed 7 --output w.jsonl
+"""
 from __future__ import annotations
+
+import argparse
+import sys
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("simulate", help="(not built yet)")
-    p.set_defaults(func=lambda args: 1)
+    p = subparsers.add_parser(
+        "simulate", help="generate simulated agent windows (to a file or an analyzer)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpus", type=int, default=128, help="GPUs in the job (default 128)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="default 8")
+    p.add_argument("--straggler", action="append", default=[], metavar="NODE:FACTOR",
+                   help="slow node, e.g. node-0042:1.10 for 10%% slower launches (repeatable)")
+    p.add_argument("--windows", type=int, default=8, help="windows per node (default 8)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--window-seconds", type=float, default=10.0)
+    p.add_argument("--job", default="sim-job", help="job id (default sim-job)")
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("--output", metavar="FILE.jsonl", help="write JSON lines ('-' = stdout)")
+    out.add_argument("--analyzer", metavar="HOST:PORT", help="stream to a running analyzer")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="with --analyzer: seconds to wait for every ack (default 120)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    from hypertrace.analyzer.simulate import SimConfig, generate, live_start_ns, parse_straggler
+
+    try:
+        cfg = SimConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, windows=args.windows,
+                        seed=args.seed, window_seconds=args.window_seconds, job_id=args.job,
+                        stragglers=tuple(parse_straggler(s) for s in args.straggler))
+    except ValueError as exc:
+        print(f"hypertrace simulate: {exc}", file=sys.stderr)
+        return 2
+    if args.output:
+        from hypertrace.proto.wire import write_jsonl
+        if args.output == "-":
+            n = write_jsonl(generate(cfg), sys.stdout)
+        else:
+            try:
+                with open(args.output, "w", encoding="utf-8") as fh:
+                    n = write_jsonl(generate(cfg), fh)
+            except OSError as exc:
+                print(f"hypertrace simulate: cannot write {args.output}: {exc}", file=sys.stderr)
+                return 2
+            print(f"wrote {n} windows ({cfg.n_nodes} nodes x {cfg.windows} windows, "
+                  f"{cfg.gpus} GPUs) to {args.output}", file=sys.stderr)
+        return 0
+
+    import dataclasses
+    import tempfile
+
+    from hypertrace.analyzer.simulate import stream_windows
+
+    cfg = dataclasses.replace(cfg, start_ns=live_start_ns(cfg, time.time_ns()))
+    with tempfile.TemporaryDirectory(prefix="hypertrace-sim-spool-") as spool_root:
+        res = stream_windows(generate(cfg), args.analyzer, spool_root, timeout=args.timeout)
+    if res.pending:
+        print(f"hypertrace simulate: {res.pending} of {res.windows} windows not acked by "
+              f"{args.analyzer} within {args.timeout:g}s; is the analyzer running there?",
+              file=sys.stderr)
+        return 1
+    print(f"streamed {res.windows} windows from {cfg.n_nodes} simulated agents to "
+          f"{args.analyzer} ({res.duplicates} duplicates)", file=sys.stderr)
+    return 0

@@ -65,30 +65,36 @@ def histogram_of_ns(values_ns: np.ndarray) -> np.ndarray:
     return np.bincount(bucket_of_ns(values_ns).ravel(), minlength=NUM_BUCKETS).astype(np.uint64)
 
 
-def quantiles_us(counts: np.ndarray, qs: np.ndarray | list[float]) -> np.ndarray:
+def quantiles_us(counts: np.ndarray, qs: np.ndarray | list[float],
+                 first_bucket: int = 0) -> np.ndarray:
     """Quantiles, in microseconds, of one or many dense histograms.
 
     ``counts`` has shape (..., NUM_BUCKETS); the result has shape (..., len(qs)). Within the
     bucket that holds the quantile the value is interpolated linearly, which keeps the error
     well inside one bucket width. Rows with no samples give NaN.
+
+    ``counts`` may also cover only buckets ``first_bucket .. first_bucket + K - 1`` (shape
+    (..., K)): the analyzer passes just the occupied range of 16k GPUs, ~10x less work.
     """
     c = np.asarray(counts, dtype=np.float64)
     qs = np.asarray(qs, dtype=np.float64)
     cum = np.cumsum(c, axis=-1)
     total = cum[..., -1:]
     targets = total * qs                               # (..., Q)
-    flat_cum = cum.reshape(-1, NUM_BUCKETS)
+    nb = c.shape[-1]
+    flat_cum = cum.reshape(-1, nb)
     flat_t = targets.reshape(-1, qs.size)
     out = np.empty(flat_t.shape)
     for j in range(qs.size):                           # loop over a handful of quantiles only
         t = flat_t[:, j]
         idx = (flat_cum < t[:, None]).sum(axis=1)
-        idx = np.minimum(idx, NUM_BUCKETS - 1)
+        idx = np.minimum(idx, nb - 1)
         rows = np.arange(flat_cum.shape[0])
         below = np.where(idx > 0, flat_cum[rows, np.maximum(idx - 1, 0)], 0.0)
         inside = flat_cum[rows, idx] - below
         frac = np.where(inside > 0, (t - below) / np.where(inside > 0, inside, 1.0), 0.5)
-        out[:, j] = LOWER_NS[idx] + np.clip(frac, 0.0, 1.0) * (UPPER_NS[idx] - LOWER_NS[idx])
+        b = idx + first_bucket
+        out[:, j] = LOWER_NS[b] + np.clip(frac, 0.0, 1.0) * (UPPER_NS[b] - LOWER_NS[b])
     out = out.reshape(targets.shape) / 1000.0
     return np.where(total > 0, out, np.nan)
 

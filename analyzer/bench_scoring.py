@@ -1,0 +1,128 @@
+"""`make bench`: scoring time per epoch (window) at 2,048 / 16,384 / 131,072 GPUs, on one core.
+
+What is timed: :meth:`Engine.flush` for one epoch of one job, i.e. building the cross-section
+(dense matrices from the ingested wire histograms), quantiles of two APIs (cudaLaunchKernel and
+cudaStreamSynchronize), robust z / IQR / effect / sample rules on p50 and p99, persistence, spike
+rates and the what-if accumulation. Ingest (protobuf walking, per window) and ``report()`` (built on
+demand) are timed separately and printed too.
+
+Histograms are realistic: lognormal latencies (launch median 10 µs, sync 2 ms, sigma 0.3),
+1,000 calls per GPU per API per window, 1% per-node jitter, one node 10% slow
+(:mod:`hypertrace.analyzer.synthetic`). To keep memory and set-up time small at 131,072 GPUs, a
+pool of 4,096 GPUs' windows is drawn per epoch and re-used under new node names; scoring cost does
+not depend on which histogram a row holds.
+
+The process pins itself to one CPU and sets BLAS/OpenMP threads to 1 before numpy loads, so the
+figures are single-core figures. Goal: 16,384 GPUs in <= 50 ms per epoch.
+"""
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from hypertrace.analyzer.config import ScoringConfig  # noqa: E402
+from hypertrace.analyzer.engine import Engine  # noqa: E402
+from hypertrace.analyzer.synthetic import job_windows, node_name  # noqa: E402
+
+GPUS_PER_NODE = 8
+POOL_NODES = 2048
+GOAL_MS = {16384: 50.0}
+
+
+def machine_info() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return (f"machine: {cpu}; {os.cpu_count()} CPUs, pinned to {affinity}; "
+            f"{platform.system()} {platform.release()}; Python {platform.python_version()}; "
+            f"numpy {np.__version__}")
+
+
+def bench_size(gpus: int, epochs: int, seed: int) -> dict:
+    """Ingest and score ``epochs`` epochs of a ``gpus``-GPU job; times per epoch."""
+    cfg = ScoringConfig()
+    engine = Engine(cfg)
+    nodes = gpus // GPUS_PER_NODE
+    pool_nodes = min(nodes, POOL_NODES)
+    reps = -(-nodes // pool_nodes)
+    ingest_s: list[float] = []
+    score_s: list[float] = []
+    windows = 0
+    for e in range(epochs):
+        pool = job_windows(pool_nodes, GPUS_PER_NODE, 1, slow={node_name(42): 1.10},
+                           seed=seed + e, t0_s=1_700_000_000.0 + e * cfg.window_seconds)
+        t = time.perf_counter()
+        n = 0
+        for k in range(reps):
+            for w in pool:
+                if n >= nodes:
+                    break
+                if reps > 1:                       # same histograms, new identity
+                    w.node = f"{node_name(n)}"
+                    w.agent_id = f"agent-{n:05d}"
+                engine.ingest(w)
+                n += 1
+        ingest_s.append(time.perf_counter() - t)
+        windows += n
+        t = time.perf_counter()
+        results = engine.flush(None)
+        score_s.append(time.perf_counter() - t)
+        assert len(results) == 1 and len(results[0].verdicts) == gpus
+    t = time.perf_counter()
+    report = engine.report()
+    report_s = time.perf_counter() - t
+    stragglers = sorted({n.node for j in report.jobs for n in j.nodes if n.verdict == "straggler"})
+    steady = score_s[1:] or score_s
+    return {"gpus": gpus, "nodes": nodes, "epochs": epochs,
+            "score_ms_median": statistics.median(steady) * 1e3, "score_ms_max": max(steady) * 1e3,
+            "score_ms_first": score_s[0] * 1e3,
+            "ingest_us_per_window": statistics.median(ingest_s) / nodes * 1e6,
+            "report_s": report_s, "stragglers": stragglers}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="2048,16384,131072", help="GPU counts, comma separated")
+    ap.add_argument("--epochs", type=int, default=6, help="epochs per size (first is warm-up)")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    print(machine_info())
+    print(f"{'GPUs':>8} {'nodes':>6} {'score ms/epoch':>15} {'(max)':>7} {'first':>7} "
+          f"{'ingest us/window':>17} {'report s':>9}  stragglers found")
+    failed = False
+    for gpus in (int(x) for x in args.sizes.split(",")):
+        epochs = args.epochs if gpus <= 16384 else max(2, args.epochs // 2)
+        r = bench_size(gpus, epochs, args.seed)
+        goal = GOAL_MS.get(gpus)
+        mark = "" if goal is None else (" (goal <= %g ms: %s)" % (
+            goal, "met" if r["score_ms_median"] <= goal else "MISSED"))
+        failed |= goal is not None and r["score_ms_median"] > goal
+        print(f"{r['gpus']:>8} {r['nodes']:>6} {r['score_ms_median']:>15.1f} "
+              f"{r['score_ms_max']:>7.1f} {r['score_ms_first']:>7.1f} "
+              f"{r['ingest_us_per_window']:>17.0f} {r['report_s']:>9.2f}  "
+              f"{','.join(r['stragglers']) or '-'}{mark}")
+        sys.stdout.flush()
+    return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Scoring configuration: every threshold the analyzer applies, in one frozen dataclass.
+
+Why one dataclass: the server, the offline ``analyze`` command and the benchmarks must apply the
+same rules, and a stored history replayed through a fresh Engine must give the same verdicts. The
+field names double as TOML keys and CLI flag names (``--z-threshold`` <-> ``z_threshold``).
+
+Defaults and why:
+
+* ``window_seconds`` 10.0: epoch length. Windows of different agents are aligned on epochs
+  ``floor(midpoint / window_seconds)``, so agents need not start their windows together.
+* ``grace_seconds`` 5.0: a live epoch is scored once ``epoch end + grace`` has passed, which leaves
+  time for the last agents' windows to arrive. Later windows are counted, never re-scored.
+* ``z_threshold`` 3.5: the usual robust-z cut (Iglewicz & Hoaglin), about 1 in 2,000 for a normal
+  cross-section; persistence removes the rest of the noise.
+* ``iqr_k`` 1.5: Tukey's fence multiplier. A value is an outlier only outside
+  ``[Q1 - k·IQR, Q3 + k·IQR]`` *and* beyond the z cut: the two disagree on skewed cross-sections.
+* ``min_effect`` 0.05: relative deviation from the job median (5%) needed before anything is
+  flagged. A very tight distribution gives a huge z for a 0.5% difference that nobody cares about.
+* ``mad_floor`` 0.005: the MAD used in the z score is at least 0.5% of the median (and never 0).
+  Identical values (MAD = 0, common with quantized histograms) then score z = 0, a value 10% off
+  scores z = 13.5; nothing divides by zero and one odd GPU does not make the rest flag. (A floor
+  of 1% would cap z at 67.45 x effect, so a 5% shift could never reach 3.5.)
+* ``min_samples`` 50: calls per GPU per API per epoch; below it that API is not scored for that
+  GPU, and a GPU with no scored API is ``insufficient_data`` (not healthy, not slow).
+* ``min_gpus`` 4: smallest cross-section (GPUs of one job and kind with enough samples) that is
+  scored at all; a median of two or three values says nothing about which one is odd.
+* ``persist_k`` 3 / ``persist_n`` 5: a GPU flagged in 3 of its last 5 scored epochs is a
+  ``straggler``; flagged now but not (yet) persistent is ``suspect``.
+* ``clear_m`` 3: a straggler is cleared only after 3 consecutive clean epochs (hysteresis), so a
+  flapping node does not toggle verdicts every window.
+* ``spike_threshold`` 0.5: a "spike" is a value 50% above the job's typical value. With step-time
+  histograms: the share of a rank's steps longer than 1.5 x the job's median step (a per-step rate,
+  the ``p`` of the brief). Without: the share of its epochs whose p99 of the basis API is above
+  1.5 x the job's median p99 (a per-window rate).
+* ``host_fraction`` 0.5: when more than half of a node's GPUs are suspect or stragglers the cause
+  is called host-level (CPU, NUMA, PCIe root, memory), otherwise GPU-level.
+* ``stats`` ("p50", "p99"): the quantiles scored and reported. p50 finds a shifted body (a slow
+  host), p99 a shifted tail.
+* ``verdict_stats`` ("p50",): the stats whose flags make a GPU suspect (and, persisting, a
+  straggler). p99 findings are reported but do not convict: a p99 read back from a histogram of
+  ~1,000 calls is noisy and bucket-quantized (measured on a clean 2,048-GPU job: its spread across
+  GPUs is ~2x its MAD-implied sigma, and ~2% of GPUs pass the z cut each window), and a shifted tail
+  with a normal median is a *spike* source, which the spike rate measures, not a straggler.
+* ``launch_apis`` / ``sync_apis``: API names whose high tail (launch) or low tail (sync) makes a GPU
+  suspect. Taken from the agent's probe table (:mod:`hypertrace.collector.apis`). Any other API is
+  scored as "high = slow".
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from hypertrace.collector.apis import PROBED_APIS
+
+DEFAULT_LAUNCH_APIS: tuple[str, ...] = tuple(a.name for a in PROBED_APIS if a.kind == "launch")
+DEFAULT_SYNC_APIS: tuple[str, ...] = tuple(a.name for a in PROBED_APIS if a.kind == "sync")
+KNOWN_STATS = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+
+
+class ConfigError(ValueError):
+    """A scoring setting that is out of range or unknown; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class ScoringConfig:
+    """All scoring thresholds; see the module docstring for every default and its reason."""
+
+    window_seconds: float = 10.0
+    grace_seconds: float = 5.0
+    z_threshold: float = 3.5
+    iqr_k: float = 1.5
+    min_effect: float = 0.05
+    mad_floor: float = 0.005
+    min_samples: int = 50
+    min_gpus: int = 4
+    persist_k: int = 3
+    persist_n: int = 5
+    clear_m: int = 3
+    spike_threshold: float = 0.5
+    host_fraction: float = 0.5
+    stats: tuple[str, ...] = ("p50", "p99")
+    verdict_stats: tuple[str, ...] = ("p50",)
+    launch_apis: tuple[str, ...] = field(default=DEFAULT_LAUNCH_APIS)
+    sync_apis: tuple[str, ...] = field(default=DEFAULT_SYNC_APIS)
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ConfigError(f"{name}={getattr(self, name)!r}: {rule}")
+
+        need(self.window_seconds > 0, "window_seconds", "must be > 0 seconds")
+        need(self.grace_seconds >= 0, "grace_seconds", "must be >= 0 seconds")
+        need(self.z_threshold > 0, "z_threshold", "must be > 0 (3.5 is the usual robust cut)")
+        need(self.iqr_k >= 0, "iqr_k", "must be >= 0 (1.5 is Tukey's fence)")
+        need(0 <= self.min_effect < 1, "min_effect", "must be in [0, 1), e.g. 0.05 for 5%")
+        need(0 < self.mad_floor < 1, "mad_floor", "must be in (0, 1), e.g. 0.01")
+        need(self.min_samples >= 1, "min_samples", "must be >= 1")
+        need(self.min_gpus >= 3, "min_gpus", "must be >= 3: a median of two says nothing")
+        need(1 <= self.persist_n <= 32, "persist_n", "must be between 1 and 32")
+        need(1 <= self.persist_k <= self.persist_n, "persist_k", "must be between 1 and persist_n")
+        need(self.clear_m >= 1, "clear_m", "must be >= 1")
+        need(self.spike_threshold > 0, "spike_threshold", "must be > 0, e.g. 0.5 for +50%")
+        need(0 < self.host_fraction < 1, "host_fraction", "must be in (0, 1)")
+        object.__setattr__(self, "stats", tuple(self.stats))
+        object.__setattr__(self, "verdict_stats", tuple(self.verdict_stats))
+        object.__setattr__(self, "launch_apis", tuple(self.launch_apis))
+        object.__setattr__(self, "sync_apis", tuple(self.sync_apis))
+        need(len(self.stats) > 0 and all(s in KNOWN_STATS for s in self.stats), "stats",
+             f"must be a non-empty subset of {sorted(KNOWN_STATS)}")
+        need(len(self.verdict_stats) > 0 and set(self.verdict_stats) <= set(self.stats),
+             "verdict_stats", f"must be a non-empty subset of stats {list(self.stats)}")
+
+    @property
+    def window_ns(self) -> int:
+        return int(round(self.window_seconds * 1e9))
+
+    @property
+    def grace_ns(self) -> int:
+        return int(round(self.grace_seconds * 1e9))
+
+    def verdict_mask(self) -> list[bool]:
+        """Which of ``stats`` count toward verdicts."""
+        return [s in self.verdict_stats for s in self.stats]
+
+    def api_kind(self, api: str) -> str:
+        """"launch", "sync" or "other": which tail of this API means "this GPU is the problem"."""
+        if api in self.launch_apis:
+            return "launch"
+        if api in self.sync_apis:
+            return "sync"
+        return "other"
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "ScoringConfig":
+        """Build from a TOML table or parsed flags; unknown keys are an error naming them."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ConfigError(f"unknown scoring setting(s) {unknown}; known: {sorted(names)}")
+        return cls(**dict(values))
+
+
+def load_scoring_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> ScoringConfig:
+    """Read a TOML file: scoring keys at the top level or in a ``[scoring]`` table (so one
+    analyzer.toml can hold other sections too). ``overrides`` (CLI flags) win over the file."""
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: no such file; pass an existing TOML file") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+    table = data.get("scoring", data) if isinstance(data.get("scoring"), dict) else data
+    values = dict(table)
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return ScoringConfig.from_mapping(values)
+    except TypeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc

@@ -1,0 +1,487 @@
+"""The scoring Engine: windows in, per-epoch scores, verdicts and reports out.
+
+One Engine serves the live server and the offline ``hypertrace analyze``, so both apply exactly
+the same rules. It is a deterministic function of the windows ingested and of when ``flush`` is
+called: the server rebuilds it after a restart by replaying stored windows.
+
+Life of a window:
+
+1. :meth:`Engine.ingest` puts each process of the window into the accumulator of its job and
+   epoch. The epoch is ``floor(window midpoint / window_seconds)``, which aligns agents that do not
+   start their windows together.
+2. :meth:`Engine.flush` scores complete epochs (all pending ones offline; live, those with
+   ``end + grace <= now``), in epoch order per job. Each epoch is scored **once**. A window that
+   arrives for an epoch at or before the job's last scored epoch is *late*: it is counted
+   (``late_windows``, ``ListJobs`` windows) but never re-scored, because re-scoring would rewrite
+   verdicts that may already have triggered an eviction.
+3. Scoring, per job and per GPU kind: quantiles of every API (vectorized), robust z / IQR /
+   effect / sample rules (:mod:`~hypertrace.analyzer.scoring`), the tail that implicates the GPU
+   per API kind, then persistence (:mod:`~hypertrace.analyzer.persistence`). Spike rates and the
+   histograms for the what-if prediction accumulate per GPU.
+4. :meth:`Engine.report` builds a ``hypertrace.v1.Report``: node and GPU verdicts, findings with
+   their meaning, probable cause (NVML evidence where the agent sent it), and the cluster
+   prediction (:mod:`~hypertrace.analyzer.theory`).
+
+Not thread-safe: the server serializes calls.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hypertrace.analyzer import causes, theory
+from hypertrace.analyzer.config import ScoringConfig
+from hypertrace.analyzer.config import KNOWN_STATS
+from hypertrace.analyzer.cross_section import (CrossSection, EpochAccumulator, GpuKey, Hists,
+                                              OrderKey, gpu_label)
+from hypertrace.analyzer.persistence import (INSUFFICIENT, STRAGGLER, SUSPECT, VERDICT_NAMES,
+                                             PersistenceState)
+from hypertrace.analyzer.scoring import implicates, sampling_se_us, score_values
+from hypertrace.proto import buckets
+from hypertrace.proto import hypertrace_pb2 as pb
+
+_VERDICTS = np.array(VERDICT_NAMES, dtype=object)
+#: Sort order of verdicts in reports: worst first.
+_SEVERITY = {"straggler": 0, "suspect": 1, "insufficient_data": 2, "healthy": 3}
+
+
+class UnknownJobError(KeyError):
+    """A report was asked for a job the analyzer has never seen."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; say it plainly
+        return str(self.args[0])
+
+
+@dataclass
+class ScoreRow:
+    """One scored (GPU, API, stat) in one epoch. Only flagged rows are kept (either tail)."""
+
+    job_id: str
+    epoch: int
+    node: str
+    gpu: str
+    rank: int
+    api: str
+    stat: str
+    value_us: float
+    job_median_us: float
+    ratio: float
+    robust_z: float
+    flagged: bool
+    direction: str                 # "high" | "low"
+    implicates: bool = False       # this tail makes the GPU suspect (launch high, sync low)
+
+
+@dataclass
+class EpochResult:
+    """What scoring one epoch of one job produced: flagged rows and every GPU's verdict after it."""
+
+    job_id: str
+    epoch: int
+    rows: list[ScoreRow]
+    verdicts: dict[GpuKey, str]
+
+
+@dataclass
+class _Job:
+    """Everything the Engine remembers about one job. GPU metadata is indexed by job-wide row."""
+
+    job_id: str
+    index: dict[GpuKey, int] = field(default_factory=dict)
+    keys: list[GpuKey] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+    kind_codes: list[int] = field(default_factory=list)
+    kind_names: dict[str, int] = field(default_factory=dict)
+    nvml: list[pb.NvmlContext | None] = field(default_factory=list)
+    order: list[OrderKey | None] = field(default_factory=list)
+    persistence: PersistenceState = field(default_factory=PersistenceState)
+    findings: dict[int, list[ScoreRow]] = field(default_factory=dict)
+    spike_hits: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    spike_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    step_above: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    step_total: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    basis_api: str | None = None
+    basis_counts: np.ndarray = field(
+        default_factory=lambda: np.zeros((0, buckets.NUM_BUCKETS), np.float32))
+    step_counts: np.ndarray | None = None
+    pending: dict[int, EpochAccumulator] = field(default_factory=dict)
+    seen_nodes: set[str] = field(default_factory=set)
+    epochs_scored: int = 0
+    last_scored_epoch: int | None = None
+    windows: int = 0
+    late_windows: int = 0
+    last_window_ns: int = 0
+
+    def register(self, node: str, p: pb.ProcessWindow, order: OrderKey) -> int:
+        """Row of this process's GPU (new GPUs get the next row); the latest window by its own
+        timestamps names the GPU's rank, kind and NVML context."""
+        key = (node, gpu_label(p))
+        row = self.index.get(key)
+        if row is None:
+            row = self.index[key] = len(self.keys)
+            self.keys.append(key)
+            self.ranks.append(p.rank)
+            self.kinds.append(p.gpu_kind)
+            self.kind_codes.append(self.kind_names.setdefault(p.gpu_kind, len(self.kind_names)))
+            self.nvml.append(p.nvml if p.HasField("nvml") else None)
+            self.order.append(order)
+            self.seen_nodes.add(node)
+            return row
+        prev = self.order[row]
+        if prev is None or order >= prev:
+            self.order[row] = order
+            if p.rank >= 0:
+                self.ranks[row] = p.rank
+            if p.gpu_kind and p.gpu_kind != self.kinds[row]:
+                self.kinds[row] = p.gpu_kind
+                self.kind_codes[row] = self.kind_names.setdefault(p.gpu_kind,
+                                                                  len(self.kind_names))
+            if p.HasField("nvml"):
+                self.nvml[row] = p.nvml
+        return row
+
+    def grow(self) -> None:
+        """Size the per-GPU arrays to the GPUs registered so far (once per epoch, not per GPU)."""
+        n = len(self.keys)
+        self.persistence.grow(n)
+        extra = n - self.spike_hits.size
+        if extra > 0:
+            z = np.zeros(extra)
+            self.spike_hits = np.concatenate((self.spike_hits, z))
+            self.spike_seen = np.concatenate((self.spike_seen, z))
+            self.step_above = np.concatenate((self.step_above, z))
+            self.step_total = np.concatenate((self.step_total, z))
+            pad = np.zeros((extra, buckets.NUM_BUCKETS), np.float32)
+            self.basis_counts = np.concatenate((self.basis_counts, pad))
+            if self.step_counts is not None:
+                self.step_counts = np.concatenate((self.step_counts, pad))
+
+    def kind_groups(self, rows: np.ndarray) -> list[np.ndarray]:
+        """Local indices of ``rows`` per GPU kind (GPUs are compared only within a kind)."""
+        if len(self.kind_names) <= 1:
+            return [np.arange(rows.size)]
+        codes = np.asarray(self.kind_codes, dtype=np.int64)[rows]
+        return [np.flatnonzero(codes == k) for k in np.unique(codes)]
+
+
+class Engine:
+    """Scores windows per job and epoch; see the module docstring for the life of a window."""
+
+    def __init__(self, config: ScoringConfig = ScoringConfig()):
+        self.config = config
+        self._jobs: dict[str, _Job] = {}
+
+    # ---- ingest ----------------------------------------------------------------------------
+
+    def epoch_of(self, window: pb.NodeWindow) -> int:
+        """The epoch a window belongs to: floor(midpoint / window length)."""
+        mid = (window.start.ToNanoseconds() + window.end.ToNanoseconds()) // 2
+        return mid // self.config.window_ns
+
+    def ingest(self, window: pb.NodeWindow) -> None:
+        """Add one window (already validated by ``proto.wire.validate_window``)."""
+        epoch = self.epoch_of(window)
+        end_ns = window.end.ToNanoseconds()
+        order = (end_ns, window.agent_id, window.seq)
+        touched: dict[str, EpochAccumulator | None] = {}
+        for p in window.processes:
+            acc = touched.get(p.job_id, False)
+            if acc is False:
+                job = self._jobs.get(p.job_id)
+                if job is None:
+                    job = self._jobs[p.job_id] = _Job(p.job_id)
+                late = job.last_scored_epoch is not None and epoch <= job.last_scored_epoch
+                acc = None
+                if not late:
+                    acc = job.pending.get(epoch)
+                    if acc is None:
+                        acc = job.pending[epoch] = EpochAccumulator(p.job_id, epoch)
+                touched[p.job_id] = acc
+            if acc is not None:
+                acc.add_process(self._jobs[p.job_id].register(window.node, p, order), p)
+        for job_id, acc in touched.items():
+            job = self._jobs[job_id]
+            job.windows += 1
+            job.last_window_ns = max(job.last_window_ns, end_ns)
+            if acc is None:
+                job.late_windows += 1
+            else:
+                acc.windows += 1
+
+    # ---- scoring ---------------------------------------------------------------------------
+
+    def flush(self, now_ns: int | None = None) -> list[EpochResult]:
+        """Score complete epochs: every pending one when ``now_ns`` is None (offline), else those
+        whose end + grace <= now_ns. Results come in (epoch, job) order; each epoch once."""
+        cfg = self.config
+        ready: list[tuple[int, str]] = []
+        for job_id, job in self._jobs.items():
+            for epoch in job.pending:
+                if now_ns is None or (epoch + 1) * cfg.window_ns + cfg.grace_ns <= now_ns:
+                    ready.append((epoch, job_id))
+        results = []
+        for epoch, job_id in sorted(ready):
+            job = self._jobs[job_id]
+            acc = job.pending.pop(epoch)
+            results.append(self._score(job, acc.build()))
+        return results
+
+    def pending_epochs(self) -> int:
+        """How many (job, epoch) accumulators wait for flush."""
+        return sum(len(j.pending) for j in self._jobs.values())
+
+    def _score(self, job: _Job, cs: CrossSection) -> EpochResult:
+        cfg = self.config
+        job.grow()
+        rows = cs.rows
+        g, s = cs.size, len(cfg.stats)
+        groups = job.kind_groups(rows)
+        sufficient = np.zeros(g, dtype=bool)
+        flagged = np.zeros(g, dtype=bool)
+        found: list[ScoreRow] = []
+        verdict_cols = np.asarray(cfg.verdict_mask(), dtype=bool)
+        quantiles: dict[str, np.ndarray] = {}
+        for api, hists in cs.apis.items():
+            kind = cfg.api_kind(api)
+            q = quantiles[api] = hists.quantiles_us([KNOWN_STATS[x] for x in cfg.stats])
+            cnt = hists.total()
+            se = sampling_se_us(hists.counts, hists.first, q, cfg.stats)
+            if len(groups) == 1:
+                sc = score_values(q, cnt, cfg, cfg.stats, se)
+                sufficient |= sc.scored
+                med = np.broadcast_to(sc.median_us, (g, s))
+                z, ratio, high, low = sc.robust_z, sc.ratio, sc.high, sc.low
+            else:
+                med = np.full((g, s), np.nan)
+                z = np.full((g, s), np.nan)
+                ratio = np.full((g, s), np.nan)
+                high = np.zeros((g, s), dtype=bool)
+                low = np.zeros((g, s), dtype=bool)
+                for sel in groups:
+                    sc = score_values(q[sel], cnt[sel], cfg, cfg.stats, se[sel])
+                    sufficient[sel] |= sc.scored
+                    med[sel] = sc.median_us
+                    z[sel], ratio[sel], high[sel], low[sel] = sc.robust_z, sc.ratio, sc.high, sc.low
+            bad = low if kind == "sync" else high
+            flagged |= bad[:, verdict_cols].any(axis=1)
+            for gi, si in zip(*np.nonzero(high | low)):      # flagged cells only: a handful
+                direction = "high" if high[gi, si] else "low"
+                row = int(rows[gi])
+                node, gpu = job.keys[row]
+                found.append(ScoreRow(
+                    job_id=job.job_id, epoch=cs.epoch, node=node, gpu=gpu, rank=job.ranks[row],
+                    api=api, stat=cfg.stats[si], value_us=float(q[gi, si]),
+                    job_median_us=float(med[gi, si]), ratio=float(ratio[gi, si]),
+                    robust_z=float(z[gi, si]), flagged=True, direction=direction,
+                    implicates=bool(verdict_cols[si]) and implicates(kind, direction)))
+        codes = job.persistence.update(rows, sufficient, flagged, cfg)
+        by_row: dict[int, list[ScoreRow]] = {}
+        for r in found:
+            by_row.setdefault(job.index[(r.node, r.gpu)], []).append(r)
+        # a GPU's findings are those of the latest epoch that implicated it (what convicted it)
+        job.findings.update({r: fs for r, fs in by_row.items() if any(f.implicates for f in fs)})
+        self._accumulate_theory(job, cs, groups, quantiles)
+        job.epochs_scored += 1
+        job.last_scored_epoch = cs.epoch if job.last_scored_epoch is None else max(
+            job.last_scored_epoch, cs.epoch)
+        keys = job.keys
+        return EpochResult(job.job_id, cs.epoch, found,
+                           dict(zip([keys[r] for r in rows.tolist()],
+                                    _VERDICTS[codes].tolist())))
+
+    def _accumulate_theory(self, job: _Job, cs: CrossSection, groups: list[np.ndarray],
+                           quantiles: dict[str, np.ndarray]) -> None:
+        """Spike rates (window- and step-based) and the histograms behind E[max]."""
+        cfg = self.config
+        rows = cs.rows
+        job.basis_api = _choose_basis(cfg, cs.apis, job.basis_api)
+        if job.basis_api is not None and job.basis_api in cs.apis:
+            h = cs.apis[job.basis_api]
+            if "p99" in cfg.stats:
+                p99 = quantiles[job.basis_api][:, cfg.stats.index("p99")]
+            else:
+                p99 = h.quantiles_us([0.99])[:, 0]
+            ok = (h.total() >= cfg.min_samples) & np.isfinite(p99)
+            hit = np.zeros(cs.size, dtype=bool)
+            for sel in groups:
+                o = sel[ok[sel]]
+                if o.size >= cfg.min_gpus:
+                    typical = np.median(p99[o])
+                    hit[o] = p99[o] > (1.0 + cfg.spike_threshold) * typical
+                else:
+                    ok[sel] = False
+            job.spike_hits[rows] += hit
+            job.spike_seen[rows] += ok
+            _add_rows(job.basis_counts, rows, h)
+        if cs.step_time is not None:
+            h = cs.step_time
+            total = h.total()
+            has = total > 0
+            if has.any():
+                typical_us = np.median(h.quantiles_us([0.5])[has, 0])
+                threshold_ns = (1.0 + cfg.spike_threshold) * typical_us * 1e3
+                f = buckets.cdf_on_grid(h.select(has).dense(), np.array([threshold_ns]))[:, 0]
+                job.step_above[rows[has]] += total[has] * (1.0 - f)
+                job.step_total[rows[has]] += total[has]
+                if job.step_counts is None:
+                    job.step_counts = np.zeros(job.basis_counts.shape, np.float32)
+                _add_rows(job.step_counts, rows, h)
+
+    # ---- queries ---------------------------------------------------------------------------
+
+    def job_ids(self) -> list[str]:
+        return sorted(self._jobs)
+
+    def late_windows(self, job_id: str) -> int:
+        return self._job(job_id).late_windows
+
+    def _job(self, job_id: str) -> _Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            known = ", ".join(sorted(self._jobs)[:10]) or "none yet"
+            raise UnknownJobError(f"unknown job {job_id!r}; known jobs: {known}")
+        return job
+
+    def list_jobs(self) -> pb.ListJobsResponse:
+        out = pb.ListJobsResponse()
+        for job_id in sorted(self._jobs):
+            job = self._jobs[job_id]
+            s = out.jobs.add(job_id=job_id, gpus=len(job.keys), nodes=len(job.seen_nodes),
+                             windows=job.windows)
+            if job.last_window_ns:
+                s.last_window.FromNanoseconds(job.last_window_ns)
+        return out
+
+    def report(self, job_id: str | None = None, now_ns: int | None = None) -> pb.Report:
+        """Report on one job (``job_id``) or every job; raises :class:`UnknownJobError`."""
+        ids = [self._job(job_id).job_id] if job_id else sorted(self._jobs)
+        rep = pb.Report(version=1)
+        rep.generated.FromNanoseconds(time.time_ns() if now_ns is None else now_ns)
+        for jid in ids:
+            rep.jobs.append(self._job_report(self._jobs[jid]))
+        return rep
+
+    def _job_report(self, job: _Job) -> pb.JobReport:
+        cfg = self.config
+        jr = pb.JobReport(job_id=job.job_id, windows=job.epochs_scored, gpus=len(job.keys))
+        if not job.keys:
+            return jr
+        job.grow()
+        codes = job.persistence.verdicts()
+        names = _VERDICTS[codes].tolist()
+        step_based = job.step_total > 0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rates = np.where(step_based, job.step_above / np.maximum(job.step_total, 1e-300),
+                             job.spike_hits / np.maximum(job.spike_seen, 1e-300))
+        rates = np.where((job.step_total > 0) | (job.spike_seen > 0), rates, np.nan)
+        by_node: dict[str, list[int]] = {}
+        for r, (node, _) in enumerate(job.keys):
+            by_node.setdefault(node, []).append(r)
+        node_reports = []
+        for node, rws in by_node.items():
+            gpu_reports = []
+            for r in rws:
+                verdict = names[r]
+                fs = job.findings.get(r, []) if codes[r] in (SUSPECT, STRAGGLER) else []
+                gr = pb.GpuReport(
+                    gpu=job.keys[r][1], rank=job.ranks[r], verdict=verdict, gpu_kind=job.kinds[r],
+                    windows_flagged=int(job.persistence.windows_flagged[r]),
+                    windows_seen=int(job.persistence.windows_seen[r]),
+                    spike_rate=float(rates[r]) if np.isfinite(rates[r]) else 0.0)
+                for f in sorted(fs, key=lambda f: (not f.implicates, -abs(f.robust_z))):
+                    gr.findings.add(api=f.api, stat=f.stat, value_us=f.value_us,
+                                    job_median_us=f.job_median_us, ratio=f.ratio,
+                                    robust_z=f.robust_z, direction=f.direction,
+                                    meaning=causes.finding_meaning(cfg, f.api, f.direction))
+                if codes[r] in (SUSPECT, STRAGGLER):
+                    gr.probable_cause = causes.gpu_cause(job.nvml[r], fs)
+                gpu_reports.append(gr)
+            gpu_reports.sort(key=_gpu_sort_key)
+            node_reports.append(_node_report(cfg, node, gpu_reports, [job.nvml[r] for r in rws]))
+        node_reports.sort(key=lambda n: (_SEVERITY[n.verdict], -_worst_z(n), n.node))
+        jr.nodes.extend(node_reports)
+        jr.cluster.CopyFrom(self._prediction(job, rates, node_reports))
+        return jr
+
+    def _prediction(self, job: _Job, rates: np.ndarray,
+                    node_reports: list[pb.NodeReport]) -> pb.ClusterPrediction:
+        evicted = [n.node for n in node_reports if n.verdict == "straggler"]
+        use_steps = job.step_counts is not None and bool(job.step_counts.sum() > 0)
+        counts = job.step_counts if use_steps else job.basis_counts
+        basis = ("step_time" if use_steps else job.basis_api or "")
+        pred = pb.ClusterPrediction(
+            spike_probability=theory.job_spike_probability(rates), evicted_nodes=evicted)
+        if basis and counts.shape[0] and counts.sum() > 0:
+            evict_set = set(evicted)
+            evict = np.fromiter((k[0] in evict_set for k in job.keys), dtype=bool,
+                                count=len(job.keys))
+            now, after = theory.what_if(counts, evict)
+            pred.step_time_now_us = now
+            pred.step_time_after_eviction_us = after
+            pred.predicted_gain = now / after - 1.0 if after > 0 else 0.0
+            what = "step time" if use_steps else f"{basis} latency per call"
+            pred.basis = (f"{basis}: E[max over {int((counts.sum(axis=1) > 0).sum())} ranks] of "
+                          f"{what}, from each rank's merged histogram; spike rate: "
+                          + ("share of steps" if use_steps else "share of epochs whose p99 is")
+                          + f" > {1 + self.config.spike_threshold:g} x the job median")
+        return pred
+
+
+def _add_rows(acc: np.ndarray, rows: np.ndarray, h: Hists) -> None:
+    """acc[rows, h's buckets] += h.counts; a slice (no gather/scatter) when rows are 0..G-1."""
+    k = h.counts.shape[1]
+    if rows.size and rows[0] == 0 and rows[-1] == rows.size - 1:   # sorted unique: contiguous
+        acc[:rows.size, h.first:h.first + k] += h.counts
+    else:
+        acc[rows, h.first:h.first + k] += h.counts.astype(np.float32)
+
+
+def _choose_basis(cfg: ScoringConfig, apis: dict, current: str | None) -> str | None:
+    """API whose latency the what-if uses: keep the current one, else the first launch API
+    present (in the probe table's order), else the first sync API, else any."""
+    if current is not None:
+        return current
+    for name in cfg.launch_apis + cfg.sync_apis:
+        if name in apis:
+            return name
+    return sorted(apis)[0] if apis else None
+
+
+def _worst_z(n: pb.NodeReport) -> float:
+    return max((abs(f.robust_z) for g in n.gpus for f in g.findings), default=0.0)
+
+
+def _gpu_sort_key(g: pb.GpuReport) -> tuple:
+    return (_SEVERITY[g.verdict], -max((abs(f.robust_z) for f in g.findings), default=0.0),
+            g.rank, g.gpu)
+
+
+def _node_report(cfg: ScoringConfig, node: str, gpus: list[pb.GpuReport],
+                 nvml: list[pb.NvmlContext | None]) -> pb.NodeReport:
+    verdicts = [g.verdict for g in gpus]
+    bad = [g for g in gpus if g.verdict in ("suspect", "straggler")]
+    if "straggler" in verdicts:
+        verdict = "straggler"
+    elif "suspect" in verdicts:
+        verdict = "suspect"
+    elif all(v == "insufficient_data" for v in verdicts):
+        verdict = "insufficient_data"
+    else:
+        verdict = "healthy"
+    scope = ""
+    if bad:
+        scope = "host" if len(gpus) >= 2 and len(bad) / len(gpus) > cfg.host_fraction else "gpu"
+    nr = pb.NodeReport(node=node, verdict=verdict, scope=scope)
+    nr.gpus.extend(gpus)
+    if scope == "host":
+        nr.probable_cause = causes.host_cause(len(bad), len(gpus), nvml)
+    elif scope == "gpu":
+        nr.probable_cause = "GPU-level: " + "; ".join(
+            f"GPU {g.gpu}: {g.probable_cause}" for g in bad)
+    return nr
+
+
+__all__ = ["Engine", "EpochResult", "ScoreRow", "UnknownJobError", "INSUFFICIENT"]

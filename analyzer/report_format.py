@@ -1,0 +1,96 @@
+"""Render a ``hypertrace.v1.Report`` as JSON (stable schema) or as a table, and its exit status.
+
+JSON schema: proto3 JSON of :class:`Report` with the proto's field names and every field printed
+even when it has its default value, so consumers never have to guess whether a missing key means 0:
+``{"version", "generated", "jobs": [{"job_id", "windows", "gpus", "nodes": [{"node", "verdict",
+"scope", "probable_cause", "gpus": [{"gpu", "rank", "verdict", "windows_flagged", "windows_seen",
+"spike_rate", "findings": [{"api", "stat", "value_us", "job_median_us", "ratio", "robust_z",
+"direction", "meaning"}], "probable_cause", "gpu_kind"}]}], "cluster": {"spike_probability",
+"basis", "step_time_now_us", "step_time_after_eviction_us", "predicted_gain",
+"evicted_nodes"}}]}``. Nodes and GPUs come worst first.
+
+Exit status (all commands that print a report): 0 no straggler, 3 at least one straggler.
+"""
+from __future__ import annotations
+
+from google.protobuf import json_format
+
+from hypertrace.proto import hypertrace_pb2 as pb
+
+EXIT_OK = 0
+EXIT_STRAGGLERS = 3
+#: Non-healthy GPUs shown per job in the table; the JSON always has all of them.
+TABLE_MAX_ROWS = 50
+
+
+def report_to_json(report: pb.Report) -> str:
+    return json_format.MessageToJson(report, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True, indent=2)
+
+
+def exit_status(report: pb.Report) -> int:
+    """0 when no node or GPU is a straggler, 3 when at least one is."""
+    for job in report.jobs:
+        for node in job.nodes:
+            if node.verdict == "straggler" or any(g.verdict == "straggler" for g in node.gpus):
+                return EXIT_STRAGGLERS
+    return EXIT_OK
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.1f}" if abs(x) < 1000 else f"{x:.0f}"
+
+
+def report_to_table(report: pb.Report) -> str:
+    """Worst first: node, GPU/rank, API, value vs job median (ratio), robust z, windows flagged,
+    verdict, probable cause; then the cluster prediction of each job."""
+    out: list[str] = []
+    header = ("NODE", "GPU", "RANK", "API", "STAT", "VALUE_US", "MEDIAN_US", "RATIO", "Z",
+              "FLAGGED", "VERDICT", "SCOPE", "PROBABLE CAUSE")
+    for job in report.jobs:
+        counts: dict[str, int] = {}
+        rows: list[tuple[str, ...]] = []
+        for node in job.nodes:
+            for g in node.gpus:
+                counts[g.verdict] = counts.get(g.verdict, 0) + 1
+                if g.verdict in ("healthy", "insufficient_data"):
+                    continue
+                f = g.findings[0] if g.findings else None
+                cause = g.probable_cause if node.scope == "gpu" else node.probable_cause
+                rows.append((
+                    node.node, g.gpu, str(g.rank), f.api if f else "-", f.stat if f else "-",
+                    _fmt(f.value_us) if f else "-", _fmt(f.job_median_us) if f else "-",
+                    f"{f.ratio:.3f}" if f else "-", f"{f.robust_z:+.1f}" if f else "-",
+                    f"{g.windows_flagged}/{g.windows_seen}", g.verdict, node.scope, cause))
+        summary = ", ".join(f"{counts[k]} {k}" for k in
+                            ("straggler", "suspect", "insufficient_data", "healthy") if k in counts)
+        out.append(f"job {job.job_id}: {job.gpus} GPUs on {len(job.nodes)} nodes, "
+                   f"{job.windows} windows scored; GPUs: {summary or 'none scored yet'}")
+        if rows:
+            shown = rows[:TABLE_MAX_ROWS]
+            widths = [max(len(h), *(len(r[i]) for r in shown)) for i, h in enumerate(header[:-1])]
+            line = lambda cells: "  ".join(  # noqa: E731  (a local formatter)
+                c.ljust(w) for c, w in zip(cells, widths)) + "  " + cells[-1]
+            out.append(line(header))
+            out.extend(line(r) for r in shown)
+            if len(rows) > TABLE_MAX_ROWS:
+                out.append(f"... {len(rows) - TABLE_MAX_ROWS} more flagged GPUs (use --format json)")
+            tails = {(f.api, f.direction): f.meaning for n in job.nodes for g in n.gpus
+                     if g.verdict in ("suspect", "straggler") for f in g.findings[:1]}
+            for (api, direction), text in sorted(tails.items()):
+                out.append(f"  {api} {direction}: {text}")
+        else:
+            out.append("  no suspect or straggler GPU")
+        c = job.cluster
+        if c.basis:
+            line2 = (f"  cluster: spike probability {c.spike_probability:.1%}; expected "
+                     f"{c.step_time_now_us:.1f} us now")
+            if c.evicted_nodes:
+                line2 += (f", {c.step_time_after_eviction_us:.1f} us after evicting "
+                          f"{', '.join(c.evicted_nodes)} ({c.predicted_gain:+.1%})")
+            out.append(line2)
+            out.append(f"  basis: {c.basis}")
+        out.append("")
+    if not report.jobs:
+        out.append("no jobs")
+    return "\n".join(out).rstrip() + "\n"

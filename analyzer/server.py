@@ -1,0 +1,245 @@
+"""The analyzer's gRPC server: Ingest.Stream, Query.GetReport/ListJobs and the health service.
+
+Why the ingest handler takes raw bytes: a window that is not even valid protobuf must end the
+stream with INVALID_ARGUMENT and a message saying so. grpc's own deserializer would turn that into
+an opaque INTERNAL error, so Ingest is registered with an identity deserializer and the bytes are
+parsed, size-checked and validated (``proto.wire.validate_window``) here.
+
+Per window: validate -> store durably in SQLite -> feed the Engine -> Ack(seq). A window whose
+``(agent_id, seq)`` is already stored is acked with ``duplicate=true`` and not fed again, so agents
+may replay their spool freely. An invalid window aborts only that stream; the server keeps
+serving everything else.
+
+The Engine is not thread-safe: :class:`Analyzer` guards it with one lock. A background thread
+scores complete epochs every ``flush_interval`` seconds (and GetReport flushes first), stores the
+results, and applies retention. On start the stored windows are replayed into a fresh Engine, so
+a restarted analyzer resumes with the history it had.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from hypertrace.analyzer.storage import Storage, StorageError
+from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc
+from hypertrace.proto.wire import MAX_WINDOW_BYTES, WireError, validate_window
+
+log = logging.getLogger(__name__)
+
+INGEST_SERVICE = "hypertrace.v1.Ingest"
+QUERY_SERVICE = "hypertrace.v1.Query"
+STREAM_METHOD = f"/{INGEST_SERVICE}/Stream"
+
+
+class ServerError(RuntimeError):
+    """The server cannot start (port taken, bad address); the message says how to fix it."""
+
+
+def _default_engine_factory(config: Any) -> Any:
+    from hypertrace.analyzer.engine import Engine
+    return Engine(config)
+
+
+class Analyzer:
+    """Engine + Storage behind one lock: the state the gRPC handlers share."""
+
+    def __init__(self, storage: Storage, config: Any = None,
+                 engine_factory: Callable[[Any], Any] | None = None):
+        if config is None:
+            from hypertrace.analyzer.config import ScoringConfig
+            config = ScoringConfig()
+        self.config = config
+        self.storage = storage
+        self._engine = (engine_factory or _default_engine_factory)(config)
+        self._lock = threading.Lock()
+
+    def resume(self) -> int:
+        """Replay every stored window into the (fresh) Engine; returns how many were replayed."""
+        n = 0
+        with self._lock:
+            for sw in self.storage.iter_windows():
+                try:
+                    self._engine.ingest(sw.message())
+                except Exception:   # a stored window the engine cannot take must not stop start-up
+                    log.exception("replay: engine rejected stored window %s/%d", sw.agent_id, sw.seq)
+                n += 1
+        if n:
+            log.info("resumed %d stored windows from %s", n, self.storage.path)
+        return n
+
+    def ingest(self, w: pb.NodeWindow, payload: bytes | None = None) -> bool:
+        """Store then score-feed a validated window; False if it was a duplicate."""
+        if not self.storage.add_window(w, payload):
+            return False
+        with self._lock:
+            try:
+                self._engine.ingest(w)
+            except Exception:   # stored already; an engine bug must not kill the stream
+                log.exception("engine failed on window %s/%d (stored, not scored)",
+                              w.agent_id, w.seq)
+        return True
+
+    def flush(self, now_ns: int | None = None) -> int:
+        """Score complete epochs and store the results; returns the number of epochs scored."""
+        now = now_ns if now_ns is not None else time.time_ns()
+        with self._lock:
+            results = self._engine.flush(now) or []
+        if results:
+            self.storage.add_results(results)
+        return len(results)
+
+    def report(self, job_id: str | None = None) -> pb.Report:
+        self.flush()
+        with self._lock:
+            return self._engine.report(job_id or None)
+
+    def list_jobs(self) -> pb.ListJobsResponse:
+        with self._lock:
+            return self._engine.list_jobs()
+
+
+class _QueryServicer(pb_grpc.QueryServicer):
+    def __init__(self, analyzer: Analyzer):
+        self._a = analyzer
+
+    def GetReport(self, request: pb.ReportRequest, context: grpc.ServicerContext) -> pb.Report:
+        try:
+            return self._a.report(request.job_id or None)
+        except KeyError as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"{exc}; list jobs with ListJobs")
+        except Exception as exc:
+            log.exception("GetReport failed")
+            context.abort(grpc.StatusCode.INTERNAL, f"report failed: {exc}")
+        raise AssertionError("unreachable")
+
+    def ListJobs(self, request: pb.ListJobsRequest,
+                 context: grpc.ServicerContext) -> pb.ListJobsResponse:
+        try:
+            return self._a.list_jobs()
+        except Exception as exc:
+            log.exception("ListJobs failed")
+            context.abort(grpc.StatusCode.INTERNAL, f"list jobs failed: {exc}")
+        raise AssertionError("unreachable")
+
+
+def _ingest_handler(analyzer: Analyzer) -> grpc.GenericRpcHandler:
+    def stream(request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[pb.Ack]:
+        for raw in request_iterator:
+            if len(raw) > MAX_WINDOW_BYTES:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"NodeWindow: is {len(raw)} bytes, over the {MAX_WINDOW_BYTES}-byte "
+                              "limit; send smaller windows")
+            try:
+                w = pb.NodeWindow.FromString(raw)
+            except DecodeError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"NodeWindow: not a valid hypertrace.v1 NodeWindow protobuf ({exc}); "
+                              "is the agent speaking another protocol?")
+            try:
+                validate_window(w, encoded_size=len(raw))
+            except WireError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"window seq {w.seq} of agent {w.agent_id!r}: {exc}")
+            try:
+                new = analyzer.ingest(w, raw)
+            except StorageError as exc:
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"analyzer cannot store windows: {exc}")
+            except Exception as exc:   # e.g. sqlite3 disk full: the agent keeps it and retries
+                log.exception("storing window %s/%d failed", w.agent_id, w.seq)
+                context.abort(grpc.StatusCode.UNAVAILABLE,
+                              f"analyzer cannot store windows right now ({exc}); retry later")
+            yield pb.Ack(agent_id=w.agent_id, seq=w.seq, duplicate=not new)
+
+    handler = grpc.stream_stream_rpc_method_handler(
+        stream, request_deserializer=None, response_serializer=pb.Ack.SerializeToString)
+    return grpc.method_handlers_generic_handler(INGEST_SERVICE, {"Stream": handler})
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    listen: str = "127.0.0.1:50051"
+    flush_interval: float = 1.0          # seconds between background scoring passes; 0: only on query
+    retention_hours: float | None = None  # None: keep everything
+    max_workers: int = 256               # each open Ingest stream holds one worker thread
+    grace_seconds: float = 2.0           # shutdown grace for in-flight calls
+
+
+class AnalyzerServer:
+    """Runs the gRPC server plus the background flush/retention thread for one Analyzer."""
+
+    def __init__(self, analyzer: Analyzer, options: ServerOptions = ServerOptions()):
+        self.analyzer = analyzer
+        self.options = options
+        self.port: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._health = health.HealthServicer()
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=options.max_workers,
+                                       thread_name_prefix="hypertrace-rpc"),
+            options=[("grpc.max_receive_message_length", 2 * MAX_WINDOW_BYTES),
+                     ("grpc.so_reuseport", 0)])
+        self._server.add_generic_rpc_handlers((_ingest_handler(analyzer),))
+        pb_grpc.add_QueryServicer_to_server(_QueryServicer(analyzer), self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+
+    def start(self) -> int:
+        """Bind and start serving; returns the bound port (useful with port 0)."""
+        try:
+            port = self._server.add_insecure_port(self.options.listen)
+        except RuntimeError as exc:
+            port = 0
+            detail = str(exc)
+        else:
+            detail = ""
+        if not port:
+            raise ServerError(f"cannot listen on {self.options.listen}: the port is taken or the "
+                              f"address is not local ({detail or 'bind failed'}); stop the other "
+                              "process or pass another --listen HOST:PORT (port 0 picks a free one)")
+        self.port = port
+        self._server.start()
+        for service in ("", INGEST_SERVICE, QUERY_SERVICE):
+            self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self._thread = threading.Thread(target=self._background, name="hypertrace-flush",
+                                        daemon=True)
+        self._thread.start()
+        return port
+
+    def _background(self) -> None:
+        interval = self.options.flush_interval if self.options.flush_interval > 0 else 1.0
+        last_prune = 0.0
+        while not self._stop.wait(interval):
+            try:
+                if self.options.flush_interval > 0:
+                    self.analyzer.flush()
+                if self.options.retention_hours and time.monotonic() - last_prune > 60:
+                    last_prune = time.monotonic()
+                    n = self.analyzer.storage.prune(self.options.retention_hours * 3600)
+                    if n:
+                        log.info("retention: pruned %d rows", n)
+            except Exception:   # keep serving; the next pass retries
+                log.exception("background flush/retention failed")
+
+    def stop(self) -> None:
+        """Stop accepting, let in-flight calls finish (grace), score what is complete, stop."""
+        self._health.enter_graceful_shutdown()
+        self._stop.set()
+        self._server.stop(self.options.grace_seconds).wait()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        try:
+            self.analyzer.flush()
+        except Exception:
+            log.exception("final flush failed")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._server.wait_for_termination(timeout)

@@ -1,0 +1,331 @@
+"""Realistic simulated agent windows for a training job, with injected stragglers.
+
+Why it exists: the analyzer, the demo and the detection benchmarks need windows that look like
+what real agents send (heavy-tailed latencies, noisy nodes, thousands of samples per GPU) without
+a GPU cluster. Everything is deterministic for a given seed.
+
+The model (all latencies per GPU, per window, per API):
+
+* **Body: lognormal.** ``median_us * exp(sigma * N(0, 1))``. CUDA launch latency on a healthy
+  host is tight around a few µs to tens of µs with a right skew; a lognormal matches that.
+* **Tail: Pareto spikes.** With probability ``tail_prob`` a call is instead drawn from a Pareto
+  with scale ``tail_scale * median`` and shape ``tail_alpha`` (alpha ~1.5: infinite variance,
+  like GC pauses, page faults, preemption). Values past the bucket scheme's top land in the
+  overflow bucket, as they would in the kernel.
+* **Per-node jitter.** Every node has a persistent multiplicative offset ``exp(N(0, node_jitter))``
+  (hosts are never identical), every GPU a smaller one (``gpu_jitter``), and every GPU-window
+  a fresh one (``window_jitter``). These are the "healthy spread" the scorer must not flag.
+* **Stragglers.** ``Straggler(node, factor)`` multiplies the launch-API medians of that node's
+  GPUs (all of them, or only ``gpus``) by ``factor`` from window ``onset`` on.
+* **Synchronize waits in a collective job.** Between two synchronizations each rank computes for
+  ``compute_us * c_i`` where ``c_i`` is the injected slowdown times a small per-window GPU noise
+  (``compute_jitter``; GPU kernels are far steadier than host-side launch latency, so the host
+  jitter above does not enter here). The collective ends when the slowest rank arrives, so rank i
+  waits ``sync_base_us + compute_us * (max_j c_j - c_i)``. The straggler therefore shows
+  the SHORTEST ``cudaStreamSynchronize`` waits and every other rank long ones, the low tail that
+  the analyzer has to read as "everyone waits for this rank".
+* **Sample counts.** Calls per window are Poisson around ``calls_per_second * window_seconds *
+  duty`` (a duty-cycled probe sees only part of the window); thousands per GPU by default.
+
+Histograms are sampled directly: the mixture's CDF is evaluated at the bucket edges of the wire
+scheme (vectorized over all GPUs) and one multinomial draw per GPU gives the counts. That is
+exact in distribution and makes 2,048 GPUs x 8 windows take about a second instead of drawing
+hundreds of millions of raw samples. ``sum_us`` is estimated from bucket midpoints, ``min_us``
+and ``max_us`` are the edges of the first and last occupied buckets.
+
+Scenarios: ``SimConfig`` is a plain frozen dataclass and the per-window slowdown of every GPU is
+computed in one place (:func:`slowdown_matrix`), so a named scenario catalog only needs to build
+a ``SimConfig`` (register a builder in :data:`SCENARIOS`); onset, single-GPU and multi-straggler
+cases are already expressible.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+from scipy.special import ndtr
+
+from hypertrace.proto import buckets
+from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.proto.wire import WIRE_VERSION
+
+#: 2023-11-14T22:13:20Z; a fixed, seed-shifted start keeps files byte-identical across runs.
+BASE_EPOCH_NS = 1_700_000_000 * 10**9
+
+
+@dataclass(frozen=True)
+class ApiModel:
+    """Latency model of one probed CUDA API on a healthy GPU."""
+
+    api: str
+    kind: str                  # "launch" (slow host = high) or "sync" (waited-for rank = low)
+    median_us: float
+    sigma: float               # lognormal shape of the body
+    calls_per_second: float    # call rate while the probe is attached
+    tail_prob: float = 0.003
+    tail_alpha: float = 1.5
+    tail_scale: float = 3.0    # Pareto scale as a multiple of the median
+
+
+DEFAULT_APIS: tuple[ApiModel, ...] = (
+    ApiModel("cudaLaunchKernel", "launch", median_us=10.0, sigma=0.22, calls_per_second=50_000),
+    ApiModel("cuLaunchKernel", "launch", median_us=6.0, sigma=0.25, calls_per_second=20_000),
+    ApiModel("cudaStreamSynchronize", "sync", median_us=0.0, sigma=0.30, calls_per_second=10_000),
+)
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A slow node (all GPUs) or, with ``gpus``, some slow GPUs of it, from window ``onset``."""
+
+    node: str
+    factor: float
+    gpus: tuple[int, ...] | None = None
+    onset: int = 0
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    gpus: int = 128
+    gpus_per_node: int = 8
+    windows: int = 8
+    seed: int = 0
+    window_seconds: float = 10.0
+    stragglers: tuple[Straggler, ...] = ()
+    job_id: str = "sim-job"
+    start_ns: int | None = None         # None: BASE_EPOCH_NS shifted by the seed
+    apis: tuple[ApiModel, ...] = DEFAULT_APIS
+    node_jitter: float = 0.010
+    gpu_jitter: float = 0.005
+    window_jitter: float = 0.005
+    compute_jitter: float = 0.002       # per-window spread of compute time between syncs
+    duty: float = 0.01                  # fraction of the window the probes are attached
+    compute_us: float = 2_000.0         # compute between two synchronizations
+    sync_base_us: float = 150.0         # wait of the slowest rank (collective latency)
+    gpu_kind: str = "NVIDIA H200"
+    node_names: tuple[str, ...] = field(default=())   # empty: node-0000, node-0001, ...
+
+    def __post_init__(self) -> None:
+        if self.gpus <= 0 or self.gpus_per_node <= 0:
+            raise ValueError("--gpus and --gpus-per-node must be positive")
+        if self.gpus % self.gpus_per_node:
+            raise ValueError(f"--gpus {self.gpus} is not a multiple of --gpus-per-node "
+                             f"{self.gpus_per_node}; use whole nodes")
+        if self.windows <= 0:
+            raise ValueError("--windows must be positive")
+        if not self.window_seconds > 0:
+            raise ValueError("--window-seconds must be positive")
+        names = set(self.nodes)
+        for s in self.stragglers:
+            if s.node not in names:
+                raise ValueError(f"straggler node {s.node!r} is not in the job (nodes are "
+                                 f"{self.nodes[0]}..{self.nodes[-1]})")
+            if not s.factor > 0:
+                raise ValueError(f"straggler factor for {s.node} must be > 0, got {s.factor}")
+
+    @property
+    def n_nodes(self) -> int:
+        return self.gpus // self.gpus_per_node
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return self.node_names or tuple(f"node-{i:04d}" for i in range(self.n_nodes))
+
+    @property
+    def first_start_ns(self) -> int:
+        if self.start_ns is not None:
+            return self.start_ns
+        return BASE_EPOCH_NS + (self.seed % 100_000) * 86_400 * 10**9 // 100
+
+
+def parse_straggler(text: str) -> Straggler:
+    """``NODE:FACTOR`` (e.g. ``node-0042:1.10``) -> Straggler; ValueError says what is wrong."""
+    node, sep, factor = text.rpartition(":")
+    if not sep or not node:
+        raise ValueError(f"--straggler {text!r}: expected NODE:FACTOR, e.g. node-0042:1.10")
+    try:
+        f = float(factor)
+    except ValueError:
+        raise ValueError(f"--straggler {text!r}: FACTOR {factor!r} is not a number "
+                         "(1.10 means 10% slower)") from None
+    if not (f > 0 and np.isfinite(f)):
+        raise ValueError(f"--straggler {text!r}: FACTOR must be a positive number")
+    return Straggler(node=node, factor=f)
+
+
+def slowdown_matrix(cfg: SimConfig) -> np.ndarray:
+    """Injected slowdown per (window, gpu): 1.0 healthy, ``factor`` for straggling GPUs."""
+    f = np.ones((cfg.windows, cfg.gpus))
+    index = {n: i for i, n in enumerate(cfg.nodes)}
+    for s in cfg.stragglers:
+        base = index[s.node] * cfg.gpus_per_node
+        cols = np.arange(base, base + cfg.gpus_per_node) if s.gpus is None else \
+            base + np.asarray(s.gpus, dtype=int)
+        f[s.onset:, cols] *= s.factor
+    return f
+
+
+def _mixture_bucket_probs(median_us: np.ndarray, m: ApiModel) -> np.ndarray:
+    """Bucket probabilities (rows x NUM_BUCKETS) of lognormal body + Pareto tail per row."""
+    edges_ns = buckets.UPPER_NS[:-1]                      # inner edges between buckets
+    med_ns = (median_us * 1e3)[:, None]
+    with np.errstate(divide="ignore"):
+        body = ndtr((np.log(edges_ns)[None, :] - np.log(med_ns)) / m.sigma)
+    xm = m.tail_scale * med_ns
+    tail = np.where(edges_ns[None, :] >= xm, 1.0 - (xm / edges_ns[None, :]) ** m.tail_alpha, 0.0)
+    cdf = (1.0 - m.tail_prob) * body + m.tail_prob * tail
+    cdf = np.concatenate((np.zeros((cdf.shape[0], 1)), cdf, np.ones((cdf.shape[0], 1))), axis=1)
+    p = np.clip(np.diff(cdf, axis=1), 0.0, None)
+    return p / p.sum(axis=1, keepdims=True)
+
+
+def simulate_counts(cfg: SimConfig) -> dict[str, np.ndarray]:
+    """Dense histograms per API: array (windows, gpus, NUM_BUCKETS) of uint64 counts."""
+    rng = np.random.default_rng(cfg.seed)
+    nodes_of_gpu = np.repeat(np.arange(cfg.n_nodes), cfg.gpus_per_node)
+    node_off = np.exp(rng.normal(0.0, cfg.node_jitter, cfg.n_nodes))[nodes_of_gpu]
+    gpu_off = np.exp(rng.normal(0.0, cfg.gpu_jitter, cfg.gpus))
+    injected = slowdown_matrix(cfg)
+    out = {m.api: np.zeros((cfg.windows, cfg.gpus, buckets.NUM_BUCKETS), np.uint64)
+           for m in cfg.apis}
+    for w in range(cfg.windows):
+        win_off = np.exp(rng.normal(0.0, cfg.window_jitter, cfg.gpus))
+        slowdown = node_off * gpu_off * win_off * injected[w]        # (gpus,) host side
+        compute = injected[w] * np.exp(rng.normal(0.0, cfg.compute_jitter, cfg.gpus))
+        for m in cfg.apis:
+            if m.kind == "sync":
+                median = cfg.sync_base_us + cfg.compute_us * (compute.max() - compute)
+            else:
+                median = m.median_us * slowdown
+            probs = _mixture_bucket_probs(median, m)
+            n = rng.poisson(m.calls_per_second * cfg.window_seconds * cfg.duty, cfg.gpus)
+            out[m.api][w] = rng.multinomial(n, probs).astype(np.uint64)
+    return out
+
+
+@dataclass
+class _ApiArrays:
+    """Per-(window, gpu) summary of one API's histograms, computed once, vectorized."""
+
+    counts: np.ndarray      # (W, G, B) uint64
+    total: np.ndarray       # (W, G)
+    first: np.ndarray       # first occupied bucket (0 when empty)
+    last: np.ndarray        # last occupied bucket
+    sum_us: np.ndarray
+
+    @classmethod
+    def of(cls, counts: np.ndarray) -> "_ApiArrays":
+        occupied = counts > 0
+        nb = counts.shape[-1]
+        return cls(counts=counts, total=counts.sum(axis=-1),
+                   first=occupied.argmax(axis=-1),
+                   last=nb - 1 - occupied[..., ::-1].argmax(axis=-1),
+                   sum_us=counts.astype(np.float64) @ buckets.MID_NS / 1e3)
+
+    def stats(self, api: str, w: int, g: int) -> pb.ApiStats:
+        n = int(self.total[w, g])
+        if n == 0:
+            return pb.ApiStats(api=api, count=0,
+                               histogram=pb.Histogram(scheme=buckets.SCHEME_ID))
+        lo, hi = int(self.first[w, g]), int(self.last[w, g])
+        return pb.ApiStats(
+            api=api, count=n, sum_us=float(self.sum_us[w, g]),
+            min_us=float(buckets.LOWER_NS[lo] / 1e3), max_us=float(buckets.UPPER_NS[hi] / 1e3),
+            histogram=pb.Histogram(scheme=buckets.SCHEME_ID, first_bucket=lo,
+                                   counts=self.counts[w, g, lo:hi + 1].tolist()))
+
+
+def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
+    """Yield one NodeWindow per (window, node), window-major: an epoch's nodes arrive together.
+
+    Agent ids are ``sim-<node>``, ``seq`` counts windows from 1 per agent, ranks are contiguous per
+    node, and all windows of one epoch share their start and end timestamps.
+    """
+    arrays = {api: _ApiArrays.of(c) for api, c in simulate_counts(cfg).items()}
+    win_ns = int(round(cfg.window_seconds * 1e9))
+    t0 = cfg.first_start_ns
+    overhead = pb.Overhead(estimated_fraction=0.004, duty=cfg.duty, probe_cost_ns=8_000.0,
+                           call_rate_hz=sum(m.calls_per_second for m in cfg.apis), budget=0.005)
+    for w in range(cfg.windows):
+        start_ns, end_ns = t0 + w * win_ns, t0 + (w + 1) * win_ns
+        for ni, node in enumerate(cfg.nodes):
+            nw = pb.NodeWindow(version=WIRE_VERSION, agent_id=f"sim-{node}", node=node, seq=w + 1)
+            nw.start.FromNanoseconds(start_ns)
+            nw.end.FromNanoseconds(end_ns)
+            for local in range(cfg.gpus_per_node):
+                g = ni * cfg.gpus_per_node + local
+                proc = nw.processes.add(
+                    job_id=cfg.job_id, rank=g, local_rank=local, gpu_index=local,
+                    gpu_uuid=f"GPU-sim-{ni:04d}-{local}", pid=10_000 + local,
+                    gpu_kind=cfg.gpu_kind)
+                proc.overhead.CopyFrom(overhead)
+                proc.apis.extend(arrays[m.api].stats(m.api, w, g) for m in cfg.apis)
+            yield nw
+
+
+# ---- scenario catalog hook -------------------------------------------------------------------
+#: name -> builder(gpus, gpus_per_node, windows, seed) -> SimConfig. A later catalog adds entries.
+SCENARIOS: dict[str, Callable[..., SimConfig]] = {
+    "clean": lambda **kw: SimConfig(**kw),
+    "host-straggler-10": lambda **kw: replace(
+        SimConfig(**kw), stragglers=(Straggler("node-0001", 1.10),)),
+}
+
+
+def live_start_ns(cfg: SimConfig, now_ns: int, margin_seconds: float = 30.0) -> int:
+    """A start so that every simulated window is already over (by ``margin_seconds``) at now.
+
+    Streamed simulations use it: the analyzer scores an epoch once ``end + grace`` has passed,
+    so windows that ended well in the past are all scoreable as soon as they arrive, and their
+    epochs are aligned on ``window_seconds`` like a live agent's would be.
+    """
+    win_ns = int(round(cfg.window_seconds * 1e9))
+    last_end = (now_ns - int(margin_seconds * 1e9)) // win_ns * win_ns
+    return last_end - cfg.windows * win_ns
+
+
+@dataclass
+class StreamResult:
+    windows: int
+    acked: int
+    duplicates: int
+    pending: int
+
+
+def stream_windows(windows: Iterable[pb.NodeWindow], target: str, spool_root: str,
+                   timeout: float = 60.0) -> StreamResult:
+    """Send windows like real agents: one Uplink (own spool, own stream) per node, one channel.
+
+    Blocks until every window is acked or ``timeout`` passes; ``pending`` > 0 means not all
+    arrived (the analyzer is unreachable or rejected some).
+    """
+    import os
+    import time
+
+    import grpc
+
+    from hypertrace.daemon.uplink import Backoff, Spool, Uplink, channel_options
+
+    channel = grpc.insecure_channel(target, options=channel_options(Backoff()))
+    uplinks: dict[str, Uplink] = {}
+    n = 0
+    try:
+        for w in windows:
+            up = uplinks.get(w.agent_id)
+            if up is None:
+                spool = Spool(os.path.join(spool_root, w.agent_id))
+                up = uplinks[w.agent_id] = Uplink(spool, channel=channel, idle_close=1.0,
+                                                  seed=len(uplinks)).start()
+            up.submit(w)
+            n += 1
+        deadline = time.monotonic() + timeout
+        for up in uplinks.values():
+            up.wait_drained(max(0.0, deadline - time.monotonic()))
+    finally:
+        for up in uplinks.values():
+            up.close()
+        channel.close()
+    return StreamResult(windows=n, acked=sum(u.acked for u in uplinks.values()),
+                        duplicates=sum(u.duplicates for u in uplinks.values()),
+                        pending=sum(u.pending() for u in uplinks.values()))

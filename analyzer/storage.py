@@ -1,0 +1,220 @@
+"""SQLite storage of the analyzer: raw windows, per-epoch scores and verdicts.
+
+Why SQLite (WAL): one file, no server to run, crash-safe, and a single analyzer writes a few
+windows per second per thousand GPUs, far below what WAL mode sustains. Windows are stored as the
+serialized protobuf (the wire bytes), so a restart replays exactly what was received into a fresh
+Engine, and no schema migration is needed when the wire format grows optional fields.
+
+Durability: an Ack is only sent after the window's transaction committed. ``synchronous=FULL``
+(the default here) survives power loss; ``NORMAL`` survives a crash of the analyzer process but
+may lose the last commits on power loss, for a cheaper commit.
+
+Dedup: ``(agent_id, seq)`` is the primary key of ``windows``; :meth:`Storage.add_window` tells
+whether the window was new, which is what makes agent replay after a reconnect harmless.
+
+Not thread-safe by itself across connections: one connection is shared and guarded by a lock
+(``check_same_thread=False``), because gRPC calls arrive on a thread pool.
+"""
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from hypertrace.proto import hypertrace_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS windows (
+    agent_id    TEXT    NOT NULL,
+    seq         INTEGER NOT NULL,
+    node        TEXT    NOT NULL,
+    start_ns    INTEGER NOT NULL,
+    end_ns      INTEGER NOT NULL,
+    received_ns INTEGER NOT NULL,
+    payload     BLOB    NOT NULL,
+    PRIMARY KEY (agent_id, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS windows_end ON windows (end_ns);
+CREATE TABLE IF NOT EXISTS scores (
+    job_id TEXT NOT NULL, epoch INTEGER NOT NULL, node TEXT NOT NULL, gpu TEXT NOT NULL,
+    rank INTEGER, api TEXT NOT NULL, stat TEXT NOT NULL, value_us REAL, job_median_us REAL,
+    ratio REAL, robust_z REAL, flagged INTEGER NOT NULL, direction TEXT,
+    created_ns INTEGER NOT NULL,
+    PRIMARY KEY (job_id, epoch, node, gpu, api, stat)
+);
+CREATE INDEX IF NOT EXISTS scores_created ON scores (created_ns);
+CREATE TABLE IF NOT EXISTS verdicts (
+    job_id TEXT NOT NULL, epoch INTEGER NOT NULL, node TEXT NOT NULL, gpu TEXT NOT NULL,
+    verdict TEXT NOT NULL, created_ns INTEGER NOT NULL,
+    PRIMARY KEY (job_id, epoch, node, gpu)
+);
+CREATE INDEX IF NOT EXISTS verdicts_created ON verdicts (created_ns);
+"""
+
+
+class StorageError(RuntimeError):
+    """The database cannot be opened or written; the message says which path and how to fix it."""
+
+
+@dataclass(frozen=True)
+class StoredWindow:
+    agent_id: str
+    seq: int
+    node: str
+    end_ns: int
+    payload: bytes
+
+    def message(self) -> pb.NodeWindow:
+        return pb.NodeWindow.FromString(self.payload)
+
+
+class Storage:
+    """The analyzer's database. Open with :meth:`open`; every method is thread-safe."""
+
+    def __init__(self, conn: sqlite3.Connection, path: str):
+        self._conn = conn
+        self._lock = threading.Lock()
+        self.path = path
+
+    @classmethod
+    def open(cls, path: str | Path, synchronous: str = "FULL") -> "Storage":
+        """Open (creating if needed) the database at ``path``; StorageError if impossible."""
+        p = Path(path)
+        if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
+            raise StorageError(f"synchronous={synchronous!r}: use FULL, NORMAL or EXTRA")
+        if not p.parent.exists():
+            raise StorageError(f"database directory {p.parent} does not exist; create it "
+                               f"(mkdir -p {p.parent}) or pass another --db path")
+        try:
+            conn = sqlite3.connect(str(p), check_same_thread=False, isolation_level=None,
+                                   timeout=30.0)
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                log.warning("database %s: WAL mode unavailable (got %s)", p, mode)
+            conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
+            conn.executescript(_SCHEMA)
+            conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                         (str(SCHEMA_VERSION),))
+            version = int(conn.execute(
+                "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot open database {p}: {exc}; check that the path is "
+                               "writable by this user (or pass another --db)") from exc
+        if version != SCHEMA_VERSION:
+            conn.close()
+            raise StorageError(f"database {p} has schema version {version}, this analyzer uses "
+                               f"{SCHEMA_VERSION}; point --db at a new file")
+        return cls(conn, str(p))
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # ---- windows -----------------------------------------------------------------------------
+
+    def add_window(self, w: pb.NodeWindow, payload: bytes | None = None,
+                   received_ns: int | None = None) -> bool:
+        """Store a (validated) window durably; False when ``(agent_id, seq)`` was already there."""
+        data = payload if payload is not None else w.SerializeToString()
+        with self._lock:
+            cur = self._conn.execute(
+                "INSERT OR IGNORE INTO windows (agent_id, seq, node, start_ns, end_ns, "
+                "received_ns, payload) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (w.agent_id, int(w.seq), w.node, w.start.ToNanoseconds(), w.end.ToNanoseconds(),
+                 received_ns if received_ns is not None else time.time_ns(), data))
+            return cur.rowcount == 1
+
+    def iter_windows(self, since_end_ns: int | None = None) -> Iterator[StoredWindow]:
+        """Stored windows in (end time, agent, seq) order: the replay order after a restart."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT agent_id, seq, node, end_ns, payload FROM windows WHERE end_ns >= ? "
+                "ORDER BY end_ns, agent_id, seq",
+                (since_end_ns if since_end_ns is not None else -(2 ** 63),)).fetchall()
+        for r in rows:
+            yield StoredWindow(r[0], int(r[1]), r[2], int(r[3]), bytes(r[4]))
+
+    def count_windows(self) -> int:
+        with self._lock:
+            return int(self._conn.execute("SELECT COUNT(*) FROM windows").fetchone()[0])
+
+    # ---- scoring results ---------------------------------------------------------------------
+
+    def add_results(self, results: Iterable[Any], created_ns: int | None = None) -> int:
+        """Store EpochResults (rows and verdicts); re-storing an epoch replaces it. Returns rows."""
+        now = created_ns if created_ns is not None else time.time_ns()
+        score_rows: list[tuple] = []
+        verdict_rows: list[tuple] = []
+        for res in results:
+            for r in res.rows:
+                score_rows.append((r.job_id, int(r.epoch), r.node, str(r.gpu), int(r.rank),
+                                   r.api, r.stat, _f(r.value_us), _f(r.job_median_us),
+                                   _f(r.ratio), _f(r.robust_z), int(bool(r.flagged)),
+                                   r.direction, now))
+            for (node, gpu), verdict in res.verdicts.items():
+                verdict_rows.append((res.job_id, int(res.epoch), node, str(gpu), verdict, now))
+        if not score_rows and not verdict_rows:
+            return 0
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                self._conn.executemany(
+                    "INSERT OR REPLACE INTO scores VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", score_rows)
+                self._conn.executemany(
+                    "INSERT OR REPLACE INTO verdicts VALUES (?,?,?,?,?,?)", verdict_rows)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return len(score_rows)
+
+    def verdicts(self, job_id: str | None = None) -> list[tuple[str, int, str, str, str]]:
+        """(job_id, epoch, node, gpu, verdict) rows, oldest epoch first."""
+        q = "SELECT job_id, epoch, node, gpu, verdict FROM verdicts"
+        args: tuple = ()
+        if job_id:
+            q += " WHERE job_id = ?"
+            args = (job_id,)
+        with self._lock:
+            return [tuple(r) for r in self._conn.execute(q + " ORDER BY epoch, node, gpu", args)]
+
+    def count_scores(self) -> int:
+        with self._lock:
+            return int(self._conn.execute("SELECT COUNT(*) FROM scores").fetchone()[0])
+
+    # ---- retention ---------------------------------------------------------------------------
+
+    def prune(self, retention_seconds: float, now_ns: int | None = None) -> int:
+        """Delete windows that ended, and results computed, more than ``retention_seconds`` ago."""
+        now = now_ns if now_ns is not None else time.time_ns()
+        cutoff = now - int(retention_seconds * 1e9)
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                n = self._conn.execute("DELETE FROM windows WHERE end_ns < ?", (cutoff,)).rowcount
+                n += self._conn.execute("DELETE FROM scores WHERE created_ns < ?",
+                                        (cutoff,)).rowcount
+                n += self._conn.execute("DELETE FROM verdicts WHERE created_ns < ?",
+                                        (cutoff,)).rowcount
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return n
+
+
+def _f(x: Any) -> float | None:
+    """NaN/None -> NULL: SQLite has no NaN and a missing value must stay missing."""
+    if x is None:
+        return None
+    v = float(x)
+    return None if v != v else v

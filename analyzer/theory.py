@@ -1,0 +1,141 @@
+"""The theory of the brief, computed from histograms: spike probability and E[max] step time.
+
+Synchronous training waits for its slowest rank every step, so
+
+* ``P(cluster spike) = 1 − Π (1 − p_i)`` over ranks, ``1 − (1 − p)^N`` for N equal ranks;
+* ``E[max_i T_i] = ∫_0^∞ (1 − Π_i F_i(t)) dt`` for independent ranks with CDFs ``F_i``.
+
+``F_i`` is the piecewise-linear CDF of a rank's histogram on the wire bucket scheme
+(:func:`hypertrace.proto.buckets.cdf_on_grid`), i.e. the distribution "bucket by its count, uniform
+inside the bucket". :func:`sample_histogram_ns` draws from exactly that distribution, which is
+what the Monte Carlo check in the tests compares against.
+
+How the integral is taken: ``Π F_i`` is 0 below ``a = max_i(lowest edge of rank i)`` and 1 above
+``b = max_i(highest edge of rank i)``, so ``E[max] = a + ∫_a^b (1 − Π F_i)``. On ``[a, b]`` the grid is
+every bucket edge, each bucket cut into ``SUBDIV`` pieces, and the trapezoid rule is applied to
+``1 − exp(Σ m_i log F_i)`` (``m_i``: how many ranks share histogram i). Ranks are processed in
+chunks so memory stays bounded at any job size.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hypertrace.proto import buckets
+
+SUBDIV = 32
+_CHUNK_ELEMENTS = 4_000_000
+_EDGES = np.concatenate(([0.0], buckets.UPPER_NS))        # edge j = lower edge of bucket j
+
+
+def cluster_spike_probability(p: np.ndarray | float, n: np.ndarray | int) -> np.ndarray:
+    """``1 − (1 − p)^n``, broadcast over arrays of p and n (computed stably in log space)."""
+    p = np.asarray(p, dtype=np.float64)
+    n = np.asarray(n, dtype=np.float64)
+    if np.any((p < 0) | (p > 1)):
+        raise ValueError("spike probability p must be in [0, 1]")
+    if np.any(n < 0):
+        raise ValueError("number of ranks must be >= 0")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = -np.expm1(n * np.log1p(-p))
+    return np.where(n == 0, 0.0, out) + 0.0              # + 0.0 turns -0.0 into 0.0
+
+
+def job_spike_probability(p_i: np.ndarray) -> float:
+    """``1 − Π (1 − p_i)`` over the ranks of a job (NaN rates are ignored)."""
+    p = np.asarray(p_i, dtype=np.float64)
+    p = np.clip(p[np.isfinite(p)], 0.0, 1.0)
+    if p.size == 0:
+        return 0.0
+    with np.errstate(divide="ignore"):
+        return float(-np.expm1(np.sum(np.log1p(-p)))) + 0.0
+
+
+def _support(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Lowest and highest bucket edge (ns) holding mass, per row."""
+    nz = counts > 0
+    first = np.argmax(nz, axis=1)
+    last = counts.shape[1] - 1 - np.argmax(nz[:, ::-1], axis=1)
+    return _EDGES[first], _EDGES[last + 1]
+
+
+def _grid(a: float, b: float) -> np.ndarray:
+    inner = _EDGES[(_EDGES > a) & (_EDGES < b)]
+    knots = np.concatenate(([a], inner, [b]))
+    steps = np.linspace(0.0, 1.0, SUBDIV, endpoint=False)
+    fine = (knots[:-1, None] + np.diff(knots)[:, None] * steps[None, :]).ravel()
+    return np.concatenate((fine, [b]))
+
+
+def expected_max_us(counts: np.ndarray, multiplicity: np.ndarray | int | None = None) -> float:
+    """E[max] (µs) of independent ranks; row i of ``counts`` is the histogram of ``m_i`` ranks.
+
+    ``counts`` is (R, NUM_BUCKETS) (or one histogram); rows with no samples are ignored.
+    ``multiplicity`` defaults to 1 per row; ``expected_max_us(h, 512)`` is 512 ranks like ``h``.
+    """
+    c = np.atleast_2d(np.asarray(counts, dtype=np.float64))
+    m = np.ones(c.shape[0]) if multiplicity is None else np.broadcast_to(
+        np.asarray(multiplicity, dtype=np.float64), (c.shape[0],))
+    keep = (c.sum(axis=1) > 0) & (m > 0)
+    c, m = c[keep], m[keep]
+    if c.shape[0] == 0:
+        return float("nan")
+    lo, hi = _support(c)
+    a, b = float(lo.max()), float(hi.max())
+    if b <= a:
+        return a / 1e3
+    grid = _grid(a, b)
+    log_prod = np.zeros(grid.size)
+    chunk = max(1, _CHUNK_ELEMENTS // grid.size)
+    for start in range(0, c.shape[0], chunk):          # chunks of ranks, not one loop per rank
+        f = buckets.cdf_on_grid(c[start:start + chunk], grid)
+        with np.errstate(divide="ignore"):
+            log_prod += m[start:start + chunk] @ np.log(f)
+    integrand = 1.0 - np.exp(log_prod)
+    area = float(np.sum((integrand[1:] + integrand[:-1]) * np.diff(grid)) / 2.0)
+    return (a + area) / 1e3
+
+
+def sample_histogram_ns(counts: np.ndarray, size: int | tuple[int, ...],
+                        rng: np.random.Generator) -> np.ndarray:
+    """Draw from a histogram's piecewise-uniform distribution (the one ``cdf_on_grid`` describes)."""
+    c = np.asarray(counts, dtype=np.float64).ravel()
+    if c.sum() <= 0:
+        raise ValueError("histogram is empty: nothing to sample")
+    idx = rng.choice(c.size, size=size, p=c / c.sum())
+    return _EDGES[idx] + rng.random(idx.shape) * (_EDGES[idx + 1] - _EDGES[idx])
+
+
+def monte_carlo_max_us(counts: np.ndarray, multiplicity: np.ndarray | int, trials: int,
+                       rng: np.random.Generator) -> float:
+    """Monte Carlo E[max] (µs) with the same inputs as :func:`expected_max_us` (for checking)."""
+    c = np.atleast_2d(np.asarray(counts, dtype=np.float64))
+    m = np.broadcast_to(np.asarray(multiplicity, dtype=np.int64), (c.shape[0],))
+    best = np.zeros(trials)
+    for row, k in zip(c, m):                            # a handful of distinct histograms
+        if k > 0 and row.sum() > 0:
+            best = np.maximum(best, sample_histogram_ns(row, (trials, int(k)), rng).max(axis=1))
+    return float(best.mean() / 1e3)
+
+
+def what_if(counts: np.ndarray, evict: np.ndarray) -> tuple[float, float]:
+    """E[max] now and after evicting rows ``evict`` (bool), in µs.
+
+    Evicted ranks are replaced by spares that behave like the pooled remaining ranks (the job keeps
+    its size, as after a real eviction), so the gain measures removing the slow ranks, not shrinking
+    the job.
+    """
+    c = np.atleast_2d(np.asarray(counts, dtype=np.float64))
+    evict = np.asarray(evict, dtype=bool)
+    has = c.sum(axis=1) > 0
+    now = expected_max_us(c[has])
+    gone = evict & has
+    if not gone.any():
+        return now, now
+    rest = c[has & ~evict]
+    if rest.shape[0] == 0:
+        return now, float("nan")
+    totals = rest.sum(axis=1, keepdims=True)
+    pooled = (rest / totals).mean(axis=0)                # an average healthy rank
+    after = expected_max_us(np.vstack((rest, pooled)),
+                            np.concatenate((np.ones(rest.shape[0]), [int(gone.sum())])))
+    return now, after

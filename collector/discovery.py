@@ -1,0 +1,261 @@
+"""Find the training processes on this node: every process that maps the CUDA runtime
+(``libcudart.so*``) or driver (``libcuda.so*``) library.
+
+Why a periodic ``/proc`` scan: it needs no hook inside the training process and no privilege
+beyond reading ``/proc/PID/maps`` (root, or CAP_SYS_PTRACE for other users' processes). PyTorch
+loads libcudart lazily, so processes that mapped nothing yet are scanned again on every pass.
+
+Three details matter:
+
+* **pid reuse.** A process is identified by ``(pid, start time)``, the start time being field 22
+  of ``/proc/PID/stat`` (clock ticks since boot). A pid seen again with another start time is a
+  new process, and the old one is reported as exited.
+* **distinct library files.** Uprobes live on an inode, so every process mapping one file is
+  probed by one attachment. Libraries are keyed by ``(st_dev, st_ino)``; two paths to one file
+  (symlinks, bind mounts, a container's view of the host file) are one library. The path kept is
+  one the agent can open: ``/proc/PID/root/<path>`` when the process lives in another mount
+  namespace, so containerized trainers are probed through their own root.
+* **never the agent itself.** The agent's pid and its descendants (a probe-cost helper, a
+  compiler) are skipped, so the probe never measures its own machinery.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+log = logging.getLogger(__name__)
+
+#: (st_dev, st_ino) of a library file: the identity a uprobe attaches to.
+LibraryId = tuple[int, int]
+
+
+def default_library_kind(path: str) -> str | None:
+    """``"cudart"``/``"cuda"`` for CUDA runtime/driver libraries, else None.
+
+    Prefers the collector's own table (collector/apis.py) so there is one definition; the
+    fallback only exists so discovery can be imported before the probes are installed.
+    """
+    try:
+        from hypertrace.collector.apis import library_kind
+    except ImportError:  # pragma: no cover - apis.py ships with the package
+        name = os.path.basename(path)
+        if name.startswith("libcudart.so"):
+            return "cudart"
+        if name.startswith("libcuda.so"):
+            return "cuda"
+        return None
+    return library_kind(path)
+
+
+@dataclass(frozen=True)
+class Library:
+    """One distinct CUDA library file, identified by inode."""
+    id: LibraryId
+    path: str          # a path the agent can open (may go through /proc/PID/root)
+    kind: str          # "cudart" | "cuda"
+
+
+@dataclass
+class CudaProcess:
+    """A live process that maps at least one CUDA library."""
+    pid: int
+    start_time: int                     # /proc/PID/stat field 22: with pid, the identity
+    comm: str
+    libraries: set[LibraryId] = field(default_factory=set)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.pid, self.start_time)
+
+
+@dataclass
+class DiscoveryDelta:
+    """What changed since the previous scan."""
+    started: list[CudaProcess] = field(default_factory=list)
+    exited: list[CudaProcess] = field(default_factory=list)
+    libraries_added: list[Library] = field(default_factory=list)
+    libraries_removed: list[Library] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.started or self.exited or self.libraries_added or self.libraries_removed)
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The few fields of /proc/PID/stat discovery needs."""
+    comm: str
+    ppid: int
+    start_time: int
+
+
+def read_stat(pid: int, proc_root: str = "/proc") -> ProcStat | None:
+    """Parse /proc/PID/stat; None when the process is gone or unreadable.
+
+    ``comm`` may contain spaces and parentheses, so split on the *last* ``)``.
+    """
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as f:
+            raw = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    lpar, rpar = raw.find("("), raw.rfind(")")
+    if lpar < 0 or rpar < 0:
+        return None
+    rest = raw[rpar + 2:].split()
+    try:
+        # rest[0] is field 3 (state): ppid is field 4, starttime field 22.
+        return ProcStat(comm=raw[lpar + 1:rpar], ppid=int(rest[1]), start_time=int(rest[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def mapped_cuda_paths(pid: int, proc_root: str = "/proc",
+                      library_kind: Callable[[str], str | None] = default_library_kind
+                      ) -> dict[str, str]:
+    """Paths (as the process sees them) of CUDA libraries mapped by ``pid`` -> kind.
+
+    Reads /proc/PID/maps once; a cheap substring test skips the lines of other files (a torch
+    process maps thousands). Deleted files (`` (deleted)``) are skipped: they cannot be probed.
+    """
+    out: dict[str, str] = {}
+    try:
+        with open(f"{proc_root}/{pid}/maps", "rb") as f:
+            data = f.read()
+    except OSError:
+        return out
+    if b"libcud" not in data:
+        return out
+    for line in data.split(b"\n"):
+        if b"libcud" not in line:
+            continue
+        slash = line.find(b"/")
+        if slash < 0:
+            continue
+        path = line[slash:].decode("utf-8", "replace")
+        if path.endswith(" (deleted)") or path in out:
+            continue
+        kind = library_kind(path)
+        if kind:
+            out[path] = kind
+    return out
+
+
+class ProcessScanner:
+    """Keeps the set of live CUDA processes and distinct CUDA libraries across scans.
+
+    ``scan()`` returns a :class:`DiscoveryDelta`; the caller attaches probes to
+    ``libraries_added`` and detaches from ``libraries_removed`` (no live process maps it any more).
+    All state lives in the instance; ``proc_root`` is a parameter so tests can point elsewhere.
+    """
+
+    def __init__(self, exclude_pids: Iterable[int] | None = None, proc_root: str = "/proc",
+                 library_kind: Callable[[str], str | None] = default_library_kind):
+        """``exclude_pids``: roots whose process trees are never reported; None means the
+        agent itself (``os.getpid()``)."""
+        self.proc_root = proc_root
+        self.library_kind = library_kind
+        self.exclude_roots = {os.getpid()} if exclude_pids is None else set(exclude_pids)
+        self.processes: dict[int, CudaProcess] = {}
+        self.libraries: dict[LibraryId, Library] = {}
+        self._lib_users: dict[LibraryId, set[int]] = {}
+        self._own_ns = self._mnt_ns("self")
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _mnt_ns(self, pid: int | str) -> str | None:
+        try:
+            return os.readlink(f"{self.proc_root}/{pid}/ns/mnt")
+        except OSError:
+            return None
+
+    def _is_own(self, pid: int, stats: dict[int, ProcStat | None]) -> bool:
+        """True if pid is the agent or one of its descendants (walks the ppid chain)."""
+        seen = 0
+        while pid > 1 and seen < 64:
+            if pid in self.exclude_roots:
+                return True
+            st = stats.get(pid) if pid in stats else read_stat(pid, self.proc_root)
+            stats[pid] = st
+            if st is None:
+                return False
+            pid, seen = st.ppid, seen + 1
+        return False
+
+    def _resolve(self, pid: int, path: str, kind: str) -> Library | None:
+        """Turn a path seen by ``pid`` into a Library the agent can open, keyed by inode."""
+        candidates = [path]
+        if self._mnt_ns(pid) != self._own_ns:
+            candidates.insert(0, f"{self.proc_root}/{pid}/root{path}")
+        for cand in candidates:
+            try:
+                st = os.stat(cand)
+            except OSError:
+                continue
+            lib_id = (st.st_dev, st.st_ino)
+            known = self.libraries.get(lib_id)
+            return known or Library(id=lib_id, path=cand, kind=kind)
+        log.debug("pid %d maps %s but the file cannot be opened from the agent", pid, path)
+        return None
+
+    def _pids(self) -> list[int]:
+        try:
+            return [int(n) for n in os.listdir(self.proc_root) if n.isdigit()]
+        except OSError as e:  # /proc unreadable: nothing to do this pass, never crash
+            log.warning("cannot list %s: %s", self.proc_root, e)
+            return []
+
+    # -- the scan --------------------------------------------------------------------------
+    def scan(self) -> DiscoveryDelta:
+        delta = DiscoveryDelta()
+        stats: dict[int, ProcStat | None] = {}
+        live: dict[int, CudaProcess] = {}
+        for pid in self._pids():
+            st = read_stat(pid, self.proc_root)
+            stats[pid] = st
+            if st is None:
+                continue
+            known = self.processes.get(pid)
+            same = known is not None and known.start_time == st.start_time
+            proc = known if same else CudaProcess(pid=pid, start_time=st.start_time, comm=st.comm)
+            # maps is re-read even for known processes: a later dlopen can add a library.
+            paths = mapped_cuda_paths(pid, self.proc_root, self.library_kind)
+            if not paths:
+                continue
+            if self._is_own(pid, stats):
+                continue
+            libs: set[LibraryId] = set()
+            for path, kind in paths.items():
+                lib = self._resolve(pid, path, kind)
+                if lib is None:
+                    continue
+                libs.add(lib.id)
+                if lib.id not in self.libraries:
+                    self.libraries[lib.id] = lib
+                    delta.libraries_added.append(lib)
+            if not libs:
+                continue
+            proc.libraries = libs
+            live[pid] = proc
+            if not same:
+                delta.started.append(proc)
+
+        for pid, old in self.processes.items():
+            cur = live.get(pid)
+            if cur is None or cur.start_time != old.start_time:
+                delta.exited.append(old)
+        self.processes = live
+
+        users: dict[LibraryId, set[int]] = {}
+        for proc in live.values():
+            for lib_id in proc.libraries:
+                users.setdefault(lib_id, set()).add(proc.pid)
+        for lib_id in list(self.libraries):
+            if lib_id not in users:
+                delta.libraries_removed.append(self.libraries.pop(lib_id))
+        self._lib_users = users
+        return delta
+
+    def users_of(self, lib_id: LibraryId) -> set[int]:
+        """Pids of live processes mapping the library (as of the last scan)."""
+        return set(self._lib_users.get(lib_id, ()))

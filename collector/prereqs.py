@@ -1,0 +1,105 @@
+"""Check what the eBPF probes need before trying to load them, and say how to fix what is missing.
+
+Why a separate check: bcc's own failures are cryptic ("Failed to attach BPF to uprobe", a clang
+error about a missing header, or a bare PermissionError). The agent runs unattended under
+systemd, so its log must name the missing piece and the command that fixes it. The checks are
+cheap (a few stat() calls and one import) and run once per UprobeSession.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import sys
+from dataclasses import dataclass
+
+CAP_SYS_ADMIN = 21
+CAP_PERFMON = 38
+CAP_BPF = 39
+
+TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+INSTALL_HINT = "sudo bash deploy/install-node.sh --venv {venv}"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One missing prerequisite: what is wrong and the command or step that fixes it."""
+
+    what: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.what} (fix: {self.fix})"
+
+
+def _effective_caps() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
+
+
+def _install_hint() -> str:
+    return INSTALL_HINT.format(venv=sys.prefix)
+
+
+def check_privileges() -> Problem | None:
+    """Root, or CAP_BPF + CAP_PERFMON (kernel >= 5.8), or CAP_SYS_ADMIN (older kernels)."""
+    caps = _effective_caps()
+    has = lambda bit: bool(caps >> bit & 1)  # noqa: E731
+    if os.geteuid() == 0 or has(CAP_SYS_ADMIN) or (has(CAP_BPF) and has(CAP_PERFMON)):
+        return None
+    return Problem("not root and missing CAP_BPF + CAP_PERFMON: uprobes cannot be loaded",
+                   "run as root, or give the agent AmbientCapabilities=CAP_BPF CAP_PERFMON "
+                   "CAP_SYS_PTRACE CAP_DAC_READ_SEARCH (see deploy/hypertrace-agent.service)")
+
+
+def check_tracefs() -> Problem | None:
+    for d in TRACEFS_DIRS:
+        if os.path.exists(os.path.join(d, "uprobe_events")):
+            return None
+    return Problem("tracefs is not mounted (no /sys/kernel/tracing/uprobe_events)",
+                   "mount -t tracefs nodev /sys/kernel/tracing, or " + _install_hint())
+
+
+def check_kernel_headers(release: str | None = None) -> Problem | None:
+    """bcc compiles the program against the running kernel's headers (or in-kernel kheaders)."""
+    release = release or platform.release()
+    for d in (f"/lib/modules/{release}/build", f"/lib/modules/{release}/source"):
+        if os.path.exists(os.path.join(d, "include", "linux", "kconfig.h")):
+            return None
+    if os.path.exists("/sys/kernel/kheaders.tar.xz"):
+        return None
+    return Problem(f"no kernel headers for kernel {release} (/lib/modules/{release}/build)",
+                   f"apt-get install linux-headers-{release}; on kernels without packaged headers "
+                   f"{_install_hint()} links the distribution's generic headers")
+
+
+def check_bcc() -> Problem | None:
+    try:
+        importlib.import_module("bcc")
+    except ImportError as exc:
+        return Problem(f"bcc is not importable from {sys.executable} ({exc}); bcc comes from the "
+                       "distribution (python3-bpfcc), not PyPI",
+                       _install_hint())
+    except Exception as exc:  # libbcc.so missing or broken: bcc raises OSError and friends
+        return Problem(f"bcc failed to import ({type(exc).__name__}: {exc})",
+                       "apt-get install --reinstall python3-bpfcc libbpfcc")
+    return None
+
+
+def check_all() -> list[Problem]:
+    """Every missing prerequisite (empty list: the probes can be loaded)."""
+    if sys.platform != "linux":
+        return [Problem(f"eBPF uprobes need Linux (this is {sys.platform})",
+                        "run the agent on the GPU node itself, or use the CUPTI backend")]
+    checks = (check_privileges, check_tracefs, check_kernel_headers, check_bcc)
+    return [p for p in (c() for c in checks) if p is not None]
+
+
+def describe(problems: list[Problem]) -> str:
+    return "eBPF probes unavailable:\n" + "\n".join(f"  - {p}" for p in problems)

@@ -1,0 +1,179 @@
+"""Agent configuration: one TOML file whose keys are the CLI flag names with underscores.
+
+Why one flat file with the flags' names: an operator who reads ``hypertrace agent --help`` knows
+the file format, and a systemd drop-in or a config-management template needs nothing else.
+Precedence: built-in defaults < the TOML file < flags given on the command line.
+
+The default file is ``/etc/hypertrace/agent.toml``; it is read when it exists. A file named with
+``--config`` must exist. Unknown keys, wrong types and out-of-range values are errors that name
+the key and the fix: a typo must not silently fall back to a default on a thousand nodes.
+
+Defaults (documented here and in ``deploy/agent.toml.example``):
+
+==================  =============================  ============================================
+key                 default                        meaning
+==================  =============================  ============================================
+analyzer            (required)                     HOST:PORT of the analyzer's gRPC endpoint
+window              10.0                           seconds per window (match the analyzer's
+                                                   ``window_seconds``)
+overhead_budget     0.005                          max share of a training process's time spent
+                                                   in probes (0.5 %)
+spool_dir           /var/lib/hypertrace/spool      unsent windows + the persisted window seq
+spool_max_mb        256                            spool bound; when full the OLDEST data is kept
+node                the host name                  node name in reports
+agent_id            the node name                  identity for dedup/acks (unique per node)
+job_env             HYPERTRACE_JOB, SLURM_JOB_ID,  environment variables that name the job, in
+                    TORCHELASTIC_RUN_ID,           order; "A:B" joins several
+                    MASTER_ADDR:MASTER_PORT
+slices              4                              probe-on slices per window (duty cycling
+                                                   spread over the window)
+scan_interval       1.0                            seconds between /proc scans (new processes
+                                                   are probed within max(scan_interval,
+                                                   window/slices))
+nvml                true                           read NVML context when a driver exists
+==================  =============================  ============================================
+"""
+from __future__ import annotations
+
+import dataclasses
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from hypertrace.collector.attribution import DEFAULT_JOB_ENV
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+DEFAULT_CONFIG_PATH = "/etc/hypertrace/agent.toml"
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key and how to fix it."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    analyzer: str = ""
+    window: float = 10.0
+    overhead_budget: float = 0.005
+    spool_dir: str = "/var/lib/hypertrace/spool"
+    spool_max_mb: float = 256.0
+    node: str = ""
+    agent_id: str = ""
+    job_env: tuple[str, ...] = DEFAULT_JOB_ENV
+    slices: int = 4
+    scan_interval: float = 1.0
+    nvml: bool = True
+
+    def resolved(self) -> "AgentConfig":
+        """Fill the defaults that depend on the machine (node name, agent id)."""
+        node = self.node or socket.gethostname()
+        return dataclasses.replace(self, node=node, agent_id=self.agent_id or node)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _coerce(key: str, value: Any, source: str) -> Any:
+    """Check the type of one value; ints are accepted for floats, lists/CSV for job_env."""
+    default = _FIELDS[key].default
+    where = f"{key} (from {source})"
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if isinstance(default, tuple):
+        if isinstance(value, str):
+            value = [v for v in value.split(",")]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where} must be a list of environment variable names, e.g. "
+                              f'["HYPERTRACE_JOB", "SLURM_JOB_ID"], got {value!r}')
+        items = tuple(v.strip() for v in value if v.strip())
+        if not items:
+            raise ConfigError(f"{where} is empty; name at least one variable")
+        return items
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"{where} must be a string, got {value!r}")
+    return value
+
+
+def _check(cfg: AgentConfig) -> None:
+    if not cfg.analyzer:
+        raise ConfigError(f"analyzer is not set: pass {_flag('analyzer')} HOST:PORT or set "
+                          f'analyzer = "HOST:PORT" in {DEFAULT_CONFIG_PATH}')
+    host, sep, port = cfg.analyzer.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"analyzer {cfg.analyzer!r} is not HOST:PORT (e.g. "
+                          "analyzer-host:50051)")
+    if not cfg.window > 0 or cfg.window > 3600:
+        raise ConfigError(f"window must be in (0, 3600] seconds, got {cfg.window}")
+    if not 0 < cfg.overhead_budget < 1:
+        raise ConfigError(f"overhead_budget is a fraction of wall time in (0, 1), e.g. 0.005 "
+                          f"for 0.5%; got {cfg.overhead_budget}")
+    if not cfg.spool_max_mb > 0:
+        raise ConfigError(f"spool_max_mb must be > 0, got {cfg.spool_max_mb}")
+    if not 1 <= cfg.slices <= 100:
+        raise ConfigError(f"slices must be between 1 and 100, got {cfg.slices}")
+    if not cfg.scan_interval > 0:
+        raise ConfigError(f"scan_interval must be > 0 seconds, got {cfg.scan_interval}")
+    if not cfg.spool_dir:
+        raise ConfigError("spool_dir is empty; give a writable directory")
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist; create it (see "
+                          "deploy/agent.toml.example) or drop --config") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+
+
+def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
+                default_path: str | Path = DEFAULT_CONFIG_PATH) -> AgentConfig:
+    """Defaults < TOML file < ``overrides`` (CLI flags; None values mean "not given").
+
+    ``path`` None reads ``default_path`` only if it exists. Returns a checked, resolved config.
+    """
+    values: dict[str, Any] = {}
+    if path is None and Path(default_path).is_file():
+        path = default_path
+    if path is not None:
+        for key, value in read_toml(path).items():
+            if key not in _FIELDS:
+                hint = ""
+                if key.replace("-", "_") in _FIELDS:
+                    hint = f"; write it with underscores: {key.replace('-', '_')}"
+                raise ConfigError(f"unknown key {key!r} in {path}{hint}; known keys: "
+                                  f"{', '.join(sorted(_FIELDS))}")
+            values[key] = _coerce(key, value, str(path))
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key not in _FIELDS:
+            raise ConfigError(f"unknown setting {key!r}")
+        values[key] = _coerce(key, value, _flag(key))
+    cfg = AgentConfig(**values).resolved()
+    _check(cfg)
+    return cfg

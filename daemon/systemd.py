@@ -1,0 +1,80 @@
+"""sd_notify in a few lines of socket code: READY=1, WATCHDOG=1, STOPPING=1, STATUS=.
+
+Why not libsystemd or a package: the protocol is one datagram on a unix socket named by
+``$NOTIFY_SOCKET``, and the agent must stay free of native dependencies it does not need.
+With no ``$NOTIFY_SOCKET`` (not run by systemd) every call is a no-op. A name starting with
+``@`` is in the abstract namespace (a leading NUL byte on the wire).
+
+The watchdog: systemd sets ``$WATCHDOG_USEC`` (and ``$WATCHDOG_PID``) when the unit has
+``WatchdogSec=``; the service must ping more often than that. We ping at half the period, the
+margin systemd's own documentation recommends.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Mapping
+
+log = logging.getLogger(__name__)
+
+
+def watchdog_interval(env: Mapping[str, str] | None = None, pid: int | None = None
+                      ) -> float | None:
+    """Seconds between WATCHDOG=1 pings, or None when systemd asked for no watchdog.
+
+    Honors ``$WATCHDOG_PID``: the watchdog is meant for that process only.
+    """
+    env = os.environ if env is None else env
+    usec = env.get("WATCHDOG_USEC", "")
+    if not usec.isdigit() or int(usec) == 0:
+        return None
+    wpid = env.get("WATCHDOG_PID", "")
+    if wpid and wpid.isdigit() and int(wpid) != (os.getpid() if pid is None else pid):
+        return None
+    return int(usec) / 1e6 / 2.0
+
+
+class SdNotifier:
+    """Sends state changes to systemd; silent (and harmless) outside systemd."""
+
+    def __init__(self, env: Mapping[str, str] | None = None):
+        env = os.environ if env is None else env
+        addr = env.get("NOTIFY_SOCKET", "")
+        self.address: str | None = None
+        if addr.startswith("@"):
+            self.address = "\0" + addr[1:]
+        elif addr.startswith("/"):
+            self.address = addr
+        elif addr:
+            log.warning("NOTIFY_SOCKET=%r is not a unix socket path; systemd notifications "
+                        "disabled", addr)
+
+    @property
+    def enabled(self) -> bool:
+        return self.address is not None
+
+    def notify(self, *assignments: str) -> bool:
+        """Send ``KEY=VALUE`` lines in one datagram. False when disabled or it failed."""
+        if self.address is None:
+            return False
+        msg = "\n".join(assignments).encode("utf-8")
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+                s.sendto(msg, self.address)
+            return True
+        except OSError as e:  # systemd gone or socket unwritable: never fatal to the agent
+            log.debug("sd_notify %r failed: %s", assignments, e)
+            return False
+
+    def ready(self, status: str = "") -> bool:
+        return self.notify("READY=1", *([f"STATUS={status}"] if status else []))
+
+    def watchdog(self) -> bool:
+        return self.notify("WATCHDOG=1")
+
+    def stopping(self, status: str = "") -> bool:
+        return self.notify("STOPPING=1", *([f"STATUS={status}"] if status else []))
+
+    def status(self, text: str) -> bool:
+        return self.notify(f"STATUS={text}")

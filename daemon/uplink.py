@@ -1,0 +1,305 @@
+"""The agent's sending side: a bounded on-disk spool and a bidi stream to the analyzer.
+
+Why a spool on disk: an analyzer restart, a network partition or an agent restart must not lose
+measurements. Every window is written to the spool first (one file per seq, written atomically),
+sent from there, and deleted only when the analyzer acks it. Delivery is at-least-once from the
+agent; the analyzer dedups on ``(agent_id, seq)``, so the stored result is exactly once.
+
+Why the spool keeps the OLDEST data when full: the start of an incident is the valuable part
+(when did the node become slow); the newest windows are dropped, with a logged warning and a
+counter, until acks free space.
+
+While the analyzer is unreachable the sender backs off exponentially with full jitter
+(``base * 2**attempt``, capped, times a uniform 0.5..1 factor) so a restarted analyzer is not hit
+by every agent of the fleet in the same second. After a reconnect it replays the spool in seq
+order. A window the analyzer rejects as INVALID_ARGUMENT is dropped from the spool with a logged
+error, so one poison window cannot wedge the agent forever.
+
+A stream is closed after ``idle_close`` seconds with nothing to send: a sync gRPC server holds one
+worker thread per open stream, and a fleet of idle agents should not hold them all.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+
+from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.proto.wire import WireError, validate_window
+
+log = logging.getLogger(__name__)
+
+STREAM_METHOD = "/hypertrace.v1.Ingest/Stream"
+_SUFFIX = ".pb"
+
+
+class SpoolError(RuntimeError):
+    """The spool directory cannot be used; the message names the path and the fix."""
+
+
+class Spool:
+    """Bounded directory of serialized windows, one file per seq (``<seq:020d>.pb``).
+
+    Thread-safe. The high-water seq is kept in ``last_seq`` so a restarted agent never reuses a
+    seq even after everything was acked and deleted.
+    """
+
+    def __init__(self, directory: str | Path, max_bytes: int = 256 * 1024 * 1024):
+        self.dir = Path(directory)
+        self.max_bytes = int(max_bytes)
+        self._lock = threading.Lock()
+        self.dropped = 0
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            probe = self.dir / ".write-test"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise SpoolError(f"spool directory {self.dir} is not writable ({exc}); create it "
+                             "with the agent's user as owner or pass another spool path") from exc
+        self._sizes: dict[int, int] = {}
+        for f in self.dir.glob(f"*{_SUFFIX}"):
+            try:
+                self._sizes[int(f.stem)] = f.stat().st_size
+            except (ValueError, OSError):
+                log.warning("spool: ignoring stray file %s", f)
+        for f in self.dir.glob("*.tmp"):
+            f.unlink(missing_ok=True)
+        self._last_seq = max(self._read_last_seq(), max(self._sizes, default=0))
+
+    def _read_last_seq(self) -> int:
+        try:
+            return int((self.dir / "last_seq").read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    @property
+    def last_seq(self) -> int:
+        """Highest seq ever spooled (persists across restarts)."""
+        with self._lock:
+            return self._last_seq
+
+    @property
+    def bytes_used(self) -> int:
+        with self._lock:
+            return sum(self._sizes.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sizes)
+
+    def seqs(self) -> list[int]:
+        with self._lock:
+            return sorted(self._sizes)
+
+    def put(self, seq: int, payload: bytes) -> bool:
+        """Store one window; False (and a warning) when the spool is full: the oldest data stays."""
+        with self._lock:
+            if seq in self._sizes:
+                return True
+            used = sum(self._sizes.values())
+            if used + len(payload) > self.max_bytes:
+                self.dropped += 1
+                log.warning("spool %s full (%d of %d bytes): dropping new window seq %d to keep "
+                            "the oldest data (%d dropped so far); is the analyzer reachable?",
+                            self.dir, used, self.max_bytes, seq, self.dropped)
+                return False
+            path = self.dir / f"{seq:020d}{_SUFFIX}"
+            tmp = path.with_suffix(".tmp")
+            with open(tmp, "wb") as fh:
+                fh.write(payload)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            self._sizes[seq] = len(payload)
+            if seq > self._last_seq:
+                self._last_seq = seq
+                (self.dir / "last_seq.tmp").write_text(str(seq))
+                os.replace(self.dir / "last_seq.tmp", self.dir / "last_seq")
+            return True
+
+    def get(self, seq: int) -> bytes | None:
+        try:
+            return (self.dir / f"{seq:020d}{_SUFFIX}").read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def remove(self, seq: int) -> None:
+        with self._lock:
+            if self._sizes.pop(seq, None) is not None:
+                (self.dir / f"{seq:020d}{_SUFFIX}").unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with jitter: delay(n) = min(cap, base * 2**n) * U(0.5, 1)."""
+
+    base: float = 0.5
+    cap: float = 30.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return min(self.cap, self.base * (2 ** min(attempt, 30))) * rng.uniform(0.5, 1.0)
+
+
+def channel_options(backoff: Backoff) -> list[tuple[str, int]]:
+    """Keep grpc's own reconnect backoff (default up to 120 s) within ours, so a returning
+    analyzer is reached within ``backoff.cap`` seconds rather than minutes."""
+    return [("grpc.initial_reconnect_backoff_ms", max(1, int(backoff.base * 1000))),
+            ("grpc.min_reconnect_backoff_ms", max(1, int(backoff.base * 1000))),
+            ("grpc.max_reconnect_backoff_ms", max(1, int(backoff.cap * 1000)))]
+
+
+class Uplink:
+    """Sends one agent's windows to the analyzer. ``submit`` spools; a thread streams and trims.
+
+    ``target`` is HOST:PORT; pass ``channel`` instead to share one channel among several uplinks
+    (the simulator runs one uplink per simulated node over one channel).
+    """
+
+    def __init__(self, spool: Spool, target: str | None = None, *,
+                 channel: grpc.Channel | None = None, backoff: Backoff = Backoff(),
+                 idle_close: float = 2.0, seed: int | None = None):
+        if channel is None and not target:
+            raise ValueError("Uplink needs an analyzer target HOST:PORT or a channel")
+        self.spool = spool
+        self.target = target
+        self._own_channel = channel is None
+        self._channel = channel or grpc.insecure_channel(target, options=channel_options(backoff))
+        self._call = self._channel.stream_stream(
+            STREAM_METHOD, request_serializer=None, response_deserializer=pb.Ack.FromString)
+        self.backoff = backoff
+        self.idle_close = idle_close
+        self._rng = random.Random(seed)
+        self._cv = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.acked = 0
+        self.duplicates = 0
+        self.rejected = 0
+        self.connect_failures = 0
+
+    # ---- producer side -------------------------------------------------------------------------
+
+    def submit(self, window: pb.NodeWindow) -> bool:
+        """Validate and spool a window; False if it was dropped (invalid, or the spool is full)."""
+        try:
+            validate_window(window)
+        except WireError as exc:
+            self.rejected += 1
+            log.error("not sending invalid window seq %d: %s", window.seq, exc)
+            return False
+        ok = self.spool.put(int(window.seq), window.SerializeToString())
+        with self._cv:
+            self._cv.notify_all()
+        return ok
+
+    def next_seq(self) -> int:
+        return self.spool.last_seq + 1
+
+    def pending(self) -> int:
+        return len(self.spool)
+
+    def wait_drained(self, timeout: float) -> bool:
+        """Block until every spooled window was acked (True) or ``timeout`` passed (False)."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while len(self.spool):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(left, 0.2))
+        return True
+
+    # ---- sender thread -------------------------------------------------------------------------
+
+    def start(self) -> "Uplink":
+        self._thread = threading.Thread(target=self._run, name="hypertrace-uplink", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, drain_timeout: float = 0.0) -> None:
+        """Optionally wait for the spool to drain, then stop; unsent windows stay spooled."""
+        if drain_timeout > 0:
+            self.wait_drained(drain_timeout)
+        self._stop.set()
+        with self._cv:
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self._own_channel:
+            self._channel.close()
+
+    def _requests(self, in_flight: list[int], done: threading.Event) -> Iterator[bytes]:
+        """Yield spooled windows in seq order, then wait for more; end when idle or stopped."""
+        sent_upto = 0
+        idle_since = time.monotonic()
+        while not self._stop.is_set() and not done.is_set():
+            todo = [s for s in self.spool.seqs() if s > sent_upto]
+            if not todo:
+                if time.monotonic() - idle_since > self.idle_close and not in_flight:
+                    return
+                with self._cv:
+                    self._cv.wait(0.1)
+                continue
+            for seq in todo:
+                payload = self.spool.get(seq)
+                sent_upto = seq
+                if payload is None:     # acked and trimmed meanwhile
+                    continue
+                in_flight.append(seq)
+                yield payload
+            idle_since = time.monotonic()
+
+    def _run(self) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            if not len(self.spool):
+                with self._cv:
+                    self._cv.wait(0.1)
+                continue
+            in_flight: list[int] = []
+            done = threading.Event()
+            call = self._call(self._requests(in_flight, done))
+            try:
+                for ack in call:
+                    if in_flight and in_flight[0] == ack.seq:
+                        in_flight.pop(0)
+                    elif ack.seq in in_flight:
+                        in_flight.remove(ack.seq)
+                    self.spool.remove(int(ack.seq))
+                    self.acked += 1
+                    self.duplicates += int(ack.duplicate)
+                    attempt = 0
+                    with self._cv:
+                        self._cv.notify_all()
+                    if self._stop.is_set():
+                        call.cancel()
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else None
+                if code == grpc.StatusCode.INVALID_ARGUMENT and in_flight:
+                    bad = in_flight[0]
+                    self.rejected += 1
+                    log.error("analyzer rejected window seq %d: %s; dropping it from the spool",
+                              bad, exc.details() if hasattr(exc, "details") else exc)
+                    self.spool.remove(bad)
+                    with self._cv:
+                        self._cv.notify_all()
+                    continue
+                if code == grpc.StatusCode.CANCELLED and self._stop.is_set():
+                    break
+                self.connect_failures += 1
+                delay = self.backoff.delay(attempt, self._rng)
+                attempt += 1
+                log.warning("analyzer %s unreachable (%s); %d windows spooled, retrying in %.1fs",
+                            self.target or "channel", code.name if code else exc, len(self.spool),
+                            delay)
+                self._stop.wait(delay)
+            finally:
+                done.set()

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Overhead of the agent on a real launch-bound PyTorch loop, measured side by side in ONE run.
+#
+# One training process runs throughout; the agent is switched on and off in alternating phases
+# (OFF, ON, OFF, ON, ...), so drift of the machine hits both arms alike. The first seconds after
+# each switch are dropped from both arms (agent start-up: BPF compile and probe-cost calibration).
+# A final phase runs the agent ungoverned (--overhead-budget 1: probes always attached) to show
+# what the governor saves.
+#
+# Usage (on a GPU node, as root, from the repo root, bcc importable):
+#   bash tests/gpu/overhead_ab.sh OUT_DIR [PHASE_SECONDS] [PAIRS]
+# Prints a table and writes OUT_DIR/steps.log, OUT_DIR/phases.txt, OUT_DIR/report.json.
+set -euo pipefail
+out=${1:?usage: overhead_ab.sh OUT_DIR [PHASE_SECONDS] [PAIRS]}
+phase=${2:-30}
+pairs=${3:-3}
+settle=8
+mkdir -p "$out"
+ht() { python3 -m hypertrace.cli.main "$@"; }
+port=$((20000 + RANDOM % 20000))
+work=$(mktemp -d)
+cleanup() { kill "${agent:-}" "${analyzer:-}" "${train:-}" 2>/dev/null || true; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+ht analyzer --listen 127.0.0.1:$port --db "$work/a.db" --window-seconds 5 >"$out/analyzer.log" 2>&1 &
+analyzer=$!
+total=$(( (2 * pairs + 2) * phase + 30 ))
+HYPERTRACE_JOB=gpu-ab RANK=0 LOCAL_RANK=0 python3 tests/gpu/launch_bound_loop.py \
+  --seconds "$total" --log "$out/steps.log" &
+train=$!
+sleep 15                                   # CUDA init + warm-up
+: >"$out/phases.txt"
+run_phase() {  # name budget|off
+  local name=$1 budget=$2 t0
+  if [ "$budget" != off ]; then
+    ht agent --analyzer 127.0.0.1:$port --window 5 --overhead-budget "$budget" \
+      --spool-dir "$work/spool" >>"$out/agent.log" 2>&1 &
+    agent=$!
+  fi
+  t0=$(date +%s.%N)
+  sleep "$phase"
+  echo "$name $t0 $(date +%s.%N)" >>"$out/phases.txt"
+  if [ "$budget" != off ]; then kill -TERM "$agent"; wait "$agent" || true; agent=; fi
+}
+for i in $(seq "$pairs"); do run_phase off off; run_phase governed 0.005; done
+run_phase off off
+run_phase ungoverned 1.0
+ht report --analyzer 127.0.0.1:$port --format json >"$out/report.json" || true
+kill "$train" 2>/dev/null || true
+python3 - "$out" "$settle" <<'PY'
+import sys, statistics
+out, settle = sys.argv[1], float(sys.argv[2])
+steps = [tuple(map(float, l.split())) for l in open(f"{out}/steps.log") if l.strip()]
+arms = {}
+for line in open(f"{out}/phases.txt"):
+    name, t0, t1 = line.split(); t0, t1 = float(t0) + settle, float(t1)
+    arms.setdefault(name, []).extend(ms for t, ms in steps if t0 <= t < t1)
+base = statistics.median(arms["off"])
+print(f"{'arm':<12}{'steps':>8}{'median ms':>12}{'mean ms':>10}{'ratio vs off':>14}")
+for name, v in arms.items():
+    med = statistics.median(v)
+    print(f"{name:<12}{len(v):>8}{med:>12.3f}{statistics.fmean(v):>10.3f}{med / base:>14.4f}")
+PY

@@ -1,0 +1,77 @@
+"""Agent config: TOML keys = flag names, flags override the file, clear errors."""
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from hypertrace.daemon.config import AgentConfig, ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _write(tmp_path, text: str) -> Path:
+    p = tmp_path / "agent.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_and_resolution(tmp_path):
+    cfg = load_config(None, {"analyzer": "a:1"}, default_path=tmp_path / "absent.toml")
+    assert cfg.window == 10.0 and cfg.overhead_budget == 0.005
+    assert cfg.node == socket.gethostname() and cfg.agent_id == cfg.node
+    assert cfg.job_env[0] == "HYPERTRACE_JOB"
+
+
+def test_file_then_flags_override(tmp_path):
+    p = _write(tmp_path, 'analyzer = "an:50051"\nwindow = 5\noverhead_budget = 0.01\n'
+                         'job_env = ["SLURM_JOB_ID", "MASTER_ADDR:MASTER_PORT"]\nnvml = false\n'
+                         'node = "gpu-17"\n')
+    cfg = load_config(p, {"window": 2.0, "overhead_budget": None})
+    assert cfg.analyzer == "an:50051" and cfg.window == 2.0 and cfg.overhead_budget == 0.01
+    assert cfg.job_env == ("SLURM_JOB_ID", "MASTER_ADDR:MASTER_PORT")
+    assert cfg.nvml is False and cfg.node == "gpu-17" and cfg.agent_id == "gpu-17"
+
+
+def test_default_file_is_read_when_present(tmp_path):
+    p = _write(tmp_path, 'analyzer = "an:1"\n')
+    assert load_config(None, {}, default_path=p).analyzer == "an:1"
+
+
+def test_csv_job_env_from_flag(tmp_path):
+    cfg = load_config(None, {"analyzer": "a:1", "job_env": "A, B:C"}, default_path=tmp_path / "x")
+    assert cfg.job_env == ("A", "B:C")
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ('analyzer = "a:1"\nwindw = 3\n', "unknown key 'windw'"),
+    ('analyzer = "a:1"\noverhead-budget = 0.1\n', "write it with underscores: overhead_budget"),
+    ('analyzer = "a:1"\nwindow = "ten"\n', "window (from"),
+    ('analyzer = "a:1"\nwindow = -1\n', "window must be in"),
+    ('analyzer = "a:1"\noverhead_budget = 5\n', "overhead_budget is a fraction"),
+    ('analyzer = "a:1"\nslices = 2.5\n', "slices (from"),
+    ('analyzer = "a:1"\nnvml = "yes"\n', "true or false"),
+    ('analyzer = "nohostport"\n', "is not HOST:PORT"),
+    ('window = 3\n', "analyzer is not set"),
+    ('analyzer = \n', "not valid TOML"),
+])
+def test_errors_name_the_key_and_fix(tmp_path, text, fragment):
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, text), {})
+    assert fragment in str(e.value)
+
+
+def test_missing_explicit_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml", {"analyzer": "a:1"})
+
+
+def test_example_file_matches_the_dataclass():
+    # deploy/agent.toml.example documents every key, and loads.
+    example = REPO / "deploy" / "agent.toml.example"
+    cfg = load_config(example, {})
+    text = example.read_text()
+    for name in AgentConfig.__dataclass_fields__:
+        assert f"{name} =" in text, f"{name} is not documented in {example}"
+    assert cfg.analyzer

@@ -1,0 +1,138 @@
+"""Every class of bad input ends only its own stream with INVALID_ARGUMENT naming the field.
+
+After each rejection the same server must still be healthy and still store a valid window.
+Malformed protobuf is sent as raw bytes through a generic stream call with an identity
+serializer, exactly as a broken or foreign client would.
+"""
+from __future__ import annotations
+
+import math
+
+import grpc
+import pytest
+
+from hypertrace.analyzer.simulate import SimConfig, generate
+from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.proto.wire import MAX_WINDOW_BYTES
+
+from test_server import healthy, send, start_server, stop_server
+
+TINY = SimConfig(gpus=8, gpus_per_node=8, windows=2, seed=11)
+
+
+def good() -> pb.NodeWindow:
+    return next(iter(generate(TINY)))
+
+
+def _nan(w):
+    w.processes[0].apis[0].sum_us = math.nan
+
+
+def _negative(w):
+    w.processes[0].apis[1].min_us = -3.0
+
+
+def _count_mismatch(w):
+    w.processes[0].apis[0].count += 1
+
+
+def _oversized(w):
+    w.processes[0].gpu_uuid = "x" * (MAX_WINDOW_BYTES + 10)
+
+
+def _version(w):
+    w.version = 2
+
+
+def _scheme(w):
+    w.processes[0].apis[0].histogram.scheme = 9
+
+
+def _empty_agent(w):
+    w.agent_id = ""
+
+
+def _empty_node(w):
+    w.node = ""
+
+
+def _empty_job(w):
+    w.processes[0].job_id = ""
+
+
+def _nan_overhead(w):
+    w.processes[0].overhead.duty = math.inf
+
+
+CASES = [
+    ("nan", _nan, "apis[0].sum_us"),
+    ("negative", _negative, "apis[1].min_us"),
+    ("count_vs_histogram", _count_mismatch, "apis[0].count"),
+    ("oversized", _oversized, "NodeWindow"),
+    ("unknown_version", _version, "version"),
+    ("unknown_scheme", _scheme, "histogram.scheme"),
+    ("empty_agent_id", _empty_agent, "agent_id"),
+    ("empty_node", _empty_node, "node"),
+    ("empty_job_id", _empty_job, "job_id"),
+    ("infinite_overhead", _nan_overhead, "overhead.duty"),
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv, target = start_server(tmp_path_factory.mktemp("rejects") / "analyzer.db")
+    yield srv, target
+    stop_server(srv)
+
+
+def raw_stream(target: str, payloads: list[bytes]) -> list[pb.Ack]:
+    with grpc.insecure_channel(target) as ch:
+        call = ch.stream_stream("/hypertrace.v1.Ingest/Stream", request_serializer=None,
+                                response_deserializer=pb.Ack.FromString)
+        return list(call(iter(payloads), timeout=30))
+
+
+def assert_still_serves(srv, target: str, seq: int) -> None:
+    assert healthy(target)
+    w = good()
+    w.agent_id = f"after-{seq}"
+    before = srv.analyzer.storage.count_windows()
+    assert [a.duplicate for a in send(target, [w])] == [False]
+    assert srv.analyzer.storage.count_windows() == before + 1
+
+
+@pytest.mark.parametrize("name,breaker,field", CASES, ids=[c[0] for c in CASES])
+def test_invalid_window_is_rejected_with_the_field_named(server, name, breaker, field):
+    srv, target = server
+    ok = good()
+    ok.agent_id = f"ok-{name}"
+    bad = good()
+    bad.agent_id = f"bad-{name}"
+    bad.seq = 2
+    breaker(bad)
+    with pytest.raises(grpc.RpcError) as err:
+        # the good window before it is acked (and stays stored), the bad one ends the stream
+        raw_stream(target, [ok.SerializeToString(), bad.SerializeToString()])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in err.value.details()
+    assert srv.analyzer.storage.count_windows() > 0
+    assert_still_serves(srv, target, hash(name) % 10_000)
+
+
+def test_malformed_protobuf_bytes_are_rejected(server):
+    srv, target = server
+    with pytest.raises(grpc.RpcError) as err:
+        raw_stream(target, [b"\xff\xff\xff\xff not a protobuf"])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a valid hypertrace.v1 NodeWindow" in err.value.details()
+    assert_still_serves(srv, target, 1)
+
+
+def test_rejected_window_is_not_stored(server):
+    srv, target = server
+    bad = good()
+    bad.agent_id = "never-stored"
+    _nan(bad)
+    with pytest.raises(grpc.RpcError):
+        send(target, [bad])
+    assert not any(w.agent_id == "never-stored" for w in srv.analyzer.storage.iter_windows())

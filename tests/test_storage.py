@@ -1,0 +1,89 @@
+"""SQLite storage on a real file: dedup on (agent_id, seq), replay order, results, retention."""
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from hypertrace.analyzer.config import ScoringConfig
+from hypertrace.analyzer.engine import Engine
+from hypertrace.analyzer.simulate import SimConfig, Straggler, generate
+from hypertrace.analyzer.storage import Storage, StorageError
+
+CFG = SimConfig(gpus=32, gpus_per_node=8, windows=4, seed=5,
+                stragglers=(Straggler("node-0001", 1.3),))
+
+
+def test_dedup_on_agent_and_seq_and_wal_mode(tmp_path):
+    st = Storage.open(tmp_path / "a.db")
+    ws = list(generate(CFG))
+    assert all(st.add_window(w) for w in ws)
+    assert not st.add_window(ws[0])                # same (agent_id, seq): ignored
+    other = type(ws[0])()
+    other.CopyFrom(ws[0])
+    other.agent_id = "another-agent"
+    assert st.add_window(other)                    # same seq, other agent: new
+    assert st.count_windows() == len(ws) + 1
+    st.close()
+    mode = sqlite3.connect(tmp_path / "a.db").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+
+
+def test_windows_survive_reopen_in_replay_order(tmp_path):
+    ws = list(generate(CFG))
+    st = Storage.open(tmp_path / "a.db")
+    for w in reversed(ws):
+        st.add_window(w)
+    st.close()
+    st = Storage.open(tmp_path / "a.db")
+    back = list(st.iter_windows())
+    assert [b.end_ns for b in back] == sorted(b.end_ns for b in back)
+    assert {(b.agent_id, b.seq) for b in back} == {(w.agent_id, w.seq) for w in ws}
+    assert back[0].message() in ws                 # the payload round-trips the protobuf
+    st.close()
+
+
+def test_scores_and_verdicts_are_stored_and_replaced_not_duplicated(tmp_path):
+    st = Storage.open(tmp_path / "a.db")
+    engine = Engine(ScoringConfig())
+    for w in generate(CFG):
+        engine.ingest(w)
+    results = engine.flush(None)
+    n = st.add_results(results)
+    assert n == sum(len(r.rows) for r in results) and n > 0
+    assert st.add_results(results) == n            # re-storing replaces the same keys
+    assert st.count_scores() == n
+    verdicts = st.verdicts("sim-job")
+    assert len(verdicts) == CFG.windows * CFG.gpus
+    last_epoch = max(e for _, e, *_ in verdicts)
+    slow = {node for _, e, node, _, v in verdicts if e == last_epoch and v == "straggler"}
+    assert slow == {"node-0001"}
+    st.close()
+
+
+def test_retention_prunes_old_windows_and_results(tmp_path):
+    st = Storage.open(tmp_path / "a.db")
+    ws = list(generate(CFG))                       # windows end in 2023
+    for w in ws:
+        st.add_window(w)
+    engine = Engine(ScoringConfig())
+    for w in ws:
+        engine.ingest(w)
+    st.add_results(engine.flush(None), created_ns=ws[0].end.ToNanoseconds())
+    last_end = max(w.end.ToNanoseconds() for w in ws)
+    # keep exactly the last epoch's windows: cutoff = last_end - 1 s
+    st.prune(retention_seconds=1.0, now_ns=last_end + 10**9 - 1)
+    left = list(st.iter_windows())
+    assert left and all(b.end_ns == last_end for b in left)
+    assert st.count_scores() == 0 and st.verdicts() == []
+    st.close()
+
+
+def test_unwritable_or_missing_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(StorageError, match="does not exist"):
+        Storage.open(tmp_path / "nope" / "a.db")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "a.db").mkdir()                          # a directory where the file should be
+    with pytest.raises(StorageError, match="cannot open database"):
+        Storage.open(ro / "a.db")
