@@ -114,6 +114,7 @@ class _Job:
     windows: int = 0
     late_windows: int = 0
     last_window_ns: int = 0
+    _keys_cache: tuple[np.ndarray, list[GpuKey]] | None = None
 
     def register(self, node: str, p: pb.ProcessWindow, order: OrderKey) -> int:
         """Row of this process's GPU (new GPUs get the next row); the latest window by its own
@@ -158,6 +159,15 @@ class _Job:
             self.basis_counts = np.concatenate((self.basis_counts, pad))
             if self.step_counts is not None:
                 self.step_counts = np.concatenate((self.step_counts, pad))
+
+    def keys_of(self, rows: np.ndarray) -> list[GpuKey]:
+        """(node, gpu) of ``rows``; cached while a job's set of GPUs does not change."""
+        cached = self._keys_cache
+        if cached is not None and np.array_equal(cached[0], rows):
+            return cached[1]
+        keys = [self.keys[r] for r in rows.tolist()]
+        self._keys_cache = (rows, keys)
+        return keys
 
     def kind_groups(self, rows: np.ndarray) -> list[np.ndarray]:
         """Local indices of ``rows`` per GPU kind (GPUs are compared only within a kind)."""
@@ -287,10 +297,8 @@ class Engine:
         job.epochs_scored += 1
         job.last_scored_epoch = cs.epoch if job.last_scored_epoch is None else max(
             job.last_scored_epoch, cs.epoch)
-        keys = job.keys
         return EpochResult(job.job_id, cs.epoch, found,
-                           dict(zip([keys[r] for r in rows.tolist()],
-                                    _VERDICTS[codes].tolist())))
+                           dict(zip(job.keys_of(rows), _VERDICTS[codes].tolist())))
 
     def _accumulate_theory(self, job: _Job, cs: CrossSection, groups: list[np.ndarray],
                            quantiles: dict[str, np.ndarray]) -> None:
@@ -409,6 +417,9 @@ class Engine:
     def _prediction(self, job: _Job, rates: np.ndarray,
                     node_reports: list[pb.NodeReport]) -> pb.ClusterPrediction:
         evicted = [n.node for n in node_reports if n.verdict == "straggler"]
+        # rows in (node, gpu) order, so float sums do not depend on the order windows arrived in
+        order = np.asarray(sorted(range(len(job.keys)), key=job.keys.__getitem__), dtype=np.int64)
+        rates = rates[order]
         use_steps = job.step_counts is not None and bool(job.step_counts.sum() > 0)
         counts = job.step_counts if use_steps else job.basis_counts
         basis = ("step_time" if use_steps else job.basis_api or "")
@@ -416,9 +427,9 @@ class Engine:
             spike_probability=theory.job_spike_probability(rates), evicted_nodes=evicted)
         if basis and counts.shape[0] and counts.sum() > 0:
             evict_set = set(evicted)
-            evict = np.fromiter((k[0] in evict_set for k in job.keys), dtype=bool,
-                                count=len(job.keys))
-            now, after = theory.what_if(counts, evict)
+            evict = np.fromiter((job.keys[r][0] in evict_set for r in order), dtype=bool,
+                                count=order.size)
+            now, after = theory.what_if(counts[order], evict)
             pred.step_time_now_us = now
             pred.step_time_after_eviction_us = after
             pred.predicted_gain = now / after - 1.0 if after > 0 else 0.0
@@ -434,7 +445,8 @@ def _add_rows(acc: np.ndarray, rows: np.ndarray, h: Hists) -> None:
     """acc[rows, h's buckets] += h.counts; a slice (no gather/scatter) when rows are 0..G-1."""
     k = h.counts.shape[1]
     if rows.size and rows[0] == 0 and rows[-1] == rows.size - 1:   # sorted unique: contiguous
-        acc[:rows.size, h.first:h.first + k] += h.counts
+        view = acc[:rows.size, h.first:h.first + k]
+        np.add(view, h.counts, out=view, casting="unsafe")
     else:
         acc[rows, h.first:h.first + k] += h.counts.astype(np.float32)
 

@@ -79,7 +79,9 @@ def sampling_se_us(counts: np.ndarray, first: int, values_us: np.ndarray,
     ``counts`` (G, K) that cover buckets ``first .. first + K - 1``. NaN values give NaN."""
     v = np.asarray(values_us, dtype=np.float64)
     finite = np.isfinite(v)
-    b = buckets.bucket_of_ns(np.where(finite, v * 1e3, 0.0))
+    # bucket holding each value (searchsorted on the edges: exact for values inside a bucket)
+    b = np.clip(np.searchsorted(buckets.LOWER_NS, np.where(finite, v * 1e3, 0.0), side="right")
+                - 1, 0, buckets.NUM_BUCKETS - 1)
     col = np.clip(b - first, 0, counts.shape[1] - 1)
     in_bucket = np.take_along_axis(counts, col, axis=1)
     width_us = (buckets.UPPER_NS[b] - buckets.LOWER_NS[b]) / 1e3

@@ -2,7 +2,7 @@
 localhost, a real SQLite file), one agent (`hypertrace agent`, real eBPF uprobes through bcc),
 and eight worker processes of one job (ranks 0-7) calling the stand-in CUDA runtime built from
 tests/fakecuda. Rank 5's launches are 25% slower. `hypertrace report --format json` must flag
-rank 5, and only rank 5, within 5 windows.
+rank 5 (verdict straggler), and only rank 5, within 5 windows.
 
 The agent's readiness and shutdown are observed through a real sd_notify socket (the one
 systemd would own), so Type=notify is exercised too.
@@ -24,7 +24,9 @@ from conftest import require_ebpf
 
 WINDOW_S = 2.0
 SLOW_RANK = 5
-BASE_LAUNCH_NS = 40_000
+#: Runtime launch latency (busy-wait) of healthy ranks; long enough that the probe's own cost
+#: (7 to 15 us per call here, and noisy under load) does not drown a 25% shift.
+BASE_LAUNCH_NS = 100_000
 SLOW_LAUNCH_NS = int(BASE_LAUNCH_NS * 1.25)
 #: Launches/s per worker: about 400 samples per rank per 2-s window. Each launch fires two
 #: probes (runtime + the nested driver call): 400 firings/s at 7.5 to 15 us each (this VM,
@@ -33,7 +35,6 @@ SLOW_LAUNCH_NS = int(BASE_LAUNCH_NS * 1.25)
 #: machine: this test is about detection; the governor's budget keeping is tested on its own.
 RATE_HZ = 200
 BUDGET = 0.02
-FLAGGED = {"suspect", "straggler"}
 
 
 def hypertrace(*args: str) -> list[str]:
@@ -78,14 +79,14 @@ def _wait_for_port(log: Path, p: subprocess.Popen, timeout: float = 30) -> int:
     raise AssertionError(f"analyzer did not start: {log.read_text()}")
 
 
-def _report(port: int) -> dict:
+def _report(port: int) -> tuple[dict, int]:
     out = subprocess.run(hypertrace("report", "--analyzer", f"127.0.0.1:{port}", "--format",
                                     "json", "--job", "e2e"), capture_output=True, text=True,
                          timeout=30)
     if out.returncode == 2 and "unknown job" in out.stderr:
-        return {}                                   # no window of the job scored yet
+        return {}, 0                                # no window of the job scored yet
     assert out.returncode in (0, 3), out.stderr
-    return json.loads(out.stdout)
+    return json.loads(out.stdout), out.returncode
 
 
 def _verdicts(report: dict) -> dict[int, str]:
@@ -119,8 +120,9 @@ def test_agent_finds_the_slow_rank_end_to_end(fakecuda, tmp_path, procs):
     procs.append(analyzer)
     port = _wait_for_port(tmp_path / "analyzer.log", analyzer)
 
-    # -- workers: one job, ranks 0-7, rank 5 slower ---------------------------------------
-    for rank in range(8):
+    # -- workers: one job, ranks 0-7, rank 5 slower. Ranks 0-5 start before the agent, 6-7
+    # after it is ready (discovered and attributed while it runs). ---------------------------
+    def start_worker(rank: int) -> subprocess.Popen:
         env = {"PATH": os.environ.get("PATH", "/usr/bin"), "HYPERTRACE_JOB": "e2e",
                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "8",
                "FAKECUDA_RT_LAUNCH_NS": str(SLOW_LAUNCH_NS if rank == SLOW_RANK
@@ -129,46 +131,76 @@ def test_agent_finds_the_slow_rank_end_to_end(fakecuda, tmp_path, procs):
                              env=env, stdout=subprocess.PIPE, text=True)
         procs.append(w)
         assert w.stdout.readline().startswith("ready")
+        return w
 
-    # -- agent, with a real notify socket ---------------------------------------------------
+    for rank in range(6):
+        start_worker(rank)
+    # A process mapping a "libcudart.so.13" without any CUDA symbol: must not hurt the agent.
+    bogus = subprocess.Popen([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1]);"
+                              " print('ready', flush=True); sys.stdin.read()",
+                              str(fakecuda.nosyms_cudart)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    procs.append(bogus)
+    assert bogus.stdout.readline().strip() == "ready"
+
+    # -- agent, with a real notify socket (and a watchdog asking for pings) ----------------
     notify_path = str(tmp_path / "notify")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(notify_path)
-    env = dict(os.environ, NOTIFY_SOCKET=notify_path)
+    env = dict(os.environ, NOTIFY_SOCKET=notify_path, WATCHDOG_USEC="2000000")
     agent_log = open(tmp_path / "agent.log", "w")
     agent = subprocess.Popen(
         hypertrace("agent", "--analyzer", f"127.0.0.1:{port}", "--window", str(WINDOW_S),
                    "--spool-dir", str(tmp_path / "spool"), "--node", "e2e-node",
-                   "--scan-interval", "0.5", "--no-nvml", "--overhead-budget", str(BUDGET), "--config", str(_empty_config(
-                       tmp_path))),
+                   "--scan-interval", "0.5", "--no-nvml", "--overhead-budget", str(BUDGET),
+                   "--config", str(_empty_config(tmp_path))),
         env=env, stdout=agent_log, stderr=subprocess.STDOUT)
     procs.append(agent)
     try:
         _recv_until(sock, "READY=1", timeout=90)
         ready_at = time.monotonic()
+        late = [start_worker(rank) for rank in (6, 7)]
+        _recv_until(sock, "WATCHDOG=1", timeout=5)
 
-        # -- within 5 windows: rank 5 flagged, no other rank flagged -----------------------
-        verdicts: dict[int, str] = {}
-        deadline = ready_at + 5 * WINDOW_S + 1 + 3   # 5 windows + grace + report slack
+        # -- within 5 windows: rank 5 is a straggler; no other rank ever is -----------------
+        # "Flagged" is the report's straggler verdict (what exit status 3 and eviction act
+        # on). A single noisy window may make a healthy rank "suspect" on a loaded 2-core
+        # machine; that is what the persistence rule is for, so suspects are not failures.
+        deadline = ready_at + 5 * WINDOW_S + 1 + 3   # 5 windows + analyzer grace + slack
+        report, status = {}, 0
         while time.monotonic() < deadline:
             time.sleep(WINDOW_S / 2)
-            verdicts = _verdicts(_report(port))
-            if verdicts.get(SLOW_RANK) in FLAGGED:
+            report, status = _report(port)
+            verdicts = _verdicts(report)
+            others = {r for r, v in verdicts.items() if r != SLOW_RANK and v == "straggler"}
+            assert not others, json.dumps(report, indent=1)
+            if verdicts.get(SLOW_RANK) == "straggler":
                 break
         log_text = (tmp_path / "agent.log").read_text()
-        assert verdicts.get(SLOW_RANK) in FLAGGED, (verdicts, log_text[-3000:])
-        assert sorted(verdicts) == list(range(8)), verdicts
-        wrongly = {r: v for r, v in verdicts.items() if r != SLOW_RANK and v in FLAGGED}
-        assert not wrongly, verdicts
+        assert _verdicts(report).get(SLOW_RANK) == "straggler", (
+            json.dumps(report, indent=1), log_text[-3000:])
+        assert status == 3                          # "stragglers reported"
+        assert sorted(_verdicts(report)) == list(range(8))
+        node = report["jobs"][0]["nodes"][0]
+        assert node["node"] == "e2e-node" and node["scope"] == "gpu"   # one GPU, not the host
+        finding = next(f for g in node["gpus"] if g["rank"] == SLOW_RANK for f in g["findings"]
+                       if f["api"] == "cudaLaunchKernel" and f["stat"] == "p50")
+        assert finding["direction"] == "high" and finding["ratio"] > 1.1
 
-        # Keep going a few windows: the slow rank becomes a straggler and no one else is
-        # flagged on the way.
-        for _ in range(4):
+        # A few windows more: still the one straggler, and nobody else.
+        for _ in range(2):
             time.sleep(WINDOW_S)
-            verdicts = _verdicts(_report(port))
-            assert not {r for r, v in verdicts.items() if r != SLOW_RANK and v in FLAGGED}, \
-                verdicts
-        assert verdicts[SLOW_RANK] == "straggler", verdicts
+            report, status = _report(port)
+            verdicts = _verdicts(report)
+            assert verdicts[SLOW_RANK] == "straggler"
+            assert not {r for r, v in verdicts.items() if r != SLOW_RANK and v == "straggler"}, \
+                json.dumps(report, indent=1)
+
+        log_text = (tmp_path / "agent.log").read_text()
+        for w, rank in zip(late, (6, 7)):          # found after start, attributed from env
+            assert f"found pid {w.pid} (fakecuda-worker): job e2e rank {rank} local rank " \
+                   f"{rank} gpu {rank}" in log_text, log_text[-3000:]
+        assert agent.poll() is None                 # the symbol-less library did no harm
 
         # -- SIGTERM: STOPPING=1, the partial window is flushed, exit 0 ---------------------
         agent.send_signal(signal.SIGTERM)

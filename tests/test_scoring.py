@@ -1,0 +1,170 @@
+"""Scoring rules on hand-made cross-sections: robust z, MAD = 0, Tukey fences, effect size,
+minimum samples, both tails, per-kind and per-job comparison."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from hypertrace.analyzer.config import ConfigError, ScoringConfig, load_scoring_config
+from hypertrace.analyzer.engine import Engine
+from hypertrace.analyzer.scoring import implicates, sampling_se_us, score_values
+from hypertrace.analyzer.synthetic import job_windows
+from hypertrace.proto import buckets, wire
+from hypertrace.proto import hypertrace_pb2 as pb
+
+CFG = ScoringConfig()
+ENOUGH = np.full(1, 1000)
+
+
+def _score(values: list[float], cfg: ScoringConfig = CFG, count: int = 1000):
+    v = np.asarray(values, dtype=float)[:, None]
+    return score_values(v, np.full(v.shape[0], count), cfg, ("p50",))
+
+
+def test_robust_z_is_0_6745_times_deviation_over_mad():
+    vals = [10.0, 10.2, 9.8, 10.4, 9.6, 10.0, 10.1, 9.9, 13.0]
+    sc = _score(vals)
+    med = np.median(vals)
+    mad = np.median(np.abs(np.asarray(vals) - med))
+    assert sc.median_us[0] == pytest.approx(med)
+    assert sc.robust_z[-1, 0] == pytest.approx(0.6745 * (13.0 - med) / mad)
+    assert sc.high[-1, 0] and not sc.high[:-1].any() and not sc.low.any()
+
+
+def test_identical_values_mad_zero_flags_nothing_and_never_divides_by_zero():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                 # a division by zero would warn
+        sc = _score([10.0] * 64)
+    assert np.all(sc.robust_z == 0.0)
+    assert not sc.high.any() and not sc.low.any()
+
+
+def test_mad_zero_still_flags_a_real_outlier_through_the_floor():
+    sc = _score([10.0] * 63 + [11.0])                 # MAD = 0, one GPU 10% slower
+    assert np.isfinite(sc.robust_z).all()
+    assert sc.high[-1, 0] and sc.high.sum() == 1
+
+
+def test_minimum_effect_size_blocks_tiny_but_significant_deviations():
+    rng = np.random.default_rng(0)
+    # 4% off a very tight cross-section: z = 5.4 even on the MAD floor (0.5% of the median),
+    # far beyond the z cut, but below the 5% minimum effect.
+    tight = list(10.0 + rng.normal(0, 0.001, 99)) + [10.4]
+    sc = _score(tight)
+    assert sc.robust_z[-1, 0] > 5
+    assert not sc.high.any()
+    loose = ScoringConfig(min_effect=0.03)
+    assert _score(tight, loose).high[-1, 0]
+
+
+def test_tukey_fence_vetoes_values_inside_a_wide_interquartile_range():
+    # median 10 with MAD 0 (60% of GPUs identical) but a wide upper quartile: 12 has a huge z,
+    # yet lies inside Q3 + 1.5 IQR, so it is part of the spread, not an outlier.
+    vals = [10.0] * 60 + list(np.linspace(10.0, 13.0, 40)) + [12.0]
+    sc = _score(vals)
+    assert sc.robust_z[-1, 0] > CFG.z_threshold
+    assert not sc.high[-1, 0]
+
+
+def test_both_tails_are_scored():
+    vals = [100.0 + d for d in np.linspace(-1, 1, 40)] + [60.0, 140.0]
+    sc = _score(vals)
+    assert sc.low[-2, 0] and not sc.high[-2, 0]
+    assert sc.high[-1, 0] and not sc.low[-1, 0]
+
+
+def test_tail_meaning_per_api_kind():
+    assert implicates("launch", "high") and not implicates("launch", "low")
+    assert implicates("sync", "low") and not implicates("sync", "high")
+    assert implicates("other", "high") and not implicates("other", "low")
+    assert CFG.api_kind("cudaLaunchKernel") == "launch"
+    assert CFG.api_kind("cuStreamSynchronize") == "sync"
+    assert CFG.api_kind("cudaMemcpyAsync") == "other"
+
+
+def test_too_few_samples_are_not_scored():
+    sc = score_values(np.array([[10.0]] * 20 + [[20.0]]), np.array([1000] * 20 + [10]), CFG,
+                      ("p50",))
+    assert not sc.scored[-1] and not sc.high[-1].any()
+    assert np.isnan(sc.robust_z[-1, 0])
+
+
+def test_cross_section_smaller_than_min_gpus_is_not_scored():
+    sc = _score([10.0, 10.0, 30.0])
+    assert not sc.scored.any() and not sc.high.any()
+
+
+def test_sampling_error_floor_calms_a_sparse_tail():
+    # p99 of 1,000 lognormal calls: few calls in a wide bucket -> large SE; p50 -> small SE.
+    rng = np.random.default_rng(1)
+    h = buckets.histogram_of_ns(rng.lognormal(np.log(10_000), 0.3, 1000)).astype(float)[None]
+    q = buckets.quantiles_us(h, [0.5, 0.99])
+    se = sampling_se_us(h, 0, q, ("p50", "p99"))
+    assert se[0, 0] / q[0, 0] < 0.03
+    assert se[0, 1] / q[0, 1] > 0.02
+    assert se[0, 1] / q[0, 1] > 2 * se[0, 0] / q[0, 0]
+
+
+# ---- through the Engine: per job, per kind, insufficient data ------------------------------
+
+def _engine_with(windows: list[pb.NodeWindow], cfg: ScoringConfig = CFG) -> Engine:
+    e = Engine(cfg)
+    for w in windows:
+        wire.validate_window(w)
+        e.ingest(w)
+    e.flush(None)
+    return e
+
+
+def _verdicts(e: Engine, job: str) -> dict[tuple[str, str], str]:
+    rep = e.report(job, now_ns=0)
+    return {(n.node, g.gpu): g.verdict for n in rep.jobs[0].nodes for g in n.gpus}
+
+
+def test_jobs_are_scored_separately():
+    fast = job_windows(8, 4, 4, job_id="fast", launch_us=10.0, seed=1)
+    slow = job_windows(8, 4, 4, job_id="slow", launch_us=30.0, seed=2)
+    e = _engine_with(fast + slow)
+    for job in ("fast", "slow"):
+        assert set(_verdicts(e, job).values()) <= {"healthy", "suspect"}
+        assert "straggler" not in _verdicts(e, job).values()
+
+
+def test_gpu_kinds_are_scored_separately():
+    h200 = job_windows(8, 4, 4, gpu_kind="NVIDIA H200", seed=3)
+    a100 = job_windows(8, 4, 4, gpu_kind="NVIDIA A100", launch_us=14.0, seed=4,
+                       slow={"node-0003": 1.3})
+    for w in a100:                                   # same job, other nodes
+        w.node = w.node.replace("node-", "a100-")
+        w.agent_id += "-a100"
+    e = _engine_with(h200 + a100)
+    v = _verdicts(e, "job-1")
+    stragglers = {k[0] for k, x in v.items() if x == "straggler"}
+    assert stragglers == {"a100-0003"}               # the slower kind as a whole is not flagged
+
+
+def test_insufficient_samples_give_insufficient_data():
+    ws = job_windows(8, 4, 3, samples_by_node={"node-0005": 10}, slow={"node-0005": 1.5}, seed=5)
+    e = _engine_with(ws)
+    v = _verdicts(e, "job-1")
+    assert {x for k, x in v.items() if k[0] == "node-0005"} == {"insufficient_data"}
+    assert {x for k, x in v.items() if k[0] != "node-0005"} <= {"healthy", "suspect"}
+    rep = e.report("job-1", now_ns=0)
+    node = next(n for n in rep.jobs[0].nodes if n.node == "node-0005")
+    assert node.verdict == "insufficient_data" and node.scope == ""
+
+
+def test_config_validation_and_toml(tmp_path):
+    with pytest.raises(ConfigError, match="persist_k"):
+        ScoringConfig(persist_k=6, persist_n=5)
+    with pytest.raises(ConfigError, match="unknown scoring setting"):
+        ScoringConfig.from_mapping({"z_treshold": 3})
+    f = tmp_path / "a.toml"
+    f.write_text("[scoring]\nz_threshold = 4.0\nmin_samples = 20\n")
+    cfg = load_scoring_config(f, {"min_samples": 30})
+    assert cfg.z_threshold == 4.0 and cfg.min_samples == 30
+    f.write_text("z_threshold = [\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_scoring_config(f)

@@ -1,0 +1,173 @@
+"""The Engine end to end on synthetic windows: the 2,048-GPU acceptance, live flush with grace,
+late windows, determinism, NVML causes, the sync tails, and the report formats."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from hypertrace.analyzer.config import ScoringConfig
+from hypertrace.analyzer.engine import Engine, UnknownJobError
+from hypertrace.analyzer.report_format import (exit_status, report_to_json, report_to_table)
+from hypertrace.analyzer.synthetic import job_windows
+from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.proto import wire
+
+W_NS = 10_000_000_000
+
+
+def _run(windows, cfg=ScoringConfig()) -> Engine:
+    e = Engine(cfg)
+    for w in windows:
+        e.ingest(w)
+    e.flush(None)
+    return e
+
+
+@pytest.fixture(scope="module")
+def slow_job() -> pb.Report:
+    ws = job_windows(256, 8, 8, slow={"node-0042": 1.10}, seed=7)
+    return _run(ws).report(now_ns=0)
+
+
+@pytest.fixture(scope="module")
+def clean_job() -> pb.Report:
+    return _run(job_windows(256, 8, 8, seed=8)).report(now_ns=0)
+
+
+def test_2048_gpus_one_node_10pct_slower_is_the_only_straggler(slow_job):
+    job = slow_job.jobs[0]
+    assert job.gpus == 2048 and job.windows == 8
+    stragglers = [n for n in job.nodes if n.verdict == "straggler"]
+    assert [n.node for n in stragglers] == ["node-0042"]
+    node = stragglers[0]
+    assert job.nodes[0].node == "node-0042"                  # worst first
+    assert node.scope == "host" and node.probable_cause.startswith("host-level")
+    assert {g.verdict for g in node.gpus} == {"straggler"}
+    assert all(g.windows_flagged >= 3 for g in node.gpus)
+    f = node.gpus[0].findings[0]
+    assert f.stat == "p50" and f.ratio == pytest.approx(1.10, abs=0.04) or f.ratio < 0.95
+    assert f.meaning
+    assert exit_status(slow_job) == 3
+    c = job.cluster
+    assert list(c.evicted_nodes) == ["node-0042"]
+    assert c.step_time_now_us >= c.step_time_after_eviction_us > 0
+    assert 0.0 <= c.spike_probability <= 1.0 and c.basis.startswith("cudaLaunchKernel")
+
+
+def test_clean_2048_gpu_job_has_no_straggler(clean_job):
+    job = clean_job.jobs[0]
+    assert not [n.node for n in job.nodes if n.verdict == "straggler"]
+    assert exit_status(clean_job) == 0
+    assert job.cluster.evicted_nodes == []
+    assert job.cluster.step_time_now_us == job.cluster.step_time_after_eviction_us
+
+
+def test_json_schema_prints_every_field(slow_job):
+    doc = json.loads(report_to_json(slow_job))
+    job = doc["jobs"][0]
+    assert {"job_id", "windows", "gpus", "nodes", "cluster"} <= set(job)
+    healthy = next(n for n in job["nodes"] if n["verdict"] == "healthy")
+    assert healthy["scope"] == "" and healthy["probable_cause"] == ""     # defaults printed
+    g = job["nodes"][0]["gpus"][0]
+    assert {"gpu", "rank", "verdict", "findings", "windows_flagged", "spike_rate"} <= set(g)
+    assert {"api", "stat", "value_us", "job_median_us", "ratio", "robust_z", "direction",
+            "meaning"} <= set(g["findings"][0])
+    assert {"spike_probability", "step_time_now_us", "step_time_after_eviction_us",
+            "predicted_gain", "evicted_nodes", "basis"} <= set(job["cluster"])
+
+
+def test_table_names_the_node_worst_first(slow_job):
+    text = report_to_table(slow_job)
+    lines = text.splitlines()
+    assert lines[0].startswith("job job-1: 2048 GPUs on 256 nodes")
+    assert lines[1].split()[:2] == ["NODE", "GPU"]
+    assert lines[2].startswith("node-0042") and "straggler" in lines[2]
+    assert "after evicting node-0042" in text
+
+
+def test_live_flush_waits_for_grace_and_scores_each_epoch_once():
+    cfg = ScoringConfig(persist_k=1, persist_n=1)
+    ws = job_windows(8, 4, 2, slow={"node-0001": 1.3}, seed=3, t0_s=1000.0)
+    e = Engine(cfg)
+    for w in ws:
+        e.ingest(w)
+    epoch0 = 1000 * 10**9 // W_NS
+    end0 = (epoch0 + 1) * W_NS
+    assert e.flush(end0 + cfg.grace_ns - 1) == []            # not yet: grace not over
+    first = e.flush(end0 + cfg.grace_ns)
+    assert [r.epoch for r in first] == [epoch0]
+    assert first[0].verdicts[("node-0001", "0")] == "straggler"
+    assert e.flush(end0 + cfg.grace_ns) == []                # never twice
+    late = job_windows(8, 4, 1, seed=4, t0_s=1000.0)[0]       # another window for epoch 0
+    e.ingest(late)
+    assert e.late_windows("job-1") == 1
+    second = e.flush(None)
+    assert [r.epoch for r in second] == [epoch0 + 1]
+    assert e.list_jobs().jobs[0].windows == 8 * 2 + 1
+
+
+def test_report_is_a_deterministic_function_of_the_windows():
+    ws = job_windows(16, 4, 5, slow={"node-0003": 1.2}, seed=5)
+    shuffled = list(ws)
+    random.Random(1).shuffle(shuffled)
+    a = report_to_json(_run(ws).report(now_ns=1))
+    b = report_to_json(_run(shuffled).report(now_ns=1))
+    assert a == b
+
+
+def test_one_throttled_gpu_is_gpu_level_with_nvml_cause():
+    ws = job_windows(16, 8, 4, seed=6)
+    slow = job_windows(16, 8, 4, seed=6, slow={"node-0005": 1.3})
+    for w, s in zip(ws, slow):
+        if w.node == "node-0005":                            # only GPU 2 of node-0005 is slow
+            w.processes[2].CopyFrom(s.processes[2])
+            w.processes[2].nvml.clock_event_reasons = 0x40      # HW thermal slowdown
+            w.processes[2].nvml.sm_clock_mhz = 1100
+            w.processes[2].nvml.max_sm_clock_mhz = 1980
+    rep = _run(ws).report(now_ns=0)
+    node = rep.jobs[0].nodes[0]
+    assert node.node == "node-0005" and node.verdict == "straggler" and node.scope == "gpu"
+    gpu = node.gpus[0]
+    assert gpu.gpu == "2" and gpu.verdict == "straggler"
+    assert "hardware thermal slowdown" in gpu.probable_cause
+    assert "SM clock 1100 of 1980 MHz" in gpu.probable_cause
+    assert {g.verdict for g in node.gpus[1:]} == {"healthy"}
+
+
+def test_sync_tails_low_is_the_straggler_high_is_waiting():
+    """Only synchronize data: the rank with short waits is convicted, one with long waits not."""
+    ws = job_windows(16, 4, 4, seed=9)
+    fast_waits = job_windows(16, 4, 4, seed=9, slow={"node-0002": 1.5})   # sync / 1.5
+    long_waits = job_windows(16, 4, 4, seed=9, slow={"node-0009": 1 / 1.5})  # sync x 1.5
+    for w, a, b in zip(ws, fast_waits, long_waits):
+        src = a if w.node == "node-0002" else b if w.node == "node-0009" else w
+        for p, q in zip(w.processes, src.processes):
+            sync = [x for x in q.apis if x.api == "cudaStreamSynchronize"]
+            del p.apis[:]
+            p.apis.extend(sync)
+    rep = _run(ws).report(now_ns=0)
+    verdict = {n.node: n.verdict for n in rep.jobs[0].nodes}
+    assert verdict["node-0002"] == "straggler"
+    assert verdict["node-0009"] == "healthy"
+    f = rep.jobs[0].nodes[0].gpus[0].findings[0]
+    assert f.direction == "low" and "everybody waits" in f.meaning
+
+
+def test_unknown_job_and_list_jobs():
+    e = _run(job_windows(4, 4, 1, seed=1))
+    with pytest.raises(UnknownJobError, match="unknown job 'nope'; known jobs: job-1"):
+        e.report("nope")
+    jobs = e.list_jobs().jobs
+    assert [(j.job_id, j.gpus, j.nodes, j.windows) for j in jobs] == [("job-1", 16, 4, 4)]
+    assert jobs[0].last_window.seconds > 0
+
+
+def test_windows_from_the_wire_round_trip_score_the_same(tmp_path):
+    ws = job_windows(8, 4, 3, slow={"node-0004": 1.3}, seed=2)
+    path = tmp_path / "w.jsonl"
+    with open(path, "w") as fh:
+        wire.write_jsonl(ws, fh)
+    again = list(wire.read_jsonl(path))
+    assert report_to_json(_run(ws).report(now_ns=1)) == report_to_json(_run(again).report(now_ns=1))
