@@ -111,8 +111,12 @@ class _Flat:
         # flat index of count j of histogram h = local[h]*width + (first[h] - lo) + (j - start[h])
         offset = local * width + (firsts - lo) - starts
         flat = np.repeat(offset, lens) + np.arange(int(lens.sum()), dtype=np.int64)
-        vals = np.frombuffer(self.vals, dtype=np.uint64).astype(np.float64)
-        dense = np.bincount(flat, weights=vals, minlength=n_local * width)
+        vals = np.frombuffer(self.vals, dtype=np.uint64)
+        if lens.size == n_local and np.bincount(local, minlength=n_local).max() <= 1:
+            dense = np.zeros(n_local * width)        # one histogram per GPU: plain scatter
+            dense[flat] = vals
+        else:                                        # merge several windows/processes per GPU
+            dense = np.bincount(flat, weights=vals.astype(np.float64), minlength=n_local * width)
         return Hists(dense.reshape(n_local, width), lo)
 
 
@@ -139,12 +143,15 @@ class EpochAccumulator:
             self._steps.add(row, p.step_time)
 
     def build(self) -> CrossSection:
-        rows, inverse_present = np.unique(np.frombuffer(self._present, dtype=np.int64),
-                                          return_inverse=True)
+        present_rows = np.frombuffer(self._present, dtype=np.int64)
+        mask = np.zeros(int(present_rows.max()) + 1 if present_rows.size else 0, dtype=bool)
+        mask[present_rows] = True                    # O(rows), cheaper than np.unique's sort
+        rows = np.flatnonzero(mask)
+        position = np.cumsum(mask) - 1               # job row -> local index
         n = rows.size
 
         def local(flat: _Flat) -> np.ndarray:
-            return np.searchsorted(rows, np.frombuffer(flat.rows, dtype=np.int64))
+            return position[np.frombuffer(flat.rows, dtype=np.int64)]
 
         apis = {api: flat.hists(local(flat), n) for api, flat in sorted(self._apis.items())}
         steps = self._steps.hists(local(self._steps), n) if self._steps.rows else None

@@ -258,7 +258,7 @@ class Engine:
             kind = cfg.api_kind(api)
             q = quantiles[api] = hists.quantiles_us([KNOWN_STATS[x] for x in cfg.stats])
             cnt = hists.total()
-            se = sampling_se_us(hists.counts, hists.first, q, cfg.stats)
+            se = sampling_se_us(hists.counts, hists.first, q, cfg.stats, cnt)
             if len(groups) == 1:
                 sc = score_values(q, cnt, cfg, cfg.stats, se)
                 sufficient |= sc.scored

@@ -74,7 +74,7 @@ class StatScores:
 
 
 def sampling_se_us(counts: np.ndarray, first: int, values_us: np.ndarray,
-                   stats: tuple[str, ...]) -> np.ndarray:
+                   stats: tuple[str, ...], total: np.ndarray | None = None) -> np.ndarray:
     """Standard error (µs) of each quantile in ``values_us`` (G, S), read off the histograms
     ``counts`` (G, K) that cover buckets ``first .. first + K - 1``. NaN values give NaN."""
     v = np.asarray(values_us, dtype=np.float64)
@@ -82,11 +82,12 @@ def sampling_se_us(counts: np.ndarray, first: int, values_us: np.ndarray,
     # bucket holding each value (searchsorted on the edges: exact for values inside a bucket)
     b = np.clip(np.searchsorted(buckets.LOWER_NS, np.where(finite, v * 1e3, 0.0), side="right")
                 - 1, 0, buckets.NUM_BUCKETS - 1)
-    col = np.clip(b - first, 0, counts.shape[1] - 1)
-    in_bucket = np.take_along_axis(counts, col, axis=1)
+    g, k = counts.shape
+    col = np.clip(b - first, 0, k - 1)
+    in_bucket = counts.ravel()[col + (np.arange(g) * k)[:, None]]
     width_us = (buckets.UPPER_NS[b] - buckets.LOWER_NS[b]) / 1e3
     q = np.asarray([KNOWN_STATS[s] for s in stats])
-    n = counts.sum(axis=1, keepdims=True)
+    n = (counts.sum(axis=1) if total is None else np.asarray(total, dtype=np.float64))[:, None]
     se = np.sqrt(q * (1.0 - q) * n) * width_us / np.maximum(in_bucket, 1.0)
     return np.where(finite, se, np.nan)
 
@@ -106,9 +107,9 @@ def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
         no = np.zeros((g, s), dtype=bool)
         return StatScores(stats, np.where(ok[:, None], values_us, np.nan), np.asarray(count), ok,
                           nan_s, nan_s, empty, empty.copy(), no, no.copy())
-    x = values_us[ok]                                        # (n, S)
-    q1, med, q3 = np.percentile(x, [25.0, 50.0, 75.0], axis=0)
-    mad = np.median(np.abs(x - med), axis=0)
+    x = np.ascontiguousarray(values_us[ok].T)                # (S, n): contiguous per stat
+    q1, med, q3 = np.percentile(x, [25.0, 50.0, 75.0], axis=1)
+    mad = np.median(np.abs(x - med[:, None]), axis=1)
     mad_eff = np.maximum(mad, np.maximum(cfg.mad_floor * np.abs(med), 1e-9))
     iqr = q3 - q1
     v = np.where(ok[:, None], values_us, np.nan)

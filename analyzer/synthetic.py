@@ -42,7 +42,10 @@ def _bucket_probs(median_us: np.ndarray, sigma: float) -> np.ndarray:
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
-    from scipy.special import erf
+    try:
+        from scipy.special import erf
+    except ImportError:                              # slower, same values
+        return np.vectorize(math.erf, otypes=[float])(x)
     return erf(x)
 
 

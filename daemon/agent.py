@@ -113,7 +113,16 @@ class Agent:
 
     # -- setup -----------------------------------------------------------------------------
     def _setup(self) -> None:
-        """Load the probes (compile once), measure their cost, start the uplink and NVML."""
+        """Start the uplink (cheap checks first: a bad spool dir fails in milliseconds), NVML,
+        then load the probes (compile once, seconds) and measure their cost."""
+        if self.uplink is None:
+            from hypertrace.daemon.uplink import Spool, Uplink
+            spool = Spool(self.cfg.spool_dir, int(self.cfg.spool_max_mb * 1024 * 1024))
+            self.uplink = Uplink(spool, self.cfg.analyzer).start()
+        if self.nvml is None and self.cfg.nvml:
+            self.nvml = Nvml()
+            if not self.nvml.available:
+                log.info("%s", self.nvml.reason)
         if self.session is None:
             from hypertrace.collector.ebpf import UprobeSession
             self.notifier.status("compiling the BPF program")
@@ -125,15 +134,7 @@ class Agent:
             self.session.read_and_clear()            # the calibration's own records
         self.governor = Governor(budget=self.cfg.overhead_budget,
                                  probe_cost_ns=self.probe_cost_ns)
-        self.duty = float(getattr(self.governor, "duty", 1.0) or 1.0)
-        if self.nvml is None and self.cfg.nvml:
-            self.nvml = Nvml()
-            if not self.nvml.available:
-                log.info("%s", self.nvml.reason)
-        if self.uplink is None:
-            from hypertrace.daemon.uplink import Spool, Uplink
-            spool = Spool(self.cfg.spool_dir, int(self.cfg.spool_max_mb * 1024 * 1024))
-            self.uplink = Uplink(spool, self.cfg.analyzer).start()
+        self.duty = float(self.governor.duty)
         log.info("agent %s on node %s: probe cost %.0f ns/call, budget %.2f%%, window %.1f s",
                  self.cfg.agent_id, self.cfg.node, self.probe_cost_ns,
                  self.cfg.overhead_budget * 100, self.cfg.window)

@@ -60,10 +60,13 @@ class SdNotifier:
             return False
         msg = "\n".join(assignments).encode("utf-8")
         try:
+            # Non-blocking: a unix datagram send blocks while the receiver's queue is full
+            # (a hung or busy systemd), and the agent's window loop must never stall on it.
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+                s.setblocking(False)
                 s.sendto(msg, self.address)
             return True
-        except OSError as e:  # systemd gone or socket unwritable: never fatal to the agent
+        except OSError as e:  # systemd gone, queue full, socket unwritable: never fatal
             log.debug("sd_notify %r failed: %s", assignments, e)
             return False
 

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -52,19 +53,40 @@ def _stop(p: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15) -
     return p.returncode
 
 
-def _recv_until(sock: socket.socket, needle: str, timeout: float) -> list[str]:
-    deadline = time.monotonic() + timeout
-    got: list[str] = []
-    while time.monotonic() < deadline:
-        sock.settimeout(max(0.05, deadline - time.monotonic()))
-        try:
-            msg = sock.recv(4096).decode()
-        except socket.timeout:
-            break
-        got.append(msg)
-        if needle in msg.split("\n"):
-            return got
-    raise AssertionError(f"no {needle} from the agent within {timeout} s; got {got}")
+class NotifyListener:
+    """Plays systemd's side of sd_notify: collects every datagram on a real unix socket."""
+
+    def __init__(self, path: str):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.settimeout(0.2)
+        self.messages: list[str] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+
+    def wait_for(self, line: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(line in m.split("\n") for m in list(self.messages)):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"no {line} from the agent within {timeout} s; got "
+                             f"{self.messages[-10:]}")
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join(5)
+        self.sock.close()
 
 
 def _wait_for_port(log: Path, p: subprocess.Popen, timeout: float = 30) -> int:
@@ -145,8 +167,7 @@ def test_agent_finds_the_slow_rank_end_to_end(fakecuda, tmp_path, procs):
 
     # -- agent, with a real notify socket (and a watchdog asking for pings) ----------------
     notify_path = str(tmp_path / "notify")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(notify_path)
+    notify = NotifyListener(notify_path)
     env = dict(os.environ, NOTIFY_SOCKET=notify_path, WATCHDOG_USEC="2000000")
     agent_log = open(tmp_path / "agent.log", "w")
     agent = subprocess.Popen(
@@ -157,10 +178,10 @@ def test_agent_finds_the_slow_rank_end_to_end(fakecuda, tmp_path, procs):
         env=env, stdout=agent_log, stderr=subprocess.STDOUT)
     procs.append(agent)
     try:
-        _recv_until(sock, "READY=1", timeout=90)
+        notify.wait_for("READY=1", timeout=90)
         ready_at = time.monotonic()
         late = [start_worker(rank) for rank in (6, 7)]
-        _recv_until(sock, "WATCHDOG=1", timeout=5)
+        notify.wait_for("WATCHDOG=1", timeout=5)
 
         # -- within 5 windows: rank 5 is a straggler; no other rank ever is -----------------
         # "Flagged" is the report's straggler verdict (what exit status 3 and eviction act
@@ -204,12 +225,12 @@ def test_agent_finds_the_slow_rank_end_to_end(fakecuda, tmp_path, procs):
 
         # -- SIGTERM: STOPPING=1, the partial window is flushed, exit 0 ---------------------
         agent.send_signal(signal.SIGTERM)
-        _recv_until(sock, "STOPPING=1", timeout=20)
+        notify.wait_for("STOPPING=1", timeout=20)
         assert agent.wait(30) == 0
         log_text = (tmp_path / "agent.log").read_text()
         assert "agent stopped after" in log_text, log_text[-3000:]
     finally:
-        sock.close()
+        notify.close()
         agent_log.close()
 
 
@@ -218,3 +239,52 @@ def _empty_config(tmp_path: Path) -> Path:
     p = tmp_path / "agent.toml"
     p.write_text("# all settings from flags\n")
     return p
+
+
+def _start_agent(port: int, tmp_path: Path, log_name: str) -> tuple[subprocess.Popen, Path]:
+    log = tmp_path / log_name
+    p = subprocess.Popen(
+        hypertrace("agent", "--analyzer", f"127.0.0.1:{port}", "--window", str(WINDOW_S),
+                   "--spool-dir", str(tmp_path / "spool"), "--node", "restart-node",
+                   "--scan-interval", "0.5", "--no-nvml", "--overhead-budget", str(BUDGET),
+                   "--config", str(_empty_config(tmp_path))),
+        stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    return p, log
+
+
+def _seqs(log: Path) -> list[int]:
+    return [int(m) for m in re.findall(r"window (\d+): ", log.read_text())]
+
+
+def test_seq_keeps_increasing_across_agent_restarts(fakecuda, tmp_path, procs):
+    """SIGTERM flushes the current window and exits 0; a restarted agent continues the seq
+    (the analyzer dedups on (agent_id, seq), so a reset would silently drop new windows)."""
+    require_ebpf()
+    analyzer = subprocess.Popen(
+        hypertrace("analyzer", "--listen", "127.0.0.1:0", "--db", str(tmp_path / "a.db"),
+                   "--window-seconds", str(WINDOW_S)),
+        stdout=open(tmp_path / "analyzer.log", "w"), stderr=subprocess.STDOUT)
+    procs.append(analyzer)
+    port = _wait_for_port(tmp_path / "analyzer.log", analyzer)
+    worker = subprocess.Popen([str(fakecuda.worker), "--api", "launch", "--rate", "100"],
+                              env={"HYPERTRACE_JOB": "restart", "RANK": "0"},
+                              stdout=subprocess.PIPE, text=True)
+    procs.append(worker)
+    assert worker.stdout.readline().startswith("ready")
+
+    runs: list[list[int]] = []
+    for i in range(2):
+        agent, log = _start_agent(port, tmp_path, f"agent{i}.log")
+        procs.append(agent)
+        deadline = time.monotonic() + 60
+        while not _seqs(log) and time.monotonic() < deadline:
+            assert agent.poll() is None, log.read_text()
+            time.sleep(0.2)
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(30) == 0, log.read_text()
+        runs.append(_seqs(log))
+        assert "agent stopped after" in log.read_text()
+    first, second = runs
+    assert len(first) >= 2 and first == list(range(1, len(first) + 1))  # + the flushed one
+    assert second[0] == first[-1] + 1, runs
+    assert second == sorted(set(second))

@@ -17,9 +17,13 @@ def spawn():
     procs: list[subprocess.Popen] = []
 
     def start(env: dict[str, str]) -> int:
-        p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                             stdin=subprocess.PIPE, env=env)
+        # Wait until the child runs: right after exec the kernel has not yet published the new
+        # environment in /proc/PID/environ (a real process mapping libcudart is long past it).
+        p = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); "
+                              "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             env=env, text=True)
         procs.append(p)
+        assert p.stdout.readline().strip() == "ready"
         return p.pid
 
     yield start

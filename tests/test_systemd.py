@@ -53,3 +53,15 @@ def test_watchdog_interval():
     me = str(os.getpid())
     assert watchdog_interval({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": me}) == 2.0
     assert watchdog_interval({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": "1"}) is None
+
+
+def test_a_receiver_that_does_not_read_never_blocks_the_sender(tmp_path):
+    # A unix datagram queue holds few messages; a blocking send would hang the agent's loop
+    # (seen in the end-to-end test before the sends were made non-blocking).
+    path = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(path)
+        n = SdNotifier({"NOTIFY_SOCKET": path})
+        results = [n.watchdog() for _ in range(500)]
+        assert results[0] is True and results[-1] is False
+        assert _recv(sock) == "WATCHDOG=1"
