@@ -148,7 +148,8 @@ class ScoringConfig:
         return cls(**dict(values))
 
 
-def load_scoring_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> ScoringConfig:
+def load_scoring_config(path: str | Path,
+                        overrides: Mapping[str, Any] | None = None) -> ScoringConfig:
     """Read a TOML file: scoring keys at the top level or in a ``[scoring]`` table (so one
     analyzer.toml can hold other sections too). ``overrides`` (CLI flags) win over the file."""
     try:

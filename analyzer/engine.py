@@ -32,11 +32,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hypertrace.analyzer import causes, theory
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.config import KNOWN_STATS
+from hypertrace.analyzer.config import KNOWN_STATS, ScoringConfig
 from hypertrace.analyzer.cross_section import (CrossSection, EpochAccumulator, GpuKey, Hists,
                                               OrderKey, gpu_label)
-from hypertrace.analyzer.persistence import (INSUFFICIENT, STRAGGLER, SUSPECT, VERDICT_NAMES,
+from hypertrace.analyzer.persistence import (STRAGGLER, SUSPECT, VERDICT_NAMES,
                                              PersistenceState)
 from hypertrace.analyzer.scoring import implicates, sampling_se_us, score_values
 from hypertrace.proto import buckets
@@ -104,8 +103,9 @@ class _Job:
     step_above: np.ndarray = field(default_factory=lambda: np.zeros(0))
     step_total: np.ndarray = field(default_factory=lambda: np.zeros(0))
     basis_api: str | None = None
+    #: merged histograms per GPU for E[max], bucket-major (NUM_BUCKETS, GPUs) like Hists
     basis_counts: np.ndarray = field(
-        default_factory=lambda: np.zeros((0, buckets.NUM_BUCKETS), np.float32))
+        default_factory=lambda: np.zeros((buckets.NUM_BUCKETS, 0), np.float32))
     step_counts: np.ndarray | None = None
     pending: dict[int, EpochAccumulator] = field(default_factory=dict)
     seen_nodes: set[str] = field(default_factory=set)
@@ -115,6 +115,7 @@ class _Job:
     late_windows: int = 0
     last_window_ns: int = 0
     _keys_cache: tuple[np.ndarray, list[GpuKey]] | None = None
+    _verdict_cache: tuple[list[GpuKey], np.ndarray, dict[GpuKey, str]] | None = None
 
     def register(self, node: str, p: pb.ProcessWindow, order: OrderKey) -> int:
         """Row of this process's GPU (new GPUs get the next row); the latest window by its own
@@ -155,10 +156,10 @@ class _Job:
             self.spike_seen = np.concatenate((self.spike_seen, z))
             self.step_above = np.concatenate((self.step_above, z))
             self.step_total = np.concatenate((self.step_total, z))
-            pad = np.zeros((extra, buckets.NUM_BUCKETS), np.float32)
-            self.basis_counts = np.concatenate((self.basis_counts, pad))
+            pad = np.zeros((buckets.NUM_BUCKETS, extra), np.float32)
+            self.basis_counts = np.concatenate((self.basis_counts, pad), axis=1)
             if self.step_counts is not None:
-                self.step_counts = np.concatenate((self.step_counts, pad))
+                self.step_counts = np.concatenate((self.step_counts, pad), axis=1)
 
     def keys_of(self, rows: np.ndarray) -> list[GpuKey]:
         """(node, gpu) of ``rows``; cached while a job's set of GPUs does not change."""
@@ -168,6 +169,20 @@ class _Job:
         keys = [self.keys[r] for r in rows.tolist()]
         self._keys_cache = (rows, keys)
         return keys
+
+    def verdict_dict(self, rows: np.ndarray, codes: np.ndarray) -> dict[GpuKey, str]:
+        """{(node, gpu): verdict} for an epoch; built from the previous epoch's dict when the
+        GPUs are the same, touching only the GPUs whose verdict changed (usually none)."""
+        keys = self.keys_of(rows)
+        prev = self._verdict_cache
+        if prev is not None and prev[0] is keys and prev[1].shape == codes.shape:
+            out = prev[2].copy()
+            for i in np.flatnonzero(prev[1] != codes).tolist():
+                out[keys[i]] = VERDICT_NAMES[codes[i]]
+        else:
+            out = dict(zip(keys, _VERDICTS[codes].tolist()))
+        self._verdict_cache = (keys, codes.copy(), out.copy())
+        return out
 
     def kind_groups(self, rows: np.ndarray) -> list[np.ndarray]:
         """Local indices of ``rows`` per GPU kind (GPUs are compared only within a kind)."""
@@ -258,7 +273,7 @@ class Engine:
             kind = cfg.api_kind(api)
             q = quantiles[api] = hists.quantiles_us([KNOWN_STATS[x] for x in cfg.stats])
             cnt = hists.total()
-            se = sampling_se_us(hists.counts, hists.first, q, cfg.stats, cnt)
+            se = sampling_se_us(hists, q, cfg.stats)
             if len(groups) == 1:
                 sc = score_values(q, cnt, cfg, cfg.stats, se)
                 sufficient |= sc.scored
@@ -297,8 +312,7 @@ class Engine:
         job.epochs_scored += 1
         job.last_scored_epoch = cs.epoch if job.last_scored_epoch is None else max(
             job.last_scored_epoch, cs.epoch)
-        return EpochResult(job.job_id, cs.epoch, found,
-                           dict(zip(job.keys_of(rows), _VERDICTS[codes].tolist())))
+        return EpochResult(job.job_id, cs.epoch, found, job.verdict_dict(rows, codes))
 
     def _accumulate_theory(self, job: _Job, cs: CrossSection, groups: list[np.ndarray],
                            quantiles: dict[str, np.ndarray]) -> None:
@@ -425,16 +439,16 @@ class Engine:
         basis = ("step_time" if use_steps else job.basis_api or "")
         pred = pb.ClusterPrediction(
             spike_probability=theory.job_spike_probability(rates), evicted_nodes=evicted)
-        if basis and counts.shape[0] and counts.sum() > 0:
+        if basis and counts.shape[1] and counts.sum() > 0:
             evict_set = set(evicted)
             evict = np.fromiter((job.keys[r][0] in evict_set for r in order), dtype=bool,
                                 count=order.size)
-            now, after = theory.what_if(counts[order], evict)
+            now, after = theory.what_if(counts.T[order], evict)
             pred.step_time_now_us = now
             pred.step_time_after_eviction_us = after
             pred.predicted_gain = now / after - 1.0 if after > 0 else 0.0
             what = "step time" if use_steps else f"{basis} latency per call"
-            pred.basis = (f"{basis}: E[max over {int((counts.sum(axis=1) > 0).sum())} ranks] of "
+            pred.basis = (f"{basis}: E[max over {int((counts.sum(axis=0) > 0).sum())} ranks] of "
                           f"{what}, from each rank's merged histogram; spike rate: "
                           + ("share of steps" if use_steps else "share of epochs whose p99 is")
                           + f" > {1 + self.config.spike_threshold:g} x the job median")
@@ -442,13 +456,13 @@ class Engine:
 
 
 def _add_rows(acc: np.ndarray, rows: np.ndarray, h: Hists) -> None:
-    """acc[rows, h's buckets] += h.counts; a slice (no gather/scatter) when rows are 0..G-1."""
-    k = h.counts.shape[1]
+    """acc[h's buckets, rows] += h.counts_t (both bucket-major); a slice when rows are 0..G-1."""
+    k = h.counts_t.shape[0]
     if rows.size and rows[0] == 0 and rows[-1] == rows.size - 1:   # sorted unique: contiguous
-        view = acc[:rows.size, h.first:h.first + k]
-        np.add(view, h.counts, out=view, casting="unsafe")
+        view = acc[h.first:h.first + k, :rows.size]
+        np.add(view, h.counts_t, out=view, casting="unsafe")
     else:
-        acc[rows, h.first:h.first + k] += h.counts.astype(np.float32)
+        acc[h.first:h.first + k, rows] += h.counts_t.astype(np.float32)
 
 
 def _choose_basis(cfg: ScoringConfig, apis: dict, current: str | None) -> str | None:
@@ -496,4 +510,4 @@ def _node_report(cfg: ScoringConfig, node: str, gpus: list[pb.GpuReport],
     return nr
 
 
-__all__ = ["Engine", "EpochResult", "ScoreRow", "UnknownJobError", "INSUFFICIENT"]
+__all__ = ["Engine", "EpochResult", "ScoreRow", "UnknownJobError"]

@@ -74,7 +74,8 @@ def report_to_table(report: pb.Report) -> str:
             out.append(line(header))
             out.extend(line(r) for r in shown)
             if len(rows) > TABLE_MAX_ROWS:
-                out.append(f"... {len(rows) - TABLE_MAX_ROWS} more flagged GPUs (use --format json)")
+                out.append(f"... {len(rows) - TABLE_MAX_ROWS} more flagged GPUs "
+                           "(use --format json)")
             tails = {(f.api, f.direction): f.meaning for n in job.nodes for g in n.gpus
                      if g.verdict in ("suspect", "straggler") for f in g.findings[:1]}
             for (api, direction), text in sorted(tails.items()):

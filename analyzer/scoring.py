@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hypertrace.analyzer.config import KNOWN_STATS, ScoringConfig
+from hypertrace.analyzer.cross_section import Hists
 from hypertrace.proto import buckets
 
 #: What each tail means, per API kind. Shown in every finding, because "low" is the bad tail for
@@ -73,21 +74,20 @@ class StatScores:
     low: np.ndarray            # (G, S) bool
 
 
-def sampling_se_us(counts: np.ndarray, first: int, values_us: np.ndarray,
-                   stats: tuple[str, ...], total: np.ndarray | None = None) -> np.ndarray:
-    """Standard error (µs) of each quantile in ``values_us`` (G, S), read off the histograms
-    ``counts`` (G, K) that cover buckets ``first .. first + K - 1``. NaN values give NaN."""
+def sampling_se_us(hists: Hists, values_us: np.ndarray, stats: tuple[str, ...]) -> np.ndarray:
+    """Standard error (µs) of each quantile in ``values_us`` (G, S), read off the GPUs'
+    histograms (see the module docstring). NaN values give NaN."""
     v = np.asarray(values_us, dtype=np.float64)
     finite = np.isfinite(v)
     # bucket holding each value (searchsorted on the edges: exact for values inside a bucket)
     b = np.clip(np.searchsorted(buckets.LOWER_NS, np.where(finite, v * 1e3, 0.0), side="right")
                 - 1, 0, buckets.NUM_BUCKETS - 1)
-    g, k = counts.shape
-    col = np.clip(b - first, 0, k - 1)
-    in_bucket = counts.ravel()[col + (np.arange(g) * k)[:, None]]
+    k, g = hists.counts_t.shape
+    col = np.clip(b - hists.first, 0, k - 1)
+    in_bucket = hists.counts_t.ravel()[col * g + np.arange(g)[:, None]]
     width_us = (buckets.UPPER_NS[b] - buckets.LOWER_NS[b]) / 1e3
     q = np.asarray([KNOWN_STATS[s] for s in stats])
-    n = (counts.sum(axis=1) if total is None else np.asarray(total, dtype=np.float64))[:, None]
+    n = hists.total()[:, None]
     se = np.sqrt(q * (1.0 - q) * n) * width_us / np.maximum(in_bucket, 1.0)
     return np.where(finite, se, np.nan)
 
@@ -124,8 +124,7 @@ def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
                       high & ok[:, None], low & ok[:, None])
 
 
-def score_api(counts: np.ndarray, cfg: ScoringConfig, first: int = 0) -> StatScores:
-    """Score one API from its (G, K) histograms (buckets ``first``..) on every stat of ``cfg``."""
-    q = buckets.quantiles_us(counts, [KNOWN_STATS[s] for s in cfg.stats], first_bucket=first)
-    return score_values(q, counts.sum(axis=1), cfg, cfg.stats,
-                        sampling_se_us(counts, first, q, cfg.stats))
+def score_api(hists: Hists, cfg: ScoringConfig) -> StatScores:
+    """Score one API of G GPUs on every stat of ``cfg`` (quantiles, sampling error, rules)."""
+    q = hists.quantiles_us([KNOWN_STATS[s] for s in cfg.stats])
+    return score_values(q, hists.total(), cfg, cfg.stats, sampling_se_us(hists, q, cfg.stats))

@@ -58,9 +58,9 @@ def _stats_from_dense(api: str, dense: np.ndarray) -> pb.ApiStats:
         histogram=wire.pack_histogram(dense))
 
 
-def job_windows(nodes: int, gpus_per_node: int, windows: int, *, slow: dict[str, float] | None = None,
-                samples: int = 1000, seed: int = 0, job_id: str = "job-1", launch_us: float = 10.0,
-                sync_us: float = 2000.0, sigma: float = 0.3, node_jitter: float = 0.01,
+def job_windows(nodes: int, gpus_per_node: int, windows: int, *,
+                slow: dict[str, float] | None = None, samples: int = 1000, seed: int = 0,
+                job_id: str = "job-1", launch_us: float = 10.0, sync_us: float = 2000.0, sigma: float = 0.3, node_jitter: float = 0.01,
                 window_seconds: float = 10.0, t0_s: float = 1_700_000_000.0,
                 gpu_kind: str = "NVIDIA H200", exact: bool = False,
                 samples_by_node: dict[str, int] | None = None) -> list[pb.NodeWindow]:

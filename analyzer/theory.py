@@ -11,10 +11,10 @@ inside the bucket". :func:`sample_histogram_ns` draws from exactly that distribu
 what the Monte Carlo check in the tests compares against.
 
 How the integral is taken: ``Π F_i`` is 0 below ``a = max_i(lowest edge of rank i)`` and 1 above
-``b = max_i(highest edge of rank i)``, so ``E[max] = a + ∫_a^b (1 − Π F_i)``. On ``[a, b]`` the grid is
-every bucket edge, each bucket cut into ``SUBDIV`` pieces, and the trapezoid rule is applied to
-``1 − exp(Σ m_i log F_i)`` (``m_i``: how many ranks share histogram i). Ranks are processed in
-chunks so memory stays bounded at any job size.
+``b = max_i(highest edge of rank i)``, so ``E[max] = a + ∫_a^b (1 − Π F_i)``. On ``[a, b]`` the
+grid is every bucket edge, each bucket cut into ``SUBDIV`` pieces, and the trapezoid rule is
+applied to ``1 − exp(Σ m_i log F_i)`` (``m_i``: how many ranks share histogram i). Ranks are
+processed in chunks so memory stays bounded at any job size.
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def expected_max_us(counts: np.ndarray, multiplicity: np.ndarray | int | None = 
 
 def sample_histogram_ns(counts: np.ndarray, size: int | tuple[int, ...],
                         rng: np.random.Generator) -> np.ndarray:
-    """Draw from a histogram's piecewise-uniform distribution (the one ``cdf_on_grid`` describes)."""
+    """Draw from a histogram's piecewise-uniform distribution (what ``cdf_on_grid`` describes)."""
     c = np.asarray(counts, dtype=np.float64).ravel()
     if c.sum() <= 0:
         raise ValueError("histogram is empty: nothing to sample")

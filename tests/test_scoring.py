@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from hypertrace.analyzer.config import ConfigError, ScoringConfig, load_scoring_config
+from hypertrace.analyzer.cross_section import Hists
 from hypertrace.analyzer.engine import Engine
 from hypertrace.analyzer.scoring import implicates, sampling_se_us, score_values
 from hypertrace.analyzer.synthetic import job_windows
@@ -101,7 +102,7 @@ def test_sampling_error_floor_calms_a_sparse_tail():
     rng = np.random.default_rng(1)
     h = buckets.histogram_of_ns(rng.lognormal(np.log(10_000), 0.3, 1000)).astype(float)[None]
     q = buckets.quantiles_us(h, [0.5, 0.99])
-    se = sampling_se_us(h, 0, q, ("p50", "p99"))
+    se = sampling_se_us(Hists(h.T.copy(), 0), q, ("p50", "p99"))
     assert se[0, 0] / q[0, 0] < 0.03
     assert se[0, 1] / q[0, 1] > 0.02
     assert se[0, 1] / q[0, 1] > 2 * se[0, 0] / q[0, 0]
@@ -168,3 +169,20 @@ def test_config_validation_and_toml(tmp_path):
     f.write_text("z_threshold = [\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_scoring_config(f)
+
+
+def test_bucket_major_quantiles_equal_the_reference():
+    """The scorer's quantile kernel (bucket-major, compact range) equals buckets.quantiles_us."""
+    rng = np.random.default_rng(2)
+    dense = np.zeros((300, buckets.NUM_BUCKETS))
+    for i in range(300):
+        n = int(rng.integers(1, 3000))
+        sample = rng.lognormal(rng.uniform(8, 16), rng.uniform(0.01, 2), n)
+        dense[i] = buckets.histogram_of_ns(sample)
+    dense[::17] = 0.0                                      # empty GPUs give NaN in both
+    qs = [0.0, 0.01, 0.5, 0.9, 0.99, 1.0]
+    nz = np.flatnonzero(dense.sum(axis=0))
+    lo, hi = nz[0], nz[-1] + 1
+    ours = Hists(np.ascontiguousarray(dense[:, lo:hi].T), int(lo)).quantiles_us(qs)
+    np.testing.assert_allclose(ours, buckets.quantiles_us(dense, qs), rtol=1e-12)
+    assert np.isnan(ours[::17]).all()

@@ -22,7 +22,7 @@ work=$(mktemp -d)
 cleanup() { kill "${agent:-}" "${analyzer:-}" "${train:-}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-ht analyzer --listen 127.0.0.1:$port --db "$work/a.db" --window-seconds 5 >"$out/analyzer.log" 2>&1 &
+ht analyzer --listen 127.0.0.1:$port --db "$work/a.db" --window-seconds 10 >"$out/analyzer.log" 2>&1 &
 analyzer=$!
 total=$(( (2 * pairs + 2) * phase + 30 ))
 HYPERTRACE_JOB=gpu-ab RANK=0 LOCAL_RANK=0 python3 tests/gpu/launch_bound_loop.py \
@@ -33,7 +33,7 @@ sleep 15                                   # CUDA init + warm-up
 run_phase() {  # name budget|off
   local name=$1 budget=$2 t0
   if [ "$budget" != off ]; then
-    ht agent --analyzer 127.0.0.1:$port --window 5 --overhead-budget "$budget" \
+    ht agent --analyzer 127.0.0.1:$port --window 10 --overhead-budget "$budget" \
       --spool-dir "$work/spool" >>"$out/agent.log" 2>&1 &
     agent=$!
   fi
