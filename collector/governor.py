@@ -51,6 +51,8 @@ class Governor:
     smoothing: float = 0.5            # weight of a new, lower rate observation
     rate_hz: float | None = None      # smoothed probe firings/s of the busiest process
     duty: float = -1.0                # current duty; set in __post_init__
+    credit_s: float = 0.0             # probe time the budget has granted and not yet spent
+    credit_cap_s: float = 600.0       # at most this much wall time of budget is saved up
 
     def __post_init__(self) -> None:
         for name in ("probe_cost_ns", "budget", "min_duty", "max_duty"):
@@ -92,6 +94,34 @@ class Governor:
                 self.rate_hz = self.smoothing * observed + (1 - self.smoothing) * self.rate_hz
         self.duty = self._duty_for(self.rate_hz)
         return self.duty
+
+    # -- the budget as an account ----------------------------------------------------------
+    # The duty above is a plan. What a slice really costs is only known afterwards: a detach
+    # waits out an RCU grace period per probe (about 0.1 s each on our VMs), and the probes fire
+    # until their own turn comes. So the budget is also kept as an account, in seconds of probe
+    # time: every wall second earns ``budget`` seconds, every counted firing spends
+    # ``probe_cost_ns``. A slice is taken only when the account can pay for it, and an
+    # overspent account (a slice that cost more than planned) skips slices until it is repaid.
+    # The long-run overhead is then at most the budget by construction, measured in firings the
+    # kernel counted, whatever the detach latency.
+
+    def earn(self, wall_s: float) -> None:
+        """Credit ``wall_s`` seconds of wall time at the budget (capped)."""
+        cap = self.budget * self.credit_cap_s
+        self.credit_s = min(self.credit_s + self.budget * max(wall_s, 0.0), max(cap, self.credit_s))
+
+    def spend(self, probe_hits: int) -> None:
+        """Debit the probe time that ``probe_hits`` counted firings cost."""
+        self.credit_s -= self.probe_cost_ns * 1e-9 * max(probe_hits, 0)
+
+    def can_afford(self, attached_s: float) -> bool:
+        """Whether a slice attached for ``attached_s`` seconds fits the account.
+
+        With no rate measured yet the answer is yes: that first slice is the measurement, and
+        its cost is repaid from later credit like any overspend."""
+        if self.rate_hz is None:
+            return True
+        return self.credit_s >= self.load() * attached_s
 
     def estimated_overhead(self) -> float:
         """Fraction of the busiest process's wall time the probes cost at the current duty."""

@@ -277,8 +277,14 @@ class Agent:
             self._attach_all()
             self._wait_until(win.end_ns, win)
             return
+        self.governor.earn(window_s)
         schedule = duty_schedule(window_s, self.duty, slices=self.cfg.slices,
-                                 min_slice_s=self.detach_s, window_index=self.window_index)
+                                 min_slice_s=self.detach_s, window_index=0)
+        # The budget account decides whether this window probes at all (see Governor.earn):
+        # a slice costs its length plus about half a detach of firing.
+        planned_s = sum(length for _, length in schedule) + self.detach_s / 2 * len(schedule)
+        if not self.governor.can_afford(planned_s):
+            schedule = []
         for offset_s, length_s in schedule:
             on_at = win.start_ns + int(offset_s * 1e9)
             if time.time_ns() < on_at:
@@ -330,6 +336,8 @@ class Agent:
             self.windows_sent += 1
         busiest = max(calls_by_pid.values(), default=0)
         used_duty = self.duty
+        if used_duty < 1.0:                          # governed window: pay for what it cost
+            self.governor.spend(busiest)
         try:
             self.duty = float(self.governor.next_duty(busiest, win.attached_s))
         except Exception:

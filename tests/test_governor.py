@@ -106,3 +106,34 @@ def test_governor_on_real_probes_holds_duty_near_budget_over_cost_times_rate(
     assert duty == pytest.approx(expected, rel=0.15)
     assert g.estimated_overhead() == pytest.approx(min(0.005, probe_cost_ns * 1e-9 * 2 * rate),
                                                    rel=0.15)
+
+
+def test_budget_account_keeps_long_run_overhead_under_budget_despite_expensive_slices():
+    """A slice that costs far more than planned (slow detach) is repaid by skipped windows:
+    over many windows the spent probe time stays within the budget plus one slice."""
+    from hypertrace.collector.governor import Governor
+    gov = Governor(probe_cost_ns=8000.0, budget=0.005)
+    window_s, hits_per_slice = 10.0, 200_000          # one slice costs 1.6 s of probe time
+    spent_s = 0.0
+    slices = 0
+    for _ in range(2000):
+        gov.earn(window_s)
+        if gov.can_afford(2.0):
+            gov.next_duty(hits_per_slice, 2.0)
+            gov.spend(hits_per_slice)
+            spent_s += 8000e-9 * hits_per_slice
+            slices += 1
+        else:
+            gov.next_duty(0, 0.0)
+    wall = 2000 * window_s
+    assert slices > 1                                  # it does keep sampling
+    assert spent_s <= 0.005 * wall + 8000e-9 * hits_per_slice
+
+
+def test_first_slice_is_allowed_before_any_rate_is_known():
+    from hypertrace.collector.governor import Governor
+    gov = Governor(probe_cost_ns=8000.0, budget=0.005)
+    assert gov.can_afford(2.0)
+    gov.next_duty(100_000, 1.0)
+    gov.spend(100_000)
+    assert gov.credit_s < 0 and not gov.can_afford(1.0)

@@ -8,44 +8,46 @@
 # what the governor saves.
 #
 # Usage (on a GPU node, as root, from the repo root, bcc importable):
-#   bash tests/gpu/overhead_ab.sh OUT_DIR [PHASE_SECONDS] [PAIRS]
+#   bash tests/gpu/overhead_ab.sh OUT_DIR [OFF_SECONDS] [PAIRS] [ON_SECONDS]
 # Prints a table and writes OUT_DIR/steps.log, OUT_DIR/phases.txt, OUT_DIR/report.json.
 set -euo pipefail
-out=${1:?usage: overhead_ab.sh OUT_DIR [PHASE_SECONDS] [PAIRS]}
+out=${1:?usage: overhead_ab.sh OUT_DIR [OFF_SECONDS] [PAIRS] [ON_SECONDS]}
 phase=${2:-30}
 pairs=${3:-3}
+on_phase=${4:-$phase}
 settle=8
 mkdir -p "$out"
-ht() { python3 -m hypertrace.cli.main "$@"; }
+ht=(python3 -m hypertrace.cli.main)   # run directly (not via a function) so kill reaches python
 port=$((20000 + RANDOM % 20000))
 work=$(mktemp -d)
 cleanup() { kill "${agent:-}" "${analyzer:-}" "${train:-}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-ht analyzer --listen 127.0.0.1:$port --db "$work/a.db" --window-seconds 10 >"$out/analyzer.log" 2>&1 &
+"${ht[@]}" analyzer --listen 127.0.0.1:$port --db "$work/a.db" --window-seconds 10 >"$out/analyzer.log" 2>&1 &
 analyzer=$!
-total=$(( (2 * pairs + 2) * phase + 30 ))
+total=$(( (pairs + 2) * phase + (pairs + 1) * on_phase + 30 ))
 HYPERTRACE_JOB=gpu-ab RANK=0 LOCAL_RANK=0 python3 tests/gpu/launch_bound_loop.py \
   --seconds "$total" --log "$out/steps.log" &
 train=$!
 sleep 15                                   # CUDA init + warm-up
 : >"$out/phases.txt"
 run_phase() {  # name budget|off
-  local name=$1 budget=$2 t0
+  local name=$1 budget=$2 t0 secs=$phase
+  [ "$budget" = off ] || secs=$on_phase
   if [ "$budget" != off ]; then
-    ht agent --analyzer 127.0.0.1:$port --window 10 --overhead-budget "$budget" \
+    "${ht[@]}" agent --analyzer 127.0.0.1:$port --window 10 --overhead-budget "$budget" \
       --spool-dir "$work/spool" >>"$out/agent.log" 2>&1 &
     agent=$!
   fi
   t0=$(date +%s.%N)
-  sleep "$phase"
+  sleep "$secs"
   echo "$name $t0 $(date +%s.%N)" >>"$out/phases.txt"
   if [ "$budget" != off ]; then kill -TERM "$agent"; wait "$agent" || true; agent=; fi
 }
 for i in $(seq "$pairs"); do run_phase off off; run_phase governed 0.005; done
 run_phase off off
 run_phase ungoverned 1.0
-ht report --analyzer 127.0.0.1:$port --format json >"$out/report.json" || true
+"${ht[@]}" report --analyzer 127.0.0.1:$port --format json >"$out/report.json" || true
 kill "$train" 2>/dev/null || true
 python3 - "$out" "$settle" <<'PY'
 import sys, statistics
@@ -54,7 +56,9 @@ steps = [tuple(map(float, l.split())) for l in open(f"{out}/steps.log") if l.str
 arms = {}
 for line in open(f"{out}/phases.txt"):
     name, t0, t1 = line.split(); t0, t1 = float(t0) + settle, float(t1)
-    arms.setdefault(name, []).extend(ms for t, ms in steps if t0 <= t < t1)
+    v = [ms for t, ms in steps if t0 <= t < t1]
+    print(f"phase {name:<12}{len(v):>7} steps, median {statistics.median(v):.3f} ms")
+    arms.setdefault(name, []).extend(v)
 base = statistics.median(arms["off"])
 print(f"{'arm':<12}{'steps':>8}{'median ms':>12}{'mean ms':>10}{'ratio vs off':>14}")
 for name, v in arms.items():
