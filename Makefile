@@ -34,6 +34,14 @@ demo: venv
 bench: venv
 	$(PY) -m hypertrace.analyzer.bench_scoring
 
+# scenario catalog x 64..16,384 GPUs, hypertrace vs mean±3σ vs NVRx (~20 min; ARGS=--quick: ~30 s)
+bench-detect: venv
+	$(PY) -m hypertrace.analyzer.bench_detect $(ARGS)
+
+# one analyzer ingesting a 16,384-GPU job over real gRPC, then a ramp (~4-6 min; ARGS=--quick: ~15 s)
+bench-scale: venv
+	$(PY) -m hypertrace.analyzer.bench_scale $(ARGS)
+
 proto: venv
 	$(PY) proto/generate.py
 

@@ -90,6 +90,12 @@ def report_to_table(report: pb.Report) -> str:
                 line2 += (f", {c.step_time_after_eviction_us:.1f} us after evicting "
                           f"{', '.join(c.evicted_nodes)} ({c.predicted_gain:+.1%})")
             out.append(line2)
+            rates = [(g.spike_rate, f"{n.node}/{g.gpu}") for n in job.nodes for g in n.gpus]
+            if rates:
+                worst = max(rates)
+                mid = sorted(r for r, _ in rates)[len(rates) // 2]
+                where = f" ({worst[1]})" if worst[0] > 0 else ""
+                out.append(f"  spike rate per GPU: median {mid:.1%}, max {worst[0]:.1%}{where}")
             out.append(f"  basis: {c.basis}")
         out.append("")
     if not report.jobs:

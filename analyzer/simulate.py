@@ -28,6 +28,20 @@ The model (all latencies per GPU, per window, per API):
   the analyzer has to read as "everyone waits for this rank".
 * **Sample counts.** Calls per window are Poisson around ``calls_per_second * window_seconds *
   duty`` (a duty-cycled probe sees only part of the window); thousands per GPU by default.
+* **Where a slowdown acts.** ``Straggler.where``: ``"both"`` (default: a slow host launches
+  slowly *and* arrives late at the collective), ``"host"`` (launch latency only) or ``"compute"``
+  (GPU work only: visible only as the short synchronize waits of that rank). ``flap_on`` /
+  ``flap_off`` make it intermittent: slow for ``flap_on`` windows, normal for ``flap_off``.
+* **Second modes (spikes that are not stragglers).** ``Burst`` adds, in given windows of given
+  nodes, a share ``frac`` of calls drawn from the same lognormal at ``scale`` x the median (a GC
+  pause, a cold storage read). :func:`burst_matrices` turns periodic GC (``gc_period`` windows, each
+  node at its own phase) and random cold-read windows (``cold_nodes``, ``cold_prob``) into the
+  per-(window, GPU) share and scale.
+* **GPU kinds.** ``kinds`` = ((name, speed), ...): node i gets kind ``i % len(kinds)``; ``speed``
+  multiplies its launch medians and its compute time (a slower GPU model), so only a per-kind
+  comparison is meaningful.
+* **Dropouts.** ``Dropout(node, start, stop)``: that agent sends no windows in ``[start, stop)``
+  and comes back afterwards.
 
 Histograms are sampled directly: the mixture's CDF is evaluated at the bucket edges of the wire
 scheme (vectorized over all GPUs) and one multinomial draw per GPU gives the counts. That is
@@ -79,12 +93,47 @@ DEFAULT_APIS: tuple[ApiModel, ...] = (
 
 @dataclass(frozen=True)
 class Straggler:
-    """A slow node (all GPUs) or, with ``gpus``, some slow GPUs of it, from window ``onset``."""
+    """A slow node (all GPUs) or, with ``gpus``, some slow GPUs of it, from window ``onset``.
+
+    ``where`` is "both", "host" (launch latency) or "compute" (GPU work, seen in sync waits);
+    ``flap_on``/``flap_off`` > 0 make it slow for flap_on windows out of every flap_on+flap_off.
+    """
 
     node: str
     factor: float
     gpus: tuple[int, ...] | None = None
     onset: int = 0
+    where: str = "both"
+    flap_on: int = 0
+    flap_off: int = 0
+
+    def active(self, windows: int) -> np.ndarray:
+        """(windows,) bool: the windows in which this straggler is slow."""
+        w = np.arange(windows)
+        on = w >= self.onset
+        if self.flap_on > 0 and self.flap_off > 0:
+            on &= (w - self.onset) % (self.flap_on + self.flap_off) < self.flap_on
+        return on
+
+
+@dataclass(frozen=True)
+class Dropout:
+    """Agent of ``node`` sends nothing in windows ``[start, stop)``, then comes back."""
+
+    node: str
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class Burst:
+    """Spikes that are not a straggler: in the listed windows, ``frac`` of a node's calls come
+    from a second mode at ``scale`` x the median (GC pause, cold read)."""
+
+    node: str
+    windows: tuple[int, ...]
+    frac: float
+    scale: float
 
 
 @dataclass(frozen=True)
@@ -107,6 +156,16 @@ class SimConfig:
     sync_base_us: float = 150.0         # wait of the slowest rank (collective latency)
     gpu_kind: str = "NVIDIA H200"
     node_names: tuple[str, ...] = field(default=())   # empty: node-0000, node-0001, ...
+    kinds: tuple[tuple[str, float], ...] = ()          # (name, speed) per node, round robin
+    dropouts: tuple[Dropout, ...] = ()
+    bursts: tuple[Burst, ...] = ()
+    gc_period: int = 0                  # > 0: every node has a GC window every gc_period windows
+    gc_frac: float = 0.05               # share of a GC window's calls that hit the pause
+    gc_scale: float = 8.0
+    cold_nodes: tuple[str, ...] = ()    # nodes with random cold-read windows (bimodal)
+    cold_prob: float = 0.3              # chance per window of a cold-read burst
+    cold_frac: float = 0.04
+    cold_scale: float = 5.0
 
     def __post_init__(self) -> None:
         if self.gpus <= 0 or self.gpus_per_node <= 0:
@@ -125,6 +184,16 @@ class SimConfig:
                                  f"{self.nodes[0]}..{self.nodes[-1]})")
             if not s.factor > 0:
                 raise ValueError(f"straggler factor for {s.node} must be > 0, got {s.factor}")
+            if s.where not in ("both", "host", "compute"):
+                raise ValueError(f"straggler where={s.where!r}: use both, host or compute")
+        for d in self.dropouts:
+            if d.node not in names or not 0 <= d.start < d.stop:
+                raise ValueError(f"dropout {d}: node must be in the job and 0 <= start < stop")
+        for n in self.cold_nodes + tuple(b.node for b in self.bursts):
+            if n not in names:
+                raise ValueError(f"burst/cold-read node {n!r} is not in the job")
+        if any(not speed > 0 for _, speed in self.kinds):
+            raise ValueError("every GPU kind speed must be > 0 (1.25 = 25% slower)")
 
     @property
     def n_nodes(self) -> int:
@@ -156,27 +225,78 @@ def parse_straggler(text: str) -> Straggler:
     return Straggler(node=node, factor=f)
 
 
-def slowdown_matrix(cfg: SimConfig) -> np.ndarray:
-    """Injected slowdown per (window, gpu): 1.0 healthy, ``factor`` for straggling GPUs."""
+def _cols(cfg: SimConfig, node: str, gpus: tuple[int, ...] | None = None) -> np.ndarray:
+    base = cfg.nodes.index(node) * cfg.gpus_per_node
+    return np.arange(base, base + cfg.gpus_per_node) if gpus is None else \
+        base + np.asarray(gpus, dtype=int)
+
+
+def slowdown_matrix(cfg: SimConfig, side: str = "host") -> np.ndarray:
+    """Injected slowdown per (window, gpu): 1.0 healthy, ``factor`` for straggling GPUs.
+
+    ``side`` "host" (launch latency) or "compute" (GPU work between synchronizations); GPU kind
+    speeds apply to both.
+    """
     f = np.ones((cfg.windows, cfg.gpus))
-    index = {n: i for i, n in enumerate(cfg.nodes)}
     for s in cfg.stragglers:
-        base = index[s.node] * cfg.gpus_per_node
-        cols = np.arange(base, base + cfg.gpus_per_node) if s.gpus is None else \
-            base + np.asarray(s.gpus, dtype=int)
-        f[s.onset:, cols] *= s.factor
+        if s.where in ("both", side):
+            f[np.ix_(s.active(cfg.windows), _cols(cfg, s.node, s.gpus))] *= s.factor
+    if cfg.kinds:
+        speed = np.array([cfg.kinds[i % len(cfg.kinds)][1] for i in range(cfg.n_nodes)])
+        f *= np.repeat(speed, cfg.gpus_per_node)[None, :]
     return f
 
 
-def _mixture_bucket_probs(median_us: np.ndarray, m: ApiModel) -> np.ndarray:
-    """Bucket probabilities (rows x NUM_BUCKETS) of lognormal body + Pareto tail per row."""
+def kind_of_node(cfg: SimConfig, node_index: int) -> str:
+    return cfg.kinds[node_index % len(cfg.kinds)][0] if cfg.kinds else cfg.gpu_kind
+
+
+def burst_matrices(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray] | None:
+    """(frac, scale) per (window, gpu) of second-mode calls, or None when there are none.
+
+    GC: node i has its GC window when ``(w + phase_i) % gc_period == 0``, phases spread evenly
+    over the nodes (out of phase, as unsynchronized GCs are). Cold reads: each window of a cold
+    node independently has a burst with probability ``cold_prob`` (own seeded stream, so adding a
+    cold node does not change the other draws).
+    """
+    if not (cfg.gc_period or cfg.cold_nodes or cfg.bursts):
+        return None
+    frac = np.zeros((cfg.windows, cfg.gpus))
+    scale = np.ones((cfg.windows, cfg.gpus))
+    w = np.arange(cfg.windows)[:, None]
+    if cfg.gc_period > 0:
+        phase = np.repeat(np.arange(cfg.n_nodes) % cfg.gc_period, cfg.gpus_per_node)[None, :]
+        gc = (w + phase) % cfg.gc_period == 0
+        frac[gc], scale[gc] = cfg.gc_frac, cfg.gc_scale
+    rng = np.random.default_rng([cfg.seed, 7])
+    for node in cfg.cold_nodes:
+        hit = rng.random(cfg.windows) < cfg.cold_prob
+        frac[np.ix_(hit, _cols(cfg, node))] = cfg.cold_frac
+        scale[np.ix_(hit, _cols(cfg, node))] = cfg.cold_scale
+    for b in cfg.bursts:
+        rows = np.asarray([x for x in b.windows if 0 <= x < cfg.windows], dtype=int)
+        frac[np.ix_(rows, _cols(cfg, b.node))] = b.frac
+        scale[np.ix_(rows, _cols(cfg, b.node))] = b.scale
+    return frac, scale
+
+
+def _mixture_bucket_probs(median_us: np.ndarray, m: ApiModel,
+                          burst: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Bucket probabilities (rows x NUM_BUCKETS) of lognormal body + Pareto tail per row, plus,
+    with ``burst`` = (frac, scale) per row, a second lognormal mode at scale x the median."""
     edges_ns = buckets.UPPER_NS[:-1]                      # inner edges between buckets
     med_ns = (median_us * 1e3)[:, None]
+    log_edges = np.log(edges_ns)[None, :]
     with np.errstate(divide="ignore"):
-        body = ndtr((np.log(edges_ns)[None, :] - np.log(med_ns)) / m.sigma)
+        body = ndtr((log_edges - np.log(med_ns)) / m.sigma)
     xm = m.tail_scale * med_ns
     tail = np.where(edges_ns[None, :] >= xm, 1.0 - (xm / edges_ns[None, :]) ** m.tail_alpha, 0.0)
     cdf = (1.0 - m.tail_prob) * body + m.tail_prob * tail
+    if burst is not None and np.any(burst[0] > 0):
+        frac, scale = (np.asarray(x, dtype=np.float64)[:, None] for x in burst)
+        with np.errstate(divide="ignore"):
+            second = ndtr((log_edges - np.log(med_ns * scale)) / m.sigma)
+        cdf = (1.0 - frac) * cdf + frac * second
     cdf = np.concatenate((np.zeros((cdf.shape[0], 1)), cdf, np.ones((cdf.shape[0], 1))), axis=1)
     p = np.clip(np.diff(cdf, axis=1), 0.0, None)
     return p / p.sum(axis=1, keepdims=True)
@@ -188,19 +308,22 @@ def simulate_counts(cfg: SimConfig) -> dict[str, np.ndarray]:
     nodes_of_gpu = np.repeat(np.arange(cfg.n_nodes), cfg.gpus_per_node)
     node_off = np.exp(rng.normal(0.0, cfg.node_jitter, cfg.n_nodes))[nodes_of_gpu]
     gpu_off = np.exp(rng.normal(0.0, cfg.gpu_jitter, cfg.gpus))
-    injected = slowdown_matrix(cfg)
+    injected = slowdown_matrix(cfg, "host")
+    injected_compute = slowdown_matrix(cfg, "compute")
+    bursts = burst_matrices(cfg)
     out = {m.api: np.zeros((cfg.windows, cfg.gpus, buckets.NUM_BUCKETS), np.uint64)
            for m in cfg.apis}
     for w in range(cfg.windows):
         win_off = np.exp(rng.normal(0.0, cfg.window_jitter, cfg.gpus))
         slowdown = node_off * gpu_off * win_off * injected[w]        # (gpus,) host side
-        compute = injected[w] * np.exp(rng.normal(0.0, cfg.compute_jitter, cfg.gpus))
+        compute = injected_compute[w] * np.exp(rng.normal(0.0, cfg.compute_jitter, cfg.gpus))
         for m in cfg.apis:
             if m.kind == "sync":
                 median = cfg.sync_base_us + cfg.compute_us * (compute.max() - compute)
             else:
                 median = m.median_us * slowdown
-            probs = _mixture_bucket_probs(median, m)
+            probs = _mixture_bucket_probs(
+                median, m, None if bursts is None else (bursts[0][w], bursts[1][w]))
             n = rng.poisson(m.calls_per_second * cfg.window_seconds * cfg.duty, cfg.gpus)
             out[m.api][w] = rng.multinomial(n, probs).astype(np.uint64)
     return out
@@ -241,18 +364,24 @@ class _ApiArrays:
 def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
     """Yield one NodeWindow per (window, node), window-major: an epoch's nodes arrive together.
 
-    Agent ids are ``sim-<node>``, ``seq`` counts windows from 1 per agent, ranks are contiguous per
-    node, and all windows of one epoch share their start and end timestamps.
+    Agent ids are ``sim-<node>``, ``seq`` counts the windows an agent sent from 1, ranks are
+    contiguous per node, and all windows of one epoch share their start and end timestamps.
+    Dropped-out agents (``cfg.dropouts``) send nothing in those windows.
     """
     arrays = {api: _ApiArrays.of(c) for api, c in simulate_counts(cfg).items()}
     win_ns = int(round(cfg.window_seconds * 1e9))
     t0 = cfg.first_start_ns
     overhead = pb.Overhead(estimated_fraction=0.004, duty=cfg.duty, probe_cost_ns=8_000.0,
                            call_rate_hz=sum(m.calls_per_second for m in cfg.apis), budget=0.005)
+    absent = {(d.node, w) for d in cfg.dropouts for w in range(d.start, d.stop)}
+    sent: dict[str, int] = {}
     for w in range(cfg.windows):
         start_ns, end_ns = t0 + w * win_ns, t0 + (w + 1) * win_ns
         for ni, node in enumerate(cfg.nodes):
-            nw = pb.NodeWindow(version=WIRE_VERSION, agent_id=f"sim-{node}", node=node, seq=w + 1)
+            if (node, w) in absent:
+                continue
+            seq = sent[node] = sent.get(node, 0) + 1
+            nw = pb.NodeWindow(version=WIRE_VERSION, agent_id=f"sim-{node}", node=node, seq=seq)
             nw.start.FromNanoseconds(start_ns)
             nw.end.FromNanoseconds(end_ns)
             for local in range(cfg.gpus_per_node):
@@ -260,14 +389,15 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
                 proc = nw.processes.add(
                     job_id=cfg.job_id, rank=g, local_rank=local, gpu_index=local,
                     gpu_uuid=f"GPU-sim-{ni:04d}-{local}", pid=10_000 + local,
-                    gpu_kind=cfg.gpu_kind)
+                    gpu_kind=kind_of_node(cfg, ni))
                 proc.overhead.CopyFrom(overhead)
                 proc.apis.extend(arrays[m.api].stats(m.api, w, g) for m in cfg.apis)
             yield nw
 
 
 # ---- scenario catalog hook -------------------------------------------------------------------
-#: name -> builder(gpus, gpus_per_node, windows, seed) -> SimConfig. A later catalog adds entries.
+#: name -> builder(gpus, gpus_per_node, windows, seed) -> SimConfig. The catalog with ground truth
+#: and documentation is :mod:`hypertrace.analyzer.scenarios`; these two stay for old callers.
 SCENARIOS: dict[str, Callable[..., SimConfig]] = {
     "clean": lambda **kw: SimConfig(**kw),
     "host-straggler-10": lambda **kw: replace(

@@ -7,6 +7,11 @@ Pareto tail, per-node jitter, collective synchronize waits) is documented in
 
 Example: hypertrace simulate --gpus 2048 --gpus-per-node 8 --straggler node-0042:1.10 \\
              --windows 8 --seed 7 --output w.jsonl
+         hypertrace simulate --scenario collective --gpus 512 --seed 3 --output c.jsonl
+         hypertrace simulate --list-scenarios
+
+``--scenario NAME`` builds the job from the catalog (``hypertrace.analyzer.scenarios``; the seed
+also picks which node is slow); ``--straggler`` adds more slow nodes on top.
 """
 from __future__ import annotations
 
@@ -25,8 +30,11 @@ def register(subparsers) -> None:
     p.add_argument("--windows", type=int, default=8, help="windows per node (default 8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--window-seconds", type=float, default=10.0)
-    p.add_argument("--job", default="sim-job", help="job id (default sim-job)")
-    out = p.add_mutually_exclusive_group(required=True)
+    p.add_argument("--job", default=None, help="job id (default sim-job, or sim-SCENARIO)")
+    p.add_argument("--scenario", metavar="NAME", help="a catalog scenario (see --list-scenarios)")
+    p.add_argument("--list-scenarios", action="store_true",
+                   help="print the scenario catalog and exit")
+    out = p.add_mutually_exclusive_group()
     out.add_argument("--output", metavar="FILE.jsonl", help="write JSON lines ('-' = stdout)")
     out.add_argument("--analyzer", metavar="HOST:PORT", help="stream to a running analyzer")
     p.add_argument("--timeout", type=float, default=120.0,
@@ -35,14 +43,32 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import dataclasses
     import time
 
+    from hypertrace.analyzer import scenarios
     from hypertrace.analyzer.simulate import SimConfig, generate, live_start_ns, parse_straggler
 
+    if args.list_scenarios:
+        print(scenarios.describe())
+        return 0
+    if not (args.output or args.analyzer):
+        print("hypertrace simulate: one of --output FILE.jsonl or --analyzer HOST:PORT is "
+              "required (or --list-scenarios)", file=sys.stderr)
+        return 2
     try:
-        cfg = SimConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node, windows=args.windows,
-                        seed=args.seed, window_seconds=args.window_seconds, job_id=args.job,
-                        stragglers=tuple(parse_straggler(s) for s in args.straggler))
+        extra = tuple(parse_straggler(s) for s in args.straggler)
+        if args.scenario:
+            cfg = scenarios.get(args.scenario).config(args.gpus, args.gpus_per_node,
+                                                      args.windows, args.seed,
+                                                      args.window_seconds)
+            cfg = dataclasses.replace(cfg, stragglers=cfg.stragglers + extra,
+                                      job_id=args.job or cfg.job_id)
+        else:
+            cfg = SimConfig(gpus=args.gpus, gpus_per_node=args.gpus_per_node,
+                            windows=args.windows, seed=args.seed,
+                            window_seconds=args.window_seconds, job_id=args.job or "sim-job",
+                            stragglers=extra)
     except ValueError as exc:
         print(f"hypertrace simulate: {exc}", file=sys.stderr)
         return 2
@@ -61,7 +87,6 @@ def run(args: argparse.Namespace) -> int:
                   f"{cfg.gpus} GPUs) to {args.output}", file=sys.stderr)
         return 0
 
-    import dataclasses
     import tempfile
 
     from hypertrace.analyzer.simulate import stream_windows

@@ -186,9 +186,11 @@ class Agent:
         if self._want_attached:
             return
         self._want_attached = True
+        t0 = time.time()
         for lib in list(self.scanner.libraries.values()):
             self._attach(lib)
         self._on_since = time.monotonic()
+        log.debug("probes attached at %.3f (took %.3f s)", t0, time.time() - t0)
 
     def _detach_all(self, win: WindowState) -> None:
         """Detach everything and account the attached time to ``win``.
@@ -208,6 +210,7 @@ class Agent:
         for lib in list(self.scanner.libraries.values()):
             self._detach(lib)
         took = time.monotonic() - t0
+        log.debug("probes detached at %.3f (took %.3f s)", time.time(), took)
         win.attached_s += took / 2
         if self.attached or took > 0:
             self.detach_s = max(MIN_SLICE_S, took)

@@ -25,7 +25,7 @@ trap cleanup EXIT
 
 "${ht[@]}" analyzer --listen 127.0.0.1:$port --db "$work/a.db" --window-seconds 10 >"$out/analyzer.log" 2>&1 &
 analyzer=$!
-total=$(( (pairs + 2) * phase + (pairs + 1) * on_phase + 30 ))
+total=$(( (pairs + 2) * phase + pairs * on_phase + phase + 30 ))
 HYPERTRACE_JOB=gpu-ab RANK=0 LOCAL_RANK=0 python3 tests/gpu/launch_bound_loop.py \
   --seconds "$total" --log "$out/steps.log" &
 train=$!
@@ -35,7 +35,7 @@ run_phase() {  # name budget|off
   local name=$1 budget=$2 t0 secs=$phase
   [ "$budget" = off ] || secs=$on_phase
   if [ "$budget" != off ]; then
-    "${ht[@]}" agent --analyzer 127.0.0.1:$port --window 10 --overhead-budget "$budget" \
+    "${ht[@]}" -vv agent --analyzer 127.0.0.1:$port --window 10 --overhead-budget "$budget" \
       --spool-dir "$work/spool" >>"$out/agent.log" 2>&1 &
     agent=$!
   fi
@@ -46,22 +46,8 @@ run_phase() {  # name budget|off
 }
 for i in $(seq "$pairs"); do run_phase off off; run_phase governed 0.005; done
 run_phase off off
-run_phase ungoverned 1.0
+on_phase=$phase
+run_phase ungoverned 0.99   # budget 0.99: the probes stay attached (duty 1)
 "${ht[@]}" report --analyzer 127.0.0.1:$port --format json >"$out/report.json" || true
 kill "$train" 2>/dev/null || true
-python3 - "$out" "$settle" <<'PY'
-import sys, statistics
-out, settle = sys.argv[1], float(sys.argv[2])
-steps = [tuple(map(float, l.split())) for l in open(f"{out}/steps.log") if l.strip()]
-arms = {}
-for line in open(f"{out}/phases.txt"):
-    name, t0, t1 = line.split(); t0, t1 = float(t0) + settle, float(t1)
-    v = [ms for t, ms in steps if t0 <= t < t1]
-    print(f"phase {name:<12}{len(v):>7} steps, median {statistics.median(v):.3f} ms")
-    arms.setdefault(name, []).extend(v)
-base = statistics.median(arms["off"])
-print(f"{'arm':<12}{'steps':>8}{'median ms':>12}{'mean ms':>10}{'ratio vs off':>14}")
-for name, v in arms.items():
-    med = statistics.median(v)
-    print(f"{name:<12}{len(v):>8}{med:>12.3f}{statistics.fmean(v):>10.3f}{med / base:>14.4f}")
-PY
+python3 tests/gpu/analyze_ab.py "$out" "$settle"

@@ -1,0 +1,187 @@
+"""The scenario catalog: named, documented, seeded jobs with known ground truth.
+
+Why a catalog: detection quality is only meaningful against cases whose truth is known, and every
+claim in BENCHMARKS.md must be re-runnable. Each :class:`Scenario` turns ``(gpus, gpus_per_node,
+windows, seed)`` into a :class:`~hypertrace.analyzer.simulate.SimConfig`; the latency model
+(lognormal body, Pareto tail, node/GPU/window jitter, collective synchronize waits, second modes,
+GPU kinds, dropouts) is documented in :mod:`hypertrace.analyzer.simulate`. The truth is read off
+the config itself (:func:`truth`): a node is a straggler when an injected ``Straggler`` slows it
+(factor > 1), from the first window in which it is slow. Spikes (GC, cold reads, heavy tails) are
+*not* stragglers, by definition of the brief.
+
+Which node is slow is drawn from the seed (a detector cannot learn "it is always node-0001").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+
+from hypertrace.analyzer.simulate import (DEFAULT_APIS, Dropout, SimConfig, Straggler)
+
+Builder = Callable[[SimConfig], SimConfig]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One catalog entry.
+
+    ``group``: "clean" (no straggler; any straggler verdict is a false positive: the zero-FP
+    acceptance set), or "straggler". ``slowdown``: the injected slowdown the acceptance bar for
+    this scenario refers to (0.10 for 10%), None when there is none.
+    """
+
+    name: str
+    summary: str
+    group: str
+    slowdown: float | None
+    _apply: Builder
+
+    def config(self, gpus: int = 128, gpus_per_node: int = 8, windows: int = 16,
+               seed: int = 0, window_seconds: float = 10.0) -> SimConfig:
+        base = SimConfig(gpus=gpus, gpus_per_node=gpus_per_node, windows=windows, seed=seed,
+                         window_seconds=window_seconds, job_id=f"sim-{self.name}")
+        return self._apply(base)
+
+
+def _pick(cfg: SimConfig, k: int = 1, salt: int = 0) -> list[str]:
+    """k distinct nodes chosen by the seed (its own stream: the latency draws do not move)."""
+    rng = np.random.default_rng([cfg.seed, 1_000 + salt])
+    idx = rng.choice(cfg.n_nodes, size=min(k, cfg.n_nodes), replace=False)
+    return [cfg.nodes[i] for i in sorted(idx.tolist())]
+
+
+def _host(pct: float) -> Builder:
+    return lambda c: replace(c, stragglers=(Straggler(_pick(c)[0], 1.0 + pct),))
+
+
+def _launch_only(pct: float) -> Builder:
+    return lambda c: replace(c, stragglers=(Straggler(_pick(c)[0], 1.0 + pct, where="host"),))
+
+
+def _single_gpu(c: SimConfig) -> SimConfig:
+    gpu = int(np.random.default_rng([c.seed, 2_000]).integers(c.gpus_per_node))
+    return replace(c, stragglers=(Straggler(_pick(c)[0], 1.15, gpus=(gpu,)),))
+
+
+def _collective(c: SimConfig) -> SimConfig:
+    return replace(c, stragglers=(Straggler(_pick(c)[0], 1.10, where="compute"),))
+
+
+def _heavy_tail(c: SimConfig) -> SimConfig:
+    apis = tuple(replace(a, tail_prob=0.03, tail_alpha=1.1, tail_scale=2.0) for a in DEFAULT_APIS)
+    return replace(c, apis=apis)
+
+
+def _gc(c: SimConfig) -> SimConfig:
+    return replace(c, gc_period=4, gc_frac=0.05, gc_scale=8.0)
+
+
+def _cold_read(c: SimConfig) -> SimConfig:
+    return replace(c, cold_nodes=tuple(_pick(c)), cold_prob=0.4, cold_frac=0.05, cold_scale=6.0)
+
+
+def _onset(c: SimConfig) -> SimConfig:
+    return replace(c, stragglers=(Straggler(_pick(c)[0], 1.10, onset=c.windows // 3),))
+
+
+def _flapping(c: SimConfig) -> SimConfig:
+    return replace(c, stragglers=(Straggler(_pick(c)[0], 1.20, flap_on=2, flap_off=2),))
+
+
+def _sparse(c: SimConfig) -> SimConfig:
+    # ~200 cudaLaunchKernel, ~80 cuLaunchKernel and ~40 synchronize calls per GPU and window:
+    # the synchronize API falls under min_samples (50) and is "insufficient data".
+    return replace(_host(0.10)(c), duty=0.0004)
+
+
+def _dropout(c: SimConfig) -> SimConfig:
+    slow = _pick(c)[0]
+    others = [n for n in _pick(c, k=max(1, c.n_nodes // 8), salt=1) if n != slow]
+    third = max(1, c.windows // 3)
+    drops = [Dropout(slow, third, min(c.windows, third + 3))]
+    drops += [Dropout(n, (i * 3) % c.windows, min(c.windows, (i * 3) % c.windows + 2))
+              for i, n in enumerate(others)]
+    return replace(c, stragglers=(Straggler(slow, 1.10),), dropouts=tuple(drops))
+
+
+def _two(c: SimConfig) -> SimConfig:
+    a, b = _pick(c, k=2)
+    return replace(c, stragglers=(Straggler(a, 1.10), Straggler(b, 1.20)))
+
+
+def _mixed(c: SimConfig) -> SimConfig:
+    kinds = (("NVIDIA H200", 1.0), ("NVIDIA H100 80GB HBM3", 1.3))
+    nodes = c.nodes
+    odd = [n for i, n in enumerate(nodes) if i % 2 == 1]          # the H100 nodes
+    slow = odd[int(np.random.default_rng([c.seed, 3_000]).integers(len(odd)))]
+    return replace(c, kinds=kinds, stragglers=(Straggler(slow, 1.10),))
+
+
+_CATALOG: tuple[Scenario, ...] = (
+    Scenario("clean", "healthy job: only the natural node/GPU/window jitter and rare Pareto "
+             "spikes", "clean", None, lambda c: c),
+    *(Scenario(f"host-{p}", f"one whole node {p}% slower (launch latency and compute) from the "
+               "first window", "straggler", p / 100, _host(p / 100))
+      for p in (3, 5, 10, 20, 30)),
+    *(Scenario(f"launch-{p}", f"one node's launch latency {p}% higher, its GPU work normal "
+               "(CPU contention hidden by a deep GPU queue): no help from synchronize waits",
+               "straggler", p / 100, _launch_only(p / 100))
+      for p in (3, 5, 10)),
+    Scenario("single-gpu", "one GPU of one node 15% slower; the node's other 7 GPUs healthy",
+             "straggler", 0.15, _single_gpu),
+    Scenario("collective", "one node's GPU work 10% slower, launch latency normal: visible only "
+             "as that rank's SHORT synchronize waits (everyone else waits for it)",
+             "straggler", 0.10, _collective),
+    Scenario("heavy-tail", "no straggler; every node has heavy Pareto spikes (3% of calls, "
+             "alpha 1.1: infinite variance)", "clean", None, _heavy_tail),
+    Scenario("gc-spikes", "no straggler; every node has a GC-like window every 4 windows, out "
+             "of phase across nodes (5% of calls 8x slower)", "clean", None, _gc),
+    Scenario("cold-read", "no straggler; one bimodal node: in 40% of windows 5% of its calls "
+             "are cold reads 6x slower (spikes, not a straggler)", "clean", None, _cold_read),
+    Scenario("onset", "one node 10% slower from window windows//3 on", "straggler", 0.10,
+             _onset),
+    Scenario("flapping", "one node 20% slower for 2 windows, normal for 2, repeatedly",
+             "straggler", 0.20, _flapping),
+    Scenario("sparse", "duty-cycled probe with few samples (~200/80/40 calls per GPU-window), "
+             "one node 10% slower", "straggler", 0.10, _sparse),
+    Scenario("dropout", "one node 10% slower whose agent drops out for 3 windows and comes "
+             "back; 1 in 8 other agents drop out for 2 windows", "straggler", 0.10, _dropout),
+    Scenario("two-stragglers", "two slow nodes in one job, 10% and 20%", "straggler", 0.10,
+             _two),
+    Scenario("mixed-kinds", "half H200 nodes, half H100 nodes 30% slower by design; one H100 "
+             "node 10% slower than its kind (must be scored per kind)", "straggler", 0.10,
+             _mixed),
+)
+
+#: name -> Scenario, in catalog order.
+CATALOG: dict[str, Scenario] = {s.name: s for s in _CATALOG}
+
+
+def get(name: str) -> Scenario:
+    """The scenario called ``name``; ValueError naming the known ones otherwise."""
+    try:
+        return CATALOG[name]
+    except KeyError:
+        raise ValueError(f"unknown scenario {name!r}; known: {', '.join(CATALOG)} "
+                         "(see --list-scenarios)") from None
+
+
+def truth(cfg: SimConfig) -> dict[str, int]:
+    """Ground truth: straggler node -> first window (0-based) in which it is slow."""
+    out: dict[str, int] = {}
+    for s in cfg.stragglers:
+        active = np.flatnonzero(s.active(cfg.windows))
+        if s.factor > 1.0 and active.size:
+            out[s.node] = min(out.get(s.node, cfg.windows), int(active[0]))
+    return out
+
+
+def describe() -> str:
+    """One line per scenario, for ``--list-scenarios``."""
+    width = max(len(n) for n in CATALOG)
+    return "\n".join(f"{s.name.ljust(width)}  [{s.group}] {s.summary}" for s in _CATALOG)
+
+
+__all__ = ["CATALOG", "Scenario", "describe", "get", "truth"]

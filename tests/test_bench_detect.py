@@ -1,0 +1,37 @@
+"""bench-detect on small jobs: metrics, acceptance checks and the CLI, end to end."""
+from hypertrace.analyzer import bench_detect as bd
+
+
+def test_run_one_scores_the_same_windows_with_every_method():
+    r = bd.run_one("host-20", gpus=64, windows=5, seed=1001)
+    assert set(r.first_flag) == set(bd.METHODS) and len(r.truth) == 1
+    node, onset = next(iter(r.truth.items()))
+    assert r.first_flag["hypertrace"] == {node: 2}         # convicted at the 3rd window (k=3)
+    s = bd.summarize([r], "hypertrace")
+    assert (s.precision, s.recall, s.false_nodes, s.latency_windows) == (1.0, 1.0, 0, [3])
+
+
+def test_summary_counts_false_nodes_per_node_hour():
+    r = bd.RunResult("clean", 64, 0, windows=360, nodes=8, window_seconds=10.0, truth={},
+                     first_flag={"hypertrace": {"node-0001": 5}})
+    s = bd.summarize([r], "hypertrace")
+    assert s.precision == 0.0 and s.recall is None and s.node_hours == 8.0
+    assert s.fp_per_1k_node_h == 125.0
+
+
+def test_quick_cli_prints_table_and_checks(capsys, tmp_path):
+    out = tmp_path / "raw.json"
+    rc = bd.main(["--quick", "--sizes", "64", "--scenario", "clean", "--scenario", "collective",
+                  "--workers", "1", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and out.exists()
+    assert "| collective | 64 |" in text and "hypertrace P" in text
+    assert "PASS  collective: recall 1.0" in text
+    assert "hypertrace >= nvrx" in text
+
+
+def test_bad_arguments_are_clear(capsys):
+    assert bd.main(["--scenario", "nope"]) == 2
+    assert "unknown scenario" in capsys.readouterr().err
+    assert bd.main(["--quick", "--sizes", "99"]) == 2
+    assert "matches no size" in capsys.readouterr().err

@@ -1,0 +1,118 @@
+"""The scenario catalog: every scenario builds, is seeded, and its truth and model hold."""
+import numpy as np
+import pytest
+
+from hypertrace.analyzer import scenarios
+from hypertrace.analyzer.simulate import burst_matrices, generate, simulate_counts, slowdown_matrix
+from hypertrace.cli.main import main
+from hypertrace.proto import buckets
+from hypertrace.proto.wire import read_jsonl, validate_window
+
+REQUIRED = {"clean", "host-3", "host-5", "host-10", "host-20", "host-30", "single-gpu",
+            "collective", "heavy-tail", "gc-spikes", "cold-read", "onset", "flapping", "sparse",
+            "dropout", "two-stragglers", "mixed-kinds"}
+
+
+def test_catalog_covers_the_issue_and_every_entry_is_documented():
+    assert REQUIRED <= set(scenarios.CATALOG)
+    for s in scenarios.CATALOG.values():
+        assert s.summary and s.group in ("clean", "straggler")
+        cfg = s.config(gpus=64, windows=6, seed=1)
+        assert (s.group == "clean") == (scenarios.truth(cfg) == {})
+
+
+@pytest.mark.parametrize("name", sorted(scenarios.CATALOG))
+def test_every_scenario_yields_valid_windows(name):
+    cfg = scenarios.get(name).config(gpus=32, windows=4, seed=3)
+    ws = list(generate(cfg))
+    assert ws
+    for w in ws:
+        validate_window(w)
+
+
+def test_seed_picks_the_slow_node_and_same_seed_same_job():
+    s = scenarios.get("host-10")
+    nodes = {tuple(scenarios.truth(s.config(gpus=512, seed=k))) for k in range(6)}
+    assert len(nodes) > 1
+    assert s.config(gpus=512, seed=4) == s.config(gpus=512, seed=4)
+
+
+def test_unknown_scenario_names_the_known_ones():
+    with pytest.raises(ValueError, match="known: clean"):
+        scenarios.get("nope")
+
+
+def _p50(counts):
+    return np.array([buckets.quantiles_us(c, [0.5])[0] for c in counts])
+
+
+def test_collective_straggler_waits_least_but_launches_normally():
+    cfg = scenarios.get("collective").config(gpus=64, windows=2, seed=2)
+    node = next(iter(scenarios.truth(cfg)))
+    g = cfg.nodes.index(node) * 8
+    c = simulate_counts(cfg)
+    launch, sync = _p50(c["cudaLaunchKernel"][1]), _p50(c["cudaStreamSynchronize"][1])
+    others = np.delete(np.arange(64), np.arange(g, g + 8))
+    assert sync[g:g + 8].max() < 0.6 * np.median(sync[others])
+    assert abs(np.median(launch[g:g + 8]) / np.median(launch[others]) - 1) < 0.03
+
+
+def test_launch_only_straggler_does_not_move_sync_waits():
+    cfg = scenarios.get("launch-10").config(gpus=64, windows=2, seed=2)
+    assert np.all(slowdown_matrix(cfg, "compute") == 1.0)
+    assert slowdown_matrix(cfg, "host").max() == pytest.approx(1.10)
+
+
+def test_gc_spikes_are_out_of_phase_and_cold_reads_hit_one_node():
+    cfg = scenarios.get("gc-spikes").config(gpus=64, windows=8, seed=0)
+    frac, _ = burst_matrices(cfg)
+    per_window = (frac[:, ::8] > 0).sum(axis=1)            # nodes in GC per window
+    assert per_window.max() <= 2 and (frac > 0).any(axis=0).all()
+    cold = scenarios.get("cold-read").config(gpus=64, windows=30, seed=0)
+    frac, scale = burst_matrices(cold)
+    hit_nodes = {i // 8 for i in np.flatnonzero((frac > 0).any(axis=0))}
+    assert len(hit_nodes) == 1
+    cold_gpu = 8 * hit_nodes.pop()
+    assert 0 < (frac[:, cold_gpu] > 0).sum() < 30          # some windows, not all
+    # spikes, not a shift: the body (p50) of the cold node barely moves, its p99 does
+    c = simulate_counts(cold)["cudaLaunchKernel"]
+    w = int(np.flatnonzero(frac[:, cold_gpu] > 0)[0])
+    healthy = (cold_gpu + 8) % 64
+    p = [buckets.quantiles_us(c[w, g], [0.5, 0.99]) for g in (cold_gpu, healthy)]
+    assert p[0][0] / p[1][0] < 1.03 and p[0][1] / p[1][1] > 1.5
+
+
+def test_dropout_agents_send_nothing_then_come_back_with_next_seq():
+    cfg = scenarios.get("dropout").config(gpus=64, windows=9, seed=5)
+    d = cfg.dropouts[0]
+    seqs = [w.seq for w in generate(cfg) if w.node == d.node]
+    assert len(seqs) == 9 - (d.stop - d.start) and seqs == list(range(1, len(seqs) + 1))
+
+
+def test_mixed_kinds_label_nodes_and_slow_the_second_kind():
+    cfg = scenarios.get("mixed-kinds").config(gpus=64, windows=1, seed=1)
+    kinds = {p.gpu_kind for w in generate(cfg) for p in w.processes}
+    assert kinds == {"NVIDIA H200", "NVIDIA H100 80GB HBM3"}
+    node = next(iter(scenarios.truth(cfg)))
+    assert cfg.nodes.index(node) % 2 == 1                  # the straggler is an H100 node
+
+
+def test_flapping_truth_and_activity():
+    cfg = scenarios.get("flapping").config(gpus=64, windows=8, seed=0)
+    assert list(cfg.stragglers[0].active(8)) == [True, True, False, False] * 2
+    onset = scenarios.get("onset").config(gpus=64, windows=12, seed=0)
+    assert list(scenarios.truth(onset).values()) == [4]
+
+
+def test_cli_scenario_and_list(tmp_path, capsys):
+    assert main(["simulate", "--list-scenarios"]) == 0
+    assert "collective" in capsys.readouterr().out
+    out = tmp_path / "w.jsonl"
+    assert main(["simulate", "--scenario", "sparse", "--gpus", "16", "--windows", "2",
+                 "--output", str(out)]) == 0
+    ws = list(read_jsonl(out))
+    assert len(ws) == 4 and ws[0].processes[0].job_id == "sim-sparse"
+    assert main(["simulate", "--scenario", "nope", "--output", str(out)]) == 2
+    assert "unknown scenario" in capsys.readouterr().err
+    assert main(["simulate", "--gpus", "16"]) == 2
+    assert "--output" in capsys.readouterr().err
