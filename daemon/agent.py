@@ -281,8 +281,11 @@ class Agent:
             self._wait_until(win.end_ns, win)
             return
         self.governor.earn(window_s)
+        min_slice_s = self.detach_s
+        if self.governor.rate_hz:                     # the samples floor (config min_samples)
+            min_slice_s = max(min_slice_s, self.cfg.min_samples / self.governor.rate_hz)
         schedule = duty_schedule(window_s, self.duty, slices=self.cfg.slices,
-                                 min_slice_s=self.detach_s, window_index=0)
+                                 min_slice_s=min(min_slice_s, window_s), window_index=0)
         # The budget account decides whether this window probes at all (see Governor.earn):
         # a slice costs its length plus about half a detach of firing.
         planned_s = sum(length for _, length in schedule) + self.detach_s / 2 * len(schedule)

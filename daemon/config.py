@@ -31,6 +31,10 @@ scan_interval       1.0                            seconds between /proc scans (
                                                    are probed within max(scan_interval,
                                                    window/slices))
 nvml                true                           read NVML context when a driver exists
+min_samples         1000                           floor on samples per probe slice: a slice is
+                                                   never shorter than what yields this many calls
+                                                   of the busiest process at its measured rate
+                                                   (fewer, longer slices instead of useless ones)
 ==================  =============================  ============================================
 """
 from __future__ import annotations
@@ -69,6 +73,7 @@ class AgentConfig:
     slices: int = 4
     scan_interval: float = 1.0
     nvml: bool = True
+    min_samples: int = 1000
 
     def resolved(self) -> "AgentConfig":
         """Fill the defaults that depend on the machine (node name, agent id)."""
@@ -131,6 +136,8 @@ def _check(cfg: AgentConfig) -> None:
         raise ConfigError(f"spool_max_mb must be > 0, got {cfg.spool_max_mb}")
     if not 1 <= cfg.slices <= 100:
         raise ConfigError(f"slices must be between 1 and 100, got {cfg.slices}")
+    if not 0 <= cfg.min_samples <= 10_000_000:
+        raise ConfigError(f"min_samples must be between 0 and 10000000, got {cfg.min_samples}")
     if not cfg.scan_interval > 0:
         raise ConfigError(f"scan_interval must be > 0 seconds, got {cfg.scan_interval}")
     if not cfg.spool_dir:

@@ -75,3 +75,14 @@ def test_example_file_matches_the_dataclass():
     for name in AgentConfig.__dataclass_fields__:
         assert f"{name} =" in text, f"{name} is not documented in {example}"
     assert cfg.analyzer
+
+
+def test_min_samples_flag_and_key_share_a_name(tmp_path):
+    from hypertrace.daemon.config import ConfigError, load_config
+    path = tmp_path / "agent.toml"
+    path.write_text('analyzer = "a:1"\nmin_samples = 250\n')
+    assert load_config(str(path)).min_samples == 250
+    assert load_config(str(path), {"min_samples": 40}).min_samples == 40
+    path.write_text('analyzer = "a:1"\nmin_samples = -1\n')
+    with pytest.raises(ConfigError, match="min_samples"):
+        load_config(str(path))
