@@ -60,6 +60,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from hypertrace.analyzer.demo import stop_process
+from hypertrace.analyzer.machine import cpu_model
 from hypertrace.analyzer.simulate import SimConfig, Straggler, generate
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import WIRE_VERSION
@@ -434,15 +435,7 @@ def _from_database(db: Path, cfg: ScaleConfig, measured: range, res: ScaleResult
 # ---- report -------------------------------------------------------------------------------------
 
 def machine_info() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_model()
     import grpc
     return (f"{cpu}; {os.cpu_count()} CPUs; {platform.system()} {platform.release()}; "
             f"Python {platform.python_version()}; grpcio {grpc.__version__}; "

@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 
 from hypertrace.analyzer.config import ScoringConfig  # noqa: E402
 from hypertrace.analyzer.engine import Engine  # noqa: E402
+from hypertrace.analyzer.machine import cpu_model  # noqa: E402
 from hypertrace.analyzer.synthetic import job_windows, node_name  # noqa: E402
 
 GPUS_PER_NODE = 8
@@ -40,15 +41,7 @@ GOAL_MS = {16384: 50.0}
 
 
 def machine_info() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_model()
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     return (f"machine: {cpu}; {os.cpu_count()} CPUs, pinned to {affinity}; "
             f"{platform.system()} {platform.release()}; Python {platform.python_version()}; "
