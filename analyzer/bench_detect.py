@@ -295,8 +295,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{cand or 'defaults'}: {text}")
         print(f"tuning took {time.monotonic() - t0:.0f} s")
         return 0
+    from hypertrace.analyzer.machine import cpu_model
+
     cfg = ScoringConfig()
     groups = run_plan(plan, names, HELD_OUT_SEEDS, cfg, args.workers)
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, {args.workers} workers")
     print(f"held-out seeds {HELD_OUT_SEEDS[0]}..; plan: " + ", ".join(
         f"{p.gpus} GPUs x {p.windows} windows x {p.seeds} seeds" for p in plan)
         + f"; window {cfg.window_seconds:g} s; persistence {cfg.persist_k} of {cfg.persist_n}")
@@ -314,4 +317,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:             # `... | head`: the reader left, nothing to report
+        sys.stderr.close()
+        sys.exit(0)
