@@ -63,10 +63,9 @@ from hypertrace.analyzer.demo import stop_process
 from hypertrace.analyzer.machine import cpu_model
 from hypertrace.analyzer.simulate import SimConfig, Straggler, generate
 from hypertrace.proto import hypertrace_pb2 as pb
-from hypertrace.proto.wire import WIRE_VERSION
+from hypertrace.proto.wire import STREAM_METHOD, WIRE_VERSION
 
 CLI = [sys.executable, "-m", "hypertrace.cli.main"]
-STREAM_METHOD = "/hypertrace.v1.Ingest/Stream"
 JOB_ID = "scale-job"
 SLOW_NODE = "node-0001"
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -345,8 +345,13 @@ class Engine:
             if has.any():
                 typical_us = np.median(h.quantiles_us([0.5])[has, 0])
                 threshold_ns = (1.0 + cfg.spike_threshold) * typical_us * 1e3
-                f = buckets.cdf_on_grid(h.select(has).dense(), np.array([threshold_ns]))[:, 0]
-                job.step_above[rows[has]] += total[has] * (1.0 - f)
+                # a spike is a step *certainly* above the threshold: buckets whose lower edge is
+                # >= it (the effective threshold rounds up by < one 12.5% bucket). Interpolating
+                # inside the bucket that straddles the threshold would hand a steady 30%-slow
+                # rank, whose steps never pass +50%, a spike rate made of bucket width alone.
+                first = int(np.searchsorted(buckets.LOWER_NS, threshold_ns, side="left"))
+                above = h.counts_t[max(0, first - h.first):].sum(axis=0, dtype=np.float64)
+                job.step_above[rows[has]] += above[has]
                 job.step_total[rows[has]] += total[has]
                 if job.step_counts is None:
                     job.step_counts = np.zeros(job.basis_counts.shape, np.float32)

@@ -41,6 +41,35 @@ def _fmt(x: float) -> str:
     return f"{x:.1f}" if abs(x) < 1000 else f"{x:.0f}"
 
 
+def _fmt_duration(us: float) -> str:
+    """A duration in the unit that reads best: launch latencies in us, step times in ms or s."""
+    if us != us:                                          # NaN: nothing to say
+        return "n/a"
+    if abs(us) < 1e3:
+        return f"{us:.1f} us"
+    if abs(us) < 1e6:
+        return f"{us / 1e3:.2f} ms"
+    return f"{us / 1e6:.3f} s"
+
+
+def _cluster_line(c: pb.ClusterPrediction) -> str:
+    """``cluster: ...`` line: spike probability, expected step now and after the what-if.
+
+    Says "no change" when nothing would be evicted, so a clean job does not read as a 0% gain of
+    an eviction that nobody proposed.
+    """
+    per = "step" if c.basis.startswith("step_time") else "window"
+    text = (f"  cluster: P(spike in a {per}) {c.spike_probability:.1%}; expected "
+            f"{'step' if per == 'step' else 'slowest call'} {_fmt_duration(c.step_time_now_us)} "
+            "now")
+    if c.evicted_nodes:
+        text += (f", {_fmt_duration(c.step_time_after_eviction_us)} after evicting "
+                 f"{', '.join(c.evicted_nodes)} (predicted gain {c.predicted_gain:+.1%})")
+    else:
+        text += " (no straggler to evict)"
+    return text
+
+
 def report_to_table(report: pb.Report) -> str:
     """Worst first: node, GPU/rank, API, value vs job median (ratio), robust z, windows flagged,
     verdict, probable cause; then the cluster prediction of each job."""
@@ -84,12 +113,7 @@ def report_to_table(report: pb.Report) -> str:
             out.append("  no suspect or straggler GPU")
         c = job.cluster
         if c.basis:
-            line2 = (f"  cluster: spike probability {c.spike_probability:.1%}; expected "
-                     f"{c.step_time_now_us:.1f} us now")
-            if c.evicted_nodes:
-                line2 += (f", {c.step_time_after_eviction_us:.1f} us after evicting "
-                          f"{', '.join(c.evicted_nodes)} ({c.predicted_gain:+.1%})")
-            out.append(line2)
+            out.append(_cluster_line(c))
             rates = [(g.spike_rate, f"{n.node}/{g.gpu}") for n in job.nodes for g in n.gpus]
             if rates:
                 worst = max(rates)

@@ -71,7 +71,8 @@ def _collective(c: SimConfig) -> SimConfig:
 
 def _heavy_tail(c: SimConfig) -> SimConfig:
     apis = tuple(replace(a, tail_prob=0.03, tail_alpha=1.1, tail_scale=2.0) for a in DEFAULT_APIS)
-    return replace(c, apis=apis)
+    # steps get Pareto spikes too (0.5% of steps, at least 2x): jitter, not a straggler
+    return replace(c, apis=apis, step_tail_prob=0.005, step_tail_alpha=1.5, step_tail_scale=2.0)
 
 
 def _gc(c: SimConfig) -> SimConfig:
@@ -135,7 +136,7 @@ _CATALOG: tuple[Scenario, ...] = (
              "as that rank's SHORT synchronize waits (everyone else waits for it)",
              "straggler", 0.10, _collective),
     Scenario("heavy-tail", "no straggler; every node has heavy Pareto spikes (3% of calls, "
-             "alpha 1.1: infinite variance)", "clean", None, _heavy_tail),
+             "alpha 1.1: infinite variance; 0.5% of steps)", "clean", None, _heavy_tail),
     Scenario("gc-spikes", "no straggler; every node has a GC-like window every 4 windows, out "
              "of phase across nodes (5% of calls 8x slower)", "clean", None, _gc),
     Scenario("cold-read", "no straggler; one bimodal node: in 40% of windows 5% of its calls "

@@ -31,13 +31,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from hypertrace.analyzer.storage import Storage, StorageError
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc
-from hypertrace.proto.wire import MAX_WINDOW_BYTES, WireError, validate_window
+from hypertrace.proto.wire import (INGEST_SERVICE, MAX_WINDOW_BYTES, STREAM_METHOD, WireError,
+                                   validate_window)
 
 log = logging.getLogger(__name__)
 
-INGEST_SERVICE = "hypertrace.v1.Ingest"
-QUERY_SERVICE = "hypertrace.v1.Query"
-STREAM_METHOD = f"/{INGEST_SERVICE}/Stream"
+QUERY_SERVICE = pb.DESCRIPTOR.services_by_name["Query"].full_name
 
 
 class ServerError(RuntimeError):
@@ -149,6 +148,11 @@ def _ingest_handler(analyzer: Analyzer) -> grpc.GenericRpcHandler:
             except WireError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"window seq {w.seq} of agent {w.agent_id!r}: {exc}")
+            except Exception as exc:  # a validator bug must reject the window, not wedge the agent
+                log.exception("validating window %s/%d failed", w.agent_id, w.seq)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"window seq {w.seq} of agent {w.agent_id!r}: cannot be validated "
+                              f"({type(exc).__name__}: {exc})")
             try:
                 new = analyzer.ingest(w, raw)
             except StorageError as exc:
@@ -169,7 +173,7 @@ class ServerOptions:
     listen: str = "127.0.0.1:50051"
     flush_interval: float = 1.0          # seconds between background scoring passes; 0: only on query
     retention_hours: float | None = None  # None: keep everything
-    max_workers: int = 256               # each open Ingest stream holds one worker thread
+    max_workers: int = 4096              # each open Ingest stream holds one worker thread (>= nodes)
     grace_seconds: float = 2.0           # shutdown grace for in-flight calls
 
 

@@ -42,6 +42,28 @@ The model (all latencies per GPU, per window, per API):
   comparison is meaningful.
 * **Dropouts.** ``Dropout(node, start, stop)``: that agent sends no windows in ``[start, stop)``
   and comes back afterwards.
+* **Step times** (``ProcessWindow.step_time``, ns, same bucket scheme). What the what-if
+  prediction needs is each rank's own time to *reach* the step's collective, its work time
+  without the wait for the others: the cluster step is the max of these over ranks. Rank i's
+  steps in window w are lognormal around ``step_ms * c_i`` with shape ``step_sigma`` (per-step
+  noise: data loading, kernel timing), where ``c_i`` is the *same* per-window compute factor as in
+  the synchronize model above (injected compute slowdown x ``compute_jitter`` noise), so the rank
+  that arrives last at the collectives is also the one with the longest steps. Host-only
+  stragglers (``where="host"``) do not lengthen the step, as documented for them: their GPU
+  queue hides the slow launches, and the what-if correctly predicts no gain from evicting them.
+  Spikes enter where the simulator models them: the per-(window, GPU) second modes of
+  :func:`burst_matrices` (GC windows, cold reads, ``Burst``) make share ``frac`` of that window's
+  steps ``scale`` x longer, and ``step_tail_prob`` (0 by default; the heavy-tail scenario sets it)
+  replaces that share of steps by a Pareto draw (scale ``step_tail_scale`` x the median, shape
+  ``step_tail_alpha``). A synchronous job runs the same number of steps on every rank, so each
+  rank reports ``round(window_seconds / (step_ms * max_i c_i))`` steps per window (100 at the
+  defaults). ``step_ms = 0`` emits no step histogram. The step draws use their own seeded
+  stream, so the API histograms are the same with or without them.
+
+  Defaults: 100 ms steps, ``step_sigma`` 1.5%. The spread matters for the what-if: E[max over N
+  ranks] of healthy ranks sits about ``sigma * sqrt(2 ln N)`` above the median (about +6% at 2,048
+  ranks), so a 10% slower node raises the expected cluster step by the part of its 10% that sticks
+  out above that (and the 12.5%-wide buckets blur it), not by the full 10%.
 
 Histograms are sampled directly: the mixture's CDF is evaluated at the bucket edges of the wire
 scheme (vectorized over all GPUs) and one multinomial draw per GPU gives the counts. That is
@@ -166,6 +188,11 @@ class SimConfig:
     cold_prob: float = 0.3              # chance per window of a cold-read burst
     cold_frac: float = 0.04
     cold_scale: float = 5.0
+    step_ms: float = 100.0              # healthy step work time; 0: no step_time histograms
+    step_sigma: float = 0.015           # lognormal per-step noise of a rank's work time
+    step_tail_prob: float = 0.0         # share of steps replaced by a Pareto spike
+    step_tail_alpha: float = 1.5
+    step_tail_scale: float = 1.5        # Pareto scale as a multiple of the step median
 
     def __post_init__(self) -> None:
         if self.gpus <= 0 or self.gpus_per_node <= 0:
@@ -194,6 +221,9 @@ class SimConfig:
                 raise ValueError(f"burst/cold-read node {n!r} is not in the job")
         if any(not speed > 0 for _, speed in self.kinds):
             raise ValueError("every GPU kind speed must be > 0 (1.25 = 25% slower)")
+        if not (self.step_ms >= 0 and self.step_sigma > 0 and 0 <= self.step_tail_prob < 1):
+            raise ValueError("step_ms must be >= 0 (0: no step times), step_sigma > 0 and "
+                             "0 <= step_tail_prob < 1")
 
     @property
     def n_nodes(self) -> int:
@@ -304,6 +334,12 @@ def _mixture_bucket_probs(median_us: np.ndarray, m: ApiModel,
 
 def simulate_counts(cfg: SimConfig) -> dict[str, np.ndarray]:
     """Dense histograms per API: array (windows, gpus, NUM_BUCKETS) of uint64 counts."""
+    return _simulate(cfg)[0]
+
+
+def _simulate(cfg: SimConfig) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """API histograms and the per-(window, GPU) compute factor ``c`` of the synchronize model,
+    which the step times share (see :func:`simulate_step_counts`)."""
     rng = np.random.default_rng(cfg.seed)
     nodes_of_gpu = np.repeat(np.arange(cfg.n_nodes), cfg.gpus_per_node)
     node_off = np.exp(rng.normal(0.0, cfg.node_jitter, cfg.n_nodes))[nodes_of_gpu]
@@ -313,10 +349,12 @@ def simulate_counts(cfg: SimConfig) -> dict[str, np.ndarray]:
     bursts = burst_matrices(cfg)
     out = {m.api: np.zeros((cfg.windows, cfg.gpus, buckets.NUM_BUCKETS), np.uint64)
            for m in cfg.apis}
+    compute_all = np.empty((cfg.windows, cfg.gpus))
     for w in range(cfg.windows):
         win_off = np.exp(rng.normal(0.0, cfg.window_jitter, cfg.gpus))
         slowdown = node_off * gpu_off * win_off * injected[w]        # (gpus,) host side
         compute = injected_compute[w] * np.exp(rng.normal(0.0, cfg.compute_jitter, cfg.gpus))
+        compute_all[w] = compute
         for m in cfg.apis:
             if m.kind == "sync":
                 median = cfg.sync_base_us + cfg.compute_us * (compute.max() - compute)
@@ -326,6 +364,34 @@ def simulate_counts(cfg: SimConfig) -> dict[str, np.ndarray]:
                 median, m, None if bursts is None else (bursts[0][w], bursts[1][w]))
             n = rng.poisson(m.calls_per_second * cfg.window_seconds * cfg.duty, cfg.gpus)
             out[m.api][w] = rng.multinomial(n, probs).astype(np.uint64)
+    return out, compute_all
+
+
+def simulate_step_counts(cfg: SimConfig,
+                         compute: np.ndarray | None = None) -> np.ndarray | None:
+    """Step-time histograms (windows, gpus, NUM_BUCKETS) uint64, or None when ``step_ms`` is 0.
+
+    ``compute``: the (windows, gpus) compute factors of the synchronize model (computed when not
+    given). The model is in the module docstring; the draws come from their own stream
+    ``[seed, 11]``, so they do not move the API histograms.
+    """
+    if cfg.step_ms <= 0:
+        return None
+    if compute is None:
+        compute = _simulate(cfg)[1]
+    rng = np.random.default_rng([cfg.seed, 11])
+    model = ApiModel("step_time", "step", median_us=cfg.step_ms * 1e3, sigma=cfg.step_sigma,
+                     calls_per_second=0.0, tail_prob=cfg.step_tail_prob,
+                     tail_alpha=cfg.step_tail_alpha, tail_scale=cfg.step_tail_scale)
+    bursts = burst_matrices(cfg)
+    steps = np.maximum(1, np.rint(cfg.window_seconds * 1e3 /
+                                  (cfg.step_ms * compute.max(axis=1)))).astype(np.int64)
+    out = np.zeros((cfg.windows, cfg.gpus, buckets.NUM_BUCKETS), np.uint64)
+    for w in range(cfg.windows):                         # one vectorized draw per window
+        probs = _mixture_bucket_probs(
+            model.median_us * compute[w], model,
+            None if bursts is None else (bursts[0][w], bursts[1][w]))
+        out[w] = rng.multinomial(steps[w], probs).astype(np.uint64)
     return out
 
 
@@ -348,6 +414,14 @@ class _ApiArrays:
                    last=nb - 1 - occupied[..., ::-1].argmax(axis=-1),
                    sum_us=counts.astype(np.float64) @ buckets.MID_NS / 1e3)
 
+    def histogram(self, w: int, g: int) -> pb.Histogram:
+        """The (window, GPU) histogram alone, trimmed to its occupied buckets."""
+        if int(self.total[w, g]) == 0:
+            return pb.Histogram(scheme=buckets.SCHEME_ID)
+        lo, hi = int(self.first[w, g]), int(self.last[w, g])
+        return pb.Histogram(scheme=buckets.SCHEME_ID, first_bucket=lo,
+                            counts=self.counts[w, g, lo:hi + 1].tolist())
+
     def stats(self, api: str, w: int, g: int) -> pb.ApiStats:
         n = int(self.total[w, g])
         if n == 0:
@@ -357,8 +431,7 @@ class _ApiArrays:
         return pb.ApiStats(
             api=api, count=n, sum_us=float(self.sum_us[w, g]),
             min_us=float(buckets.LOWER_NS[lo] / 1e3), max_us=float(buckets.UPPER_NS[hi] / 1e3),
-            histogram=pb.Histogram(scheme=buckets.SCHEME_ID, first_bucket=lo,
-                                   counts=self.counts[w, g, lo:hi + 1].tolist()))
+            histogram=self.histogram(w, g))
 
 
 def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
@@ -368,7 +441,10 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
     contiguous per node, and all windows of one epoch share their start and end timestamps.
     Dropped-out agents (``cfg.dropouts``) send nothing in those windows.
     """
-    arrays = {api: _ApiArrays.of(c) for api, c in simulate_counts(cfg).items()}
+    counts, compute = _simulate(cfg)
+    arrays = {api: _ApiArrays.of(c) for api, c in counts.items()}
+    step_counts = simulate_step_counts(cfg, compute)
+    steps = None if step_counts is None else _ApiArrays.of(step_counts)
     win_ns = int(round(cfg.window_seconds * 1e9))
     t0 = cfg.first_start_ns
     overhead = pb.Overhead(estimated_fraction=0.004, duty=cfg.duty, probe_cost_ns=8_000.0,
@@ -392,6 +468,8 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
                     gpu_kind=kind_of_node(cfg, ni))
                 proc.overhead.CopyFrom(overhead)
                 proc.apis.extend(arrays[m.api].stats(m.api, w, g) for m in cfg.apis)
+                if steps is not None:
+                    proc.step_time.CopyFrom(steps.histogram(w, g))
             yield nw
 
 

@@ -34,6 +34,8 @@ def register(subparsers) -> None:
                         "(default HYPERTRACE_JOB,SLURM_JOB_ID,TORCHELASTIC_RUN_ID,"
                         "MASTER_ADDR:MASTER_PORT)")
     p.add_argument("--slices", type=int, help="probe-on slices per window (default 4)")
+    p.add_argument("--probe-cost-ns", type=float, metavar="NS",
+                   help="cost of one probed call in ns; 0 measures it at start (default 0)")
     p.add_argument("--min-samples", type=int, metavar="N",
                    help="floor on calls sampled per probe slice (default 1000)")
     p.add_argument("--scan-interval", type=float, metavar="SECONDS",

@@ -40,7 +40,7 @@ def register(subparsers) -> None:
     p.add_argument("--synchronous", choices=["FULL", "NORMAL"],
                    help="SQLite durability (default FULL: acked windows survive power loss)")
     p.add_argument("--max-workers", type=int,
-                   help="gRPC worker threads; each open agent stream holds one (default 256)")
+                   help="gRPC worker threads; each open agent stream holds one, so use at least the number of nodes (default 4096)")
     scoring = p.add_argument_group("scoring (see hypertrace.analyzer.config)")
     for f in _scoring_fields():
         flag = "--" + f.name.replace("_", "-")
@@ -64,6 +64,8 @@ def _load_toml(path: str) -> dict[str, Any]:
         raise ValueError(f"--config {path}: no such file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"--config {path}: not valid TOML ({exc})") from None
+    except OSError as exc:
+        raise ValueError(f"--config {path}: cannot read it ({exc.strerror})") from None
 
 
 def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -76,7 +78,7 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
                          f"{sorted(set(SERVER_KEYS) | set(scoring_names))}")
     server: dict[str, Any] = {"listen": "127.0.0.1:50051", "db": "hypertrace-analyzer.db",
                               "retention_hours": None, "flush_interval": 1.0,
-                              "synchronous": "FULL", "max_workers": 256}
+                              "synchronous": "FULL", "max_workers": 4096}
     scoring: dict[str, Any] = {}
     for key, value in file_values.items():
         if key in SERVER_KEYS:
@@ -91,7 +93,31 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
         v = getattr(args, key, None)
         if v is not None:
             scoring[key] = v
+    _check_server_settings(server)
     return server, scoring
+
+
+def _check_server_settings(server: dict[str, Any]) -> None:
+    """Types and ranges of the server settings (a TOML file can hold anything): a negative
+    retention would put the prune cutoff in the future and delete every acked window."""
+    for key, kind in SERVER_KEYS.items():
+        value = server[key]
+        if value is None:
+            continue
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            server[key] = value = float(value)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ValueError(f"{key} must be a {kind.__name__}, got {value!r}")
+    host, _, port = server["listen"].rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"listen must be HOST:PORT (e.g. 0.0.0.0:50051), got {server['listen']!r}")
+    if server["retention_hours"] is not None and not server["retention_hours"] > 0:
+        raise ValueError(f"retention_hours must be > 0 (omit it to keep everything), got "
+                         f"{server['retention_hours']}")
+    if not server["flush_interval"] >= 0:
+        raise ValueError(f"flush_interval must be >= 0 seconds, got {server['flush_interval']}")
+    if not server["max_workers"] >= 1:
+        raise ValueError(f"max_workers must be >= 1, got {server['max_workers']}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
 
     def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
-        stop.set()
+        # Event.set() takes a lock the interrupted main thread may hold inside stop.wait().
+        threading.Thread(target=stop.set, name="stop", daemon=True).start()
 
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -223,16 +223,20 @@ class UprobeSession:
                              "probe an arbitrary function")
         key, att = self._attachment(library_path)
         changed = False
-        for api in self.apis:
-            if api.library == kind and api.name not in att.probes:
-                changed |= self._attach_one(att, api.name, api.name, -1)
-        if att.probes:
-            self._attached[key] = att
-        else:
+        try:
+            for api in self.apis:
+                if api.library == kind and api.name not in att.probes:
+                    changed |= self._attach_one(att, api.name, api.name, -1)
+        finally:
+            # Record what did attach even when a later API failed: an attachment the session
+            # does not know about could never be detached, and would fire ungoverned forever.
+            if att.probes:
+                self._attached[key] = att
+            if changed:
+                self._bump_generation()
+        if not att.probes:
             log.warning("%s exports none of %s; nothing attached", library_path,
                         ", ".join(a.name for a in self.apis if a.library == kind))
-        if changed:
-            self._bump_generation()
         return [a.name for a in self.apis if a.name in att.probes]
 
     def attach_symbol(self, library_path: str, symbol: str, api: str | None = None,

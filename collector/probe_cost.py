@@ -13,6 +13,7 @@ median of a few repetitions damps scheduler noise on a busy node.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import statistics
@@ -22,7 +23,11 @@ from pathlib import Path
 
 from hypertrace.collector.ebpf import CALIBRATION_API, ProbeUnavailable, UprobeSession
 
+log = logging.getLogger(__name__)
+
 BENCH_SOURCE = Path(__file__).with_name("probe_cost_bench.c")
+#: The lowest believable cost of an entry+return uprobe pair (bare metal is about 0.3-3 µs).
+MIN_PROBE_COST_NS = 300.0
 NULL_SYMBOL = "hypertrace_null"
 
 
@@ -49,7 +54,7 @@ def bench_binary() -> Path:
     cc = next((shutil.which(c) for c in ("gcc", "cc", "clang") if shutil.which(c)), None)
     if cc is None:
         raise ProbeUnavailable("no C compiler to build the probe-cost calibration helper: "
-                               "apt-get install gcc, or give the agent --probe-cost-ns")
+                               "apt-get install gcc, or set the agent's probe_cost_ns (--probe-cost-ns) to a measured value")
     tmp = exe.with_suffix(".tmp")
     proc = subprocess.run([cc, "-O2", "-rdynamic", "-o", str(tmp), str(BENCH_SOURCE)],
                           capture_output=True, text=True)
@@ -93,4 +98,11 @@ def measure_probe_cost_ns(session: UprobeSession | None = None, calls: int = 200
     finally:
         if own:
             sess.close()
-    return max(0.0, (probed - base) / calls)
+    measured = (probed - base) / calls
+    if measured < MIN_PROBE_COST_NS:
+        # A noisy calibration (the unprobed run happened to be slower) must not read as "free":
+        # a zero cost would let the governor keep the probes attached all the time.
+        log.warning("probe cost measured %.0f ns/call, below the %.0f ns floor; using the floor",
+                    measured, MIN_PROBE_COST_NS)
+        return MIN_PROBE_COST_NS
+    return measured

@@ -86,7 +86,9 @@ class Agent:
         self.uplink = uplink
         self.nvml = nvml
         self.notifier = notifier or SdNotifier()
-        self.probe_cost_ns = probe_cost_ns
+        # An explicit cost (argument, or the config's probe_cost_ns) skips the calibration.
+        self.probe_cost_ns = probe_cost_ns if probe_cost_ns is not None else (
+            config.probe_cost_ns or None)
         self.governor: Any = None
         self.scanner = ProcessScanner(exclude_pids=[os.getpid()])
         self.records: dict[int, ProcessRecord] = {}
@@ -98,7 +100,6 @@ class Agent:
         self._want_attached = False
         self._on_since: float | None = None           # monotonic time the probes went live
         self.detach_s = MIN_SLICE_S                   # learned: how long a full detach takes
-        self.window_index = 0
         self._next_scan = 0.0
         self._next_ping = 0.0
         self._ping_every = watchdog_interval()
@@ -108,8 +109,13 @@ class Agent:
         self._stop.set()
 
     def install_signals(self) -> None:
+        # Event.set() takes a lock that the interrupted main thread may hold (inside
+        # Event.wait), so the handler hands the set() to a short-lived thread.
+        def on_signal(*_: object) -> None:
+            threading.Thread(target=self.request_stop, name="stop", daemon=True).start()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.request_stop())
+            signal.signal(sig, on_signal)
 
     # -- setup -----------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -355,6 +361,11 @@ class Agent:
         for pid in win.exited:                      # keep records only while samples may come
             if pid not in self.scanner.processes:
                 self.records.pop(pid, None)
+        # A process sampled but never seen by a scan (it lived between two scans) gets no exit
+        # event: drop its record once it is gone, or it would be reported forever.
+        for pid in [p for p in self.records
+                    if p not in self.scanner.processes and not os.path.exists(f"/proc/{p}")]:
+            del self.records[pid]
         return end_ns
 
     def _add_gpu_context(self, gpus: PidGpuMap | None) -> None:
@@ -411,7 +422,6 @@ class Agent:
                 start = max(win.end_ns, time.time_ns())
             if stopping:
                 break
-            self.window_index += 1
         self.notifier.stopping("flushed the last window")
         self._teardown()
         log.info("agent stopped after %d windows", self.windows_sent)

@@ -31,6 +31,8 @@ scan_interval       1.0                            seconds between /proc scans (
                                                    are probed within max(scan_interval,
                                                    window/slices))
 nvml                true                           read NVML context when a driver exists
+probe_cost_ns       0 (measure at start)           cost of one probed call (entry + return) in ns;
+                                                   0 measures it at start (needs a C compiler)
 min_samples         1000                           floor on samples per probe slice: a slice is
                                                    never shorter than what yields this many calls
                                                    of the busiest process at its measured rate
@@ -74,6 +76,7 @@ class AgentConfig:
     scan_interval: float = 1.0
     nvml: bool = True
     min_samples: int = 1000
+    probe_cost_ns: float = 0.0
 
     def resolved(self) -> "AgentConfig":
         """Fill the defaults that depend on the machine (node name, agent id)."""
@@ -136,6 +139,8 @@ def _check(cfg: AgentConfig) -> None:
         raise ConfigError(f"spool_max_mb must be > 0, got {cfg.spool_max_mb}")
     if not 1 <= cfg.slices <= 100:
         raise ConfigError(f"slices must be between 1 and 100, got {cfg.slices}")
+    if not 0 <= cfg.probe_cost_ns <= 1e9:
+        raise ConfigError(f"probe_cost_ns must be between 0 (measure) and 1e9, got {cfg.probe_cost_ns}")
     if not 0 <= cfg.min_samples <= 10_000_000:
         raise ConfigError(f"min_samples must be between 0 and 10000000, got {cfg.min_samples}")
     if not cfg.scan_interval > 0:

@@ -32,11 +32,10 @@ from typing import Iterator
 import grpc
 
 from hypertrace.proto import hypertrace_pb2 as pb
-from hypertrace.proto.wire import WireError, validate_window
+from hypertrace.proto.wire import STREAM_METHOD, WireError, validate_window
 
 log = logging.getLogger(__name__)
 
-STREAM_METHOD = "/hypertrace.v1.Ingest/Stream"
 _SUFFIX = ".pb"
 
 
@@ -73,6 +72,13 @@ class Spool:
         for f in self.dir.glob("*.tmp"):
             f.unlink(missing_ok=True)
         self._last_seq = max(self._read_last_seq(), max(self._sizes, default=0))
+        if self._last_seq == 0:
+            # A new (or wiped) spool: start from the wall clock in milliseconds, not from 1. The
+            # analyzer deduplicates on (agent id, seq), so an agent whose spool was lost (node
+            # reimaged, spool_dir moved) must not reuse seqs it sent before, or its new windows
+            # would be acked as duplicates and dropped. One window per second at most keeps
+            # such a counter below the next wall-clock seed.
+            self._last_seq = time.time_ns() // 1_000_000
 
     def _read_last_seq(self) -> int:
         try:

@@ -16,12 +16,20 @@ from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
 
 WIRE_VERSION = 1
+#: Full gRPC method names, for the raw-bytes stream calls (the server validates the bytes itself,
+#: so it can answer INVALID_ARGUMENT to a message that is not protobuf at all).
+INGEST_SERVICE = pb.DESCRIPTOR.services_by_name["Ingest"].full_name
+STREAM_METHOD = f"/{INGEST_SERVICE}/Stream"
 #: Hard limits that keep one window from exhausting the analyzer. A node has at most a few
 #: dozen GPUs; the caps are generous multiples of that.
 MAX_PROCESSES_PER_WINDOW = 1024
 MAX_APIS_PER_PROCESS = 64
 MAX_WINDOW_BYTES = 8 * 1024 * 1024
 MAX_ID_LEN = 256
+#: Window timestamps must fit int64 nanoseconds since 1970 (the analyzer's arithmetic): anything
+#: outside 1970..2255 is a broken clock or a corrupt message.
+MIN_TIMESTAMP_S = 0
+MAX_TIMESTAMP_S = 9_000_000_000
 
 
 class WireError(ValueError):
@@ -96,6 +104,11 @@ def validate_window(w: pb.NodeWindow, encoded_size: int | None = None) -> None:
             raise WireError(name, f"is longer than {MAX_ID_LEN} characters")
     if not w.HasField("start") or not w.HasField("end"):
         raise WireError("start" if not w.HasField("start") else "end", "is missing")
+    for name in ("start", "end"):
+        ts = getattr(w, name)
+        if not (MIN_TIMESTAMP_S <= ts.seconds <= MAX_TIMESTAMP_S and 0 <= ts.nanos < 1_000_000_000):
+            raise WireError(name, f"timestamp {ts.seconds}s+{ts.nanos}ns is outside 1970..2255; "
+                            "check the agent's clock")
     if w.end.ToNanoseconds() < w.start.ToNanoseconds():
         raise WireError("end", "is before start")
     if len(w.processes) > MAX_PROCESSES_PER_WINDOW:

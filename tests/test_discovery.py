@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import missing_prerequisite
+
 from hypertrace.collector.discovery import ProcessScanner, mapped_cuda_paths, read_stat
 
 LOADER = r"""
@@ -29,9 +31,7 @@ for line in sys.stdin:          # each further line is a library to dlopen now
 def libs(tmp_path_factory) -> dict[str, Path]:
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("no C compiler (gcc) to build the stand-in library; apt-get install gcc")
-        pytest.skip("no C compiler (gcc) to build the stand-in library")
+        missing_prerequisite("no C compiler (gcc) to build the stand-in library; apt-get install gcc")
     d = tmp_path_factory.mktemp("libs")
     src = d / "stub.c"
     src.write_text("int cudaLaunchKernel(void) { return 0; }\nint cuLaunchKernel(void) "

@@ -100,12 +100,17 @@ def test_governor_on_real_probes_holds_duty_near_budget_over_cost_times_rate(
     got = uprobe_session.read_and_clear()
     attached = time.monotonic() - t0
     hits = sum(s.probe_hits for (pid, _), s in got.items() if pid == w.pid)
+    # The probes count every call exactly, so hits / attached is the true firing rate while
+    # attached. A loaded machine may pace the worker slower than asked: only a loose sanity
+    # check against the nominal rate (no timing assertion), the governor math is exact.
+    true_rate = hits / attached
+    assert 0.3 * 2 * rate <= true_rate <= 1.5 * 2 * rate
     g = Governor(probe_cost_ns=probe_cost_ns, budget=0.005)
     duty = g.next_duty(hits, attached)
-    expected = min(1.0, 0.005 / (probe_cost_ns * 1e-9 * 2 * rate))
-    assert duty == pytest.approx(expected, rel=0.15)
-    assert g.estimated_overhead() == pytest.approx(min(0.005, probe_cost_ns * 1e-9 * 2 * rate),
-                                                   rel=0.15)
+    expected = min(1.0, 0.005 / (probe_cost_ns * 1e-9 * true_rate))
+    assert duty == pytest.approx(expected, rel=1e-9)
+    assert g.estimated_overhead() == pytest.approx(min(0.005, probe_cost_ns * 1e-9 * true_rate),
+                                                   rel=1e-9)
 
 
 def test_budget_account_keeps_long_run_overhead_under_budget_despite_expensive_slices():

@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import missing_prerequisite
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -15,7 +17,10 @@ def _load_generator():
 
 
 def test_generated_code_in_sync(tmp_path):
-    pytest.importorskip("grpc_tools", reason="grpcio-tools is a dev dependency (make test installs it)")
+    try:
+        import grpc_tools  # noqa: F401
+    except ImportError:
+        missing_prerequisite("grpcio-tools is not installed (a dev dependency: make test installs it)")
     gen = _load_generator()
     gen.generate(tmp_path)
     for name in gen.GENERATED:

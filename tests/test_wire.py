@@ -68,3 +68,11 @@ def test_jsonl_bad_line_names_line(tmp_path):
     path.write_text(wire.window_to_json(_window()) + "\n{\"nope\": 1}\n")
     with pytest.raises(wire.WireError, match=r"bad.jsonl:2"):
         list(wire.read_jsonl(path))
+
+
+def test_out_of_range_timestamp_names_field():
+    w = _window()
+    w.end.seconds = 10**13          # year ~318,000: ToNanoseconds() would overflow
+    with pytest.raises(wire.WireError) as err:
+        wire.validate_window(w)
+    assert err.value.field == "end"

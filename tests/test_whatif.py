@@ -1,0 +1,113 @@
+"""The what-if prediction on step times: evicting a slow node predicts a gain close to its slowdown.
+
+Simulated windows carry per-rank step-time histograms (each rank's own time to reach the step's
+collective), so E[max over ranks] of them is the expected cluster step. These tests run the real
+simulator and the real Engine, and read the report a user would read.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hypertrace.analyzer import scenarios
+from hypertrace.analyzer.config import ScoringConfig
+from hypertrace.analyzer.engine import Engine
+from hypertrace.analyzer.report_format import report_to_table
+from hypertrace.analyzer.simulate import SimConfig, Straggler, generate
+from hypertrace.cli.main import main
+from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.proto.wire import write_jsonl
+
+BASE = dict(gpus=256, gpus_per_node=8, windows=6, seed=5)
+
+
+def _report(cfg: SimConfig) -> pb.Report:
+    engine = Engine(ScoringConfig())
+    for w in generate(cfg):
+        engine.ingest(w)
+    engine.flush(None)
+    return engine.report(now_ns=0)
+
+
+@pytest.fixture(scope="module")
+def slow() -> pb.Report:
+    return _report(SimConfig(**BASE, stragglers=(Straggler("node-0013", 1.10),)))
+
+
+@pytest.fixture(scope="module")
+def clean() -> pb.Report:
+    return _report(SimConfig(**BASE))
+
+
+def test_simulated_windows_carry_step_times():
+    w = next(generate(SimConfig(gpus=8, gpus_per_node=8, windows=1, seed=1)))
+    h = w.processes[0].step_time
+    assert h.scheme == 1 and 50 <= sum(h.counts) <= 150          # ~100 steps of ~100 ms
+    assert SimConfig(gpus=8, windows=1).step_ms == 100.0
+    off = next(generate(SimConfig(gpus=8, gpus_per_node=8, windows=1, seed=1, step_ms=0)))
+    assert not off.processes[0].HasField("step_time")
+    # the step draws have their own stream: the API histograms do not move
+    assert list(off.processes[0].apis) == list(w.processes[0].apis)
+
+
+def test_evicting_a_10pct_slow_node_predicts_a_gain_close_to_10pct(slow):
+    job = slow.jobs[0]
+    assert [n.node for n in job.nodes if n.verdict == "straggler"] == ["node-0013"]
+    c = job.cluster
+    assert c.basis.startswith("step_time") and list(c.evicted_nodes) == ["node-0013"]
+    assert c.step_time_after_eviction_us < c.step_time_now_us
+    assert 0.05 < c.predicted_gain < 0.15
+    assert c.predicted_gain == pytest.approx(c.step_time_now_us / c.step_time_after_eviction_us
+                                             - 1.0)
+    assert 90_000 < c.step_time_after_eviction_us < 125_000          # ~100 ms steps
+
+
+def test_clean_job_predicts_no_gain(clean):
+    c = clean.jobs[0].cluster
+    assert c.basis.startswith("step_time") and not c.evicted_nodes
+    assert c.step_time_now_us == c.step_time_after_eviction_us and c.predicted_gain == 0.0
+    assert c.spike_probability == 0.0
+
+
+def test_launch_only_straggler_is_flagged_but_eviction_gains_nothing():
+    # a slow host whose GPU work is normal (deep queue) does not lengthen the step
+    cfg = SimConfig(**BASE, stragglers=(Straggler("node-0013", 1.10, where="host"),))
+    job = _report(cfg).jobs[0]
+    assert [n.node for n in job.nodes if n.verdict == "straggler"] == ["node-0013"]
+    assert abs(job.cluster.predicted_gain) < 0.01
+
+
+def test_spike_rates_come_from_steps_and_stragglers_are_not_spikes():
+    gc = _report(scenarios.get("gc-spikes").config(gpus=128, windows=8, seed=0)).jobs[0]
+    rates = sorted(g.spike_rate for n in gc.nodes for g in n.gpus)
+    assert 0.005 < rates[len(rates) // 2] < 0.03         # ~1 GC window in 4, 5% of its steps
+    assert 0.5 < gc.cluster.spike_probability < 1.0      # 1 - (1 - p)^128
+    assert "share of steps" in gc.cluster.basis
+    big = _report(SimConfig(gpus=128, gpus_per_node=8, windows=4, seed=2,
+                            stragglers=(Straggler("node-0003", 1.30),))).jobs[0]
+    assert max(g.spike_rate for n in big.nodes for g in n.gpus) == 0.0
+    assert big.cluster.spike_probability == 0.0 and big.cluster.predicted_gain > 0.15
+
+
+def test_table_shows_the_what_if_line(slow, clean):
+    line = next(x for x in report_to_table(slow).splitlines() if x.strip().startswith("cluster:"))
+    assert "expected step" in line and " ms now" in line
+    assert "ms after evicting node-0013 (predicted gain +" in line
+    line = next(x for x in report_to_table(clean).splitlines()
+                if x.strip().startswith("cluster:"))
+    assert "no straggler to evict" in line and "after evicting" not in line
+
+
+def test_predict_uses_step_times_of_simulated_windows(tmp_path, capsys):
+    path = tmp_path / "w.jsonl"
+    with open(path, "w") as fh:
+        write_jsonl(generate(scenarios.get("gc-spikes").config(gpus=16, windows=8, seed=1)), fh)
+    assert main(["predict", "--histogram", str(path), "--nodes", "1,64,512,2048",
+                 "--json"]) == 0
+    h = json.loads(capsys.readouterr().out)["histogram"]
+    assert h["basis"] == "step_time" and 90_000 < h["p50_us"] < 110_000
+    emax = [r["expected_max_us"] for r in h["predictions"]]
+    assert emax == sorted(emax) and emax[-1] > 2 * emax[0]   # GC spikes dominate large jobs
+    p = [r["p_cluster_spike"] for r in h["predictions"]]
+    assert p == sorted(p) and p[-1] > 0.9
