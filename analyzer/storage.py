@@ -36,6 +36,8 @@ from typing import Any, Iterable, Iterator
 from hypertrace.proto import hypertrace_pb2 as pb
 
 log = logging.getLogger(__name__)
+#: Windows read per query when replaying the store after a restart.
+REPLAY_PAGE = 2000
 
 SCHEMA_VERSION = 1
 
@@ -199,13 +201,22 @@ class Storage:
 
     def iter_windows(self, since_end_ns: int | None = None) -> Iterator[StoredWindow]:
         """Stored windows in (end time, agent, seq) order: the replay order after a restart."""
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT agent_id, seq, node, end_ns, payload FROM windows WHERE end_ns >= ? "
-                "ORDER BY end_ns, agent_id, seq",
-                (since_end_ns if since_end_ns is not None else -(2 ** 63),)).fetchall()
-        for r in rows:
-            yield StoredWindow(r[0], int(r[1]), r[2], int(r[3]), bytes(r[4]))
+        # In pages, not one fetchall(): a restart replays hours of windows (GBs at 16k GPUs),
+        # and holding every payload at once could exhaust memory. Keyset pagination keeps each
+        # query short, so the lock is never held across the caller's work.
+        last = (since_end_ns if since_end_ns is not None else -(2 ** 63), "", -1)
+        while True:
+            with self._lock:
+                rows = self._conn.execute(
+                    "SELECT agent_id, seq, node, end_ns, payload FROM windows "
+                    "WHERE (end_ns, agent_id, seq) > (?, ?, ?) "
+                    "ORDER BY end_ns, agent_id, seq LIMIT ?",
+                    (last[0], last[1], last[2], REPLAY_PAGE)).fetchall()
+            if not rows:
+                return
+            for r in rows:
+                yield StoredWindow(r[0], int(r[1]), r[2], int(r[3]), bytes(r[4]))
+            last = (int(rows[-1][3]), rows[-1][0], int(rows[-1][1]))
 
     def count_windows(self) -> int:
         with self._lock:

@@ -27,9 +27,9 @@ job_env             HYPERTRACE_JOB, SLURM_JOB_ID,  environment variables that na
                     MASTER_ADDR:MASTER_PORT
 slices              4                              probe-on slices per window (duty cycling
                                                    spread over the window)
-scan_interval       1.0                            seconds between /proc scans (new processes
-                                                   are probed within max(scan_interval,
-                                                   window/slices))
+scan_interval       1.0                            seconds between /proc scans (a new process
+                                                   is found within one scan and probed at the
+                                                   next slice the budget account allows)
 nvml                true                           read NVML context when a driver exists
 probe_cost_ns       0 (measure at start)           cost of one probed call (entry + return) in ns;
                                                    0 measures it at start (needs a C compiler)

@@ -43,6 +43,19 @@ def test_windows_survive_reopen_in_replay_order(tmp_path):
     st.close()
 
 
+def test_replay_pages_through_every_window_exactly_once(tmp_path, monkeypatch):
+    import hypertrace.analyzer.storage as storage_mod
+    monkeypatch.setattr(storage_mod, "REPLAY_PAGE", 3)   # 16 windows -> 6 pages
+    ws = list(generate(CFG))
+    st = Storage.open(tmp_path / "a.db")
+    for w in ws:
+        st.add_window(w)
+    back = [(b.agent_id, b.seq) for b in st.iter_windows()]
+    assert sorted(back) == sorted((w.agent_id, w.seq) for w in ws)
+    assert len(back) == len(set(back)) == len(ws)
+    st.close()
+
+
 def test_scores_and_verdicts_are_stored_and_replaced_not_duplicated(tmp_path):
     st = Storage.open(tmp_path / "a.db")
     engine = Engine(ScoringConfig())
