@@ -174,7 +174,7 @@ class ServerOptions:
     flush_interval: float = 1.0          # seconds between background scoring passes; 0: only on query
     retention_hours: float | None = None  # None: keep everything
     max_workers: int = 4096              # each open Ingest stream holds one worker thread (>= nodes)
-    grace_seconds: float = 2.0           # shutdown grace for in-flight calls
+    shutdown_grace_s: float = 2.0        # how long stop() lets in-flight calls finish
 
 
 class AnalyzerServer:
@@ -237,7 +237,7 @@ class AnalyzerServer:
         """Stop accepting, let in-flight calls finish (grace), score what is complete, stop."""
         self._health.enter_graceful_shutdown()
         self._stop.set()
-        self._server.stop(self.options.grace_seconds).wait()
+        self._server.stop(self.options.shutdown_grace_s).wait()
         if self._thread is not None:
             self._thread.join(timeout=10)
         try:

@@ -32,7 +32,7 @@ def start_server(db: Path, listen: str = "127.0.0.1:0", flush_interval: float = 
     analyzer = Analyzer(storage, ScoringConfig())
     analyzer.resume()
     server = AnalyzerServer(analyzer, ServerOptions(listen=listen, flush_interval=flush_interval,
-                                                    grace_seconds=0.5))
+                                                    shutdown_grace_s=0.5))
     port = server.start()
     return server, f"127.0.0.1:{port}"
 
