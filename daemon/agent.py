@@ -98,6 +98,7 @@ class Agent:
         self.windows_sent = 0
         self._stop = threading.Event()
         self._want_attached = False
+        self._new_process = False                     # a process appeared since the last slice
         self._on_since: float | None = None           # monotonic time the probes went live
         self.detach_s = MIN_SLICE_S                   # learned: how long a full detach takes
         self._next_scan = 0.0
@@ -238,6 +239,7 @@ class Agent:
                 proc.pid, self.cfg.node, self.cfg.job_env, gpus))
             self.records[proc.pid] = rec
             win.exited.discard(proc.pid)
+            self._new_process = True
             a = rec.attribution
             log.info("found pid %d (%s): job %s rank %d local rank %d gpu %d", proc.pid,
                      proc.comm, a.job_id, a.rank, a.local_rank, a.gpu_index)
@@ -295,8 +297,12 @@ class Agent:
         # The budget account decides whether this window probes at all (see Governor.earn):
         # a slice costs its length plus about half a detach of firing.
         planned_s = sum(length for _, length in schedule) + self.detach_s / 2 * len(schedule)
-        if not self.governor.can_afford(planned_s):
+        if not self.governor.can_afford(planned_s) and not self._new_process:
             schedule = []
+        # A process found since the last slice is probed in this window even when the account
+        # is short (it goes negative and later windows repay it): "probed within one window",
+        # at the price of one extra slice per process start, which is rare on a training node.
+        self._new_process = False
         for offset_s, length_s in schedule:
             on_at = win.start_ns + int(offset_s * 1e9)
             if time.time_ns() < on_at:

@@ -131,3 +131,21 @@ def test_backoff_grows_exponentially_with_jitter_and_is_capped():
         nominal = min(8.0, 2.0 ** n)
         assert 0.5 * nominal <= d <= nominal
     assert len(set(round(d, 6) for d in delays)) == len(delays)   # jittered, not lockstep
+
+
+def test_a_wiped_spool_never_reuses_seqs(tmp_path):
+    """The analyzer dedups on (agent id, seq): an agent whose spool was lost must not start
+    again at 1, or its new windows would be acked as duplicates and dropped."""
+    import shutil
+    import time as _time
+
+    from hypertrace.daemon.uplink import Spool
+    before_ms = _time.time_ns() // 1_000_000
+    spool = Spool(tmp_path / "spool", 1 << 20)
+    first = spool.last_seq + 1
+    assert first > before_ms
+    assert spool.put(first, b"x")
+    shutil.rmtree(tmp_path / "spool")                 # node reimaged, spool_dir moved...
+    _time.sleep(0.002)
+    again = Spool(tmp_path / "spool", 1 << 20)
+    assert again.last_seq + 1 > first
