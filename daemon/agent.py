@@ -60,6 +60,7 @@ SHUTDOWN_DRAIN_S = 5.0
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
+EXIT_CONFIG = 2
 
 
 @dataclass
@@ -397,8 +398,15 @@ class Agent:
     # -- main loop -------------------------------------------------------------------------
     def run(self) -> int:
         """Run until stopped; the exit status (0 after a clean stop)."""
+        from hypertrace.daemon.uplink import SpoolError
         try:
             self._setup()
+        except SpoolError as e:
+            # spool_dir is configuration: exit 2 so systemd does not restart into the same error
+            # (the unit has RestartPreventExitStatus=2).
+            log.error("agent cannot start: %s", e)
+            self._teardown()
+            return EXIT_CONFIG
         except Exception as e:
             log.error("agent cannot start: %s", e)
             self._teardown()
