@@ -268,11 +268,15 @@ class UprobeSession:
 
     def detach(self, library_path: str) -> None:
         """Remove this file's probes (no-op when not attached); the program stays loaded."""
+        path = os.path.abspath(library_path)
         try:
-            key = _file_key(os.path.abspath(library_path))
+            key = _file_key(path)
         except OSError:
-            key = next((k for k, a in self._attached.items()
-                        if a.path == os.path.abspath(library_path)), None)
+            key = None
+        if key not in self._attached:
+            # Deleted, or replaced in place (a pip upgrade gives the path a new inode): the
+            # probes sit on the old file, recorded under the path they were attached by.
+            key = next((k for k, a in self._attached.items() if a.path == path), None)
         att = self._attached.pop(key, None) if key else None
         if att is not None:
             self._detach_att(att)

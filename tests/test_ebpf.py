@@ -142,3 +142,18 @@ def test_library_without_the_symbols_gives_a_clear_answer(uprobe_session, fakecu
 def test_probe_cost_is_measured_and_plausible(probe_cost_ns):
     # Bare metal ~0.3-3 us, VMs ~5-11 us (brief); anything outside (0, 1 ms) is a broken measure.
     assert 0 < probe_cost_ns < 1_000_000
+
+
+def test_detach_finds_a_library_replaced_in_place(uprobe_session, fakecuda, tmp_path):
+    """A pip upgrade replaces the file under the same path (new inode): detaching by that path
+    must still remove the probes on the old file, or they would fire ungoverned forever."""
+    import os
+    import shutil
+    lib = tmp_path / "libcudart.so.13"
+    shutil.copy(fakecuda.cudart, lib)
+    assert uprobe_session.attach(str(lib))
+    fresh = tmp_path / "libcudart.so.13.new"
+    shutil.copy(fakecuda.cudart, fresh)
+    os.replace(fresh, lib)                           # same path, new inode
+    uprobe_session.detach(str(lib))
+    assert str(lib) not in uprobe_session.attached
