@@ -148,10 +148,9 @@ class ScoringConfig:
         return cls(**dict(values))
 
 
-def load_scoring_config(path: str | Path,
-                        overrides: Mapping[str, Any] | None = None) -> ScoringConfig:
-    """Read a TOML file: scoring keys at the top level or in a ``[scoring]`` table (so one
-    analyzer.toml can hold other sections too). ``overrides`` (CLI flags) win over the file."""
+def read_analyzer_toml(path: str | Path) -> dict[str, Any]:
+    """One analyzer TOML file as a flat dict: scoring keys may sit at the top level or in a
+    ``[scoring]`` table (so one analyzer.toml serves `analyzer` and `analyze` alike)."""
     try:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
@@ -159,8 +158,21 @@ def load_scoring_config(path: str | Path,
         raise ConfigError(f"{path}: no such file; pass an existing TOML file") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
-    table = data.get("scoring", data) if isinstance(data.get("scoring"), dict) else data
-    values = dict(table)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from exc
+    scoring = data.pop("scoring", None)
+    if isinstance(scoring, dict):
+        data.update(scoring)
+    elif scoring is not None:
+        raise ConfigError(f"{path}: 'scoring' must be a table ([scoring])")
+    return data
+
+
+def load_scoring_config(path: str | Path,
+                        overrides: Mapping[str, Any] | None = None) -> ScoringConfig:
+    """Read the scoring settings of a TOML file (see :func:`read_analyzer_toml`).
+    ``overrides`` (CLI flags) win over the file."""
+    values = read_analyzer_toml(path)
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
         return ScoringConfig.from_mapping(values)

@@ -52,26 +52,11 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _load_toml(path: str) -> dict[str, Any]:
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise ValueError(f"--config {path}: no such file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"--config {path}: not valid TOML ({exc})") from None
-    except OSError as exc:
-        raise ValueError(f"--config {path}: cannot read it ({exc.strerror})") from None
-
-
 def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """(server settings, scoring settings) from defaults < TOML < flags; ValueError on bad keys."""
     scoring_names = [f.name for f in _scoring_fields()]
-    file_values = _load_toml(args.config) if getattr(args, "config", None) else {}
+    from hypertrace.analyzer.config import read_analyzer_toml
+    file_values = read_analyzer_toml(args.config) if getattr(args, "config", None) else {}
     unknown = sorted(set(file_values) - set(SERVER_KEYS) - set(scoring_names))
     if unknown:
         raise ValueError(f"--config {args.config}: unknown key(s) {unknown}; known: "

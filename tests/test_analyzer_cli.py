@@ -22,3 +22,17 @@ def test_bad_toml_value_type_exits_2(tmp_path, capsys):
     cfg.write_text('retention_hours = "72"\n')
     assert main(["analyzer", "--db", str(tmp_path / "a.db"), "--config", str(cfg)]) == 2
     assert "retention_hours must be a float" in capsys.readouterr().err
+
+
+def test_one_toml_serves_analyzer_and_analyze(tmp_path, capsys):
+    """Scoring keys in a [scoring] table and server keys at the top level: both commands read it."""
+    from hypertrace.analyzer.config import load_scoring_config
+    from hypertrace.cli.analyzer import resolve_settings
+    from hypertrace.cli.main import build_parser
+    cfg = tmp_path / "analyzer.toml"
+    cfg.write_text('retention_hours = 24\n[scoring]\nz_threshold = 4.0\n')
+    args = build_parser().parse_args(["analyzer", "--config", str(cfg)])
+    server, scoring = resolve_settings(args)
+    assert server["retention_hours"] == 24.0 and scoring["z_threshold"] == 4.0
+    cfg.write_text('[scoring]\nz_threshold = 4.0\n')
+    assert load_scoring_config(cfg).z_threshold == 4.0
