@@ -411,9 +411,7 @@ class Agent:
             log.error("agent cannot start: %s", e)
             self._teardown()
             return EXIT_FAILURE
-        self._scan(WindowState(0, 0))
-        for lib in self.scanner.libraries.values():
-            log.info("found %s library %s", lib.kind, lib.path)
+        self._scan(WindowState(0, 0))                 # (logs each library it finds)
         self._next_scan = time.monotonic() + self.cfg.scan_interval
         self.notifier.ready(f"probing {len(self.scanner.processes)} processes")
         window_ns = int(self.cfg.window * 1e9)
