@@ -14,8 +14,14 @@ Why these rules together (see the brief's "Semantics that are easy to get wrong"
   flag on p99 every window; with it ~0.1%).
 * **Tukey fences** ``Q1 − k·IQR`` / ``Q3 + k·IQR``: a second, quantile-based opinion; a value must
   be beyond both the z cut and the fence.
-* **minimum effect**: |x/median − 1| >= ``min_effect``; statistical significance without practical
-  significance (0.5% on a tight distribution) is not a finding.
+* **minimum effect**: |x/median − 1| must reach ``min_effect`` *less a measurement allowance* of
+  ``effect_sigmas`` robust sigmas of the job's spread (σ = MAD/0.6745, relative to the median).
+  Statistical significance without practical significance (0.5% on a tight distribution) is not
+  a finding; but a node that truly is ``min_effect`` slow measures under ``min_effect`` in half of
+  its windows (node-to-node and window-to-window jitter), so a gate at exactly ``min_effect``
+  would catch only half of the nodes at the size the product promises to catch. The allowance
+  cannot push the effective gate below ``min_effect · z/(z + effect_sigmas)`` (3.9% by default):
+  a wide spread that would lower the gate raises the z cut by more (docs/design.md).
 * **minimum samples**: a GPU with fewer than ``min_samples`` calls of this API in the epoch is not
   scored for it (NaN value, never flagged).
 * **both tails**: ``high`` and ``low`` are returned separately; what each means depends on the
@@ -68,6 +74,7 @@ class StatScores:
     scored: np.ndarray         # (G,) bool: enough samples and part of a big-enough cross-section
     median_us: np.ndarray      # (S,)
     mad_us: np.ndarray         # (S,) effective MAD (after the floor)
+    effect_gate: np.ndarray    # (S,) relative deviation needed this epoch (min_effect - allowance)
     robust_z: np.ndarray       # (G, S)
     ratio: np.ndarray          # (G, S)
     high: np.ndarray           # (G, S) bool
@@ -92,6 +99,15 @@ def sampling_se_us(hists: Hists, values_us: np.ndarray, stats: tuple[str, ...]) 
     return np.where(finite, se, np.nan)
 
 
+def effect_gate(median_us: np.ndarray, mad_us: np.ndarray, cfg: ScoringConfig) -> np.ndarray:
+    """(S,) relative deviation a GPU needs this epoch: ``min_effect`` less ``effect_sigmas``
+    robust sigmas of the cross-section (see the module docstring), never below 0."""
+    med = np.abs(np.asarray(median_us, dtype=np.float64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sigma_rel = np.where(med > 0, np.asarray(mad_us) / (0.6745 * med), 0.0)
+    return np.maximum(cfg.min_effect - cfg.effect_sigmas * sigma_rel, 0.0)
+
+
 def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
                  stats: tuple[str, ...], se_us: np.ndarray | None = None) -> StatScores:
     """Score precomputed quantiles ``values_us`` (G, S) of G GPUs with ``count`` calls each;
@@ -106,7 +122,7 @@ def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
         empty = np.full((g, s), np.nan)
         no = np.zeros((g, s), dtype=bool)
         return StatScores(stats, np.where(ok[:, None], values_us, np.nan), np.asarray(count), ok,
-                          nan_s, nan_s, empty, empty.copy(), no, no.copy())
+                          nan_s, nan_s, nan_s, empty, empty.copy(), no, no.copy())
     x = np.ascontiguousarray(values_us[ok].T)                # (S, n): contiguous per stat
     q1, med, q3 = np.percentile(x, [25.0, 50.0, 75.0], axis=1)
     mad = np.median(np.abs(x - med[:, None]), axis=1)
@@ -117,10 +133,11 @@ def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
     with np.errstate(invalid="ignore", divide="ignore"):
         z = 0.6745 * (v - med) / scale
         ratio = v / np.where(med > 0, med, np.nan)
-    effect = np.abs(ratio - 1.0) >= cfg.min_effect
+    gate = effect_gate(med, mad_eff, cfg)
+    effect = np.abs(ratio - 1.0) >= gate
     high = (z > cfg.z_threshold) & (v > q3 + cfg.iqr_k * iqr) & effect
     low = (z < -cfg.z_threshold) & (v < q1 - cfg.iqr_k * iqr) & effect
-    return StatScores(stats, v, np.asarray(count), ok, med, mad_eff, z, ratio,
+    return StatScores(stats, v, np.asarray(count), ok, med, mad_eff, gate, z, ratio,
                       high & ok[:, None], low & ok[:, None])
 
 
