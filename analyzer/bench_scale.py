@@ -21,8 +21,11 @@ What runs:
    agent's read time). The analyzer scores an epoch ``grace_seconds`` after its end: to keep up it
    must ingest the whole burst within the grace, and score and store it before the next one.
 4. Windows travel on ``streams`` long-lived gRPC streams (over ``channels`` connections), each
-   carrying many nodes' windows: that keeps the generator cheap on a 2-core machine. Real agents
-   open one stream each; see docs/scaling.md for what that costs the server.
+   carrying many nodes' windows: that keeps the generator cheap on a 2-core machine. With
+   ``--agent-streams`` they travel as real agents send them instead: every simulated node has its
+   own connection and opens a new stream for each window, closing it ``IDLE_CLOSE_S`` (2 s, the
+   uplink's value) after the ack. The server then holds one worker thread per open stream, about
+   one per node around every window boundary (grpc.aio in the generator keeps its side cheap).
 5. After the paced run, a **blast**: two further epochs' windows sent as fast as the generator
    can, which measures the maximum ingest rate (each window fully stored and ingested).
 6. A **ramp** of larger jobs (fewer epochs each) until one does not keep up.
@@ -42,6 +45,7 @@ beyond the grace under one window length at p99, and under one core of CPU.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import queue
@@ -62,6 +66,7 @@ import numpy as np
 from hypertrace.analyzer.demo import stop_process
 from hypertrace.analyzer.machine import cpu_model
 from hypertrace.analyzer.simulate import SimConfig, Straggler, generate
+from hypertrace.daemon.uplink import IDLE_CLOSE_S
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import STREAM_METHOD, WIRE_VERSION
 
@@ -87,6 +92,8 @@ class ScaleConfig:
     spread_seconds: float = 2.0       # arrival spread of one epoch's windows after its end
     streams: int = 32
     channels: int = 4
+    agent_streams: bool = False       # one connection per node, one stream per window
+    idle_close_s: float = IDLE_CLOSE_S  # agent-streams: a stream closes this long after its ack
     pool_nodes: int = 2048            # distinct simulated node bodies (reused beyond)
     pool_windows: int = 3
     slow_factor: float = 1.30
@@ -172,6 +179,15 @@ def read_proc(pid: int) -> ProcSample:
     return ProcSample(cpu, rss, hwm)
 
 
+def server_workers(cfg: ScaleConfig) -> int:
+    """The analyzer's --max-workers for this load: one thread per stream that can be open at
+    once. Agents' streams outlive their window by ``idle_close_s``, so with windows shorter than
+    that a node holds more than one (docs/scaling.md: at least the nodes of the replica)."""
+    if cfg.agent_streams:
+        return cfg.nodes * (1 + math.ceil(cfg.idle_close_s / cfg.window_seconds)) + 64
+    return max(64, cfg.streams * cfg.channels + 16)
+
+
 def start_analyzer(cfg: ScaleConfig, workdir: Path,
                    timeout: float = 60.0) -> tuple[subprocess.Popen, str, Path]:
     """Start ``hypertrace analyzer`` on a free port; returns (process, target, db path).
@@ -187,7 +203,7 @@ def start_analyzer(cfg: ScaleConfig, workdir: Path,
                    "--grace-seconds", str(cfg.grace_seconds),
                    "--flush-interval", str(cfg.flush_interval),
                    "--synchronous", cfg.synchronous,
-                   "--max-workers", str(max(64, cfg.streams * cfg.channels + 16))],
+                   "--max-workers", str(server_workers(cfg))],
             stdout=log, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -291,10 +307,22 @@ class LoadGenerator:
     def acked(self) -> int:
         return sum(s.acks for s in self.streams)
 
+    @property
+    def duplicates(self) -> int:
+        return sum(s.duplicates for s in self.streams)
+
+    @property
+    def last_ack(self) -> float:
+        return max(s.last_ack for s in self.streams)
+
+    @property
+    def errors(self) -> list[str]:
+        return [s.error for s in self.streams if s.error]
+
     def wait_acked(self, n: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while self.acked < n:
-            if time.monotonic() > deadline or any(s.error for s in self.streams):
+            if time.monotonic() > deadline or self.errors:
                 return False
             time.sleep(0.01)
         return True
@@ -308,13 +336,93 @@ class LoadGenerator:
             ch.close()
 
 
+class AgentStreamsGenerator:
+    """Sends like real agents: one connection per node, a new stream per window, closed
+    ``idle_close`` seconds after its ack (daemon/uplink.py). Same interface as
+    :class:`LoadGenerator`. One asyncio loop (grpc.aio) in a background thread drives all of
+    them, so thousands of concurrent streams cost the generator no thread each."""
+
+    def __init__(self, target: str, idle_close: float):
+        import asyncio
+
+        self._asyncio = asyncio
+        self._target = target
+        self._idle_close = idle_close
+        self._channels: dict[int, object] = {}
+        self.sent = self.acked = self.duplicates = 0
+        self.last_ack = 0.0
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="agent-streams",
+                                        daemon=True)
+        self._thread.start()
+        self._pending: set = set()
+
+    def _channel(self, node: int):
+        from grpc import aio
+
+        ch = self._channels.get(node)
+        if ch is None:
+            ch = self._channels[node] = aio.insecure_channel(self._target)
+        return ch
+
+    async def _one(self, node: int, payload: bytes) -> None:
+        import grpc
+
+        call = self._channel(node).stream_stream(
+            STREAM_METHOD, request_serializer=None, response_deserializer=pb.Ack.FromString)()
+        try:
+            await call.write(payload)
+            ack = await call.read()
+            with self._lock:
+                self.acked += 1
+                self.duplicates += int(ack.duplicate)
+                self.last_ack = time.monotonic()
+            await self._asyncio.sleep(self._idle_close)
+            await call.done_writing()
+            await call
+        except grpc.RpcError as exc:
+            with self._lock:
+                self.errors.append(f"node {node}: {exc.code().name}: {exc.details()}")
+
+    def send(self, node: int, payload: bytes) -> None:
+        fut = self._asyncio.run_coroutine_threadsafe(self._one(node, payload), self._loop)
+        self._pending.add(fut)
+        fut.add_done_callback(self._pending.discard)
+        self.sent += 1
+
+    def wait_acked(self, n: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.acked < n:
+            if time.monotonic() > deadline or self.errors:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def close(self) -> None:
+        for fut in list(self._pending):
+            try:
+                fut.result(timeout=self._idle_close + 30)
+            except Exception as exc:          # noqa: BLE001 - recorded, the run reports it
+                self.errors.append(f"stream did not finish: {exc!r}")
+
+        async def _close_all() -> None:
+            for ch in self._channels.values():
+                await ch.close()
+
+        self._asyncio.run_coroutine_threadsafe(_close_all(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+
 def _sleep_until(t_ns: int) -> None:
     left = (t_ns - time.time_ns()) / 1e9
     if left > 0:
         time.sleep(left)
 
 
-def send_epoch(gen: LoadGenerator, pool: WindowPool, nodes: Sequence[int], delays_ns: np.ndarray,
+def send_epoch(gen: "LoadGenerator | AgentStreamsGenerator", pool: WindowPool, nodes: Sequence[int], delays_ns: np.ndarray,
                epoch: int, seq: int, win_ns: int, paced: bool) -> None:
     """Every node's window of ``epoch``; paced: node i at ``epoch end + delays_ns[i]``."""
     start, end = epoch * win_ns, (epoch + 1) * win_ns
@@ -336,9 +444,10 @@ def run_scale(cfg: ScaleConfig, workdir: Path, pool: WindowPool | None = None,
     delays = rng.uniform(0.0, cfg.spread_seconds * 1e9, cfg.nodes)
     order = [int(i) for i in np.argsort(delays, kind="stable")]
     proc, target, db = start_analyzer(cfg, workdir)
-    gen: LoadGenerator | None = None
+    gen: LoadGenerator | AgentStreamsGenerator | None = None
     try:
-        gen = LoadGenerator(target, cfg.streams, cfg.channels)
+        gen = (AgentStreamsGenerator(target, cfg.idle_close_s) if cfg.agent_streams
+               else LoadGenerator(target, cfg.streams, cfg.channels))
         # first epoch: the next one that ends at least half a window from now
         first = (time.time_ns() + win_ns // 2) // win_ns
         measured = range(first + cfg.warmup_epochs, first + cfg.warmup_epochs + cfg.epochs)
@@ -372,14 +481,14 @@ def run_scale(cfg: ScaleConfig, workdir: Path, pool: WindowPool | None = None,
                 send_epoch(gen, pool, order, delays, measured.stop + 1 + b, seq, win_ns,
                            paced=False)
             ok = gen.wait_acked(gen.sent, timeout=120)
-            last = max(s.last_ack for s in gen.streams)
+            last = gen.last_ack
             if ok and last > t_blast:
                 res.max_wps = (gen.acked - n0) / (last - t_blast)
         final = read_proc(proc.pid)
         res.rss_mb, res.peak_rss_mb = final.rss_kb / 1024, final.hwm_kb / 1024
         res.windows_sent, res.windows_acked = gen.sent, gen.acked
-        res.duplicate_acks = sum(s.duplicates for s in gen.streams)
-        res.stream_errors = [s.error for s in gen.streams if s.error]
+        res.duplicate_acks = gen.duplicates
+        res.stream_errors = list(gen.errors)
     finally:
         if gen is not None:
             gen.close()
@@ -488,7 +597,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="node counts tried after the main run, until one does not keep up "
                     "(empty: no ramp)")
     ap.add_argument("--ramp-epochs", type=int, default=4)
-    ap.add_argument("--streams", type=int, default=32)
+    ap.add_argument("--streams", type=int, default=32,
+                    help="shared long-lived streams carrying all nodes' windows (default 32)")
+    ap.add_argument("--agent-streams", action="store_true",
+                    help="send as real agents do: one connection per node, a new stream per "
+                    "window closed 2 s after its ack (the server holds a thread per open stream)")
     ap.add_argument("--spread", type=float, default=2.0,
                     help="seconds over which one epoch's windows arrive after its end")
     ap.add_argument("--synchronous", choices=["FULL", "NORMAL"], default="FULL")
@@ -500,11 +613,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         cfg = ScaleConfig(nodes=256, window_seconds=2.0, grace_seconds=1.0, flush_interval=0.25,
                           warmup_epochs=1, epochs=4, spread_seconds=0.5, pool_windows=2,
-                          streams=min(args.streams, 16), synchronous=args.synchronous)
+                          streams=min(args.streams, 16), synchronous=args.synchronous,
+                          agent_streams=args.agent_streams)
         ramp: list[int] = []
     else:
         cfg = ScaleConfig(nodes=args.nodes, epochs=args.epochs, streams=args.streams,
-                          spread_seconds=args.spread, synchronous=args.synchronous)
+                          spread_seconds=args.spread, synchronous=args.synchronous,
+                          agent_streams=args.agent_streams)
         ramp = [int(x) for x in args.ramp.split(",") if x.strip()]
     print(f"== machine: {machine_info()}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="hypertrace-scale-"))
@@ -516,7 +631,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{time.monotonic() - t:.1f} s", flush=True)
         print(f"== main run: {cfg.gpus:,} GPUs, {cfg.warmup_epochs} warm-up + {cfg.epochs} "
               f"measured epochs of {cfg.window_seconds:g} s, SQLite synchronous="
-              f"{cfg.synchronous}", flush=True)
+              f"{cfg.synchronous}; transport: "
+              + ("one connection and one stream per agent (--agent-streams)"
+                 if cfg.agent_streams else f"{cfg.streams} shared streams"), flush=True)
         (tmp / "main").mkdir()
         main_res = run_scale(cfg, tmp / "main", pool)
         results.append(main_res)

@@ -37,6 +37,9 @@ from hypertrace.proto.wire import STREAM_METHOD, WireError, validate_window
 log = logging.getLogger(__name__)
 
 _SUFFIX = ".pb"
+#: Seconds a stream stays open with nothing to send (see the module docstring); bench-scale's
+#: one-stream-per-agent load uses the same value.
+IDLE_CLOSE_S = 2.0
 
 
 class SpoolError(RuntimeError):
@@ -171,7 +174,7 @@ class Uplink:
 
     def __init__(self, spool: Spool, target: str | None = None, *,
                  channel: grpc.Channel | None = None, backoff: Backoff = Backoff(),
-                 idle_close: float = 2.0, seed: int | None = None):
+                 idle_close: float = IDLE_CLOSE_S, seed: int | None = None):
         if channel is None and not target:
             raise ValueError("Uplink needs an analyzer target HOST:PORT or a channel")
         self.spool = spool

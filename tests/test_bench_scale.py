@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from hypertrace.analyzer.bench_scale import (ScaleConfig, read_proc, run_scale, table_row,
-                                             SLOW_NODE)
+from hypertrace.analyzer.bench_scale import (SLOW_NODE, ScaleConfig, read_proc, run_scale,
+                                             server_workers, table_row)
 
 
 def test_read_proc_reports_cpu_and_memory_of_a_process():
@@ -42,3 +42,19 @@ def test_64_agents_every_window_exactly_once_and_verdicts(tmp_path):
     assert r.cpu_cores > 0 and r.peak_rss_mb > 0      # measured from /proc of the subprocess
     assert r.window_payload_bytes > 0 and r.db_bytes_per_hour > 0
     assert table_row(r).startswith("| 512 | 64 |")
+
+
+def test_agent_streams_one_connection_and_stream_per_agent_exactly_once(tmp_path):
+    # As real agents send: each node its own connection, a new stream per window, closed a
+    # little after its ack (0.3 s here instead of the uplink's 2 s, to keep the test short).
+    cfg = ScaleConfig(nodes=32, window_seconds=1.0, grace_seconds=0.6, flush_interval=0.1,
+                      warmup_epochs=1, epochs=2, spread_seconds=0.1, agent_streams=True,
+                      idle_close_s=0.3, pool_windows=2, blast_epochs=1)
+    assert server_workers(cfg) >= 2 * cfg.nodes        # a thread for every stream open at once
+    r = run_scale(cfg, tmp_path, progress=lambda *_: None)
+    assert not r.stream_errors
+    assert r.windows_sent == 32 * (1 + 2 + 1)
+    assert r.windows_acked == r.windows_sent == r.windows_stored
+    assert r.exactly_once
+    assert r.verdict_rows_per_epoch == 256
+    assert r.stragglers == [SLOW_NODE]
