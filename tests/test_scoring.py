@@ -10,7 +10,8 @@ import pytest
 from hypertrace.analyzer.config import ConfigError, ScoringConfig, load_scoring_config
 from hypertrace.analyzer.cross_section import Hists
 from hypertrace.analyzer.engine import Engine
-from hypertrace.analyzer.scoring import implicates, sampling_se_us, score_values
+from hypertrace.analyzer.scoring import (effect_gate, implicates, sampling_se_us,
+                                         score_values)
 from hypertrace.analyzer.synthetic import job_windows
 from hypertrace.proto import buckets, wire
 from hypertrace.proto import hypertrace_pb2 as pb
@@ -58,6 +59,36 @@ def test_minimum_effect_size_blocks_tiny_but_significant_deviations():
     assert not sc.high.any()
     loose = ScoringConfig(min_effect=0.03)
     assert _score(tight, loose).high[-1, 0]
+
+
+def test_effect_gate_allows_one_robust_sigma_of_measurement_noise_below_min_effect():
+    # sigma = MAD / 0.6745 = 1% of the median: the gate is 5% - 1 x 1% = 4%
+    gate = effect_gate(np.array([10.0]), np.array([0.6745 * 0.1]), CFG)
+    assert gate[0] == pytest.approx(0.04)
+    assert effect_gate(np.array([10.0]), np.array([0.6745 * 0.1]),
+                       ScoringConfig(effect_sigmas=0.0))[0] == pytest.approx(0.05)
+    # never negative, whatever the spread
+    assert effect_gate(np.array([10.0]), np.array([5.0]), CFG)[0] == 0.0
+
+
+def test_a_node_measured_just_under_min_effect_is_still_flagged_by_default():
+    # A truly 5%-slow node measures 4.5% in a window (its jitter): on a tight cross-section the
+    # MAD floor gives sigma 0.74%, so the default gate is 4.26% and the GPU is flagged; the plain
+    # min_effect gate (effect_sigmas = 0) would miss it.
+    rng = np.random.default_rng(1)
+    vals = list(10.0 + rng.normal(0, 0.001, 99)) + [10.45]
+    assert _score(vals).high[-1, 0]
+    assert not _score(vals, ScoringConfig(effect_sigmas=0.0)).high[-1, 0]
+
+
+def test_a_wide_spread_cannot_lower_the_effective_gate_below_the_z_cut():
+    # sigma 1.2%: the effect gate drops to 3.8%, but z = 3.5 then needs 4.2%; a GPU 3.9% off is
+    # not flagged. The effective gate never falls below min_effect * z / (z + effect_sigmas).
+    rng = np.random.default_rng(2)
+    vals = list(10.0 * np.exp(rng.normal(0, 0.012, 4000))) + [10.0 * 1.039]
+    sc = _score(vals)
+    assert sc.effect_gate[0] < 0.039
+    assert not sc.high[-1, 0]
 
 
 def test_tukey_fence_vetoes_values_inside_a_wide_interquartile_range():
@@ -160,6 +191,8 @@ def test_insufficient_samples_give_insufficient_data():
 def test_config_validation_and_toml(tmp_path):
     with pytest.raises(ConfigError, match="persist_k"):
         ScoringConfig(persist_k=6, persist_n=5)
+    with pytest.raises(ConfigError, match="effect_sigmas"):
+        ScoringConfig(effect_sigmas=-1.0)
     with pytest.raises(ConfigError, match="unknown scoring setting"):
         ScoringConfig.from_mapping({"z_treshold": 3})
     f = tmp_path / "a.toml"
