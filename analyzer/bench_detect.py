@@ -238,34 +238,42 @@ def run_plan(plan: tuple[SizePlan, ...], names: list[str], seeds: tuple[int, ...
 #: Candidates searched by --tune (on TRAIN_SEEDS only); the first is the shipped default.
 TUNE_GRID: tuple[dict, ...] = ({}, {"effect_sigmas": 0.0}, {"effect_sigmas": 0.5},
                                {"effect_sigmas": 2.0}, {"effect_sigmas": 0.0, "min_effect": 0.04})
-#: What --tune looks at: the clean scenarios (false positives) and the small launch-only shifts,
-#: the only place where the effect gate binds (host-N scenarios are caught by synchronize waits).
-TUNE_SCENARIOS = ("clean", "heavy-tail", "gc-spikes", "cold-read", "launch-3", "launch-5")
-TUNE_PLAN = (SizePlan(64, 16, 8), SizePlan(512, 16, 3), SizePlan(2048, 16, 1),
-             SizePlan(16384, 8, 1))
+#: What --tune looks at: the clean scenarios (false positives) on TUNE_CLEAN_PLAN, up to a
+#: 16,384-GPU job, and the small launch-only shifts (the only place where the effect gate binds:
+#: host-N scenarios are caught by synchronize waits) on TUNE_RECALL_PLAN, 70 runs each.
+TUNE_CLEAN = ("clean", "heavy-tail", "gc-spikes", "cold-read")
+TUNE_RECALL = ("launch-5", "launch-3")
+TUNE_CLEAN_PLAN = (SizePlan(64, 16, 8), SizePlan(512, 16, 3), SizePlan(2048, 16, 1),
+                   SizePlan(16384, 8, 1))
+TUNE_RECALL_PLAN = (SizePlan(64, 16, 50), SizePlan(512, 16, 20))
 
 
-def tune(plan: tuple[SizePlan, ...], workers: int) -> list[tuple[dict, str]]:
-    """Score each TUNE_GRID candidate on the training seeds (``plan``, hypertrace only).
+def tune(workers: int) -> list[tuple[dict, str]]:
+    """Score each TUNE_GRID candidate on the training seeds (hypertrace only).
 
-    The rule that picked the default: no false straggler on the clean scenarios, launch-5
-    recall within 12 windows >= 0.95, and among those the *least* allowance below min_effect
-    (the gate closest to the promised 5%), because every point of allowance spends headroom
-    against false convictions on fleets noisier than the simulator."""
-    names = list(TUNE_SCENARIOS)
+    The rule that picked the default: no false straggler on the clean scenarios; launch-5
+    recall 1.0 within 12 windows over the 70 training runs (the held-out table has 19 launch-5
+    runs, so a single miss there already fails the 0.95 bar: training must show none); and among
+    those the *least* allowance below min_effect, the gate closest to the promised 5%, because
+    every point of allowance spends headroom against false convictions on fleets noisier than
+    the simulator."""
     out = []
     for cand in TUNE_GRID:
         cfg = replace(ScoringConfig(), **cand)
-        groups = run_plan(plan, names, TRAIN_SEEDS, cfg, workers, methods=("hypertrace",))
-        fp = sum(summarize(rs, "hypertrace").false_nodes for rs in groups.values())
-        nw = sum(summarize(rs, "hypertrace").node_windows for (n, _), rs in groups.items()
-                 if scenarios.get(n).group == "clean")
-        r5 = summarize([r for (n, _), rs in groups.items() if n == "launch-5" for r in rs],
-                       "hypertrace").recall_within_12
-        r3 = summarize([r for (n, _), rs in groups.items() if n == "launch-3" for r in rs],
-                       "hypertrace").recall_within_12
-        out.append((cand, f"false nodes {fp} (clean node-windows {nw:,}), "
-                          f"launch-5 R@12 {_f(r5)}, launch-3 R@12 {_f(r3)}"))
+        clean = run_plan(TUNE_CLEAN_PLAN, list(TUNE_CLEAN), TRAIN_SEEDS, cfg, workers,
+                         methods=("hypertrace",))
+        recall = run_plan(TUNE_RECALL_PLAN, list(TUNE_RECALL), TRAIN_SEEDS, cfg, workers,
+                          methods=("hypertrace",))
+        fp = sum(summarize(rs, "hypertrace").false_nodes
+                 for rs in [*clean.values(), *recall.values()])
+        nw = sum(summarize(rs, "hypertrace").node_windows for rs in clean.values())
+        text = [f"false nodes {fp} (clean node-windows {nw:,})"]
+        for name in TUNE_RECALL:
+            s = summarize([r for (n, _), rs in recall.items() if n == name for r in rs],
+                          "hypertrace")
+            text.append(f"{name} R@12 {_f(s.recall_within_12)} ({s.runs} runs, p95 "
+                        f"{_f(s.lat(95), '{:g}')} windows)")
+        out.append((cand, ", ".join(text)))
     return out
 
 
@@ -302,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     t0 = time.monotonic()
     if args.tune:
-        for cand, text in tune(TUNE_PLAN, args.workers):
+        for cand, text in tune(args.workers):
             print(f"{cand or 'defaults'}: {text}")
         print(f"tuning took {time.monotonic() - t0:.0f} s")
         return 0
