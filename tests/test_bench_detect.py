@@ -35,3 +35,17 @@ def test_bad_arguments_are_clear(capsys):
     assert "unknown scenario" in capsys.readouterr().err
     assert bd.main(["--quick", "--sizes", "99"]) == 2
     assert "matches no size" in capsys.readouterr().err
+
+
+def test_depth_runs_are_pooled_without_counting_a_seed_twice():
+    def run(gpus, seed, found):
+        return bd.RunResult("launch-5", gpus, seed, windows=16, nodes=gpus // 8,
+                            window_seconds=10.0, truth={"node-0001": 0},
+                            first_flag={m: ({"node-0001": 2} if found else {})
+                                        for m in bd.METHODS})
+    table = {("launch-5", 64): [run(64, 1000, True)], ("launch-5", 2048): [run(2048, 1000, True)]}
+    deep = {("launch-5", 64): [run(64, 1000, True), run(64, 1001, False)]}
+    checks = {text: (ok, figs) for text, ok, figs in bd.acceptance(table, deep)}
+    ok, figs = checks["launch-5: recall >= 0.95 within 12 windows, with the depth runs"]
+    assert not ok and "over 3 runs" in figs and "R@12 0.667" in figs    # 64/1000 once, + 2048
+    assert checks["launch-5: recall >= 0.95 within 12 windows"][0]      # the table alone passes
