@@ -258,8 +258,8 @@ def run_plan(plan: tuple[SizePlan, ...], names: list[str], seeds: tuple[int, ...
 
 
 #: Candidates searched by --tune (on TRAIN_SEEDS only); the first is the shipped default.
-TUNE_GRID: tuple[dict, ...] = ({}, {"effect_sigmas": 0.0}, {"effect_sigmas": 0.5},
-                               {"effect_sigmas": 2.0}, {"effect_sigmas": 0.0, "min_effect": 0.04})
+TUNE_GRID: tuple[dict, ...] = ({}, {"host_effect_sigmas": 0.0}, {"host_effect_sigmas": 1.0},
+                               {"host_effect_sigmas": 3.0})
 #: What --tune looks at: the clean scenarios (false positives) on TUNE_CLEAN_PLAN, up to a
 #: 16,384-GPU job, and the small launch-only shifts (the only place where the effect gate binds:
 #: host-N scenarios are caught by synchronize waits) on DEPTH_PLAN.

@@ -17,14 +17,17 @@ Defaults and why:
 * ``min_effect`` 0.05: the smallest slowdown worth flagging, as a relative deviation from the
   job median (5%). A very tight distribution gives a huge z for a 0.5% difference that nobody
   cares about.
-* ``effect_sigmas`` 1.0: how far (in robust sigmas of the job's spread, σ = MAD/0.6745) a
-  window's measured deviation may fall short of ``min_effect`` and still count. Why: a node that
-  is truly 5% slow measures under 5% in about half of its windows (its own host jitter, window
-  noise), so a gate at exactly ``min_effect`` misses half the nodes of the size the product
-  promises to catch. With the MAD floor (σ >= 0.74%) the default gate is at most 4.26%, and never
-  below ``min_effect · z_threshold / (z_threshold + effect_sigmas)`` = 3.9% (where the spread
-  is wide enough to lower it, the z cut is higher). Chosen on the training seeds of
-  ``make bench-detect`` (``--tune``); 0 keeps the plain ``min_effect`` gate.
+* ``host_effect_sigmas`` 2.0: hosts are scored too, by the median of their GPUs (a slow host
+  slows all of them). A host's measured deviation may fall short of ``min_effect`` by this many
+  robust sigmas of the hosts' spread (σ = MAD/0.6745 of the host medians) and still count. Why:
+  a host that truly is 5% slow measures under 5% in about half of the cases (its own
+  host-to-host jitter), so a gate at exactly ``min_effect`` misses half the hosts of the size
+  the product promises to catch. GPUs keep the plain ``min_effect`` gate: one GPU's value carries
+  window and GPU noise the host median averages out, and the same allowance on single GPUs
+  convicts healthy GPUs of a 16,384-GPU job (measured). Chosen on the training seeds of
+  ``make bench-detect`` (``--tune``); 0 gives hosts the plain gate.
+* ``host_min_gpus`` 4: a host is scored only with at least this many scored GPUs (a median of one
+  or two GPUs is a GPU value).
 * ``mad_floor`` 0.005: the MAD used in the z score is at least 0.5% of the median (and never 0).
   Identical values (MAD = 0, common with quantized histograms) then score z = 0, a value 10% off
   scores z = 13.5; nothing divides by zero and one odd GPU does not make the rest flag. (A floor
@@ -87,7 +90,8 @@ class ScoringConfig:
     z_threshold: float = 3.5
     iqr_k: float = 1.5
     min_effect: float = 0.05
-    effect_sigmas: float = 1.0
+    host_effect_sigmas: float = 2.0
+    host_min_gpus: int = 4
     mad_floor: float = 0.005
     min_samples: int = 50
     min_gpus: int = 4
@@ -111,8 +115,9 @@ class ScoringConfig:
         need(self.z_threshold > 0, "z_threshold", "must be > 0 (3.5 is the usual robust cut)")
         need(self.iqr_k >= 0, "iqr_k", "must be >= 0 (1.5 is Tukey's fence)")
         need(0 <= self.min_effect < 1, "min_effect", "must be in [0, 1), e.g. 0.05 for 5%")
-        need(0 <= self.effect_sigmas <= 10, "effect_sigmas",
-             "must be between 0 and 10 robust sigmas (1.0 default, 0 = plain min_effect gate)")
+        need(0 <= self.host_effect_sigmas <= 10, "host_effect_sigmas",
+             "must be between 0 and 10 robust sigmas (0 = the plain min_effect gate)")
+        need(self.host_min_gpus >= 2, "host_min_gpus", "must be >= 2: one GPU is not a host")
         need(0 < self.mad_floor < 1, "mad_floor", "must be in (0, 1), e.g. 0.01")
         need(self.min_samples >= 1, "min_samples", "must be >= 1")
         need(self.min_gpus >= 3, "min_gpus", "must be >= 3: a median of two says nothing")

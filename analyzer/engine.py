@@ -15,8 +15,9 @@ Life of a window:
    (``late_windows``, ``ListJobs`` windows) but never re-scored, because re-scoring would rewrite
    verdicts that may already have triggered an eviction.
 3. Scoring, per job and per GPU kind: quantiles of every API (vectorized), robust z / IQR /
-   effect / sample rules (:mod:`~hypertrace.analyzer.scoring`), the tail that implicates the GPU
-   per API kind, then persistence (:mod:`~hypertrace.analyzer.persistence`). Spike rates and the
+   effect / sample rules (:mod:`~hypertrace.analyzer.scoring`) on every GPU and on every host's
+   median GPU (a host flag flags the host's GPUs), the tail that implicates the GPU per API
+   kind, then persistence (:mod:`~hypertrace.analyzer.persistence`). Spike rates and the
    histograms for the what-if prediction accumulate per GPU.
 4. :meth:`Engine.report` builds a ``hypertrace.v1.Report``: node and GPU verdicts, findings with
    their meaning, probable cause (NVML evidence where the agent sent it), and the cluster
@@ -37,7 +38,8 @@ from hypertrace.analyzer.cross_section import (CrossSection, EpochAccumulator, G
                                               OrderKey, gpu_label)
 from hypertrace.analyzer.persistence import (STRAGGLER, SUSPECT, VERDICT_NAMES,
                                              PersistenceState)
-from hypertrace.analyzer.scoring import implicates, sampling_se_us, score_values
+from hypertrace.analyzer.scoring import (HostLayout, StatScores, implicates, sampling_se_us,
+                                         score_hosts, score_values)
 from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
 
@@ -71,6 +73,7 @@ class ScoreRow:
     flagged: bool
     direction: str                 # "high" | "low"
     implicates: bool = False       # this tail makes the GPU suspect (launch high, sync low)
+    basis: str = "gpu"             # "gpu": this GPU's value; "host": its host's median GPU
 
 
 @dataclass
@@ -94,6 +97,8 @@ class _Job:
     kinds: list[str] = field(default_factory=list)
     kind_codes: list[int] = field(default_factory=list)
     kind_names: dict[str, int] = field(default_factory=dict)
+    host_codes: list[int] = field(default_factory=list)
+    host_names: dict[str, int] = field(default_factory=dict)
     nvml: list[pb.NvmlContext | None] = field(default_factory=list)
     order: list[OrderKey | None] = field(default_factory=list)
     persistence: PersistenceState = field(default_factory=PersistenceState)
@@ -116,6 +121,7 @@ class _Job:
     last_window_ns: int = 0
     _keys_cache: tuple[np.ndarray, list[GpuKey]] | None = None
     _verdict_cache: tuple[list[GpuKey], np.ndarray, dict[GpuKey, str]] | None = None
+    _layout_cache: tuple[np.ndarray, list[HostLayout]] | None = None
 
     def register(self, node: str, p: pb.ProcessWindow, order: OrderKey) -> int:
         """Row of this process's GPU (new GPUs get the next row); the latest window by its own
@@ -128,6 +134,7 @@ class _Job:
             self.ranks.append(p.rank)
             self.kinds.append(p.gpu_kind)
             self.kind_codes.append(self.kind_names.setdefault(p.gpu_kind, len(self.kind_names)))
+            self.host_codes.append(self.host_names.setdefault(node, len(self.host_names)))
             self.nvml.append(p.nvml if p.HasField("nvml") else None)
             self.order.append(order)
             self.seen_nodes.add(node)
@@ -184,12 +191,52 @@ class _Job:
         self._verdict_cache = (keys, codes.copy(), out.copy())
         return out
 
+    def host_layouts(self, rows: np.ndarray, groups: list[np.ndarray]) -> list[HostLayout]:
+        """The host grid of each kind group's GPUs; cached while the job's GPUs do not change."""
+        cached = self._layout_cache
+        if cached is not None and np.array_equal(cached[0], rows):
+            return cached[1]
+        codes = np.asarray(self.host_codes, dtype=np.int64)[rows]
+        layouts = [HostLayout.of(codes[sel]) for sel in groups]
+        self._layout_cache = (rows.copy(), layouts)
+        return layouts
+
     def kind_groups(self, rows: np.ndarray) -> list[np.ndarray]:
         """Local indices of ``rows`` per GPU kind (GPUs are compared only within a kind)."""
         if len(self.kind_names) <= 1:
             return [np.arange(rows.size)]
         codes = np.asarray(self.kind_codes, dtype=np.int64)[rows]
         return [np.flatnonzero(codes == k) for k in np.unique(codes)]
+
+
+@dataclass
+class _Cells:
+    """One API's scores laid out per GPU of the cross-section, (G, S) each: either the GPUs' own
+    scores or, for host scores, each GPU's host's (so host flags map onto that host's GPUs)."""
+
+    value: np.ndarray
+    med: np.ndarray
+    z: np.ndarray
+    ratio: np.ndarray
+    high: np.ndarray
+    low: np.ndarray
+
+    @classmethod
+    def empty(cls, g: int, s: int) -> "_Cells":
+        nan = np.full((g, s), np.nan)
+        return cls(nan, nan.copy(), nan.copy(), nan.copy(), np.zeros((g, s), bool),
+                   np.zeros((g, s), bool))
+
+    def put(self, sel: np.ndarray, sc: StatScores, index: np.ndarray,
+            scored: np.ndarray) -> None:
+        """Cells ``sel`` take row ``index[i]`` of ``sc``; only GPUs that were ``scored``
+        themselves can be flagged (a host flag never lands on a GPU without data)."""
+        self.value[sel] = sc.value_us[index]
+        self.med[sel] = sc.median_us
+        self.z[sel] = sc.robust_z[index]
+        self.ratio[sel] = sc.ratio[index]
+        self.high[sel] = sc.high[index] & scored[:, None]
+        self.low[sel] = sc.low[index] & scored[:, None]
 
 
 class Engine:
@@ -269,39 +316,41 @@ class Engine:
         found: list[ScoreRow] = []
         verdict_cols = np.asarray(cfg.verdict_mask(), dtype=bool)
         quantiles: dict[str, np.ndarray] = {}
+        layouts = job.host_layouts(rows, groups)
         for api, hists in cs.apis.items():
             kind = cfg.api_kind(api)
             q = quantiles[api] = hists.quantiles_us([KNOWN_STATS[x] for x in cfg.stats])
             cnt = hists.total()
             se = sampling_se_us(hists, q, cfg.stats)
-            if len(groups) == 1:
-                sc = score_values(q, cnt, cfg, cfg.stats, se)
-                sufficient |= sc.scored
-                med = np.broadcast_to(sc.median_us, (g, s))
-                z, ratio, high, low = sc.robust_z, sc.ratio, sc.high, sc.low
-            else:
-                med = np.full((g, s), np.nan)
-                z = np.full((g, s), np.nan)
-                ratio = np.full((g, s), np.nan)
-                high = np.zeros((g, s), dtype=bool)
-                low = np.zeros((g, s), dtype=bool)
-                for sel in groups:
-                    sc = score_values(q[sel], cnt[sel], cfg, cfg.stats, se[sel])
-                    sufficient[sel] |= sc.scored
-                    med[sel] = sc.median_us
-                    z[sel], ratio[sel], high[sel], low[sel] = sc.robust_z, sc.ratio, sc.high, sc.low
-            bad = low if kind == "sync" else high
-            flagged |= bad[:, verdict_cols].any(axis=1)
-            for gi, si in zip(*np.nonzero(high | low)):      # flagged cells only: a handful
-                direction = "high" if high[gi, si] else "low"
-                row = int(rows[gi])
-                node, gpu = job.keys[row]
-                found.append(ScoreRow(
-                    job_id=job.job_id, epoch=cs.epoch, node=node, gpu=gpu, rank=job.ranks[row],
-                    api=api, stat=cfg.stats[si], value_us=float(q[gi, si]),
-                    job_median_us=float(med[gi, si]), ratio=float(ratio[gi, si]),
-                    robust_z=float(z[gi, si]), flagged=True, direction=direction,
-                    implicates=bool(verdict_cols[si]) and implicates(kind, direction)))
+            gpu = _Cells.empty(g, s)
+            host = _Cells.empty(g, s)
+            for sel, layout in zip(groups, layouts):
+                one = len(groups) == 1           # no copies for the common single-kind job
+                sc = score_values(q if one else q[sel], cnt if one else cnt[sel], cfg,
+                                  cfg.stats, se if one else se[sel])
+                sufficient[sel] |= sc.scored
+                gpu.put(sel, sc, np.arange(sc.scored.size), sc.scored)
+                hs, of_gpu = score_hosts(sc.value_us, sc.scored, layout, cfg, cfg.stats)
+                host.put(sel, hs, of_gpu, sc.scored)
+            gpu_bad = gpu.low if kind == "sync" else gpu.high
+            host_bad = host.low if kind == "sync" else host.high
+            flagged |= (gpu_bad | host_bad)[:, verdict_cols].any(axis=1)
+            for basis, c, also in (("gpu", gpu, None), ("host", host, gpu)):
+                cells = c.high | c.low
+                if also is not None:             # a GPU flagged on its own is reported so
+                    cells &= ~(also.high | also.low)
+                for gi, si in zip(*np.nonzero(cells)):      # flagged cells only: a handful
+                    direction = "high" if c.high[gi, si] else "low"
+                    row = int(rows[gi])
+                    node, gpu_label_ = job.keys[row]
+                    found.append(ScoreRow(
+                        job_id=job.job_id, epoch=cs.epoch, node=node, gpu=gpu_label_,
+                        rank=job.ranks[row], api=api, stat=cfg.stats[si],
+                        value_us=float(c.value[gi, si]), job_median_us=float(c.med[gi, si]),
+                        ratio=float(c.ratio[gi, si]), robust_z=float(c.z[gi, si]),
+                        flagged=True, direction=direction,
+                        implicates=bool(verdict_cols[si]) and implicates(kind, direction),
+                        basis=basis))
         codes = job.persistence.update(rows, sufficient, flagged, cfg)
         by_row: dict[int, list[ScoreRow]] = {}
         for r in found:
@@ -422,7 +471,8 @@ class Engine:
                     gr.findings.add(api=f.api, stat=f.stat, value_us=f.value_us,
                                     job_median_us=f.job_median_us, ratio=f.ratio,
                                     robust_z=f.robust_z, direction=f.direction,
-                                    meaning=causes.finding_meaning(cfg, f.api, f.direction))
+                                    meaning=causes.finding_meaning(cfg, f.api, f.direction),
+                                    basis=f.basis)
                 if codes[r] in (SUSPECT, STRAGGLER):
                     gr.probable_cause = causes.gpu_cause(job.nvml[r], fs)
                 gpu_reports.append(gr)

@@ -14,14 +14,15 @@ Why these rules together (see the brief's "Semantics that are easy to get wrong"
   flag on p99 every window; with it ~0.1%).
 * **Tukey fences** ``Q1 − k·IQR`` / ``Q3 + k·IQR``: a second, quantile-based opinion; a value must
   be beyond both the z cut and the fence.
-* **minimum effect**: |x/median − 1| must reach ``min_effect`` *less a measurement allowance* of
-  ``effect_sigmas`` robust sigmas of the job's spread (σ = MAD/0.6745, relative to the median).
-  Statistical significance without practical significance (0.5% on a tight distribution) is not
-  a finding; but a node that truly is ``min_effect`` slow measures under ``min_effect`` in half of
-  its windows (node-to-node and window-to-window jitter), so a gate at exactly ``min_effect``
-  would catch only half of the nodes at the size the product promises to catch. The allowance
-  cannot push the effective gate below ``min_effect · z/(z + effect_sigmas)`` (3.9% by default):
-  a wide spread that would lower the gate raises the z cut by more (docs/design.md).
+* **minimum effect**: |x/median − 1| >= ``min_effect``; statistical significance without practical
+  significance (0.5% on a tight distribution) is not a finding.
+* **hosts as well as GPUs** (:func:`score_hosts`): a slow host slows all of its GPUs, so the same
+  rules also score each host's *median* GPU value against the job's other hosts. The median of 8
+  GPUs carries far less window and GPU noise than one GPU, which buys one thing: an allowance.
+  A host that truly is ``min_effect`` slow measures under it in half of the cases (its own
+  host-to-host jitter), so the host gate is ``min_effect`` less ``host_effect_sigmas`` robust
+  sigmas of the hosts' spread. The same allowance on single GPUs convicts healthy GPUs of a
+  16,384-GPU job (measured; docs/design.md), so single GPUs keep the plain gate.
 * **minimum samples**: a GPU with fewer than ``min_samples`` calls of this API in the epoch is not
   scored for it (NaN value, never flagged).
 * **both tails**: ``high`` and ``low`` are returned separately; what each means depends on the
@@ -74,7 +75,7 @@ class StatScores:
     scored: np.ndarray         # (G,) bool: enough samples and part of a big-enough cross-section
     median_us: np.ndarray      # (S,)
     mad_us: np.ndarray         # (S,) effective MAD (after the floor)
-    effect_gate: np.ndarray    # (S,) relative deviation needed this epoch (min_effect - allowance)
+    effect_gate: np.ndarray    # (S,) relative deviation needed (min_effect, less any allowance)
     robust_z: np.ndarray       # (G, S)
     ratio: np.ndarray          # (G, S)
     high: np.ndarray           # (G, S) bool
@@ -99,19 +100,22 @@ def sampling_se_us(hists: Hists, values_us: np.ndarray, stats: tuple[str, ...]) 
     return np.where(finite, se, np.nan)
 
 
-def effect_gate(median_us: np.ndarray, mad_us: np.ndarray, cfg: ScoringConfig) -> np.ndarray:
-    """(S,) relative deviation a GPU needs this epoch: ``min_effect`` less ``effect_sigmas``
-    robust sigmas of the cross-section (see the module docstring), never below 0."""
+def effect_gate(median_us: np.ndarray, mad_us: np.ndarray, min_effect: float,
+                allowance_sigmas: float) -> np.ndarray:
+    """(S,) relative deviation needed: ``min_effect`` less ``allowance_sigmas`` robust sigmas
+    (MAD / 0.6745, relative to the median) of the cross-section, never below 0."""
     med = np.abs(np.asarray(median_us, dtype=np.float64))
     with np.errstate(invalid="ignore", divide="ignore"):
         sigma_rel = np.where(med > 0, np.asarray(mad_us) / (0.6745 * med), 0.0)
-    return np.maximum(cfg.min_effect - cfg.effect_sigmas * sigma_rel, 0.0)
+    return np.maximum(min_effect - allowance_sigmas * sigma_rel, 0.0)
 
 
 def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
-                 stats: tuple[str, ...], se_us: np.ndarray | None = None) -> StatScores:
+                 stats: tuple[str, ...], se_us: np.ndarray | None = None,
+                 allowance_sigmas: float = 0.0) -> StatScores:
     """Score precomputed quantiles ``values_us`` (G, S) of G GPUs with ``count`` calls each;
-    ``se_us`` (G, S), when given, is each value's own sampling error (see module docstring)."""
+    ``se_us`` (G, S), when given, is each value's own sampling error (see module docstring);
+    ``allowance_sigmas`` lowers the effect gate (hosts only, see :func:`score_hosts`)."""
     values_us = np.asarray(values_us, dtype=np.float64)
     g, s = values_us.shape
     ok = (np.asarray(count) >= cfg.min_samples) & np.all(np.isfinite(values_us), axis=1)
@@ -133,7 +137,7 @@ def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
     with np.errstate(invalid="ignore", divide="ignore"):
         z = 0.6745 * (v - med) / scale
         ratio = v / np.where(med > 0, med, np.nan)
-    gate = effect_gate(med, mad_eff, cfg)
+    gate = effect_gate(med, mad_eff, cfg.min_effect, allowance_sigmas)
     effect = np.abs(ratio - 1.0) >= gate
     high = (z > cfg.z_threshold) & (v > q3 + cfg.iqr_k * iqr) & effect
     low = (z < -cfg.z_threshold) & (v < q1 - cfg.iqr_k * iqr) & effect
@@ -145,3 +149,56 @@ def score_api(hists: Hists, cfg: ScoringConfig) -> StatScores:
     """Score one API of G GPUs on every stat of ``cfg`` (quantiles, sampling error, rules)."""
     q = hists.quantiles_us([KNOWN_STATS[s] for s in cfg.stats])
     return score_values(q, hists.total(), cfg, cfg.stats, sampling_se_us(hists, q, cfg.stats))
+
+
+@dataclass
+class HostLayout:
+    """Which host each of G GPUs sits on, as a (hosts x slots) grid: GPU i is cell
+    ``(host[i], slot[i])``. Built once per job and set of GPUs (hosts rarely change), so the
+    per-epoch host medians are one scatter and one sort of a small 2-D array."""
+
+    host: np.ndarray     # (G,) host index 0..H-1
+    slot: np.ndarray     # (G,) position of the GPU within its host
+    hosts: int
+    slots: int
+
+    @classmethod
+    def of(cls, host_codes: np.ndarray) -> "HostLayout":
+        codes = np.asarray(host_codes, dtype=np.int64)
+        uniq, host = np.unique(codes, return_inverse=True)
+        order = np.argsort(host, kind="stable")
+        sizes = np.bincount(host, minlength=uniq.size)
+        starts = np.cumsum(sizes) - sizes
+        slot = np.empty(codes.size, dtype=np.int64)
+        slot[order] = np.arange(codes.size) - np.repeat(starts, sizes)
+        return cls(host, slot, int(uniq.size), int(sizes.max()) if sizes.size else 0)
+
+
+def host_medians(values: np.ndarray, scored: np.ndarray,
+                 layout: HostLayout) -> tuple[np.ndarray, np.ndarray]:
+    """((H, S) median of each host's scored GPUs, (H,) how many were scored); NaN for none."""
+    v = np.asarray(values, dtype=np.float64)
+    s = v.shape[1]
+    grid = np.full((layout.hosts, layout.slots, s), np.nan)
+    ok = scored & np.all(np.isfinite(v), axis=1)
+    grid[layout.host[ok], layout.slot[ok]] = v[ok]
+    grid.sort(axis=1)                                   # NaNs sort last
+    n = np.bincount(layout.host[ok], minlength=layout.hosts)
+    h = np.arange(layout.hosts)
+    lo = grid[h, np.maximum(n - 1, 0) // 2]
+    hi = grid[h, n // 2]
+    med = (lo + hi) / 2.0
+    med[n == 0] = np.nan
+    return med, n
+
+
+def score_hosts(values_us: np.ndarray, scored: np.ndarray, layout: HostLayout,
+                cfg: ScoringConfig, stats: tuple[str, ...]) -> tuple[StatScores, np.ndarray]:
+    """Score each host's median GPU value against the other hosts (module docstring).
+
+    Hosts with fewer than ``host_min_gpus`` scored GPUs are not scored (a median of one or two
+    GPUs is a GPU value, and gets no allowance). Returns the hosts' scores and, per GPU, its
+    host's index (for mapping host flags back onto GPUs)."""
+    med, n = host_medians(values_us, scored, layout)
+    count = np.where(n >= cfg.host_min_gpus, cfg.min_samples, 0)
+    return score_values(med, count, cfg, stats, None, cfg.host_effect_sigmas), layout.host

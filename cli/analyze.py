@@ -16,8 +16,8 @@ FLAG_SETTINGS = (
     ("z_threshold", float, "robust z cut (default 3.5)"),
     ("min_effect", float, "smallest slowdown worth flagging, relative to the job median "
                           "(default 0.05)"),
-    ("effect_sigmas", float, "robust sigmas of the job's spread a measured deviation may fall "
-                             "short of min_effect (default 1.0; 0 = exact min_effect gate)"),
+    ("host_effect_sigmas", float, "robust sigmas of the hosts' spread a host's median GPU may "
+                                  "fall short of min_effect (default 2.0; 0 = plain gate)"),
     ("min_samples", int, "calls per GPU per API per window needed to score it (default 50)"),
     ("persist_k", int, "flagged windows (of persist_n) that make a straggler (default 3)"),
     ("persist_n", int, "windows remembered for persistence (default 5)"),

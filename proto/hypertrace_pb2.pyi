@@ -128,7 +128,7 @@ class Ack(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class Finding(_message.Message):
-    __slots__ = ("api", "stat", "value_us", "job_median_us", "ratio", "robust_z", "direction", "meaning")
+    __slots__ = ("api", "stat", "value_us", "job_median_us", "ratio", "robust_z", "direction", "meaning", "basis")
     API_FIELD_NUMBER: _ClassVar[int]
     STAT_FIELD_NUMBER: _ClassVar[int]
     VALUE_US_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +137,7 @@ class Finding(_message.Message):
     ROBUST_Z_FIELD_NUMBER: _ClassVar[int]
     DIRECTION_FIELD_NUMBER: _ClassVar[int]
     MEANING_FIELD_NUMBER: _ClassVar[int]
+    BASIS_FIELD_NUMBER: _ClassVar[int]
     api: str
     stat: str
     value_us: float
@@ -145,7 +146,8 @@ class Finding(_message.Message):
     robust_z: float
     direction: str
     meaning: str
-    def __init__(self, api: _Optional[str] = ..., stat: _Optional[str] = ..., value_us: _Optional[float] = ..., job_median_us: _Optional[float] = ..., ratio: _Optional[float] = ..., robust_z: _Optional[float] = ..., direction: _Optional[str] = ..., meaning: _Optional[str] = ...) -> None: ...
+    basis: str
+    def __init__(self, api: _Optional[str] = ..., stat: _Optional[str] = ..., value_us: _Optional[float] = ..., job_median_us: _Optional[float] = ..., ratio: _Optional[float] = ..., robust_z: _Optional[float] = ..., direction: _Optional[str] = ..., meaning: _Optional[str] = ..., basis: _Optional[str] = ...) -> None: ...
 
 class GpuReport(_message.Message):
     __slots__ = ("gpu", "rank", "verdict", "windows_flagged", "windows_seen", "spike_rate", "findings", "probable_cause", "gpu_kind")

@@ -10,8 +10,8 @@ import pytest
 from hypertrace.analyzer.config import ConfigError, ScoringConfig, load_scoring_config
 from hypertrace.analyzer.cross_section import Hists
 from hypertrace.analyzer.engine import Engine
-from hypertrace.analyzer.scoring import (effect_gate, implicates, sampling_se_us,
-                                         score_values)
+from hypertrace.analyzer.scoring import (HostLayout, effect_gate, host_medians, implicates,
+                                         sampling_se_us, score_hosts, score_values)
 from hypertrace.analyzer.synthetic import job_windows
 from hypertrace.proto import buckets, wire
 from hypertrace.proto import hypertrace_pb2 as pb
@@ -61,34 +61,69 @@ def test_minimum_effect_size_blocks_tiny_but_significant_deviations():
     assert _score(tight, loose).high[-1, 0]
 
 
-def test_effect_gate_allows_one_robust_sigma_of_measurement_noise_below_min_effect():
-    # sigma = MAD / 0.6745 = 1% of the median: the gate is 5% - 1 x 1% = 4%
-    gate = effect_gate(np.array([10.0]), np.array([0.6745 * 0.1]), CFG)
-    assert gate[0] == pytest.approx(0.04)
-    assert effect_gate(np.array([10.0]), np.array([0.6745 * 0.1]),
-                       ScoringConfig(effect_sigmas=0.0))[0] == pytest.approx(0.05)
-    # never negative, whatever the spread
-    assert effect_gate(np.array([10.0]), np.array([5.0]), CFG)[0] == 0.0
+def test_effect_gate_is_min_effect_less_the_allowance_in_robust_sigmas():
+    # sigma = MAD / 0.6745 = 1% of the median: an allowance of 2 sigmas gives a 3% gate
+    mad = np.array([0.6745 * 0.1])
+    assert effect_gate(np.array([10.0]), mad, 0.05, 2.0)[0] == pytest.approx(0.03)
+    assert effect_gate(np.array([10.0]), mad, 0.05, 0.0)[0] == pytest.approx(0.05)
+    assert effect_gate(np.array([10.0]), np.array([5.0]), 0.05, 2.0)[0] == 0.0   # never < 0
 
 
-def test_a_node_measured_just_under_min_effect_is_still_flagged_by_default():
-    # A truly 5%-slow node measures 4.5% in a window (its jitter): on a tight cross-section the
-    # MAD floor gives sigma 0.74%, so the default gate is 4.26% and the GPU is flagged; the plain
-    # min_effect gate (effect_sigmas = 0) would miss it.
+def test_single_gpus_keep_the_plain_min_effect_gate():
+    # 4.5% off a tight cross-section: far beyond the z cut, under the 5% gate of single GPUs
     rng = np.random.default_rng(1)
-    vals = list(10.0 + rng.normal(0, 0.001, 99)) + [10.45]
-    assert _score(vals).high[-1, 0]
-    assert not _score(vals, ScoringConfig(effect_sigmas=0.0)).high[-1, 0]
-
-
-def test_a_wide_spread_cannot_lower_the_effective_gate_below_the_z_cut():
-    # sigma 1.2%: the effect gate drops to 3.8%, but z = 3.5 then needs 4.2%; a GPU 3.9% off is
-    # not flagged. The effective gate never falls below min_effect * z / (z + effect_sigmas).
-    rng = np.random.default_rng(2)
-    vals = list(10.0 * np.exp(rng.normal(0, 0.012, 4000))) + [10.0 * 1.039]
-    sc = _score(vals)
-    assert sc.effect_gate[0] < 0.039
+    sc = _score(list(10.0 + rng.normal(0, 0.001, 99)) + [10.45])
+    assert sc.robust_z[-1, 0] > 5 and sc.effect_gate[0] == pytest.approx(0.05)
     assert not sc.high[-1, 0]
+
+
+def _hosts(n_hosts: int, gpus: int, sigma_host: float, seed: int, slow: float = 0.0):
+    """GPU p50s of n_hosts x gpus: host jitter sigma_host, GPU noise 0.5%; with ``slow``, host 0
+    sits exactly ``slow`` above the median host."""
+    rng = np.random.default_rng(seed)
+    host = np.exp(rng.normal(0, sigma_host, n_hosts))
+    if slow:
+        host[0] = np.median(host) * (1.0 + slow)
+    v = 10.0 * np.repeat(host, gpus) * np.exp(rng.normal(0, 0.005, n_hosts * gpus))
+    return v[:, None], HostLayout.of(np.repeat(np.arange(n_hosts), gpus))
+
+
+def test_host_medians_are_the_median_of_each_hosts_scored_gpus():
+    v = np.array([[1.0], [5.0], [3.0], [10.0], [20.0], [np.nan]])
+    layout = HostLayout.of(np.array([7, 7, 7, 2, 2, 2]))        # host codes in any order
+    med, n = host_medians(v, np.array([True, True, True, True, True, False]), layout)
+    by_host = dict(zip(layout.host[[0, 3]].tolist(), [0, 1]))
+    assert med[layout.host[0], 0] == 3.0 and med[layout.host[3], 0] == 15.0
+    assert n[layout.host[0]] == 3 and n[layout.host[3]] == 2 and len(by_host) == 2
+
+
+def test_a_host_measured_under_min_effect_is_flagged_through_its_median():
+    # host 0 is 4% slower than the job (a 5% host whose own jitter took 1%): no single GPU
+    # passes the plain 5% gate reliably, but its median clears 5% - 2 x sigma_hosts (~3.6%)
+    v, layout = _hosts(256, 8, 0.006, seed=3, slow=0.04)
+    cnt = np.full(v.shape[0], 1000)
+    gpu = score_values(v, cnt, CFG, ("p50",))
+    hs, of_gpu = score_hosts(v, gpu.scored, layout, CFG, ("p50",))
+    assert hs.high[layout.host[0], 0]
+    assert hs.high[of_gpu].sum() == 8                        # maps onto host 0's 8 GPUs
+    assert hs.effect_gate[0] < 0.04 < CFG.min_effect
+    plain = ScoringConfig(host_effect_sigmas=0.0)
+    assert not score_hosts(v, gpu.scored, layout, plain, ("p50",))[0].high[layout.host[0], 0]
+
+
+def test_healthy_hosts_of_a_large_job_are_not_flagged():
+    for seed in range(5):
+        v, layout = _hosts(2048, 8, 0.006, seed=seed)
+        gpu = score_values(v, np.full(v.shape[0], 1000), CFG, ("p50",))
+        hs, _ = score_hosts(v, gpu.scored, layout, CFG, ("p50",))
+        assert not hs.high.any() and not hs.low.any()
+
+
+def test_hosts_with_too_few_scored_gpus_are_not_scored():
+    v, layout = _hosts(64, 2, 0.006, seed=4, slow=0.2)      # 2 GPUs per host, under host_min_gpus
+    gpu = score_values(v, np.full(v.shape[0], 1000), CFG, ("p50",))
+    hs, _ = score_hosts(v, gpu.scored, layout, CFG, ("p50",))
+    assert not hs.scored.any() and not hs.high.any()
 
 
 def test_tukey_fence_vetoes_values_inside_a_wide_interquartile_range():
@@ -191,8 +226,10 @@ def test_insufficient_samples_give_insufficient_data():
 def test_config_validation_and_toml(tmp_path):
     with pytest.raises(ConfigError, match="persist_k"):
         ScoringConfig(persist_k=6, persist_n=5)
-    with pytest.raises(ConfigError, match="effect_sigmas"):
-        ScoringConfig(effect_sigmas=-1.0)
+    with pytest.raises(ConfigError, match="host_effect_sigmas"):
+        ScoringConfig(host_effect_sigmas=-1.0)
+    with pytest.raises(ConfigError, match="host_min_gpus"):
+        ScoringConfig(host_min_gpus=1)
     with pytest.raises(ConfigError, match="unknown scoring setting"):
         ScoringConfig.from_mapping({"z_treshold": 3})
     f = tmp_path / "a.toml"
