@@ -5,9 +5,11 @@ even when it has its default value, so consumers never have to guess whether a m
 ``{"version", "generated", "jobs": [{"job_id", "windows", "gpus", "nodes": [{"node", "verdict",
 "scope", "probable_cause", "gpus": [{"gpu", "rank", "verdict", "windows_flagged", "windows_seen",
 "spike_rate", "findings": [{"api", "stat", "value_us", "job_median_us", "ratio", "robust_z",
-"direction", "meaning"}], "probable_cause", "gpu_kind"}]}], "cluster": {"spike_probability",
+"direction", "meaning", "basis"}], "probable_cause", "gpu_kind"}]}], "cluster": {"spike_probability",
 "basis", "step_time_now_us", "step_time_after_eviction_us", "predicted_gain",
-"evicted_nodes"}}]}``. Nodes and GPUs come worst first.
+"evicted_nodes"}}]}``. Nodes and GPUs come worst first. A finding's ``basis`` is "gpu" (the
+GPU's own value) or "host" (the median GPU of its host against the job's hosts; the table marks
+it ``[host]``).
 
 Exit status (all commands that print a report): 0 no straggler, 3 at least one straggler.
 """
@@ -87,7 +89,9 @@ def report_to_table(report: pb.Report) -> str:
                 f = g.findings[0] if g.findings else None
                 cause = g.probable_cause if node.scope == "gpu" else node.probable_cause
                 rows.append((
-                    node.node, g.gpu, str(g.rank), f.api if f else "-", f.stat if f else "-",
+                    node.node, g.gpu, str(g.rank),
+                    (f.api + (" [host]" if f.basis == "host" else "")) if f else "-",
+                    f.stat if f else "-",
                     _fmt(f.value_us) if f else "-", _fmt(f.job_median_us) if f else "-",
                     f"{f.ratio:.3f}" if f else "-", f"{f.robust_z:+.1f}" if f else "-",
                     f"{g.windows_flagged}/{g.windows_seen}", g.verdict, node.scope, cause))
