@@ -284,7 +284,24 @@ class _Stream:
         self.q.put(None)
 
 
-class LoadGenerator:
+class _Generator:
+    """What run_scale needs of a load generator: ``send``, counters and :meth:`wait_acked`."""
+
+    sent: int
+    acked: int
+    errors: list[str]
+
+    def wait_acked(self, n: int, timeout: float) -> bool:
+        """Block until ``n`` windows are acked; False on timeout or a stream error."""
+        deadline = time.monotonic() + timeout
+        while self.acked < n:
+            if time.monotonic() > deadline or self.errors:
+                return False
+            time.sleep(0.01)
+        return True
+
+
+class LoadGenerator(_Generator):
     """``streams`` streams over ``channels`` connections; node i always uses the same stream."""
 
     def __init__(self, target: str, streams: int, channels: int):
@@ -319,14 +336,6 @@ class LoadGenerator:
     def errors(self) -> list[str]:
         return [s.error for s in self.streams if s.error]
 
-    def wait_acked(self, n: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.acked < n:
-            if time.monotonic() > deadline or self.errors:
-                return False
-            time.sleep(0.01)
-        return True
-
     def close(self) -> None:
         for s in self.streams:
             s.close()
@@ -336,7 +345,7 @@ class LoadGenerator:
             ch.close()
 
 
-class AgentStreamsGenerator:
+class AgentStreamsGenerator(_Generator):
     """Sends like real agents: one connection per node, a new stream per window, closed
     ``idle_close`` seconds after its ack (daemon/uplink.py). Same interface as
     :class:`LoadGenerator`. One asyncio loop (grpc.aio) in a background thread drives all of
@@ -391,14 +400,6 @@ class AgentStreamsGenerator:
         self._pending.add(fut)
         fut.add_done_callback(self._pending.discard)
         self.sent += 1
-
-    def wait_acked(self, n: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.acked < n:
-            if time.monotonic() > deadline or self.errors:
-                return False
-            time.sleep(0.01)
-        return True
 
     def close(self) -> None:
         for fut in list(self._pending):
