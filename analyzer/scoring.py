@@ -112,10 +112,12 @@ def effect_gate(median_us: np.ndarray, mad_us: np.ndarray, min_effect: float,
 
 def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
                  stats: tuple[str, ...], se_us: np.ndarray | None = None,
-                 allowance_sigmas: float = 0.0) -> StatScores:
+                 allowance_sigmas: float = 0.0,
+                 no_allowance: np.ndarray | None = None) -> StatScores:
     """Score precomputed quantiles ``values_us`` (G, S) of G GPUs with ``count`` calls each;
     ``se_us`` (G, S), when given, is each value's own sampling error (see module docstring);
-    ``allowance_sigmas`` lowers the effect gate (hosts only, see :func:`score_hosts`)."""
+    ``allowance_sigmas`` lowers the effect gate (hosts only, see :func:`score_hosts`), except for
+    the rows where ``no_allowance`` (G,) is True: they keep the plain ``min_effect``."""
     values_us = np.asarray(values_us, dtype=np.float64)
     g, s = values_us.shape
     ok = (np.asarray(count) >= cfg.min_samples) & np.all(np.isfinite(values_us), axis=1)
@@ -138,7 +140,10 @@ def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
         z = 0.6745 * (v - med) / scale
         ratio = v / np.where(med > 0, med, np.nan)
     gate = effect_gate(med, mad_eff, cfg.min_effect, allowance_sigmas)
-    effect = np.abs(ratio - 1.0) >= gate
+    row_gate = np.broadcast_to(gate, v.shape)
+    if no_allowance is not None:
+        row_gate = np.where(np.asarray(no_allowance)[:, None], cfg.min_effect, row_gate)
+    effect = np.abs(ratio - 1.0) >= row_gate
     high = (z > cfg.z_threshold) & (v > q3 + cfg.iqr_k * iqr) & effect
     low = (z < -cfg.z_threshold) & (v < q1 - cfg.iqr_k * iqr) & effect
     return StatScores(stats, v, np.asarray(count), ok, med, mad_eff, gate, z, ratio,
@@ -197,8 +202,19 @@ def score_hosts(values_us: np.ndarray, scored: np.ndarray, layout: HostLayout,
     """Score each host's median GPU value against the other hosts (module docstring).
 
     Hosts with fewer than ``host_min_gpus`` scored GPUs are not scored (a median of one or two
-    GPUs is a GPU value, and gets no allowance). Returns the hosts' scores and, per GPU, its
-    host's index (for mapping host flags back onto GPUs)."""
+    GPUs is a GPU value, and gets no allowance). A host whose p99 is a spike this window (above
+    ``1 + spike_threshold`` times the hosts' median p99) gets no allowance either: a second mode
+    (a GC pause, cold reads) drags the p50 up by a percent or two without the body moving, and
+    the allowance is for a shifted body measured with jitter. Returns the hosts' scores and, per
+    GPU, its host's index (for mapping host flags back onto GPUs)."""
     med, n = host_medians(values_us, scored, layout)
     count = np.where(n >= cfg.host_min_gpus, cfg.min_samples, 0)
-    return score_values(med, count, cfg, stats, None, cfg.host_effect_sigmas), layout.host
+    spiking = None
+    if "p99" in stats:
+        p99 = med[:, stats.index("p99")]
+        usable = (count > 0) & np.isfinite(p99)
+        if usable.any():
+            typical = np.median(p99[usable])
+            spiking = usable & (p99 > (1.0 + cfg.spike_threshold) * typical)
+    return (score_values(med, count, cfg, stats, None, cfg.host_effect_sigmas, spiking),
+            layout.host)

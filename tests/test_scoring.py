@@ -256,3 +256,20 @@ def test_bucket_major_quantiles_equal_the_reference():
     ours = Hists(np.ascontiguousarray(dense[:, lo:hi].T), int(lo)).quantiles_us(qs)
     np.testing.assert_allclose(ours, buckets.quantiles_us(dense, qs), rtol=1e-12)
     assert np.isnan(ours[::17]).all()
+
+
+def test_a_host_whose_p99_spikes_gets_no_allowance():
+    # host 0's p50 is 4% up AND its p99 is 3x the hosts' (a second mode: cold reads, a GC pause):
+    # the p50 shift is the mixture's doing, so the host keeps the plain 5% gate
+    v, layout = _hosts(256, 8, 0.006, seed=3, slow=0.04)
+    p99 = v * 3.0
+    p99[layout.host == layout.host[0]] *= 3.0
+    both = np.hstack([v, p99])
+    stats = ("p50", "p99")
+    gpu = score_values(both, np.full(both.shape[0], 1000), CFG, stats)
+    hs, _ = score_hosts(both, gpu.scored, layout, CFG, stats)
+    assert not hs.high[layout.host[0], 0]                    # p50: no allowance this window
+    assert hs.high[layout.host[0], 1]                        # the p99 spike itself is reported
+    calm = np.hstack([v, v * 3.0])
+    hs2, _ = score_hosts(calm, gpu.scored, layout, CFG, stats)
+    assert hs2.high[layout.host[0], 0]                       # same p50 without the spike: flagged
