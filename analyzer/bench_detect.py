@@ -259,7 +259,8 @@ def run_plan(plan: tuple[SizePlan, ...], names: list[str], seeds: tuple[int, ...
 
 #: Candidates searched by --tune (on TRAIN_SEEDS only); the first is the shipped default.
 TUNE_GRID: tuple[dict, ...] = ({}, {"host_effect_sigmas": 0.0}, {"host_effect_sigmas": 1.0},
-                               {"host_effect_sigmas": 3.0})
+                               {"host_effect_sigmas": 2.0}, {"host_effect_sigmas": 3.0},
+                               {"host_effect_sigmas": 4.0})
 #: What --tune looks at: the clean scenarios (false positives) on TUNE_CLEAN_PLAN, up to a
 #: 16,384-GPU job, and the small launch-only shifts (the only place where the effect gate binds:
 #: host-N scenarios are caught by synchronize waits) on DEPTH_PLAN.
@@ -273,8 +274,11 @@ def tune(workers: int) -> list[tuple[dict, str]]:
     """Score each TUNE_GRID candidate on the training seeds (hypertrace only).
 
     The rule that picked the default: no false straggler on the clean scenarios (the hard
-    constraint: an eviction of a healthy node costs more than a late catch), then the highest
-    launch-5 recall within 12 windows, then launch-3; ties go to the smaller allowance."""
+    constraint: an eviction of a healthy node costs more than a late catch), and launch-5 recall
+    1.0 within 12 windows on all 70 training runs (a training recall of 0.97 on 70 runs is
+    compatible with under 0.95 held-out); among those, the *smallest* allowance, which keeps the
+    most margin against false convictions in jobs larger or noisier than the training set.
+    launch-3 is reported, not optimized: the issue asks only to say what 3% reaches."""
     out = []
     for cand in TUNE_GRID:
         cfg = replace(ScoringConfig(), **cand)

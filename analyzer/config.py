@@ -17,7 +17,7 @@ Defaults and why:
 * ``min_effect`` 0.05: the smallest slowdown worth flagging, as a relative deviation from the
   job median (5%). A very tight distribution gives a huge z for a 0.5% difference that nobody
   cares about.
-* ``host_effect_sigmas`` 2.0: hosts are scored too, by the median of their GPUs (a slow host
+* ``host_effect_sigmas`` 2.5: hosts are scored too, by the median of their GPUs (a slow host
   slows all of them). A host's measured deviation may fall short of ``min_effect`` by this many
   robust sigmas of the hosts' spread (σ = MAD/0.6745 of the host medians) and still count. Why:
   a host that truly is 5% slow measures under 5% in about half of the cases (its own
@@ -90,7 +90,7 @@ class ScoringConfig:
     z_threshold: float = 3.5
     iqr_k: float = 1.5
     min_effect: float = 0.05
-    host_effect_sigmas: float = 2.0
+    host_effect_sigmas: float = 2.5
     host_min_gpus: int = 4
     mad_floor: float = 0.005
     min_samples: int = 50

@@ -17,7 +17,7 @@ FLAG_SETTINGS = (
     ("min_effect", float, "smallest slowdown worth flagging, relative to the job median "
                           "(default 0.05)"),
     ("host_effect_sigmas", float, "robust sigmas of the hosts' spread a host's median GPU may "
-                                  "fall short of min_effect (default 2.0; 0 = plain gate)"),
+                                  "fall short of min_effect (default 2.5; 0 = plain gate)"),
     ("min_samples", int, "calls per GPU per API per window needed to score it (default 50)"),
     ("persist_k", int, "flagged windows (of persist_n) that make a straggler (default 3)"),
     ("persist_n", int, "windows remembered for persistence (default 5)"),
