@@ -210,33 +210,18 @@ class _Job:
 
 
 @dataclass
-class _Cells:
-    """One API's scores laid out per GPU of the cross-section, (G, S) each: either the GPUs' own
-    scores or, for host scores, each GPU's host's (so host flags map onto that host's GPUs)."""
+class _Part:
+    """One kind group's scores of one API: its GPUs' own and its hosts' (``of_gpu`` maps each
+    GPU of the group to its host's row in ``hosts``)."""
 
-    value: np.ndarray
-    med: np.ndarray
-    z: np.ndarray
-    ratio: np.ndarray
-    high: np.ndarray
-    low: np.ndarray
+    sel: np.ndarray
+    gpus: StatScores
+    hosts: StatScores
+    of_gpu: np.ndarray
 
-    @classmethod
-    def empty(cls, g: int, s: int) -> "_Cells":
-        nan = np.full((g, s), np.nan)
-        return cls(nan, nan.copy(), nan.copy(), nan.copy(), np.zeros((g, s), bool),
-                   np.zeros((g, s), bool))
-
-    def put(self, sel: np.ndarray, sc: StatScores, index: np.ndarray,
-            scored: np.ndarray) -> None:
-        """Cells ``sel`` take row ``index[i]`` of ``sc``; only GPUs that were ``scored``
-        themselves can be flagged (a host flag never lands on a GPU without data)."""
-        self.value[sel] = sc.value_us[index]
-        self.med[sel] = sc.median_us
-        self.z[sel] = sc.robust_z[index]
-        self.ratio[sel] = sc.ratio[index]
-        self.high[sel] = sc.high[index] & scored[:, None]
-        self.low[sel] = sc.low[index] & scored[:, None]
+    def row(self, basis: str, local: int) -> tuple[StatScores, int]:
+        """The scores and row behind GPU ``local`` of this group, on the given basis."""
+        return (self.gpus, local) if basis == "gpu" else (self.hosts, int(self.of_gpu[local]))
 
 
 class Engine:
@@ -322,33 +307,44 @@ class Engine:
             q = quantiles[api] = hists.quantiles_us([KNOWN_STATS[x] for x in cfg.stats])
             cnt = hists.total()
             se = sampling_se_us(hists, q, cfg.stats)
-            gpu = _Cells.empty(g, s)
-            host = _Cells.empty(g, s)
+            gpu_high, gpu_low, host_high, host_low = (np.zeros((g, s), dtype=bool)
+                                                      for _ in range(4))
+            parts: list[_Part] = []
             for sel, layout in zip(groups, layouts):
                 one = len(groups) == 1           # no copies for the common single-kind job
                 sc = score_values(q if one else q[sel], cnt if one else cnt[sel], cfg,
                                   cfg.stats, se if one else se[sel])
-                sufficient[sel] |= sc.scored
-                gpu.put(sel, sc, np.arange(sc.scored.size), sc.scored)
                 hs, of_gpu = score_hosts(sc.value_us, sc.scored, layout, cfg, cfg.stats)
-                host.put(sel, hs, of_gpu, sc.scored)
-            gpu_bad = gpu.low if kind == "sync" else gpu.high
-            host_bad = host.low if kind == "sync" else host.high
-            flagged |= (gpu_bad | host_bad)[:, verdict_cols].any(axis=1)
-            for basis, c, also in (("gpu", gpu, None), ("host", host, gpu)):
-                cells = c.high | c.low
-                if also is not None:             # a GPU flagged on its own is reported so
-                    cells &= ~(also.high | also.low)
+                mine = sc.scored[:, None]        # a host flag never lands on a GPU without data
+                if one:
+                    sufficient |= sc.scored
+                    gpu_high, gpu_low = sc.high, sc.low
+                    host_high, host_low = hs.high[of_gpu] & mine, hs.low[of_gpu] & mine
+                else:
+                    sufficient[sel] |= sc.scored
+                    gpu_high[sel], gpu_low[sel] = sc.high, sc.low
+                    host_high[sel] = hs.high[of_gpu] & mine
+                    host_low[sel] = hs.low[of_gpu] & mine
+                parts.append(_Part(sel, sc, hs, of_gpu))
+            bad = (gpu_low | host_low) if kind == "sync" else (gpu_high | host_high)
+            flagged |= bad[:, verdict_cols].any(axis=1)
+            gpu_cells = gpu_high | gpu_low
+            for basis, hi, cells in (("gpu", gpu_high, gpu_cells),
+                                     ("host", host_high, (host_high | host_low) & ~gpu_cells)):
                 for gi, si in zip(*np.nonzero(cells)):      # flagged cells only: a handful
-                    direction = "high" if c.high[gi, si] else "low"
+                    direction = "high" if hi[gi, si] else "low"
+                    part = next(p for p in parts if p.sel.size and gi in p.sel) \
+                        if len(parts) > 1 else parts[0]
+                    local = int(np.searchsorted(part.sel, gi)) if len(parts) > 1 else int(gi)
+                    sc_, r = part.row(basis, local)
                     row = int(rows[gi])
-                    node, gpu_label_ = job.keys[row]
+                    node, gpu_name = job.keys[row]
                     found.append(ScoreRow(
-                        job_id=job.job_id, epoch=cs.epoch, node=node, gpu=gpu_label_,
+                        job_id=job.job_id, epoch=cs.epoch, node=node, gpu=gpu_name,
                         rank=job.ranks[row], api=api, stat=cfg.stats[si],
-                        value_us=float(c.value[gi, si]), job_median_us=float(c.med[gi, si]),
-                        ratio=float(c.ratio[gi, si]), robust_z=float(c.z[gi, si]),
-                        flagged=True, direction=direction,
+                        value_us=float(sc_.value_us[r, si]),
+                        job_median_us=float(sc_.median_us[si]), ratio=float(sc_.ratio[r, si]),
+                        robust_z=float(sc_.robust_z[r, si]), flagged=True, direction=direction,
                         implicates=bool(verdict_cols[si]) and implicates(kind, direction),
                         basis=basis))
         codes = job.persistence.update(rows, sufficient, flagged, cfg)
