@@ -327,7 +327,8 @@ class Engine:
                     host_low[sel] = hs.low[of_gpu] & mine
                 parts.append(_Part(sel, sc, hs, of_gpu))
             bad = (gpu_low | host_low) if kind == "sync" else (gpu_high | host_high)
-            flagged |= bad[:, verdict_cols].any(axis=1)
+            for j in np.flatnonzero(verdict_cols):      # column by column: G x 1 reductions
+                flagged |= bad[:, j]                      # along a short axis are slow
             gpu_cells = gpu_high | gpu_low
             for basis, hi, cells in (("gpu", gpu_high, gpu_cells),
                                      ("host", host_high, (host_high | host_low) & ~gpu_cells)):

@@ -100,6 +100,15 @@ def sampling_se_us(hists: Hists, values_us: np.ndarray, stats: tuple[str, ...]) 
     return np.where(finite, se, np.nan)
 
 
+def _finite_rows(values: np.ndarray) -> np.ndarray:
+    """(G,) rows of a (G, S) array with every value finite. Column by column: numpy reduces a
+    short last axis row by row, ~15x slower at 16,384 x 2."""
+    ok = np.ones(values.shape[0], dtype=bool)
+    for j in range(values.shape[1]):
+        ok &= np.isfinite(values[:, j])
+    return ok
+
+
 def effect_gate(median_us: np.ndarray, mad_us: np.ndarray, min_effect: float,
                 allowance_sigmas: float) -> np.ndarray:
     """(S,) relative deviation needed: ``min_effect`` less ``allowance_sigmas`` robust sigmas
@@ -120,7 +129,7 @@ def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
     the rows where ``no_allowance`` (G,) is True: they keep the plain ``min_effect``."""
     values_us = np.asarray(values_us, dtype=np.float64)
     g, s = values_us.shape
-    ok = (np.asarray(count) >= cfg.min_samples) & np.all(np.isfinite(values_us), axis=1)
+    ok = (np.asarray(count) >= cfg.min_samples) & _finite_rows(values_us)
     if int(ok.sum()) < cfg.min_gpus:
         ok = np.zeros(g, dtype=bool)
     nan_s = np.full(s, np.nan)
@@ -167,6 +176,11 @@ class HostLayout:
     hosts: int
     slots: int
 
+    @property
+    def cell(self) -> np.ndarray:
+        """(G,) flat index ``host * slots + slot`` of each GPU in a row-major (H, slots) grid."""
+        return self.host * self.slots + self.slot
+
     @classmethod
     def of(cls, host_codes: np.ndarray) -> "HostLayout":
         codes = np.asarray(host_codes, dtype=np.int64)
@@ -184,15 +198,17 @@ def host_medians(values: np.ndarray, scored: np.ndarray,
     """((H, S) median of each host's scored GPUs, (H,) how many were scored); NaN for none."""
     v = np.asarray(values, dtype=np.float64)
     s = v.shape[1]
-    grid = np.full((layout.hosts, layout.slots, s), np.nan)
-    ok = scored & np.all(np.isfinite(v), axis=1)
-    grid[layout.host[ok], layout.slot[ok]] = v[ok]
-    grid.sort(axis=1)                                   # NaNs sort last
+    ok = scored & _finite_rows(v)
+    cell = layout.cell[ok]
+    # one (H, slots) grid per stat, filled by a 1-D scatter (a 2-D fancy scatter costs ~5x more)
+    grid = np.full((s, layout.hosts * layout.slots), np.nan)
+    for j in range(s):
+        grid[j, cell] = v[ok, j]
+    grid = grid.reshape(s, layout.hosts, layout.slots)
+    grid.sort(axis=2)                                   # NaNs sort last
     n = np.bincount(layout.host[ok], minlength=layout.hosts)
     h = np.arange(layout.hosts)
-    lo = grid[h, np.maximum(n - 1, 0) // 2]
-    hi = grid[h, n // 2]
-    med = (lo + hi) / 2.0
+    med = ((grid[:, h, np.maximum(n - 1, 0) // 2] + grid[:, h, n // 2]) / 2.0).T
     med[n == 0] = np.nan
     return med, n
 
