@@ -620,7 +620,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cfg = ScaleConfig(nodes=args.nodes, epochs=args.epochs, streams=args.streams,
                           spread_seconds=args.spread, synchronous=args.synchronous,
-                          agent_streams=args.agent_streams)
+                          agent_streams=args.agent_streams,
+                          # every agent opening a second stream at once is not what agents do
+                          # (they send one window per window length): no max-rate phase
+                          blast_epochs=0 if args.agent_streams else 2)
         ramp = [int(x) for x in args.ramp.split(",") if x.strip()]
     print(f"== machine: {machine_info()}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="hypertrace-scale-"))
