@@ -224,6 +224,8 @@ def score_hosts(values_us: np.ndarray, scored: np.ndarray, layout: HostLayout,
     the allowance is for a shifted body measured with jitter. Returns the hosts' scores and, per
     GPU, its host's index (for mapping host flags back onto GPUs)."""
     med, n = host_medians(values_us, scored, layout)
+    # score_values gates rows on a sample count: give hosts with enough scored GPUs exactly the
+    # minimum, the others none (their GPUs already passed min_samples one by one)
     count = np.where(n >= cfg.host_min_gpus, cfg.min_samples, 0)
     spiking = None
     if "p99" in stats:
