@@ -60,21 +60,75 @@ class NvmlContext(_message.Message):
     def __init__(self, sm_clock_mhz: _Optional[int] = ..., max_sm_clock_mhz: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., temperature_c: _Optional[float] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., xid_errors: _Optional[_Iterable[int]] = ..., pcie_replay_count: _Optional[int] = ..., pcie_link_width: _Optional[int] = ..., pcie_max_link_width: _Optional[int] = ...) -> None: ...
 
 class Overhead(_message.Message):
-    __slots__ = ("estimated_fraction", "duty", "probe_cost_ns", "call_rate_hz", "budget")
+    __slots__ = ("estimated_fraction", "duty", "probe_cost_ns", "call_rate_hz", "budget", "sampled", "unsampled_reason", "tiers", "attached_s", "fixed_cost_s")
     ESTIMATED_FRACTION_FIELD_NUMBER: _ClassVar[int]
     DUTY_FIELD_NUMBER: _ClassVar[int]
     PROBE_COST_NS_FIELD_NUMBER: _ClassVar[int]
     CALL_RATE_HZ_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    UNSAMPLED_REASON_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    ATTACHED_S_FIELD_NUMBER: _ClassVar[int]
+    FIXED_COST_S_FIELD_NUMBER: _ClassVar[int]
     estimated_fraction: float
     duty: float
     probe_cost_ns: float
     call_rate_hz: float
     budget: float
-    def __init__(self, estimated_fraction: _Optional[float] = ..., duty: _Optional[float] = ..., probe_cost_ns: _Optional[float] = ..., call_rate_hz: _Optional[float] = ..., budget: _Optional[float] = ...) -> None: ...
+    sampled: bool
+    unsampled_reason: str
+    tiers: _containers.RepeatedCompositeFieldContainer[ApiTier]
+    attached_s: float
+    fixed_cost_s: float
+    def __init__(self, estimated_fraction: _Optional[float] = ..., duty: _Optional[float] = ..., probe_cost_ns: _Optional[float] = ..., call_rate_hz: _Optional[float] = ..., budget: _Optional[float] = ..., sampled: _Optional[bool] = ..., unsampled_reason: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[ApiTier, _Mapping]]] = ..., attached_s: _Optional[float] = ..., fixed_cost_s: _Optional[float] = ...) -> None: ...
+
+class ApiTier(_message.Message):
+    __slots__ = ("api", "tier", "rate_hz")
+    API_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    RATE_HZ_FIELD_NUMBER: _ClassVar[int]
+    api: str
+    tier: str
+    rate_hz: float
+    def __init__(self, api: _Optional[str] = ..., tier: _Optional[str] = ..., rate_hz: _Optional[float] = ...) -> None: ...
+
+class SchedStats(_message.Message):
+    __slots__ = ("runq_ns", "offcpu_ns", "involuntary_switches", "voluntary_switches", "runq_latency", "window_s")
+    RUNQ_NS_FIELD_NUMBER: _ClassVar[int]
+    OFFCPU_NS_FIELD_NUMBER: _ClassVar[int]
+    INVOLUNTARY_SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    VOLUNTARY_SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    RUNQ_LATENCY_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    runq_ns: int
+    offcpu_ns: int
+    involuntary_switches: int
+    voluntary_switches: int
+    runq_latency: Histogram
+    window_s: float
+    def __init__(self, runq_ns: _Optional[int] = ..., offcpu_ns: _Optional[int] = ..., involuntary_switches: _Optional[int] = ..., voluntary_switches: _Optional[int] = ..., runq_latency: _Optional[_Union[Histogram, _Mapping]] = ..., window_s: _Optional[float] = ...) -> None: ...
+
+class StepStats(_message.Message):
+    __slots__ = ("source", "refused", "steps", "busy_time", "gpu_wait_us", "peer_wait_us", "step_sum_us")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_TIME_FIELD_NUMBER: _ClassVar[int]
+    GPU_WAIT_US_FIELD_NUMBER: _ClassVar[int]
+    PEER_WAIT_US_FIELD_NUMBER: _ClassVar[int]
+    STEP_SUM_US_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    refused: str
+    steps: int
+    busy_time: Histogram
+    gpu_wait_us: float
+    peer_wait_us: float
+    step_sum_us: float
+    def __init__(self, source: _Optional[str] = ..., refused: _Optional[str] = ..., steps: _Optional[int] = ..., busy_time: _Optional[_Union[Histogram, _Mapping]] = ..., gpu_wait_us: _Optional[float] = ..., peer_wait_us: _Optional[float] = ..., step_sum_us: _Optional[float] = ...) -> None: ...
 
 class ProcessWindow(_message.Message):
-    __slots__ = ("job_id", "rank", "local_rank", "gpu_index", "gpu_uuid", "pid", "gpu_kind", "apis", "step_time", "nvml", "overhead")
+    __slots__ = ("job_id", "rank", "local_rank", "gpu_index", "gpu_uuid", "pid", "gpu_kind", "apis", "step_time", "nvml", "overhead", "sched", "steps")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +140,8 @@ class ProcessWindow(_message.Message):
     STEP_TIME_FIELD_NUMBER: _ClassVar[int]
     NVML_FIELD_NUMBER: _ClassVar[int]
     OVERHEAD_FIELD_NUMBER: _ClassVar[int]
+    SCHED_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     local_rank: int
@@ -97,7 +153,9 @@ class ProcessWindow(_message.Message):
     step_time: Histogram
     nvml: NvmlContext
     overhead: Overhead
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., pid: _Optional[int] = ..., gpu_kind: _Optional[str] = ..., apis: _Optional[_Iterable[_Union[ApiStats, _Mapping]]] = ..., step_time: _Optional[_Union[Histogram, _Mapping]] = ..., nvml: _Optional[_Union[NvmlContext, _Mapping]] = ..., overhead: _Optional[_Union[Overhead, _Mapping]] = ...) -> None: ...
+    sched: SchedStats
+    steps: StepStats
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., pid: _Optional[int] = ..., gpu_kind: _Optional[str] = ..., apis: _Optional[_Iterable[_Union[ApiStats, _Mapping]]] = ..., step_time: _Optional[_Union[Histogram, _Mapping]] = ..., nvml: _Optional[_Union[NvmlContext, _Mapping]] = ..., overhead: _Optional[_Union[Overhead, _Mapping]] = ..., sched: _Optional[_Union[SchedStats, _Mapping]] = ..., steps: _Optional[_Union[StepStats, _Mapping]] = ...) -> None: ...
 
 class NodeWindow(_message.Message):
     __slots__ = ("version", "agent_id", "node", "seq", "start", "end", "processes")
@@ -128,7 +186,7 @@ class Ack(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class Finding(_message.Message):
-    __slots__ = ("api", "stat", "value_us", "job_median_us", "ratio", "robust_z", "direction", "meaning", "basis")
+    __slots__ = ("api", "stat", "value_us", "job_median_us", "ratio", "robust_z", "direction", "meaning", "basis", "unit")
     API_FIELD_NUMBER: _ClassVar[int]
     STAT_FIELD_NUMBER: _ClassVar[int]
     VALUE_US_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +196,7 @@ class Finding(_message.Message):
     DIRECTION_FIELD_NUMBER: _ClassVar[int]
     MEANING_FIELD_NUMBER: _ClassVar[int]
     BASIS_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
     api: str
     stat: str
     value_us: float
@@ -147,7 +206,8 @@ class Finding(_message.Message):
     direction: str
     meaning: str
     basis: str
-    def __init__(self, api: _Optional[str] = ..., stat: _Optional[str] = ..., value_us: _Optional[float] = ..., job_median_us: _Optional[float] = ..., ratio: _Optional[float] = ..., robust_z: _Optional[float] = ..., direction: _Optional[str] = ..., meaning: _Optional[str] = ..., basis: _Optional[str] = ...) -> None: ...
+    unit: str
+    def __init__(self, api: _Optional[str] = ..., stat: _Optional[str] = ..., value_us: _Optional[float] = ..., job_median_us: _Optional[float] = ..., ratio: _Optional[float] = ..., robust_z: _Optional[float] = ..., direction: _Optional[str] = ..., meaning: _Optional[str] = ..., basis: _Optional[str] = ..., unit: _Optional[str] = ...) -> None: ...
 
 class GpuReport(_message.Message):
     __slots__ = ("gpu", "rank", "verdict", "windows_flagged", "windows_seen", "spike_rate", "findings", "probable_cause", "gpu_kind")
@@ -202,18 +262,22 @@ class ClusterPrediction(_message.Message):
     def __init__(self, spike_probability: _Optional[float] = ..., basis: _Optional[str] = ..., step_time_now_us: _Optional[float] = ..., step_time_after_eviction_us: _Optional[float] = ..., predicted_gain: _Optional[float] = ..., evicted_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobReport(_message.Message):
-    __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster")
+    __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster", "windows_sampled", "mode")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     windows: int
     gpus: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeReport]
     cluster: ClusterPrediction
-    def __init__(self, job_id: _Optional[str] = ..., windows: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeReport, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterPrediction, _Mapping]] = ...) -> None: ...
+    windows_sampled: int
+    mode: str
+    def __init__(self, job_id: _Optional[str] = ..., windows: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeReport, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterPrediction, _Mapping]] = ..., windows_sampled: _Optional[int] = ..., mode: _Optional[str] = ...) -> None: ...
 
 class Report(_message.Message):
     __slots__ = ("version", "generated", "jobs")
