@@ -12,15 +12,13 @@ median of a few repetitions damps scheduler noise on a busy node.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import shutil
 import statistics
 import subprocess
-import tempfile
 from pathlib import Path
 
+from hypertrace.collector.cbuild import BuildError, build_c
 from hypertrace.collector.ebpf import CALIBRATION_API, ProbeUnavailable, UprobeSession
 
 log = logging.getLogger(__name__)
@@ -31,37 +29,13 @@ MIN_PROBE_COST_NS = 300.0
 NULL_SYMBOL = "hypertrace_null"
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("HYPERTRACE_CACHE") or os.environ.get("XDG_CACHE_HOME")
-    path = Path(base) / "hypertrace" if base else Path.home() / ".cache" / "hypertrace"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        if os.access(path, os.W_OK):
-            return path
-    except OSError:
-        pass
-    fallback = Path(tempfile.gettempdir()) / f"hypertrace-{os.getuid()}"
-    fallback.mkdir(mode=0o700, exist_ok=True)
-    return fallback
-
-
 def bench_binary() -> Path:
     """Path of the compiled calibration helper (built once per source version)."""
-    src = BENCH_SOURCE.read_bytes()
-    exe = _cache_dir() / f"probe-cost-bench-{hashlib.sha256(src).hexdigest()[:12]}"
-    if exe.exists():
-        return exe
-    cc = next((shutil.which(c) for c in ("gcc", "cc", "clang") if shutil.which(c)), None)
-    if cc is None:
-        raise ProbeUnavailable("no C compiler to build the probe-cost calibration helper: "
-                               "apt-get install gcc, or set the agent's probe_cost_ns (--probe-cost-ns) to a measured value")
-    tmp = exe.with_suffix(".tmp")
-    proc = subprocess.run([cc, "-O2", "-rdynamic", "-o", str(tmp), str(BENCH_SOURCE)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise ProbeUnavailable(f"building the probe-cost helper failed: {proc.stderr.strip()}")
-    os.replace(tmp, exe)
-    return exe
+    try:
+        return build_c(BENCH_SOURCE, "probe-cost-bench", ["-O2", "-rdynamic"])
+    except BuildError as exc:
+        raise ProbeUnavailable(f"{exc}; or set the agent's probe_cost_ns (--probe-cost-ns) to a "
+                               "measured value") from exc
 
 
 def _run(exe: Path, calls: int) -> int:
