@@ -1,0 +1,102 @@
+"""Step-marker callbacks for PyTorch Lightning and the Hugging Face Trainer.
+
+Why: a training loop written with a framework has no line of its own at the end of a step; the
+framework's callback is that line. Each callback calls :func:`hypertrace.collector.marker.step`
+once per step, so the agent times steps exactly instead of inferring them::
+
+    from hypertrace.collector.integrations import HypertraceStepCallback
+    trainer = lightning.Trainer(callbacks=[HypertraceStepCallback()])
+
+    from hypertrace.collector.integrations import HypertraceTrainerCallback
+    trainer = transformers.Trainer(..., callbacks=[HypertraceTrainerCallback()])
+
+Neither framework is imported when this module is: importing hypertrace must stay cheap and
+must not depend on them. The classes are made at first access (module ``__getattr__``): each
+subclasses its framework's callback base when that framework is importable (Lightning checks
+``isinstance(cb, Callback)``; the HF handler calls every event on every callback, which the base
+provides), else it is a plain class with the same hook, so the hook still works and tests run
+without the frameworks. Both build and load the marker library when constructed, so its one-time
+compile happens before the first step and the library is mapped, for the agent to find, from the
+start.
+
+What a "step" is: Lightning's ``on_train_batch_end`` runs per batch (with gradient accumulation,
+per micro-batch); the HF ``on_step_end`` runs per optimizer step. Either is regular, which is
+what the agent needs.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+from typing import Any
+
+from hypertrace.collector.marker import load, step
+
+_lock = threading.Lock()
+_made: dict[str, type] = {}
+
+#: Where Lightning's callback base lives, newest package first. A package the process has
+#: already imported wins: Lightning accepts only callbacks of the package whose Trainer it is.
+_LIGHTNING_BASES = (("lightning.pytorch", "Callback"), ("pytorch_lightning", "Callback"))
+_HF_BASES = (("transformers", "TrainerCallback"),)
+
+
+class _LightningHook:
+    """The Lightning hook: one step mark at the end of every training batch."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        load()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        step()
+
+
+class _HfHook:
+    """The Hugging Face hook: one step mark at the end of every optimizer step."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        load()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        step()
+
+
+def _base(candidates: tuple[tuple[str, str], ...]) -> type | None:
+    """The first importable framework base, preferring a module already imported."""
+    ordered = sorted(candidates, key=lambda c: c[0] not in sys.modules)
+    for module, name in ordered:
+        try:
+            return getattr(importlib.import_module(module), name)
+        except Exception:        # not installed, or broken: the plain class still works
+            continue
+    return None
+
+
+_SPECS = {
+    "HypertraceStepCallback": (_LightningHook, _LIGHTNING_BASES,
+                               "Lightning callback: hypertrace step marker per training batch."),
+    "HypertraceTrainerCallback": (_HfHook, _HF_BASES,
+                                  "Hugging Face TrainerCallback: hypertrace step marker per "
+                                  "optimizer step."),
+}
+
+
+def __getattr__(name: str) -> type:
+    spec = _SPECS.get(name)
+    if spec is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _lock:
+        if name not in _made:
+            hook, bases, doc = spec
+            base = _base(bases)
+            # __module__/__qualname__ point back here, so pickling a callback (Lightning
+            # checkpoints and deep-copies them) finds the class through this __getattr__.
+            _made[name] = type(name, (hook,) if base is None else (hook, base),
+                               {"__module__": __name__, "__qualname__": name, "__doc__": doc})
+        return _made[name]
+
+
+__all__ = ["HypertraceStepCallback", "HypertraceTrainerCallback"]

@@ -1,0 +1,71 @@
+"""The step marker: the library the agent looks for, a real uprobe counting the steps, and a
+training process that keeps running when the marker cannot be built."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from hypertrace.collector import marker
+
+#: A training loop in its own process: loads the marker, waits for "go", marks 50 steps.
+LOOP = textwrap.dedent("""
+    import sys
+    from hypertrace.collector.marker import load, step
+    print("ready", load(), flush=True)
+    sys.stdin.readline()
+    for _ in range(50):
+        step()
+    print("done", flush=True)
+""")
+
+
+def _mapped_files(pid: int) -> set[str]:
+    with open(f"/proc/{pid}/maps", encoding="utf-8") as fh:
+        return {line.split(None, 5)[5].strip() for line in fh if len(line.split(None, 5)) == 6}
+
+
+def test_library_has_the_name_the_agent_matches_and_is_mapped_after_a_step():
+    marker.step()
+    path = marker.load()
+    assert path is not None, "the marker was disabled (see the warning): is gcc installed?"
+    assert re.fullmatch(r"libhypertrace_step-[0-9a-f]{12}\.so", path.name)
+    assert str(path) in _mapped_files(os.getpid())         # what the agent reads
+    assert marker.load() == path                           # built and loaded once
+
+
+def test_step_in_another_process_is_counted_by_a_real_uprobe(uprobe_session):
+    from hypertrace.collector.ebpf import CALIBRATION_API
+
+    child = subprocess.Popen([sys.executable, "-c", LOOP], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        ready = child.stdout.readline().split()
+        assert ready[:1] == ["ready"] and ready[1] != "None", f"loop did not start: {ready}"
+        uprobe_session.attach_symbol(ready[1], marker.SYMBOL, api=CALIBRATION_API.name,
+                                     pid=child.pid)
+        out, _ = child.communicate("go\n", timeout=60)
+        assert child.returncode == 0 and out.strip() == "done"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    seen = uprobe_session.read_and_clear()
+    assert seen[(child.pid, CALIBRATION_API.name)].count == 50
+
+
+def test_without_a_compiler_step_is_a_no_op_with_one_warning(tmp_path):
+    """An empty cache and no compiler on PATH: training goes on, one warning names the fix."""
+    code = "from hypertrace.collector.marker import step\nfor _ in range(5): step()\nprint('ok')"
+    env = {**os.environ, "PATH": str(tmp_path / "nothing-here"),
+           "HYPERTRACE_CACHE": str(tmp_path / "cache")}
+    env.pop("XDG_CACHE_HOME", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    warnings = [ln for ln in proc.stderr.splitlines() if "step marker disabled" in ln]
+    assert len(warnings) == 1 and "apt-get install gcc" in warnings[0], proc.stderr
+    assert not list(Path(tmp_path / "cache").rglob("libhypertrace_step-*"))
