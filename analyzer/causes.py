@@ -5,10 +5,12 @@ one place, tested, and phrased as "evidence -> what to check", never as a certai
 """
 from __future__ import annotations
 
-from typing import Iterable, Protocol, Sequence
+import math
+from typing import Iterable, Mapping, Protocol, Sequence
 
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.scoring import meaning
+from hypertrace.analyzer.signals import SIGNAL_NAMES, SIGNALS, signal_meaning
 from hypertrace.proto import hypertrace_pb2 as pb
 
 #: nvmlClocksEventReasons bits (nvml.h) worth naming; idle/app-clock/display bits are not causes.
@@ -25,6 +27,9 @@ class _Finding(Protocol):
     api: str
     direction: str
     implicates: bool
+    value_us: float
+    job_median_us: float
+    evidence: Mapping[str, tuple[float, float]]
 
 
 def nvml_evidence(ctx: pb.NvmlContext | None) -> list[str]:
@@ -50,12 +55,110 @@ def nvml_evidence(ctx: pb.NvmlContext | None) -> list[str]:
 
 
 def finding_meaning(cfg: ScoringConfig, api: str, direction: str) -> str:
+    if api in SIGNAL_NAMES:
+        return signal_meaning(api, direction)
     return meaning(cfg.api_kind(api), direction)
 
 
+def share_text(x: float) -> str:
+    """A share of wall time as a percentage that keeps small values readable (31%, 0.2%)."""
+    if not math.isfinite(x):
+        return "n/a"
+    pct = 100.0 * x
+    return f"{pct:.0f}%" if abs(pct) >= 10 else f"{pct:.1f}%"
+
+
+def duration_text(us: float) -> str:
+    """A duration in the unit that reads best (µs, ms or s)."""
+    if not math.isfinite(us):
+        return "n/a"
+    if abs(us) < 1e3:
+        return f"{us:.1f} us"
+    if abs(us) < 1e6:
+        return f"{us / 1e3:.1f} ms"
+    return f"{us / 1e6:.2f} s"
+
+
+def _no_contention(ev: Mapping[str, tuple[float, float]]) -> str:
+    """", no CPU contention (run-queue x% of wall time)" when the scheduler evidence says so."""
+    if "sched.runq" not in ev:
+        return ""
+    v, m = ev["sched.runq"]
+    if v - m >= 0.05:
+        return f", with run-queue wait {share_text(v)} of wall time"
+    return f", no CPU contention (run-queue wait {share_text(v)} of wall time)"
+
+
+def _grown_part(ev: Mapping[str, tuple[float, float]]) -> str:
+    """Which part of a slow rank's step grew most over the job median: own work, waits on its
+    GPU, or run-queue wait (the latter as time per step needs the step, so it is named by share)."""
+    parts = []
+    for name, label in (("step.busy", "its own work per step"),
+                        ("step.gpu_wait", "its waits on its own GPU per step")):
+        if name in ev:
+            v, m = ev[name]
+            parts.append((v - m, f"{label} ({duration_text(v)} vs {duration_text(m)})"))
+    if not parts:
+        return ""
+    grow, text = max(parts)
+    return f"; what grew: {text}" if grow > 0 else ""
+
+
+def signal_cause(f: _Finding) -> str:
+    """The probable cause a convicting signal finding states, with its evidence numbers."""
+    ev = dict(f.evidence) or {f.api: (f.value_us, f.job_median_us)}
+    ev.setdefault(f.api, (f.value_us, f.job_median_us))
+    name = f.api
+    if name == "sched.runq":
+        text = (f"run-queue wait {share_text(ev[name][0])} of wall time vs "
+                f"{share_text(ev[name][1])} job median")
+        if "runq.p50_us" in ev:
+            text += f" (p50 latency {duration_text(ev['runq.p50_us'][0])})"
+        return text + ": CPU contention — another process shares this rank's CPU"
+    if name == "gpu.sm_clock":
+        v, m = ev[name]
+        return (f"SM clock at {share_text(v)} of its maximum vs {share_text(m)} job median: "
+                "throttled GPU")
+    if name == "step.gpu_wait":
+        v, m = ev[name]
+        return (f"waits {duration_text(v)} per step on its own GPU vs {duration_text(m)} job "
+                f"median{_no_contention(ev)}: GPU side (slow or throttled GPU, more GPU work)")
+    if name == "step.busy":
+        v, m = ev[name]
+        return (f"own work {duration_text(v)} per step (step less its waits) vs "
+                f"{duration_text(m)} job median{_no_contention(ev)}: the rank itself is slower "
+                "(CPU side: input pipeline, Python overhead, more work on this rank)")
+    if name == "step.time":
+        v, m = ev[name]
+        return (f"steps take {duration_text(v)} vs {duration_text(m)} job median (independent "
+                f"ranks): slow rank{_grown_part(ev)}{_no_contention(ev)}")
+    if name == "launch.rate":
+        v, m = ev[name]
+        return (f"issues {v:,.0f} launches/s vs {m:,.0f}/s job median (independent ranks)"
+                f"{_no_contention(ev)}: its CPU side is slow (driver lock, NUMA placement, "
+                "a slow host CPU)")
+    return f"{name} {f.direction}: {signal_meaning(name, f.direction)}"
+
+
+def _support(findings: Sequence[_Finding]) -> str:
+    """Supporting evidence: a lowest peer wait says the rank arrives last at a collective."""
+    for f in findings:
+        if f.api == "step.peer_wait" and f.direction == "low":
+            return (f"; arrives last at the collective (waits {duration_text(f.value_us)} per "
+                    f"step for its peers vs {duration_text(f.job_median_us)} job median)")
+    return ""
+
+
 def gpu_cause(ctx: pb.NvmlContext | None, findings: Sequence[_Finding]) -> str:
-    """One GPU's probable cause: NVML evidence if any, else what its implicating tails say."""
+    """One GPU's probable cause: the signal that convicted it, with its evidence (plus NVML
+    evidence if any); else NVML evidence; else what its implicating API tails say."""
     evidence = nvml_evidence(ctx)
+    order = {name: i for i, (name, _, _) in enumerate(SIGNALS)}
+    convicting = sorted((f for f in findings if f.implicates and f.api in order),
+                        key=lambda f: order[f.api])
+    if convicting:
+        text = signal_cause(convicting[0]) + _support(findings)
+        return text + ("; NVML: " + "; ".join(evidence) if evidence else "")
     if evidence:
         return "NVML: " + "; ".join(evidence)
     apis = {f.api for f in findings if f.implicates}

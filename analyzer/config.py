@@ -54,8 +54,20 @@ Defaults and why:
   GPUs is ~2x its MAD-implied sigma, and ~2% of GPUs pass the z cut each window), and a shifted tail
   with a normal median is a *spike* source, which the spike rate measures, not a straggler.
 * ``launch_apis`` / ``sync_apis``: API names whose high tail (launch) or low tail (sync) makes a GPU
-  suspect. Taken from the agent's probe table (:mod:`hypertrace.collector.apis`). Any other API is
-  scored as "high = slow".
+  suspect. Taken from the agent's probe table (:mod:`hypertrace.collector.apis`): graph launches
+  (kind "graph") count as launches. Any other API is scored as "high = slow". The step marker
+  (kind "marker", ``hypertrace_step``) is never scored as a latency: it is a step boundary, its
+  timing travels in the step statistics.
+* ``job_mode`` "auto": how a job's ranks are read (:mod:`hypertrace.analyzer.signals`).
+  "collective" (the ranks meet in a collective every step, so their step times are equal and the
+  straggler is the one that waits least), "independent" (each rank's step time is its own), or
+  "auto": inferred per epoch from the step times. Set it when the inference is wrong for a job.
+* ``collective_spread`` 0.02: "auto" reads a job as collective when (nearly) all ranks' step p50s
+  lie within 2% of the job median; a collective equalizes them far tighter than that.
+* ``min_steps`` 3: steps per GPU per epoch needed to score its step signals (a median of two
+  steps is one step).
+* ``sched_min_seconds`` 1.0: scheduler evidence must cover at least this much of the epoch for the
+  run-queue share to be scored (a process found a moment before the window ended says nothing).
 """
 from __future__ import annotations
 
@@ -72,9 +84,14 @@ else:  # pragma: no cover - Python 3.10
 
 from hypertrace.collector.apis import PROBED_APIS
 
-DEFAULT_LAUNCH_APIS: tuple[str, ...] = tuple(a.name for a in PROBED_APIS if a.kind == "launch")
+DEFAULT_LAUNCH_APIS: tuple[str, ...] = tuple(a.name for a in PROBED_APIS
+                                             if a.kind in ("launch", "graph"))
 DEFAULT_SYNC_APIS: tuple[str, ...] = tuple(a.name for a in PROBED_APIS if a.kind == "sync")
+#: Step boundaries, not latencies: never scored as an API.
+MARKER_APIS: frozenset[str] = frozenset(
+    {a.name for a in PROBED_APIS if a.kind == "marker"} | {"hypertrace_step"})
 KNOWN_STATS = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+JOB_MODES = ("auto", "collective", "independent")
 
 
 class ConfigError(ValueError):
@@ -104,6 +121,10 @@ class ScoringConfig:
     verdict_stats: tuple[str, ...] = ("p50",)
     launch_apis: tuple[str, ...] = field(default=DEFAULT_LAUNCH_APIS)
     sync_apis: tuple[str, ...] = field(default=DEFAULT_SYNC_APIS)
+    job_mode: str = "auto"
+    collective_spread: float = 0.02
+    min_steps: int = 3
+    sched_min_seconds: float = 1.0
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, rule: str) -> None:
@@ -126,6 +147,11 @@ class ScoringConfig:
         need(self.clear_m >= 1, "clear_m", "must be >= 1")
         need(self.spike_threshold > 0, "spike_threshold", "must be > 0, e.g. 0.5 for +50%")
         need(0 < self.host_fraction < 1, "host_fraction", "must be in (0, 1)")
+        need(self.job_mode in JOB_MODES, "job_mode", f"must be one of {list(JOB_MODES)}")
+        need(0 < self.collective_spread < 1, "collective_spread",
+             "must be in (0, 1), e.g. 0.02 for step times within 2%")
+        need(self.min_steps >= 1, "min_steps", "must be >= 1")
+        need(self.sched_min_seconds >= 0, "sched_min_seconds", "must be >= 0 seconds")
         object.__setattr__(self, "stats", tuple(self.stats))
         object.__setattr__(self, "verdict_stats", tuple(self.verdict_stats))
         object.__setattr__(self, "launch_apis", tuple(self.launch_apis))
@@ -148,7 +174,10 @@ class ScoringConfig:
         return [s in self.verdict_stats for s in self.stats]
 
     def api_kind(self, api: str) -> str:
-        """"launch", "sync" or "other": which tail of this API means "this GPU is the problem"."""
+        """"launch", "sync", "marker" or "other": which tail of this API means "this GPU is the
+        problem" ("marker": a step boundary, not scored)."""
+        if api in MARKER_APIS:
+            return "marker"
         if api in self.launch_apis:
             return "launch"
         if api in self.sync_apis:

@@ -12,6 +12,12 @@ the GPU UUID, else ``pid:<pid>``. Its *row* is assigned by the job when the GPU 
 accumulator never loops over GPUs again). Several processes on one GPU, or several windows of one
 node in one epoch (short or duty-cycled windows), are merged by adding their histograms, which is
 exact on the fixed bucket scheme.
+
+Besides the API histograms, each process may carry scheduler evidence (``sched``), step
+statistics (``steps``), its sliced tier's attached time and sampled flag (``overhead``) and its
+GPU's SM clock (``nvml``). They are appended the same way (flat arrays, no per-GPU objects) and
+merged per GPU at build into :class:`ProcessSignals`: totals add up, histograms merge, the SM clock
+ratio is the latest window's.
 """
 from __future__ import annotations
 
@@ -108,6 +114,30 @@ class Hists:
 
 
 @dataclass
+class ProcessSignals:
+    """Per-GPU (G,) totals of the evidence beside the API latencies; zeros where absent.
+
+    Several processes or windows of one GPU add up, so ratios built from these (a run-queue share,
+    a wait per step, a call rate) are averages over what was measured."""
+
+    sched_s: np.ndarray            # seconds of scheduler evidence (SchedStats.window_s summed)
+    runq_ns: np.ndarray
+    offcpu_ns: np.ndarray
+    switches: np.ndarray           # involuntary + voluntary
+    involuntary: np.ndarray
+    runq_latency: Hists | None
+    steps: np.ndarray              # StepStats.steps summed
+    gpu_wait_us: np.ndarray
+    peer_wait_us: np.ndarray
+    step_sum_us: np.ndarray
+    busy: Hists | None
+    attached_s: np.ndarray         # Overhead.attached_s summed (sliced tier)
+    sampled: np.ndarray            # bool: some process of this GPU held this epoch's slice
+    sm_clock_ratio: np.ndarray     # sm_clock / max_sm_clock of the latest window; NaN unknown
+    step_sources: tuple[str, ...] = ()   # distinct StepStats.source values ("marker", ...)
+
+
+@dataclass
 class CrossSection:
     """Everything scoring needs about one job's GPUs in one epoch, as arrays (row = GPU).
 
@@ -121,6 +151,7 @@ class CrossSection:
     apis: dict[str, Hists]
     step_time: Hists | None
     windows: int = 0
+    signals: ProcessSignals | None = None
 
     @property
     def size(self) -> int:
@@ -176,6 +207,27 @@ class _Flat:
         return Hists(dense.reshape(width, n_local), lo, per_gpu)
 
 
+@dataclass
+class _Scalars:
+    """Per-process numbers as flat columns, until :meth:`sums` adds them up per GPU."""
+
+    names: tuple[str, ...]
+    rows: array = field(default_factory=lambda: array("q"))
+    cols: dict[str, array] = field(default_factory=dict)
+
+    def add(self, row: int, *values: float) -> None:
+        self.rows.append(row)
+        for name, v in zip(self.names, values):
+            self.cols.setdefault(name, array("d")).append(float(v))
+
+    def sums(self, position: np.ndarray, n: int) -> dict[str, np.ndarray]:
+        if not self.rows:
+            return {name: np.zeros(n) for name in self.names}
+        local = position[np.frombuffer(self.rows, dtype=np.int64)]
+        return {name: np.bincount(local, weights=np.frombuffer(self.cols[name], dtype=np.float64),
+                                  minlength=n) for name in self.names}
+
+
 class EpochAccumulator:
     """Collects the processes of one job in one epoch; ``build`` gives the :class:`CrossSection`."""
 
@@ -186,9 +238,17 @@ class EpochAccumulator:
         self._present = array("q")
         self._apis: dict[str, _Flat] = {}
         self._steps = _Flat()
+        self._sched = _Scalars(("sched_s", "runq_ns", "offcpu_ns", "switches", "involuntary"))
+        self._runq_hist = _Flat()
+        self._stepstats = _Scalars(("steps", "gpu_wait_us", "peer_wait_us", "step_sum_us"))
+        self._busy = _Flat()
+        self._overhead = _Scalars(("attached_s", "sampled"))
+        self._clock = _Scalars(("ratio", "order"))
+        self._sources: set[str] = set()
 
-    def add_process(self, row: int, p: pb.ProcessWindow) -> None:
-        """Add one process window whose GPU has job-wide row ``row``."""
+    def add_process(self, row: int, p: pb.ProcessWindow, end_ns: int = 0) -> None:
+        """Add one process window whose GPU has job-wide row ``row``; ``end_ns`` (the window's
+        end) picks the latest NVML clock reading when a GPU has several windows in the epoch."""
         self._present.append(row)
         for a in p.apis:
             flat = self._apis.get(a.api)
@@ -197,6 +257,25 @@ class EpochAccumulator:
             flat.add(row, a.histogram, a.count)
         if p.HasField("step_time"):
             self._steps.add(row, p.step_time)
+        if p.HasField("sched"):
+            sc = p.sched
+            self._sched.add(row, sc.window_s, sc.runq_ns, sc.offcpu_ns,
+                            sc.involuntary_switches + sc.voluntary_switches,
+                            sc.involuntary_switches)
+            if sc.HasField("runq_latency"):
+                self._runq_hist.add(row, sc.runq_latency)
+        if p.HasField("steps") and p.steps.steps:
+            st = p.steps
+            self._stepstats.add(row, st.steps, st.gpu_wait_us, st.peer_wait_us, st.step_sum_us)
+            if st.HasField("busy_time"):
+                self._busy.add(row, st.busy_time)
+            if st.source:
+                self._sources.add(st.source)
+        if p.HasField("overhead"):
+            self._overhead.add(row, p.overhead.attached_s, 1.0 if p.overhead.sampled else 0.0)
+        if (p.HasField("nvml") and p.nvml.HasField("sm_clock_mhz")
+                and p.nvml.HasField("max_sm_clock_mhz") and p.nvml.max_sm_clock_mhz > 0):
+            self._clock.add(row, p.nvml.sm_clock_mhz / p.nvml.max_sm_clock_mhz, float(end_ns))
 
     def build(self) -> CrossSection:
         present_rows = np.frombuffer(self._present, dtype=np.int64)
@@ -211,4 +290,29 @@ class EpochAccumulator:
 
         apis = {api: flat.hists(local(flat), n) for api, flat in sorted(self._apis.items())}
         steps = self._steps.hists(local(self._steps), n) if self._steps.rows else None
-        return CrossSection(self.job_id, self.epoch, rows, apis, steps, self.windows)
+        return CrossSection(self.job_id, self.epoch, rows, apis, steps, self.windows,
+                            self._signals(position, n, local))
+
+    def _signals(self, position: np.ndarray, n: int, local) -> ProcessSignals:
+        sched = self._sched.sums(position, n)
+        st = self._stepstats.sums(position, n)
+        ov = self._overhead.sums(position, n)
+        ratio = np.full(n, np.nan)
+        if self._clock.rows:                         # latest reading per GPU: sort by (GPU, end)
+            who = position[np.frombuffer(self._clock.rows, dtype=np.int64)]
+            val = np.frombuffer(self._clock.cols["ratio"], dtype=np.float64)
+            when = np.frombuffer(self._clock.cols["order"], dtype=np.float64)
+            order = np.lexsort((when, who))
+            last = np.ones(order.size, dtype=bool)
+            last[:-1] = who[order][1:] != who[order][:-1]
+            ratio[who[order][last]] = val[order][last]
+        return ProcessSignals(
+            sched_s=sched["sched_s"], runq_ns=sched["runq_ns"], offcpu_ns=sched["offcpu_ns"],
+            switches=sched["switches"], involuntary=sched["involuntary"],
+            runq_latency=(self._runq_hist.hists(local(self._runq_hist), n)
+                          if self._runq_hist.rows else None),
+            steps=st["steps"], gpu_wait_us=st["gpu_wait_us"], peer_wait_us=st["peer_wait_us"],
+            step_sum_us=st["step_sum_us"],
+            busy=self._busy.hists(local(self._busy), n) if self._busy.rows else None,
+            attached_s=ov["attached_s"], sampled=ov["sampled"] > 0, sm_clock_ratio=ratio,
+            step_sources=tuple(sorted(self._sources)))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hypertrace.analyzer import causes, theory
+from hypertrace.analyzer import causes, signals, theory
 from hypertrace.analyzer.config import KNOWN_STATS, ScoringConfig
 from hypertrace.analyzer.cross_section import (CrossSection, EpochAccumulator, GpuKey, Hists,
                                               OrderKey, gpu_label)
@@ -74,6 +74,9 @@ class ScoreRow:
     direction: str                 # "high" | "low"
     implicates: bool = False       # this tail makes the GPU suspect (launch high, sync low)
     basis: str = "gpu"             # "gpu": this GPU's value; "host": its host's median GPU
+    unit: str = ""                 # "" (µs latency) | "us" | "share" | "hz" | "ratio"
+    #: a signal finding's evidence: {signal: (this GPU's value, job median)} (see signals.py)
+    evidence: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -112,6 +115,9 @@ class _Job:
     basis_counts: np.ndarray = field(
         default_factory=lambda: np.zeros((buckets.NUM_BUCKETS, 0), np.float32))
     step_counts: np.ndarray | None = None
+    busy_counts: np.ndarray | None = None
+    mode: str = ""
+    windows_sampled: int = 0
     pending: dict[int, EpochAccumulator] = field(default_factory=dict)
     seen_nodes: set[str] = field(default_factory=set)
     epochs_scored: int = 0
@@ -167,6 +173,8 @@ class _Job:
             self.basis_counts = np.concatenate((self.basis_counts, pad), axis=1)
             if self.step_counts is not None:
                 self.step_counts = np.concatenate((self.step_counts, pad), axis=1)
+            if self.busy_counts is not None:
+                self.busy_counts = np.concatenate((self.busy_counts, pad), axis=1)
 
     def keys_of(self, rows: np.ndarray) -> list[GpuKey]:
         """(node, gpu) of ``rows``; cached while a job's set of GPUs does not change."""
@@ -258,7 +266,7 @@ class Engine:
                         acc = job.pending[epoch] = EpochAccumulator(p.job_id, epoch)
                 touched[p.job_id] = acc
             if acc is not None:
-                acc.add_process(self._jobs[p.job_id].register(window.node, p, order), p)
+                acc.add_process(self._jobs[p.job_id].register(window.node, p, order), p, end_ns)
         for job_id, acc in touched.items():
             job = self._jobs[job_id]
             job.windows += 1
@@ -302,8 +310,13 @@ class Engine:
         verdict_cols = np.asarray(cfg.verdict_mask(), dtype=bool)
         quantiles: dict[str, np.ndarray] = {}
         layouts = job.host_layouts(rows, groups)
+        launch_calls = np.zeros(g)
         for api, hists in cs.apis.items():
             kind = cfg.api_kind(api)
+            if kind == "marker":                 # a step boundary, not a latency
+                continue
+            if kind == "launch":
+                launch_calls += hists.total()
             q = quantiles[api] = hists.quantiles_us([KNOWN_STATS[x] for x in cfg.stats])
             cnt = hists.total()
             se = sampling_se_us(hists, q, cfg.stats)
@@ -348,6 +361,16 @@ class Engine:
                         robust_z=float(sc_.robust_z[r, si]), flagged=True, direction=direction,
                         implicates=bool(verdict_cols[si]) and implicates(kind, direction),
                         basis=basis))
+        sig = signals.score_signals(cs, cfg, groups, launch_calls)
+        sufficient |= sig.sufficient
+        flagged |= sig.flagged
+        found.extend(self._signal_rows(job, cs, sig))
+        if sig.mode:
+            job.mode = sig.mode
+        covered = launch_calls >= cfg.min_samples
+        if cs.signals is not None:
+            covered |= cs.signals.sampled
+        job.windows_sampled += int(covered.sum() >= cfg.min_gpus)
         codes = job.persistence.update(rows, sufficient, flagged, cfg)
         by_row: dict[int, list[ScoreRow]] = {}
         for r in found:
@@ -359,6 +382,24 @@ class Engine:
         job.last_scored_epoch = cs.epoch if job.last_scored_epoch is None else max(
             job.last_scored_epoch, cs.epoch)
         return EpochResult(job.job_id, cs.epoch, found, job.verdict_dict(rows, codes))
+
+    @staticmethod
+    def _signal_rows(job: _Job, cs: CrossSection, sig: signals.SignalEpoch) -> list[ScoreRow]:
+        """ScoreRows of the flagged cells (either tail) of every signal: a handful per epoch."""
+        out = []
+        for s in sig.scores:
+            for i in np.flatnonzero(s.high | s.low).tolist():
+                row = int(cs.rows[i])
+                node, gpu_name = job.keys[row]
+                imp = bool(s.implicating[i])
+                out.append(ScoreRow(
+                    job_id=job.job_id, epoch=cs.epoch, node=node, gpu=gpu_name,
+                    rank=job.ranks[row], api=s.name, stat=s.stat, value_us=float(s.value[i]),
+                    job_median_us=float(s.median[i]), ratio=float(s.ratio[i]),
+                    robust_z=float(s.robust_z[i]), flagged=True,
+                    direction="high" if s.high[i] else "low", implicates=imp, basis="gpu",
+                    unit=s.unit, evidence=sig.evidence(i) if imp else {}))
+        return out
 
     def _accumulate_theory(self, job: _Job, cs: CrossSection, groups: list[np.ndarray],
                            quantiles: dict[str, np.ndarray]) -> None:
@@ -402,6 +443,10 @@ class Engine:
                 if job.step_counts is None:
                     job.step_counts = np.zeros(job.basis_counts.shape, np.float32)
                 _add_rows(job.step_counts, rows, h)
+        if cs.signals is not None and cs.signals.busy is not None:
+            if job.busy_counts is None:
+                job.busy_counts = np.zeros(job.basis_counts.shape, np.float32)
+            _add_rows(job.busy_counts, rows, cs.signals.busy)
 
     # ---- queries ---------------------------------------------------------------------------
 
@@ -439,7 +484,8 @@ class Engine:
 
     def _job_report(self, job: _Job) -> pb.JobReport:
         cfg = self.config
-        jr = pb.JobReport(job_id=job.job_id, windows=job.epochs_scored, gpus=len(job.keys))
+        jr = pb.JobReport(job_id=job.job_id, windows=job.epochs_scored, gpus=len(job.keys),
+                          windows_sampled=job.windows_sampled, mode=job.mode)
         if not job.keys:
             return jr
         job.grow()
@@ -469,7 +515,7 @@ class Engine:
                                     job_median_us=f.job_median_us, ratio=f.ratio,
                                     robust_z=f.robust_z, direction=f.direction,
                                     meaning=causes.finding_meaning(cfg, f.api, f.direction),
-                                    basis=f.basis)
+                                    basis=f.basis, unit=f.unit)
                 if codes[r] in (SUSPECT, STRAGGLER):
                     gr.probable_cause = causes.gpu_cause(job.nvml[r], fs)
                 gpu_reports.append(gr)
@@ -486,9 +532,11 @@ class Engine:
         # rows in (node, gpu) order, so float sums do not depend on the order windows arrived in
         order = np.asarray(sorted(range(len(job.keys)), key=job.keys.__getitem__), dtype=np.int64)
         rates = rates[order]
-        use_steps = job.step_counts is not None and bool(job.step_counts.sum() > 0)
-        counts = job.step_counts if use_steps else job.basis_counts
-        basis = ("step_time" if use_steps else job.basis_api or "")
+        use_busy = job.busy_counts is not None and bool(job.busy_counts.sum() > 0)
+        use_steps = use_busy or (job.step_counts is not None and bool(job.step_counts.sum() > 0))
+        counts = (job.busy_counts if use_busy else job.step_counts if use_steps
+                  else job.basis_counts)
+        basis = ("step.busy" if use_busy else "step_time" if use_steps else job.basis_api or "")
         pred = pb.ClusterPrediction(
             spike_probability=theory.job_spike_probability(rates), evicted_nodes=evicted)
         if basis and counts.shape[1] and counts.sum() > 0:
@@ -499,10 +547,13 @@ class Engine:
             pred.step_time_now_us = now
             pred.step_time_after_eviction_us = after
             pred.predicted_gain = now / after - 1.0 if after > 0 else 0.0
-            what = "step time" if use_steps else f"{basis} latency per call"
+            what = ("busy time per step (step less its waits: what each rank brings to the "
+                    "step)" if use_busy else "step time" if use_steps
+                    else f"{basis} latency per call")
+            step_spikes = job.step_counts is not None and bool(job.step_counts.sum() > 0)
             pred.basis = (f"{basis}: E[max over {int((counts.sum(axis=0) > 0).sum())} ranks] of "
                           f"{what}, from each rank's merged histogram; spike rate: "
-                          + ("share of steps" if use_steps else "share of epochs whose p99 is")
+                          + ("share of steps" if step_spikes else "share of epochs whose p99 is")
                           + f" > {1 + self.config.spike_threshold:g} x the job median")
         return pred
 

@@ -122,11 +122,16 @@ def effect_gate(median_us: np.ndarray, mad_us: np.ndarray, min_effect: float,
 def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
                  stats: tuple[str, ...], se_us: np.ndarray | None = None,
                  allowance_sigmas: float = 0.0,
-                 no_allowance: np.ndarray | None = None) -> StatScores:
+                 no_allowance: np.ndarray | None = None,
+                 absolute_gate: float | None = None) -> StatScores:
     """Score precomputed quantiles ``values_us`` (G, S) of G GPUs with ``count`` calls each;
     ``se_us`` (G, S), when given, is each value's own sampling error (see module docstring);
     ``allowance_sigmas`` lowers the effect gate (hosts only, see :func:`score_hosts`), except for
-    the rows where ``no_allowance`` (G,) is True: they keep the plain ``min_effect``."""
+    the rows where ``no_allowance`` (G,) is True: they keep the plain ``min_effect``.
+
+    ``absolute_gate``, when given, replaces the relative effect gate by an absolute one,
+    ``|x - median| >= absolute_gate`` in the values' own unit: for shares of wall time whose job
+    median is near 0 (a run-queue share of 0.2%), where any ratio is huge and means nothing."""
     values_us = np.asarray(values_us, dtype=np.float64)
     g, s = values_us.shape
     ok = (np.asarray(count) >= cfg.min_samples) & _finite_rows(values_us)
@@ -152,7 +157,10 @@ def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
     row_gate = np.broadcast_to(gate, v.shape)
     if no_allowance is not None:
         row_gate = np.where(np.asarray(no_allowance)[:, None], cfg.min_effect, row_gate)
-    effect = np.abs(ratio - 1.0) >= row_gate
+    if absolute_gate is None:
+        effect = np.abs(ratio - 1.0) >= row_gate
+    else:
+        effect = np.abs(v - med) >= absolute_gate
     high = (z > cfg.z_threshold) & (v > q3 + cfg.iqr_k * iqr) & effect
     low = (z < -cfg.z_threshold) & (v < q1 - cfg.iqr_k * iqr) & effect
     return StatScores(stats, v, np.asarray(count), ok, med, mad_eff, gate, z, ratio,

@@ -1,0 +1,269 @@
+"""Scored signals beside the API latencies: run-queue share, step times and waits, launch rate,
+SM clock. One (G,) value per GPU per epoch each, scored by the same robust rules as the API
+latencies (:func:`hypertrace.analyzer.scoring.score_values` with one stat).
+
+Why these: a CPU hog on a rank's core does not move its launch latency at all (the process is
+delayed *between* calls, not inside them). What moves is the time its threads sit runnable on a
+run queue, its step time (when the ranks are independent), its own work per step, and its call
+rate. A slow GPU shows in the rank's waits on its own GPU and in NVML clocks.
+
+Which tail implicates a GPU depends on the signal and on the job's **mode**:
+
+======================  =====================================  ==============================
+signal                  value                                  implicating tail
+======================  =====================================  ==============================
+``sched.runq``          run-queue time / covered wall time     high, and at least
+                                                               ``min_effect`` of wall time
+                                                               above the job median
+``step.time``           p50 of the step durations              high, independent mode only
+``step.busy``           p50 of (step less its waits)           high, both modes
+``step.gpu_wait``       sync-call time per step                high, when the GPU's peer wait
+                                                               per step is not above the job's
+``step.peer_wait``      blocked-off-CPU time per step          never (low = arrives last at a
+                                                               CPU-side collective: reported
+                                                               as support)
+``launch.rate``         launch calls / attached seconds        low, independent mode only
+``gpu.sm_clock``        SM clock / max SM clock                low
+======================  =====================================  ==============================
+
+In a **collective** job every rank's step time is the same (the collective equalizes them), so a
+step time says nothing about which rank is slow, and the slow rank is the one that *waits least*
+for its peers. In an **independent** job a rank's step time and call rate are its own.
+Mode inference (``job_mode = "auto"``): "collective" when at least ``min_gpus`` ranks have
+``min_steps`` steps and nearly all of them (:data:`COLLECTIVE_SHARE`) have a step p50 within
+``collective_spread`` of the job median; "independent" when they do not; "" when fewer than
+``min_gpus`` ranks have steps (nothing to read it from). Why "nearly all" and not the MAD: a
+robust spread ignores exactly the one slow rank an independent job is scored for, so a job with
+seven equal ranks and one 30% slower would read as collective. A collective equalizes every rank,
+the slow one included.
+
+The two wait signals are gated in absolute terms: the deviation must be at least ``min_effect`` of
+the job's median step, because a wait is a small part of a step and shrinks or grows many times
+faster than the work it waits for (a 5% gate on the wait itself is a fraction of a percent of a
+step).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hypertrace.analyzer.config import ScoringConfig
+from hypertrace.analyzer.cross_section import CrossSection, Hists
+from hypertrace.analyzer.scoring import sampling_se_us, score_values
+
+#: Share of step-carrying ranks that must agree within ``collective_spread`` for "collective".
+COLLECTIVE_SHARE = 0.95
+
+#: (name, unit, stat label) of every signal, in the order causes prefer them.
+SIGNALS: tuple[tuple[str, str, str], ...] = (
+    ("sched.runq", "share", "share"),
+    ("gpu.sm_clock", "ratio", "ratio"),
+    ("step.gpu_wait", "us", "per_step"),
+    ("step.busy", "us", "p50"),
+    ("step.time", "us", "p50"),
+    ("launch.rate", "hz", "rate"),
+    ("step.peer_wait", "us", "per_step"),
+)
+SIGNAL_NAMES = frozenset(name for name, _, _ in SIGNALS)
+
+#: What each tail of each signal means, shown with every finding.
+SIGNAL_MEANINGS: dict[tuple[str, str], str] = {
+    ("sched.runq", "high"): "its threads wait longer for a CPU than the job's: CPU contention "
+                            "(another process shares this rank's CPU)",
+    ("sched.runq", "low"): "less run-queue wait than the job: not a problem by itself",
+    ("step.time", "high"): "longer steps than the job's (independent ranks): this rank is slow",
+    ("step.time", "low"): "shorter steps than the job's: not a problem by itself",
+    ("step.busy", "high"): "more own work per step than the job (step less its waits): the rank "
+                           "itself is slower (CPU side, or more work)",
+    ("step.busy", "low"): "less own work per step than the job: not a problem by itself",
+    ("step.gpu_wait", "high"): "waits longer on its own GPU per step than the job: GPU side "
+                               "(slow or throttled GPU, more GPU work)",
+    ("step.gpu_wait", "low"): "shorter waits on its own GPU than the job: not a problem by itself",
+    ("step.peer_wait", "low"): "waits least for its peers: arrives last at the collective "
+                               "(supports a finding on this rank)",
+    ("step.peer_wait", "high"): "waits longer for its peers than the job: it waits on others; it "
+                                "is not itself slow",
+    ("launch.rate", "low"): "issues launches more slowly than the job (independent ranks): the "
+                            "rank's CPU side is slow",
+    ("launch.rate", "high"): "issues launches faster than the job: not a problem by itself",
+    ("gpu.sm_clock", "low"): "SM clock lower than the job's: throttled GPU",
+    ("gpu.sm_clock", "high"): "SM clock higher than the job's: not a problem by itself",
+}
+
+
+def signal_meaning(name: str, direction: str) -> str:
+    return SIGNAL_MEANINGS[(name, direction)]
+
+
+@dataclass
+class SignalScore:
+    """One signal scored for the G GPUs of an epoch; every array is (G,), NaN/False where the GPU
+    was not scored. ``median`` is the median of the GPU's own kind group."""
+
+    name: str
+    unit: str
+    stat: str
+    value: np.ndarray
+    median: np.ndarray
+    ratio: np.ndarray
+    robust_z: np.ndarray
+    scored: np.ndarray
+    high: np.ndarray
+    low: np.ndarray
+    implicating: np.ndarray        # the tail that makes this GPU suspect, in this mode
+
+
+@dataclass
+class SignalEpoch:
+    """Every signal of one job's epoch, the mode they were read in, and per-GPU evidence."""
+
+    mode: str
+    scores: list[SignalScore]
+    runq_p50_us: np.ndarray        # (G,) run-queue latency p50, NaN unknown
+    sufficient: np.ndarray         # (G,) some signal was scored
+    flagged: np.ndarray            # (G,) some signal's implicating tail flagged
+    by_name: dict[str, SignalScore] = field(default_factory=dict)
+
+    def evidence(self, i: int) -> dict[str, tuple[float, float]]:
+        """{signal: (this GPU's value, its job median)} of GPU ``i`` for every scored signal,
+        plus ``runq.p50_us`` (value, NaN): what a probable cause quotes."""
+        out = {s.name: (float(s.value[i]), float(s.median[i]))
+               for s in self.scores if s.scored[i]}
+        if np.isfinite(self.runq_p50_us[i]):
+            out["runq.p50_us"] = (float(self.runq_p50_us[i]), float("nan"))
+        return out
+
+
+def _p50(h: Hists | None, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(p50 µs, sample count, sampling SE µs), each (n,), of a cross-section's histograms."""
+    if h is None:
+        nan = np.full(n, np.nan)
+        return nan, np.zeros(n), nan
+    q = h.quantiles_us([0.5])
+    return q[:, 0], h.total(), sampling_se_us(h, q, ("p50",))[:, 0]
+
+
+def infer_mode(step_p50_us: np.ndarray, has_steps: np.ndarray, cfg: ScoringConfig) -> str:
+    """"collective" | "independent" | "" for one epoch (module docstring); a configured
+    ``job_mode`` other than "auto" wins."""
+    if cfg.job_mode != "auto":
+        return cfg.job_mode
+    x = step_p50_us[has_steps & np.isfinite(step_p50_us)]
+    if x.size < cfg.min_gpus:
+        return ""
+    med = float(np.median(x))
+    if med <= 0:
+        return ""
+    agree = np.abs(x - med) <= cfg.collective_spread * med
+    return "collective" if agree.mean() >= COLLECTIVE_SHARE else "independent"
+
+
+def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray],
+                  launch_calls: np.ndarray) -> SignalEpoch:
+    """Score every signal of one epoch's cross-section, per GPU kind group.
+
+    ``launch_calls`` (G,): launch-kind API calls per GPU this epoch (from the API histograms)."""
+    n = cs.size
+    sig = cs.signals
+    nan = np.full(n, np.nan)
+    zeros = np.zeros(n)
+    step_p50, step_n, step_se = _p50(cs.step_time, n)
+    busy_p50, busy_n, busy_se = _p50(sig.busy if sig else None, n)
+    runq_p50 = _p50(sig.runq_latency if sig else None, n)[0]
+    steps = sig.steps if sig else zeros
+    mode = infer_mode(step_p50, step_n >= cfg.min_steps, cfg)
+    if mode == "" and cfg.job_mode == "auto" and sig is not None:
+        # StepStats without step_time histograms: read the mode from the mean step
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean_step = np.where(steps > 0, sig.step_sum_us / np.maximum(steps, 1), np.nan)
+        mode = infer_mode(mean_step, steps >= cfg.min_steps, cfg)
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if sig is not None:
+            share = np.where(sig.sched_s > 0, sig.runq_ns / (sig.sched_s * 1e9), np.nan)
+            per = np.maximum(steps, 1)
+            gpu_wait = np.where(steps > 0, sig.gpu_wait_us / per, np.nan)
+            peer_wait = np.where(steps > 0, sig.peer_wait_us / per, np.nan)
+            mean_step = np.where(steps > 0, sig.step_sum_us / per, np.nan)
+            rate = np.where(sig.attached_s > 0, launch_calls / np.maximum(sig.attached_s, 1e-300),
+                            np.nan)
+            clock = sig.sm_clock_ratio
+            sched_ok = sig.sched_s >= max(cfg.sched_min_seconds, 1e-9)
+            attached = sig.attached_s > 0
+        else:
+            share = gpu_wait = peer_wait = mean_step = rate = clock = nan
+            sched_ok = attached = np.zeros(n, dtype=bool)
+    step_ok = steps >= cfg.min_steps
+    typical_step = np.nanmedian(mean_step[step_ok]) if step_ok.any() else np.nan
+    if not np.isfinite(typical_step) and (step_n >= cfg.min_steps).any():
+        typical_step = float(np.median(step_p50[step_n >= cfg.min_steps]))
+    wait_gate = cfg.min_effect * typical_step if np.isfinite(typical_step) else None
+
+    # (name, value, usable, sampling SE or None, absolute gate or None)
+    inputs = {
+        "sched.runq": (share, sched_ok, None, cfg.min_effect),
+        "gpu.sm_clock": (clock, np.isfinite(clock), None, None),
+        "step.gpu_wait": (gpu_wait, step_ok, None, wait_gate),
+        "step.busy": (busy_p50, busy_n >= cfg.min_steps, busy_se, None),
+        "step.time": (step_p50, step_n >= cfg.min_steps, step_se, None),
+        "launch.rate": (rate, attached & (launch_calls >= cfg.min_samples), None, None),
+        "step.peer_wait": (peer_wait, step_ok, None, wait_gate),
+    }
+    scores: list[SignalScore] = []
+    for name, unit, stat in SIGNALS:
+        value, usable, se, gate = inputs[name]
+        if (name in ("step.gpu_wait", "step.peer_wait") and gate is None) or not usable.any():
+            continue
+        s = _score(name, unit, stat, value, usable, se, gate, groups, cfg)
+        if s.scored.any():
+            scores.append(s)
+    by_name = {s.name: s for s in scores}
+    peer = by_name.get("step.peer_wait")
+    for s in scores:
+        if s.name == "sched.runq" or s.name == "step.busy":
+            s.implicating = s.high.copy()
+        elif s.name == "step.time":
+            s.implicating = s.high & (mode == "independent")
+        elif s.name == "step.gpu_wait":
+            waits_on_peers = (peer.scored & (peer.value > peer.median)) if peer is not None \
+                else np.zeros(n, dtype=bool)
+            s.implicating = s.high & ~waits_on_peers
+        elif s.name == "launch.rate":
+            s.implicating = s.low & (mode == "independent")
+        elif s.name == "gpu.sm_clock":
+            s.implicating = s.low.copy()
+        # step.peer_wait never implicates on its own
+    sufficient = np.zeros(n, dtype=bool)
+    flagged = np.zeros(n, dtype=bool)
+    for s in scores:
+        sufficient |= s.scored
+        flagged |= s.implicating
+    return SignalEpoch(mode, scores, runq_p50, sufficient, flagged, by_name)
+
+
+def _score(name: str, unit: str, stat: str, value: np.ndarray, usable: np.ndarray,
+           se: np.ndarray | None, gate: float | None, groups: list[np.ndarray],
+           cfg: ScoringConfig) -> SignalScore:
+    """Score one signal per kind group (GPUs are compared only within a kind)."""
+    n = value.size
+    out = SignalScore(name, unit, stat, np.full(n, np.nan), np.full(n, np.nan),
+                      np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool),
+                      np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool))
+    # score_values gates rows on a sample count: usable rows get exactly the minimum
+    count = np.where(usable & np.isfinite(value), cfg.min_samples, 0)
+    for sel in groups:
+        sc = score_values(value[sel, None], count[sel], cfg, (stat,),
+                          None if se is None else se[sel, None], absolute_gate=gate)
+        out.value[sel] = sc.value_us[:, 0]
+        out.median[sel] = sc.median_us[0]
+        out.ratio[sel] = sc.ratio[:, 0]
+        out.robust_z[sel] = sc.robust_z[:, 0]
+        out.scored[sel] = sc.scored
+        out.high[sel] = sc.high[:, 0]
+        out.low[sel] = sc.low[:, 0]
+    return out
+
+
+__all__ = ["COLLECTIVE_SHARE", "SIGNALS", "SIGNAL_MEANINGS", "SIGNAL_NAMES", "SignalEpoch",
+           "SignalScore", "infer_mode", "score_signals", "signal_meaning"]
