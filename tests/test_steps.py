@@ -1,0 +1,108 @@
+"""Step inference: the marker first, else the most regular periodic call, else a reason."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hypertrace.collector.steps import infer_steps
+from hypertrace.proto import buckets
+from hypertrace.proto.wire import unpack_histogram
+
+try:
+    from hypertrace.collector.ebpf import PeriodicSample, ProcessStats
+except ImportError:  # the probe session's records are not there yet: same fields, by hand
+    from dataclasses import dataclass
+
+    @dataclass
+    class PeriodicSample:  # type: ignore[no-redef]
+        api: str
+        intervals: np.ndarray
+        busy: np.ndarray
+        count: int
+        interval_sum_ns: int
+        sync_wait_ns: int
+        offcpu_wait_ns: int
+
+    @dataclass
+    class ProcessStats:  # type: ignore[no-redef]
+        pid: int
+        sched: object
+        periodic: dict
+
+
+def _periodic(api: str, intervals_ns, wait_ns: int = 0, offcpu_ns: int = 0) -> PeriodicSample:
+    v = np.asarray(intervals_ns, dtype=np.float64)
+    busy = np.maximum(v - (wait_ns + offcpu_ns) / max(len(v), 1), 0)
+    return PeriodicSample(api=api, intervals=buckets.histogram_of_ns(v),
+                          busy=buckets.histogram_of_ns(busy), count=len(v),
+                          interval_sum_ns=int(v.sum()), sync_wait_ns=wait_ns,
+                          offcpu_wait_ns=offcpu_ns)
+
+
+def _stats(*samples: PeriodicSample) -> ProcessStats:
+    return ProcessStats(pid=7, sched=None, periodic={s.api: s for s in samples})
+
+
+rng = np.random.default_rng(3)
+STEP = 20e6 * (1 + 0.02 * rng.standard_normal(50))          # 20 ms steps, 2% jitter
+SUBSTEP = STEP / 4
+
+
+def test_marker_is_preferred_over_any_inferred_step():
+    sync = _periodic("cudaStreamSynchronize", STEP, wait_ns=10**8)
+    marker = _periodic("hypertrace_step", STEP[:10] * 1.1, wait_ns=5 * 10**7, offcpu_ns=10**6)
+    inf = infer_steps(_stats(sync, marker))
+    assert inf.source == "marker" and inf.steps == 10 and not inf.refused
+    assert inf.gpu_wait_ns == 5 * 10**7 and inf.peer_wait_ns == 10**6
+    step_time, steps = inf.to_proto()
+    assert int(unpack_histogram(step_time).sum()) == 10
+    assert steps.source == "marker" and steps.steps == 10
+    assert steps.step_sum_us == pytest.approx(STEP[:10].sum() * 1.1 / 1e3, rel=1e-6)
+    assert steps.gpu_wait_us == pytest.approx(5e4) and steps.peer_wait_us == pytest.approx(1e3)
+    assert int(unpack_histogram(steps.busy_time).sum()) == 10
+
+
+def test_too_few_markers_fall_back_to_inference():
+    inf = infer_steps(_stats(_periodic("hypertrace_step", STEP[:2]),
+                             _periodic("cudaStreamSynchronize", STEP)))
+    assert inf.source == "inferred:cudaStreamSynchronize" and inf.steps == 50
+
+
+def test_regular_call_with_the_longest_interval_is_the_step():
+    # Four evenly spaced device syncs per step and one stream sync per step: the step is the
+    # longer regular interval; an irregular call with an even longer median is not a clock.
+    irregular = _periodic("cudaEventSynchronize", rng.uniform(5e6, 200e6, 40))
+    inf = infer_steps(_stats(_periodic("cudaDeviceSynchronize", SUBSTEP),
+                             _periodic("cudaStreamSynchronize", STEP), irregular))
+    assert inf.source == "inferred:cudaStreamSynchronize"
+    sub_only = infer_steps(_stats(_periodic("cudaDeviceSynchronize", SUBSTEP), irregular))
+    assert sub_only.source == "inferred:cudaDeviceSynchronize"   # a sub-step still serves
+
+
+def test_irregular_only_is_refused_naming_the_best_candidate():
+    inf = infer_steps(_stats(_periodic("cudaEventSynchronize", rng.uniform(5e6, 200e6, 40)),
+                             _periodic("cudaStreamSynchronize", rng.uniform(1e6, 100e6, 40))))
+    assert inf.source == "" and inf.steps == 0
+    assert "not regular enough" in inf.refused and "p90/p10" in inf.refused
+    step_time, steps = inf.to_proto()
+    assert steps.refused == inf.refused and not step_time.counts
+
+
+def test_too_few_intervals_and_no_periodic_calls_are_refused_with_reasons():
+    few = infer_steps(_stats(_periodic("cudaStreamSynchronize", STEP[:2])))
+    assert few.source == "" and "cudaStreamSynchronize" in few.refused and "fewer than 3" in \
+        few.refused
+    none = infer_steps(_stats())
+    assert none.source == "" and "no periodic calls" in none.refused
+    assert "no periodic calls" in infer_steps(None).refused
+    marker_few = infer_steps(_stats(_periodic("hypertrace_step", STEP[:2])))
+    assert "step marker was called 2 times" in marker_few.refused
+
+
+def test_thresholds_are_parameters():
+    spread = _periodic("cudaStreamSynchronize", np.linspace(10e6, 25e6, 30))   # p90/p10 ~ 2
+    assert infer_steps(_stats(spread)).source == ""
+    assert infer_steps(_stats(spread), max_spread=3.0).source == "inferred:cudaStreamSynchronize"
+    assert infer_steps(_stats(_periodic("x", STEP[:2])), min_steps=2).source == "inferred:x"
+    with pytest.raises(ValueError):
+        infer_steps(_stats(), min_steps=0)
