@@ -4,19 +4,31 @@ One session = one compiled, loaded BPF program (compiling takes seconds, so it h
 ``__init__``). Attaching and detaching uprobes afterwards is cheap (perf_event_open per probe,
 no recompilation), which is what makes duty cycling (collector/governor.py) possible.
 
-Attachments are keyed by the library *file* (device, inode), not by the path: a uprobe lives on
-an inode and fires in every process that maps it, so two paths to one file (a symlink,
-/proc/PID/root/...) must not attach twice, and one attachment covers every process sharing the
-file. Symbol offsets are resolved once per file and cached, so re-attaching each duty slice
-does not re-parse the ELF.
+Attachments are keyed by the library *file* (device, inode) and the process (or -1 for every
+process), not by the path: a uprobe lives on an inode, so two paths to one file (a symlink,
+/proc/PID/root/...) must not attach twice. A per-process attachment makes the kernel install the
+breakpoints in that process only, so other processes mapping the same file pay nothing. Symbol
+offsets are resolved once per file and cached, so re-attaching each slice does not re-parse the
+ELF.
 
-See collector/ebpf_program.c for the in-kernel side (nesting, double buffering, buckets).
+Detaching is the slow part: closing a uprobe's perf event waits out an RCU grace period (about
+0.1 s per probe on the machines we measured), and the probes still attached keep firing
+meanwhile. :meth:`UprobeSession.detach_many` therefore closes all of them at once from a thread
+pool (ctypes releases the GIL around the close), so a slice ends in about one grace period
+rather than one per probe.
+
+Besides the per-call latency histograms, the program keeps cumulative per-process counters
+(scheduler evidence and step boundaries of the periodic APIs); :meth:`read_process_stats` diffs
+them against the previous read. See collector/ebpf_program.c for the in-kernel side.
 """
 from __future__ import annotations
 
 import ctypes
 import logging
 import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -24,7 +36,8 @@ from typing import Iterable
 import numpy as np
 
 from hypertrace.collector import prereqs
-from hypertrace.collector.apis import PROBED_APIS, ProbedApi, library_kind
+from hypertrace.collector.apis import (ENTRY_ONLY_KINDS, PERIODIC_KINDS, PROBED_APIS, ProbedApi,
+                                       library_kind)
 from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import pack_histogram
@@ -38,6 +51,21 @@ CALIBRATION_API = ProbedApi("hypertrace_null", "calibration", "launch")
 #: Layout of struct ht_hist in ebpf_program.c (one entry per CPU in a per-CPU map value).
 HIST_DTYPE = np.dtype([("count", "<u8"), ("sum_ns", "<u8"), ("min_ns", "<u8"), ("max_ns", "<u8"),
                        ("nested", "<u8"), ("buckets", "<u8", (buckets.NUM_BUCKETS,))])
+#: Layout of struct ht_period (cumulative step-boundary accounting of one periodic API).
+PERIOD_DTYPE = np.dtype([("last_ns", "<u8"), ("last_sync_ns", "<u8"), ("last_offcpu_ns", "<u8"),
+                         ("count", "<u8"), ("interval_sum_ns", "<u8"), ("sync_wait_ns", "<u8"),
+                         ("offcpu_wait_ns", "<u8"),
+                         ("intervals", "<u8", (buckets.NUM_BUCKETS,)),
+                         ("busy", "<u8", (buckets.NUM_BUCKETS,))])
+#: Layout of struct ht_proc (cumulative per-process scheduler evidence and sync time).
+PROC_DTYPE = np.dtype([("sync_ns", "<u8"), ("offcpu_ns", "<u8"), ("runq_ns", "<u8"),
+                       ("involuntary", "<u8"), ("voluntary", "<u8"),
+                       ("runq", "<u8", (buckets.NUM_BUCKETS,))])
+#: Bits of the program's per-tgid ``pids`` map.
+PID_EXCLUDED = 1
+PID_TRACKED = 2
+#: Upper bound on concurrent closes in :meth:`UprobeSession.detach_many`.
+MAX_DETACH_THREADS = 64
 
 
 class ProbeUnavailable(RuntimeError):
@@ -72,16 +100,63 @@ class ApiSample:
                            histogram=pack_histogram(self.counts))
 
 
+@dataclass
+class PeriodicSample:
+    """One periodic API of one process over the read interval: the time from one outermost call's
+    return (entry, for the marker) to the next, and what those intervals were made of."""
+
+    api: str
+    intervals: np.ndarray       # (NUM_BUCKETS,) uint64 histogram of return-to-return intervals (ns)
+    busy: np.ndarray            # (NUM_BUCKETS,) uint64 histogram of interval minus waits (ns)
+    count: int                  # intervals recorded
+    interval_sum_ns: int
+    sync_wait_ns: int           # sync-call time inside those intervals
+    offcpu_wait_ns: int         # blocked off-CPU time outside calls inside those intervals
+
+
+@dataclass
+class SchedSample:
+    """Scheduler evidence of one tracked process's active threads over the read interval."""
+
+    runq_ns: int                # runnable but waiting for a CPU
+    offcpu_ns: int              # blocked outside probed calls
+    involuntary: int            # preemptions
+    voluntary: int              # blocking switches
+    runq_hist: np.ndarray       # (NUM_BUCKETS,) uint64 run-queue latency histogram
+
+
+@dataclass
+class ProcessStats:
+    """What the always-on counters saw of one process since the previous read."""
+
+    pid: int
+    sched: SchedSample | None                   # None: the process is not tracked
+    periodic: dict[str, PeriodicSample] = field(default_factory=dict)
+
+
 def program_text(slots: tuple[ProbedApi, ...]) -> str:
-    """The BPF C text for these API slots, with the bucket constants of proto/buckets.py."""
-    funcs = "\n".join(
-        f"int ht_enter_{i}(struct pt_regs *ctx) {{ return ht_enter(ctx, {i}); }}  // {a.name}\n"
-        f"int ht_leave_{i}(struct pt_regs *ctx) {{ return ht_leave(ctx); }}"
-        for i, a in enumerate(slots))
+    """The BPF C text for these API slots, with the bucket constants of proto/buckets.py.
+
+    Each slot gets an entry function and, unless its kind is entry-only (the step marker), a
+    return function. A slot's kind is compiled in as constants, so a launch slot's return does
+    none of the periodic accounting.
+    """
+    funcs = []
+    for i, a in enumerate(slots):
+        if a.kind in ENTRY_ONLY_KINDS:
+            funcs.append(f"int ht_enter_{i}(struct pt_regs *ctx) {{ return ht_mark(ctx, {i}); }}"
+                         f"  // {a.name}")
+            continue
+        periodic = int(a.kind in PERIODIC_KINDS)
+        sync = int(a.kind == "sync")
+        funcs.append(
+            f"int ht_enter_{i}(struct pt_regs *ctx) {{ return ht_enter(ctx, {i}); }}  // {a.name}\n"
+            f"int ht_leave_{i}(struct pt_regs *ctx) {{ return ht_leave(ctx, {i}, {periodic}, "
+            f"{sync}); }}")
     text = PROGRAM_PATH.read_text()
     for name, value in (("NUM_BUCKETS", buckets.NUM_BUCKETS), ("MIN_EXP", buckets.MIN_EXP),
                         ("MAX_EXP", buckets.MAX_EXP), ("SUB_BUCKET_BITS", buckets.SUB_BUCKET_BITS),
-                        ("PROBE_FUNCS", funcs)):
+                        ("PROBE_FUNCS", "\n".join(funcs))):
         text = text.replace(f"@{name}@", str(value))
     return text
 
@@ -89,15 +164,18 @@ def program_text(slots: tuple[ProbedApi, ...]) -> str:
 @dataclass
 class _Probe:
     api: str
-    path: bytes
-    offset: int
-    pid: int
+    events: tuple[bytes, ...]   # bcc's names of the perf events (entry, and return if any)
 
 
 @dataclass
 class _Attachment:
     path: str
+    pid: int                    # -1: every process mapping the file
     probes: dict[str, _Probe] = field(default_factory=dict)   # api name -> probe
+
+
+#: One detach request: (library path, pid or None for all, API names or None for all).
+DetachItem = tuple[str, "int | None", "Iterable[str] | None"]
 
 
 def _file_key(path: str) -> tuple[int, int]:
@@ -105,8 +183,25 @@ def _file_key(path: str) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
+def _delta(cur: np.ndarray, prev: np.ndarray | None) -> np.ndarray:
+    """cur - prev of cumulative counters (a structured record); a counter that went backwards
+    means the entry was deleted and made afresh (forget_pids), so cur is the delta then."""
+    if prev is None:
+        return cur.copy()
+    out = cur.copy()
+    for name in cur.dtype.names:
+        c, p = cur[name], prev[name]
+        if np.any(c < p):
+            return cur.copy()
+        out[name] = c - p
+    return out
+
+
 class UprobeSession:
-    """A loaded BPF program plus the set of library files it is currently attached to."""
+    """A loaded BPF program plus the set of (library file, process) pairs it is attached to.
+
+    Thread-safe: attach/detach calls are serialized; reads may run alongside them.
+    """
 
     def __init__(self, apis: Iterable[ProbedApi] = PROBED_APIS,
                  exclude_pids: Iterable[int] | None = None) -> None:
@@ -114,14 +209,17 @@ class UprobeSession:
         if problems:
             raise ProbeUnavailable(prereqs.describe(problems))
         import bcc  # imported here: only nodes that probe need it
+        from bcc import libbcc
 
         self._bcc = bcc
+        self._lib = libbcc.lib
         self.apis: tuple[ProbedApi, ...] = tuple(apis)
         slots = self.apis
         if all(a.name != CALIBRATION_API.name for a in slots):
             slots = slots + (CALIBRATION_API,)
         self.slots: tuple[ProbedApi, ...] = slots
         self._slot_of = {a.name: i for i, a in enumerate(slots)}
+        self._periodic_slots = [i for i, a in enumerate(slots) if a.kind in PERIODIC_KINDS]
         try:
             self._bpf = bcc.BPF(text=program_text(slots).encode())
         except Exception as exc:
@@ -130,29 +228,102 @@ class UprobeSession:
                 f"(sudo bash deploy/install-node.sh --venv {os.sys.prefix})") from exc
         self._ctl = self._bpf[b"ctl"]
         self._stats = (self._bpf[b"stats0"], self._bpf[b"stats1"])
+        self._pids = self._bpf[b"pids"]
+        self._procs = self._bpf[b"procs"]
+        self._periods = self._bpf[b"periods"]
         self._buf = 0
         self._gen = 0
-        self._attached: dict[tuple[int, int], _Attachment] = {}
+        # _op_lock serializes attach/detach (and the bookkeeping below); _bcc_lock guards bcc's own
+        # dict of open probes (and its global probe count), which detach_many's workers update.
+        self._op_lock = threading.RLock()
+        self._bcc_lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        self._attached: dict[tuple[tuple[int, int], int], _Attachment] = {}
         self._offsets: dict[tuple[int, int, int, str], tuple[bytes, int] | None] = {}
+        self._tracked: set[int] = set()
+        self._prev_procs: dict[int, np.ndarray] = {}
+        self._prev_periods: dict[tuple[int, int], np.ndarray] = {}
         self.exclude_pids(exclude_pids if exclude_pids is not None else (os.getpid(),))
         self._closed = False
 
     # ---- configuration ---------------------------------------------------------------------
 
+    def _set_pid_bits(self, pids: Iterable[int], bits: int, on: bool) -> None:
+        with self._op_lock:
+            for pid in pids:
+                key = ctypes.c_uint32(int(pid))
+                try:
+                    old = int(self._pids[key].value)
+                except KeyError:
+                    old = 0
+                new = (old | bits) if on else (old & ~bits)
+                if new == old:
+                    continue
+                if new:
+                    self._pids[key] = ctypes.c_uint8(new)
+                else:
+                    try:
+                        del self._pids[key]
+                    except KeyError:
+                        pass
+
     def exclude_pids(self, pids: Iterable[int]) -> None:
         """Never record calls made by these processes (the agent's own)."""
-        table = self._bpf[b"excluded"]
-        for pid in pids:
-            table[ctypes.c_uint32(int(pid))] = ctypes.c_uint8(1)
+        self._set_pid_bits(pids, PID_EXCLUDED, True)
 
     def include_pids(self, pids: Iterable[int]) -> None:
         """Undo :meth:`exclude_pids` (e.g. when an excluded pid exited and may be reused)."""
-        table = self._bpf[b"excluded"]
-        for pid in pids:
-            try:
-                del table[ctypes.c_uint32(int(pid))]
-            except KeyError:
-                pass
+        self._set_pid_bits(pids, PID_EXCLUDED, False)
+
+    def track_pids(self, pids: Iterable[int]) -> None:
+        """Collect scheduler evidence for these processes (tgids) from now on.
+
+        Only their *active* threads count: those that make a probed call after this (so attach
+        at least the always-on APIs to them). Their stats appear in :meth:`read_process_stats`.
+        """
+        pids = [int(p) for p in pids]
+        zero = PROC_DTYPE.itemsize
+        with self._op_lock:
+            for pid in pids:
+                key = ctypes.c_uint32(pid)
+                try:
+                    self._procs[key]
+                except KeyError:
+                    self._procs[key] = self._procs.Leaf.from_buffer_copy(bytes(zero))
+            self._set_pid_bits(pids, PID_TRACKED, True)
+            self._tracked.update(pids)
+
+    def untrack_pids(self, pids: Iterable[int]) -> None:
+        """Stop collecting scheduler evidence for these processes (their step boundaries stay)."""
+        pids = [int(p) for p in pids]
+        with self._op_lock:
+            self._set_pid_bits(pids, PID_TRACKED, False)
+            self._tracked.difference_update(pids)
+
+    @property
+    def tracked(self) -> frozenset[int]:
+        return frozenset(self._tracked)
+
+    def forget_pids(self, pids: Iterable[int]) -> None:
+        """Drop every per-process record of these (exited) processes, in the kernel and here.
+
+        Call it when a process exits: its counters would otherwise stay in the maps for good, and
+        a later process reusing the pid would inherit them. Exclusion (exclude_pids) is kept.
+        """
+        pids = [int(p) for p in pids]
+        self.untrack_pids(pids)
+        with self._op_lock, self._read_lock:
+            for pid in pids:
+                for table, key in [(self._procs, ctypes.c_uint32(pid))] + [
+                        (self._periods, self._periods.Key(pid, slot))
+                        for slot in self._periodic_slots]:
+                    try:
+                        del table[key]
+                    except KeyError:
+                        pass
+                self._prev_procs.pop(pid, None)
+                for slot in self._periodic_slots:
+                    self._prev_periods.pop((pid, slot), None)
 
     def _set_ctl(self, idx: int, value: int) -> None:
         self._ctl[ctypes.c_int(idx)] = ctypes.c_uint64(value)
@@ -161,7 +332,7 @@ class UprobeSession:
         self._gen += 1
         self._set_ctl(1, self._gen)
 
-    # ---- attach / detach -------------------------------------------------------------------
+    # ---- attach ----------------------------------------------------------------------------
 
     def _resolve(self, path: str, symbol: str) -> tuple[bytes, int] | None:
         st = os.stat(path)
@@ -174,8 +345,8 @@ class UprobeSession:
                 self._offsets[key] = None
         return self._offsets[key]
 
-    def _attach_one(self, att: _Attachment, api: str, symbol: str, pid: int) -> bool:
-        """Attach entry+return probes for one symbol; False when the file does not export it."""
+    def _attach_one(self, att: _Attachment, api: str, symbol: str, entry_only: bool) -> bool:
+        """Attach the probes of one symbol; False when the file does not export it."""
         if api in att.probes:
             return True
         resolved = self._resolve(att.path, symbol)
@@ -183,116 +354,192 @@ class UprobeSession:
             return False
         mod, offset = resolved
         slot = self._slot_of[api]
+        before = set(self._bpf.uprobe_fds)
         try:
-            self._bpf.attach_uprobe(name=mod, addr=offset, fn_name=f"ht_enter_{slot}".encode(), pid=pid)
-            try:
-                self._bpf.attach_uretprobe(name=mod, addr=offset, fn_name=f"ht_leave_{slot}".encode(),
-                                           pid=pid)
-            except Exception:
-                self._bpf.detach_uprobe(name=mod, addr=offset, pid=pid)
-                raise
+            with self._bcc_lock:
+                self._bpf.attach_uprobe(name=mod, addr=offset, fn_name=f"ht_enter_{slot}".encode(),
+                                        pid=att.pid)
+                if not entry_only:
+                    try:
+                        self._bpf.attach_uretprobe(name=mod, addr=offset,
+                                                   fn_name=f"ht_leave_{slot}".encode(), pid=att.pid)
+                    except Exception:
+                        self._bpf.detach_uprobe(name=mod, addr=offset, pid=att.pid)
+                        raise
         except Exception as exc:
-            raise ProbeError(f"attaching uprobes to {symbol} in {att.path} failed ({exc}); the "
-                             "file may be on a filesystem without uprobe support, or the probe "
-                             "limit was reached") from exc
-        att.probes[api] = _Probe(api, mod, offset, pid)
+            where = "every process" if att.pid < 0 else f"process {att.pid}"
+            raise ProbeError(f"attaching uprobes to {symbol} in {att.path} for {where} failed "
+                             f"({exc}); the process may have exited, the file may be on a "
+                             "filesystem without uprobe support, or the probe limit was "
+                             "reached") from exc
+        att.probes[api] = _Probe(api, tuple(sorted(set(self._bpf.uprobe_fds) - before)))
         return True
 
-    def _attachment(self, library_path: str) -> tuple[tuple[int, int], _Attachment]:
+    def _attachment(self, library_path: str, pid: int
+                    ) -> tuple[tuple[tuple[int, int], int], _Attachment]:
         path = os.path.abspath(library_path)
         try:
-            key = _file_key(path)
+            key = (_file_key(path), int(pid))
         except OSError as exc:
             raise ProbeError(f"cannot probe {library_path}: {exc.strerror}") from exc
         att = self._attached.get(key)
         if att is None:
-            att = _Attachment(path=path)
+            att = _Attachment(path=path, pid=int(pid))
         return key, att
 
-    def attach(self, library_path: str) -> list[str]:
-        """Probe every API of this library's kind that the file exports; idempotent.
+    def attach(self, library_path: str, pid: int = -1,
+               apis: Iterable[str] | None = None) -> list[str]:
+        """Probe the APIs of this library's kind that the file exports, for process ``pid``
+        (-1: every process mapping the file); only the names in ``apis`` when given. Idempotent
+        per (file, pid, api). Entry and return probes, entry only for the step marker.
 
-        Returns the names of the APIs now attached on that file. A CUDA-named library that exports
-        none of them gives an empty list (and a warning); a file that is not libcudart/libcuda
-        raises :class:`ProbeError`.
+        Returns the names of the APIs now attached on that (file, pid). A CUDA-named library that
+        exports none of them gives an empty list (and a warning); a file that is not a probed
+        library, or an API name this session does not know, raises :class:`ProbeError`.
         """
         kind = library_kind(library_path)
         if kind is None:
             raise ProbeError(f"{library_path} is not a CUDA runtime or driver library (the name "
-                             "must match libcudart.so* or libcuda.so*); use attach_symbol() to "
-                             "probe an arbitrary function")
-        key, att = self._attachment(library_path)
-        changed = False
-        try:
-            for api in self.apis:
-                if api.library == kind and api.name not in att.probes:
-                    changed |= self._attach_one(att, api.name, api.name, -1)
-        finally:
-            # Record what did attach even when a later API failed: an attachment the session
-            # does not know about could never be detached, and would fire ungoverned forever.
-            if att.probes:
-                self._attached[key] = att
-            if changed:
-                self._bump_generation()
-        if not att.probes:
-            log.warning("%s exports none of %s; nothing attached", library_path,
-                        ", ".join(a.name for a in self.apis if a.library == kind))
-        return [a.name for a in self.apis if a.name in att.probes]
+                             "must match libcudart.so*, libcuda.so* or the step marker's "
+                             "libhypertrace_step-<hash>.so); use attach_symbol() to probe an "
+                             "arbitrary function")
+        wanted = None if apis is None else set(apis)
+        if wanted is not None:
+            unknown = wanted - {a.name for a in self.apis}
+            if unknown:
+                raise ProbeError(f"unknown API names {sorted(unknown)}: this session probes "
+                                 f"{', '.join(a.name for a in self.apis)}")
+        chosen = [a for a in self.apis
+                  if a.library == kind and (wanted is None or a.name in wanted)]
+        with self._op_lock:
+            key, att = self._attachment(library_path, pid)
+            try:
+                for api in chosen:
+                    if api.name not in att.probes:
+                        self._attach_one(att, api.name, api.name, api.kind in ENTRY_ONLY_KINDS)
+            finally:
+                # Record what did attach even when a later API failed: an attachment the session
+                # does not know about could never be detached, and would fire ungoverned forever.
+                if att.probes:
+                    self._attached[key] = att
+            if chosen and not any(a.name in att.probes for a in chosen):
+                log.warning("%s exports none of %s; nothing attached", library_path,
+                            ", ".join(a.name for a in chosen))
+            return [a.name for a in self.apis if a.name in att.probes]
 
     def attach_symbol(self, library_path: str, symbol: str, api: str | None = None,
                       pid: int = -1) -> None:
         """Probe one symbol of any ELF file, recorded under the slot ``api`` (default: symbol).
 
-        Used by ``hypertrace probe`` and the probe-cost calibration. ``pid`` limits the probe to
-        one process (-1: every process mapping the file).
+        Used by ``hypertrace probe``, the probe-cost calibration and tests. ``pid`` limits the
+        probe to one process (-1: every process mapping the file). An entry-only slot (the step
+        marker's) gets an entry probe only.
         """
         api = api or symbol
         if api not in self._slot_of:
             raise ProbeError(f"{api} is not one of this session's API slots "
                              f"({', '.join(self._slot_of)}); create the session with it in apis")
-        key, att = self._attachment(library_path)
-        if not self._attach_one(att, api, symbol, pid):
-            raise ProbeError(f"{library_path} does not export the symbol {symbol} (check the name "
-                             f"with: nm -D --defined-only {library_path} | grep {symbol})")
-        self._attached[key] = att
-        self._bump_generation()
+        entry_only = self.slots[self._slot_of[api]].kind in ENTRY_ONLY_KINDS
+        with self._op_lock:
+            key, att = self._attachment(library_path, pid)
+            if not self._attach_one(att, api, symbol, entry_only):
+                raise ProbeError(f"{library_path} does not export the symbol {symbol} (check the "
+                                 f"name with: nm -D --defined-only {library_path} | grep {symbol})")
+            self._attached[key] = att
 
-    def _detach_att(self, att: _Attachment) -> None:
-        for probe in list(att.probes.values()):
-            for fn in (self._bpf.detach_uprobe, self._bpf.detach_uretprobe):
-                try:
-                    fn(name=probe.path, addr=probe.offset, pid=probe.pid)
-                except Exception as exc:  # already gone (e.g. file replaced): nothing to undo
-                    log.debug("detach %s in %s: %s", probe.api, att.path, exc)
-            del att.probes[probe.api]
+    # ---- detach ----------------------------------------------------------------------------
 
-    def detach(self, library_path: str) -> None:
-        """Remove this file's probes (no-op when not attached); the program stays loaded."""
+    def _close_event(self, event: bytes) -> None:
+        """Close one probe's perf event. The close waits out an RCU grace period with the GIL
+        released (a ctypes call), so several of these run in parallel."""
+        with self._bcc_lock:
+            fd = self._bpf.uprobe_fds.get(event)
+        if fd is None:
+            return
+        if self._lib.bpf_close_perf_event_fd(fd) < 0:
+            log.debug("closing the perf event of %s failed", event)
+        self._lib.bpf_detach_uprobe(event)   # removes a legacy tracefs event, if one was made
+        with self._bcc_lock:
+            if event in self._bpf.uprobe_fds:
+                self._bpf._del_uprobe_fd(event)
+
+    def _matching(self, library_path: str, pid: int | None
+                  ) -> list[tuple[tuple[tuple[int, int], int], _Attachment]]:
         path = os.path.abspath(library_path)
         try:
-            key = _file_key(path)
+            fkey = _file_key(path)
         except OSError:
-            key = None
-        if key not in self._attached:
+            fkey = None
+        found = [(k, a) for k, a in self._attached.items()
+                 if k[0] == fkey and (pid is None or k[1] == pid)]
+        if not found:
             # Deleted, or replaced in place (a pip upgrade gives the path a new inode): the
             # probes sit on the old file, recorded under the path they were attached by.
-            key = next((k for k, a in self._attached.items() if a.path == path), None)
-        att = self._attached.pop(key, None) if key else None
-        if att is not None:
-            self._detach_att(att)
-            self._bump_generation()
+            found = [(k, a) for k, a in self._attached.items()
+                     if a.path == path and (pid is None or k[1] == pid)]
+        return found
 
-    def detach_all(self) -> None:
-        for att in self._attached.values():
-            self._detach_att(att)
-        if self._attached:
-            self._attached.clear()
+    def detach_many(self, items: Iterable[DetachItem]) -> float:
+        """Remove the probes matching each ``(library_path, pid, apis)`` (pid None: every pid;
+        apis None: every API), all at once; returns the seconds it took.
+
+        Closing a uprobe waits out an RCU grace period; closing them one after the other costs
+        that per probe and keeps the others firing meanwhile, so they are closed concurrently.
+        Requests matching nothing are ignored.
+        """
+        t0 = time.monotonic()
+        with self._op_lock:
+            events: list[bytes] = []
+            for library_path, pid, apis in items:
+                names = None if apis is None else set(apis)
+                for key, att in self._matching(library_path, pid):
+                    for api in [a for a in att.probes if names is None or a in names]:
+                        events.extend(att.probes.pop(api).events)
+                    if not att.probes:
+                        self._attached.pop(key, None)
+            if not events:
+                return time.monotonic() - t0
+            if len(events) == 1:
+                self._close_event(events[0])
+            else:
+                with ThreadPoolExecutor(max_workers=min(len(events), MAX_DETACH_THREADS),
+                                        thread_name_prefix="ht-detach") as pool:
+                    for fut in [pool.submit(self._close_event, e) for e in events]:
+                        try:
+                            fut.result()
+                        except Exception as exc:  # already gone (file replaced): nothing to undo
+                            log.debug("detach: %s", exc)
+            # Only now: a record made while the probes were closing may have lost its return.
             self._bump_generation()
+        return time.monotonic() - t0
+
+    def detach(self, library_path: str, pid: int | None = None,
+               apis: Iterable[str] | None = None) -> float:
+        """Remove this file's probes (of one pid, of some APIs); no-op when none match. The
+        program stays loaded. Returns the seconds it took."""
+        return self.detach_many([(library_path, pid, apis)])
+
+    def detach_all(self) -> float:
+        """Remove every probe (concurrently); returns the seconds it took."""
+        with self._op_lock:
+            items = [(a.path, a.pid, None) for a in self._attached.values()]
+            return self.detach_many(items)
 
     @property
     def attached(self) -> dict[str, list[str]]:
-        """Library path -> API names currently attached."""
-        return {a.path: list(a.probes) for a in self._attached.values()}
+        """Library path -> API names attached on it (for any process)."""
+        with self._op_lock:
+            out: dict[str, set[str]] = {}
+            for att in self._attached.values():
+                out.setdefault(att.path, set()).update(att.probes)
+            return {p: [a.name for a in self.slots if a.name in names] for p, names in out.items()}
+
+    @property
+    def attachments(self) -> dict[tuple[str, int], list[str]]:
+        """(library path, pid) -> API names attached; pid -1 means every process."""
+        with self._op_lock:
+            return {(a.path, a.pid): [s.name for s in self.slots if s.name in a.probes]
+                    for a in self._attached.values()}
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -317,13 +564,58 @@ class UprobeSession:
             seen = per_cpu["count"] > 0
             if not seen.any():
                 continue
-            api = self.slots[k.api].name if k.api < len(self.slots) else f"api#{k.api}"
+            api = self._api_name(k.api)
             out[(int(k.tgid), api)] = ApiSample(
                 api=api, pid=int(k.tgid), counts=per_cpu["buckets"].sum(axis=0, dtype=np.uint64),
                 count=int(per_cpu["count"].sum()), sum_ns=int(per_cpu["sum_ns"].sum()),
                 min_ns=int(per_cpu["min_ns"][seen].min()), max_ns=int(per_cpu["max_ns"].max()),
                 nested=int(per_cpu["nested"].sum()))
         return out
+
+    def _api_name(self, slot: int) -> str:
+        return self.slots[slot].name if slot < len(self.slots) else f"api#{slot}"
+
+    @staticmethod
+    def _records(table, dtype: np.dtype) -> dict:
+        out = {}
+        for k, v in list(table.items()):
+            out[k] = np.frombuffer(bytes(v), dtype=dtype)[0].copy()
+        return out
+
+    def read_process_stats(self) -> dict[int, ProcessStats]:
+        """Per process, what the always-on counters gained since the previous call: scheduler
+        evidence of tracked processes, and the step-boundary intervals of every periodic API.
+
+        The kernel keeps cumulative counters and this diffs them, so nothing is lost or counted
+        twice across reads. Processes with nothing new (and not tracked) are left out.
+        """
+        with self._read_lock:
+            procs = {int(k.value): r for k, r in self._records(self._procs, PROC_DTYPE).items()}
+            periods = {(int(k.tgid), int(k.api)): r
+                       for k, r in self._records(self._periods, PERIOD_DTYPE).items()}
+            tracked = set(self._tracked)
+            out: dict[int, ProcessStats] = {}
+            for pid, rec in procs.items():
+                d = _delta(rec, self._prev_procs.get(pid))
+                self._prev_procs[pid] = rec
+                if pid in tracked:
+                    out[pid] = ProcessStats(pid=pid, sched=SchedSample(
+                        runq_ns=int(d["runq_ns"]), offcpu_ns=int(d["offcpu_ns"]),
+                        involuntary=int(d["involuntary"]), voluntary=int(d["voluntary"]),
+                        runq_hist=d["runq"].astype(np.uint64)))
+            for (pid, slot), rec in periods.items():
+                d = _delta(rec, self._prev_periods.get((pid, slot)))
+                self._prev_periods[(pid, slot)] = rec
+                if int(d["count"]) == 0:
+                    continue
+                api = self._api_name(slot)
+                stats = out.setdefault(pid, ProcessStats(pid=pid, sched=None))
+                stats.periodic[api] = PeriodicSample(
+                    api=api, intervals=d["intervals"].astype(np.uint64),
+                    busy=d["busy"].astype(np.uint64), count=int(d["count"]),
+                    interval_sum_ns=int(d["interval_sum_ns"]),
+                    sync_wait_ns=int(d["sync_wait_ns"]), offcpu_wait_ns=int(d["offcpu_wait_ns"]))
+            return out
 
     # ---- lifetime --------------------------------------------------------------------------
 

@@ -14,9 +14,25 @@
 //  * Double buffering: records go to stats0 or stats1 as selected by ctl[HT_CTL_BUF]; user space
 //    flips the selector, then reads and clears the idle map, so no call is lost or counted twice
 //    across the read.
-//  * Generation: ctl[HT_CTL_GEN] is bumped by user space on every attach/detach. A thread record
-//    from an older generation may have lost its return probe (detached mid-call), so it is
-//    treated as absent rather than as an enclosing call forever.
+//  * Generation: ctl[HT_CTL_GEN] is bumped by user space on every detach. A thread record from an
+//    older generation may have lost its return probe (detached mid-call), so it is treated as
+//    absent rather than as an enclosing call forever. (An attach needs no bump: a return whose
+//    entry was not seen finds no record and is ignored.)
+//  * Step boundaries (periodic kinds: sync, graph launch, the step marker; the flags are compiled
+//    into each slot's functions, so launch calls pay nothing for them): every return of an
+//    outermost periodic call (the entry, for the entry-only marker) closes an interval since the
+//    previous one of the same (tgid, api). The interval is split into waits (sync-call time and
+//    blocked-off-CPU time outside calls, both cumulative per tgid, diffed against the snapshot
+//    taken at the previous boundary) and busy = the rest. Cumulative counters only: user space
+//    diffs successive reads, so no interval is lost or counted twice across a read.
+//  * Scheduler evidence (sched_switch / sched_wakeup / sched_wakeup_new): accounted only for
+//    "active" threads (threads of a tracked tgid that made a probed call), found by one lookup of
+//    the switching thread's id, so every other context switch on the machine costs one miss.
+//    Run-queue wait = runnable (woken, or preempted) -> switched in. Off-CPU = blocked -> woken,
+//    counted only when the thread blocked outside a probed call (a wait inside a sync call is that
+//    call's latency already). Per-tgid counters are updated from several CPUs: atomic adds.
+//  * Large records (histograms) never live on the BPF stack: new map entries are initialised
+//    from a never-written per-CPU "zero" array element.
 //  * Buckets: exactly proto/buckets.py's scheme computed with shifts only (no division, no
 //    floating point), so kernel and analyzer agree by construction.
 #include <uapi/linux/ptrace.h>
@@ -27,6 +43,12 @@
 #define HT_SUB_BITS @SUB_BUCKET_BITS@
 #define HT_CTL_BUF 0
 #define HT_CTL_GEN 1
+#define HT_PID_EXCLUDED 1           // pids[tgid] bits: never record (the agent itself)
+#define HT_PID_TRACKED 2            //                  scheduler evidence wanted
+// sched_switch prev_state: the task-state report bits (S, D, T, t, X, Z, P, I). None set means the
+// task was switched out runnable: "R" (yield) or TASK_REPORT_MAX (0x100 on 5.14+ kernels, which is
+// what a preemption reports). Either way it waits in the run queue, involuntarily.
+#define HT_BLOCKED_STATE_MASK 0xff
 
 struct ht_key {
     u32 tgid;
@@ -49,12 +71,50 @@ struct ht_thread {
     u32 depth;
 };
 
+// Cumulative step-boundary accounting of one periodic API of one process.
+struct ht_period {
+    u64 last_ns;                    // time of the previous boundary (0: none yet)
+    u64 last_sync_ns;               // the process's sync_ns at that boundary
+    u64 last_offcpu_ns;             // the process's offcpu_ns at that boundary
+    u64 count;                      // intervals recorded
+    u64 interval_sum_ns;
+    u64 sync_wait_ns;
+    u64 offcpu_wait_ns;
+    u64 intervals[HT_NUM_BUCKETS];
+    u64 busy[HT_NUM_BUCKETS];
+};
+
+// Cumulative per process (tgid).
+struct ht_proc {
+    u64 sync_ns;                    // latency of returned outermost sync-kind calls
+    u64 offcpu_ns;                  // blocked off CPU outside probed calls (active threads)
+    u64 runq_ns;                    // runnable, waiting for a CPU (active threads)
+    u64 involuntary;                // switched out runnable (preempted)
+    u64 voluntary;                  // switched out blocked
+    u64 runq[HT_NUM_BUCKETS];       // run-queue latency histogram
+};
+
+// Scheduler state of one active thread (key: tid).
+struct ht_task {
+    u32 tgid;
+    u32 blocked_in_call;            // it blocked inside a probed call
+    u64 queued_ns;                  // runnable since (0: not waiting for a CPU)
+    u64 blocked_ns;                 // blocked since (0: not blocked)
+};
+
 BPF_F_TABLE("percpu_hash", struct ht_key, struct ht_hist, stats0, 4096, BPF_F_NO_PREALLOC);
 BPF_F_TABLE("percpu_hash", struct ht_key, struct ht_hist, stats1, 4096, BPF_F_NO_PREALLOC);
 BPF_PERCPU_ARRAY(zero_hist, struct ht_hist, 1);      // never written: the initial value
 BPF_TABLE("lru_hash", u64, struct ht_thread, threads, 65536);
 BPF_ARRAY(ctl, u64, 2);
-BPF_HASH(excluded, u32, u8, 1024);                    // the agent's own pids
+BPF_HASH(pids, u32, u8, 8192);                        // HT_PID_* bits per tgid
+BPF_F_TABLE("hash", struct ht_key, struct ht_period, periods, 8192, BPF_F_NO_PREALLOC);
+BPF_PERCPU_ARRAY(zero_period, struct ht_period, 1);  // never written: the initial value
+// Entries are made by user space (track_pids) or by a sync-kind return, never by the scheduler
+// hooks, which only look up.
+BPF_F_TABLE("hash", u32, struct ht_proc, procs, 8192, BPF_F_NO_PREALLOC);
+BPF_PERCPU_ARRAY(zero_proc, struct ht_proc, 1);      // never written: the initial value
+BPF_TABLE("lru_hash", u32, struct ht_task, active, 65536);
 
 // HT_BUCKET_BEGIN (tests compile this block with gcc and compare it with proto/buckets.py)
 static __always_inline u32 ht_log2(u64 v) {
@@ -94,10 +154,28 @@ static __always_inline struct ht_hist *ht_slot(u32 buf, struct ht_key *key) {
     return stats0.lookup_or_try_init(key, init);
 }
 
+static __always_inline void ht_mark_active(u64 id) {
+    u32 tid = (u32)id;
+    u32 tgid = id >> 32;
+    struct ht_task *t = active.lookup(&tid);
+    if (t && t->tgid == tgid)
+        return;
+    struct ht_task fresh = {};
+    fresh.tgid = tgid;              // a new thread, or a tid reused by another process
+    active.update(&tid, &fresh);
+}
+
+// The HT_PID_* bits of this tgid (0 when absent).
+static __always_inline u8 ht_pid_flags(u32 tgid) {
+    u8 *f = pids.lookup(&tgid);
+    return f ? *f : 0;
+}
+
 static __always_inline int ht_enter(struct pt_regs *ctx, u32 api) {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
-    if (excluded.lookup(&tgid))
+    u8 flags = ht_pid_flags(tgid);
+    if (flags & HT_PID_EXCLUDED)
         return 0;
     u64 gen = ht_ctl(HT_CTL_GEN);
     struct ht_thread *t = threads.lookup(&id);
@@ -110,6 +188,8 @@ static __always_inline int ht_enter(struct pt_regs *ctx, u32 api) {
             h->nested += 1;
         return 0;
     }
+    if (flags & HT_PID_TRACKED)
+        ht_mark_active(id);
     struct ht_thread fresh = {};
     fresh.start_ns = bpf_ktime_get_ns();
     fresh.gen = gen;
@@ -119,14 +199,69 @@ static __always_inline int ht_enter(struct pt_regs *ctx, u32 api) {
     return 0;
 }
 
-static __always_inline int ht_leave(struct pt_regs *ctx) {
+static __always_inline u64 ht_since(u64 now, u64 then) {
+    return now > then ? now - then : 0;
+}
+
+// One step boundary of (tgid, api) at time now: close the interval since the previous one.
+static __always_inline void ht_boundary(u32 tgid, u32 api, u64 now) {
+    u32 zero = 0;
+    struct ht_period *init = zero_period.lookup(&zero);
+    if (!init)
+        return;
+    struct ht_key key = {.tgid = tgid, .api = api};
+    struct ht_period *p = periods.lookup_or_try_init(&key, init);
+    if (!p)
+        return;
+    struct ht_proc *pr = procs.lookup(&tgid);
+    u64 sync = pr ? pr->sync_ns : 0;
+    u64 off = pr ? pr->offcpu_ns : 0;
+    u64 last = p->last_ns;
+    if (last && now > last) {
+        u64 interval = now - last;
+        // A process forgotten and seen again restarts its counters: never a negative wait.
+        u64 ws = ht_since(sync, p->last_sync_ns);
+        u64 wo = ht_since(off, p->last_offcpu_ns);
+        u64 busy = ht_since(interval, ws + wo);
+        u32 bi = ht_bucket(interval);
+        if (bi >= HT_NUM_BUCKETS)
+            bi = HT_NUM_BUCKETS - 1;
+        u32 bb = ht_bucket(busy);
+        if (bb >= HT_NUM_BUCKETS)
+            bb = HT_NUM_BUCKETS - 1;
+        // Several threads of one process may call the same API on several CPUs.
+        __sync_fetch_and_add(&p->count, 1);
+        __sync_fetch_and_add(&p->interval_sum_ns, interval);
+        __sync_fetch_and_add(&p->sync_wait_ns, ws);
+        __sync_fetch_and_add(&p->offcpu_wait_ns, wo);
+        __sync_fetch_and_add(&p->intervals[bi], 1);
+        __sync_fetch_and_add(&p->busy[bb], 1);
+    }
+    p->last_ns = now;
+    p->last_sync_ns = sync;
+    p->last_offcpu_ns = off;
+}
+
+// A sync-kind call of tgid returned after delta ns: it is a wait of the process.
+static __always_inline void ht_add_sync(u32 tgid, u64 delta) {
+    u32 zero = 0;
+    struct ht_proc *init = zero_proc.lookup(&zero);
+    if (!init)
+        return;
+    struct ht_proc *pr = procs.lookup_or_try_init(&tgid, init);
+    if (pr)
+        __sync_fetch_and_add(&pr->sync_ns, delta);
+}
+
+// periodic / sync are compile-time constants per slot, so launch slots compile the extra work out.
+static __always_inline int ht_leave(struct pt_regs *ctx, u32 slot, int periodic, int sync) {
     u64 now = bpf_ktime_get_ns();
     u64 id = bpf_get_current_pid_tgid();
     struct ht_thread *t = threads.lookup(&id);
     if (!t || t->depth == 0)
         return 0;                   // entry not seen (attached mid-call) or excluded pid
     if (t->gen != ht_ctl(HT_CTL_GEN)) {
-        threads.delete(&id);        // stale record from before an attach/detach
+        threads.delete(&id);        // stale record from before a detach
         return 0;
     }
     if (t->depth > 1) {
@@ -134,24 +269,137 @@ static __always_inline int ht_leave(struct pt_regs *ctx) {
         return 0;
     }
     u64 delta = now - t->start_ns;
-    struct ht_key key = {.tgid = id >> 32, .api = t->api};
+    u32 api = t->api;
+    u32 tgid = id >> 32;
+    struct ht_key key = {.tgid = tgid, .api = api};
     // The buffer is chosen at return, so a call that spans a flip lands in the new window.
     struct ht_hist *h = ht_slot((u32)ht_ctl(HT_CTL_BUF) & 1, &key);
     threads.delete(&id);
-    if (!h)
-        return 0;
-    u32 b = ht_bucket(delta);
-    if (b >= HT_NUM_BUCKETS)
-        b = HT_NUM_BUCKETS - 1;
-    if (h->count == 0 || delta < h->min_ns)
-        h->min_ns = delta;
-    if (delta > h->max_ns)
-        h->max_ns = delta;
-    h->count += 1;
-    h->sum_ns += delta;
-    h->buckets[b] += 1;
+    if (h) {
+        u32 b = ht_bucket(delta);
+        if (b >= HT_NUM_BUCKETS)
+            b = HT_NUM_BUCKETS - 1;
+        if (h->count == 0 || delta < h->min_ns)
+            h->min_ns = delta;
+        if (delta > h->max_ns)
+            h->max_ns = delta;
+        h->count += 1;
+        h->sum_ns += delta;
+        h->buckets[b] += 1;
+    }
+    if (periodic && api == slot) {
+        // The sync's own latency first, so the interval it ends counts it as a wait.
+        if (sync)
+            ht_add_sync(tgid, delta);
+        ht_boundary(tgid, api, now);
+    }
     return 0;
 }
 
-// ---- one entry/return pair per probed API slot (generated) ----
+// Entry-only slot (the step marker): the call itself is the boundary.
+static __always_inline int ht_mark(struct pt_regs *ctx, u32 slot) {
+    u64 now = bpf_ktime_get_ns();
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    u8 flags = ht_pid_flags(tgid);
+    if (flags & HT_PID_EXCLUDED)
+        return 0;
+    if (flags & HT_PID_TRACKED)
+        ht_mark_active(id);
+    ht_boundary(tgid, slot, now);
+    return 0;
+}
+
+// ---- scheduler evidence ----
+
+// Whether thread id is inside a probed call now (per the current generation).
+static __always_inline u32 ht_in_call(u64 id) {
+    struct ht_thread *c = threads.lookup(&id);
+    return c && c->depth > 0 && c->gen == ht_ctl(HT_CTL_GEN);
+}
+
+// The counters of tgid when it is tracked, else 0 (untracked: its threads may still be active).
+static __always_inline struct ht_proc *ht_tracked(u32 tgid) {
+    if (!(ht_pid_flags(tgid) & HT_PID_TRACKED))
+        return 0;
+    return procs.lookup(&tgid);
+}
+
+TRACEPOINT_PROBE(sched, sched_switch) {
+    u64 now = bpf_ktime_get_ns();
+    u32 prev = args->prev_pid;
+    struct ht_task *t = active.lookup(&prev);
+    if (t) {
+        u64 id = bpf_get_current_pid_tgid();   // prev is still current here
+        u32 tgid = id >> 32;
+        struct ht_proc *pr = ht_tracked(tgid);
+        // A tid reused by another process keeps a stale record until that thread's next probed
+        // call: it is not accounted meanwhile.
+        if (pr && t->tgid == tgid) {
+            if ((args->prev_state & HT_BLOCKED_STATE_MASK) == 0) {
+                __sync_fetch_and_add(&pr->involuntary, 1);
+                t->queued_ns = now;
+                t->blocked_ns = 0;
+            } else {
+                __sync_fetch_and_add(&pr->voluntary, 1);
+                t->queued_ns = 0;
+                t->blocked_ns = now;
+                t->blocked_in_call = ht_in_call(id);
+            }
+        }
+    }
+    u32 next = args->next_pid;
+    t = active.lookup(&next);
+    if (t) {
+        u64 queued = t->queued_ns;
+        u32 tgid = t->tgid;
+        t->queued_ns = 0;
+        t->blocked_ns = 0;
+        struct ht_proc *pr = ht_tracked(tgid);
+        if (pr && queued && now > queued) {
+            u64 wait = now - queued;
+            u32 b = ht_bucket(wait);
+            if (b >= HT_NUM_BUCKETS)
+                b = HT_NUM_BUCKETS - 1;
+            __sync_fetch_and_add(&pr->runq_ns, wait);
+            __sync_fetch_and_add(&pr->runq[b], 1);
+        }
+    }
+    return 0;
+}
+
+static __always_inline int ht_wakeup(u32 tid) {
+    struct ht_task *t = active.lookup(&tid);
+    if (!t)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    u32 tgid = t->tgid;
+    u64 blocked = t->blocked_ns;
+    if (blocked) {
+        t->blocked_ns = 0;
+        struct ht_proc *pr = ht_tracked(tgid);
+        if (pr && !t->blocked_in_call && now > blocked)
+            __sync_fetch_and_add(&pr->offcpu_ns, now - blocked);
+    }
+    // A wake-up of a thread that has not blocked yet (it is still on its CPU) also lands here;
+    // its next switch-out overwrites this.
+    if (!t->queued_ns)
+        t->queued_ns = now;
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup) { return ht_wakeup(args->pid); }
+
+TRACEPOINT_PROBE(sched, sched_wakeup_new) { return ht_wakeup(args->pid); }
+
+// A thread that exits leaves no record behind (tids are reused).
+TRACEPOINT_PROBE(sched, sched_process_exit) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    active.delete(&tid);
+    threads.delete(&id);
+    return 0;
+}
+
+// ---- one entry/return pair per probed API slot (entry only for the marker; generated) ----
 @PROBE_FUNCS@

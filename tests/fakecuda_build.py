@@ -69,7 +69,7 @@ def build(out: Path = DEFAULT_OUT) -> FakeCuda:
     _run(common + ["-shared", "-Wl,-soname,libcudart.so.13", "-o", str(fc.cudart),
                    str(SRC / "fakecudart.c"), f"-L{out}", "-l:libcuda.so.1", "-Wl,-rpath,$ORIGIN"])
     _run(common + ["-o", str(fc.worker), str(SRC / "worker.c"), f"-L{out}", "-l:libcudart.so.13",
-                   "-l:libcuda.so.1", "-Wl,-rpath,$ORIGIN"])
+                   "-l:libcuda.so.1", "-ldl", "-Wl,-rpath,$ORIGIN"])
     _run(common + ["-shared", "-Wl,-soname,libcudart.so.13", "-o", str(fc.nosyms_cudart),
                    str(SRC / "nosyms.c")])
     stamp.write_text(digest)

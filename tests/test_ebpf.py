@@ -73,10 +73,10 @@ def test_step_mix_counts_every_api_once(uprobe_session, fakecuda, run_worker):
 def test_attach_is_idempotent_and_detach_stops_recording(uprobe_session, fakecuda, run_worker):
     first = uprobe_session.attach(str(fakecuda.cudart))
     assert first == ["cudaLaunchKernel", "cudaLaunchKernelExC", "cudaStreamSynchronize",
-                     "cudaDeviceSynchronize", "cudaEventSynchronize"]
+                     "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaGraphLaunch"]
     assert uprobe_session.attach(str(fakecuda.cudart)) == first
     assert uprobe_session.attach(str(fakecuda.cuda)) == ["cuLaunchKernel", "cuLaunchKernelEx",
-                                                         "cuStreamSynchronize"]
+                                                         "cuStreamSynchronize", "cuGraphLaunch"]
     assert len(uprobe_session.attached) == 2
     uprobe_session.detach_all()
     assert uprobe_session.attached == {}

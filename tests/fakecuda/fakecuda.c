@@ -1,6 +1,7 @@
 /* Stand-in for the CUDA driver library (libcuda.so.1). It exports the real symbol names and
  * signatures the agent probes, each busy-waiting for a controlled latency:
- *   FAKECUDA_DRV_LAUNCH_NS  cuLaunchKernel / cuLaunchKernelEx   (or fakecuda_set_launch_ns)
+ *   FAKECUDA_DRV_LAUNCH_NS  cuLaunchKernel / cuLaunchKernelEx / cuGraphLaunch
+ *                           (or fakecuda_set_launch_ns)
  *   FAKECUDA_DRV_SYNC_NS    cuStreamSynchronize                 (or fakecuda_set_sync_ns)
  * plus fakecuda_null(), an empty function for probe-cost calibration. */
 #include <stddef.h>
@@ -9,6 +10,7 @@
 typedef int CUresult;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
+typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUlaunchAttribute_st { int id; char pad[60]; } CUlaunchAttribute;
 typedef struct CUlaunchConfig_st {
     unsigned int gridDimX, gridDimY, gridDimZ;
@@ -46,5 +48,11 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **ker
 CUresult cuStreamSynchronize(CUstream hStream) {
     (void)hStream;
     fakecuda_spin_ns(fakecuda_env_ns("FAKECUDA_DRV_SYNC_NS", &sync_ns));
+    return 0;
+}
+
+CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+    (void)hGraphExec; (void)hStream;
+    fakecuda_spin_ns(fakecuda_env_ns("FAKECUDA_DRV_LAUNCH_NS", &launch_ns));
     return 0;
 }

@@ -1,8 +1,10 @@
 /* Stand-in for the CUDA runtime (libcudart.so.13) with the real exported names and signatures.
- * As in the real runtime, the launch and stream-synchronize calls go through the driver
- * (cuLaunchKernel, cuLaunchKernelEx, cuStreamSynchronize in libcuda.so.1) inside, which is what
- * the agent's nesting logic must count once. Latencies (busy-wait, ns), on top of the driver's:
- *   FAKECUDA_RT_LAUNCH_NS   cudaLaunchKernel / cudaLaunchKernelExC  (or fakecudart_set_launch_ns)
+ * As in the real runtime, the launch, graph-launch and stream-synchronize calls go through the
+ * driver (cuLaunchKernel, cuLaunchKernelEx, cuGraphLaunch, cuStreamSynchronize in libcuda.so.1)
+ * inside, which is what the agent's nesting logic must count once. Latencies (busy-wait, ns), on
+ * top of the driver's:
+ *   FAKECUDA_RT_LAUNCH_NS   cudaLaunchKernel / cudaLaunchKernelExC / cudaGraphLaunch
+ *                           (or fakecudart_set_launch_ns)
  *   FAKECUDA_RT_SYNC_NS     cudaStreamSynchronize / cudaEventSynchronize (or fakecudart_set_sync_ns)
  *   FAKECUDA_DEVSYNC_NS     cudaDeviceSynchronize, which calls nothing inside (a non-nested API) */
 #include <stddef.h>
@@ -11,6 +13,7 @@
 typedef int cudaError_t;
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUevent_st *cudaEvent_t;
+typedef struct CUgraphExec_st *cudaGraphExec_t;
 typedef struct dim3 { unsigned int x, y, z; } dim3;
 typedef struct cudaLaunchAttribute_st { int id; char pad[60]; } cudaLaunchAttribute;
 typedef struct cudaLaunchConfig_st {
@@ -28,6 +31,7 @@ extern int cuLaunchKernel(void *f, unsigned int, unsigned int, unsigned int, uns
                           unsigned int, unsigned int, unsigned int, cudaStream_t, void **, void **);
 extern int cuLaunchKernelEx(const CUlaunchConfig *config, void *f, void **kernelParams, void **extra);
 extern int cuStreamSynchronize(cudaStream_t hStream);
+extern int cuGraphLaunch(cudaGraphExec_t hGraphExec, cudaStream_t hStream);
 
 static long long launch_ns = -1, sync_ns = -1, devsync_ns = -1;
 
@@ -61,4 +65,9 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 cudaError_t cudaDeviceSynchronize(void) {
     fakecuda_spin_ns(fakecuda_env_ns("FAKECUDA_DEVSYNC_NS", &devsync_ns));
     return 0;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
+    fakecuda_spin_ns(fakecuda_env_ns("FAKECUDA_RT_LAUNCH_NS", &launch_ns));
+    return cuGraphLaunch(graphExec, stream);
 }

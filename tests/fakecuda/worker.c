@@ -3,14 +3,19 @@
  * by absolute deadlines (so the rate holds even when a call is slow), until --calls calls were
  * made or --duration seconds passed, or SIGTERM.
  *
- *   fakecuda-worker [--api launch|launch-ex|driver|sync|devsync|step] [--rate HZ] [--calls N]
- *                   [--duration S] [--wait-stdin]
+ *   fakecuda-worker [--api launch|launch-ex|driver|sync|devsync|step|graph|none] [--rate HZ]
+ *                   [--calls N] [--duration S] [--marker LIB] [--wait-stdin]
  *
  * It prints "ready PID" once the libraries are mapped; with --wait-stdin it then waits for a
  * line on stdin before the first call (so a test can attach probes first and count exactly).
  * At the end it prints "done CALLS". "step" = 8 x cudaLaunchKernel + 1 x cudaStreamSynchronize
- * per iteration, like a training step. Latencies come from the FAKECUDA_* variables (see the
- * library sources). */
+ * per iteration, like a training step; "graph" = 1 x cudaGraphLaunch + 1 x cudaStreamSynchronize
+ * (a CUDA-graph training step); "none" calls nothing (with --marker: only the marker).
+ * --marker LIB loads a step-marker library (dlopen) and calls its hypertrace_step() at the start
+ * of every iteration, as a training loop calling hypertrace.collector.marker.step() would.
+ * Without --rate the loop runs flat out (CPU-bound). Latencies come from the FAKECUDA_*
+ * variables (see the library sources). */
+#include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +31,8 @@ extern int cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void 
 extern int cudaLaunchKernelExC(const void *config, const void *func, void **args);
 extern int cudaStreamSynchronize(cudaStream_t stream);
 extern int cudaDeviceSynchronize(void);
+typedef struct CUgraphExec_st *cudaGraphExec_t;
+extern int cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream);
 extern int cuLaunchKernel(void *f, unsigned int, unsigned int, unsigned int, unsigned int,
                           unsigned int, unsigned int, unsigned int, cudaStream_t, void **, void **);
 
@@ -33,8 +40,9 @@ static volatile sig_atomic_t stop = 0;
 static void on_term(int sig) { (void)sig; stop = 1; }
 
 static void usage(void) {
-    fprintf(stderr, "usage: fakecuda-worker [--api launch|launch-ex|driver|sync|devsync|step] "
-                    "[--rate HZ] [--calls N] [--duration S] [--wait-stdin]\n");
+    fprintf(stderr, "usage: fakecuda-worker [--api launch|launch-ex|driver|sync|devsync|step|"
+                    "graph|none] [--rate HZ] [--calls N] [--duration S] [--marker LIB] "
+                    "[--wait-stdin]\n");
     exit(2);
 }
 
@@ -43,11 +51,13 @@ int main(int argc, char **argv) {
     double rate = 0, duration = 1e9;
     long long max_calls = -1;
     int wait_stdin = 0;
+    const char *marker_lib = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--api") && i + 1 < argc) api = argv[++i];
         else if (!strcmp(argv[i], "--rate") && i + 1 < argc) rate = atof(argv[++i]);
         else if (!strcmp(argv[i], "--calls") && i + 1 < argc) max_calls = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--duration") && i + 1 < argc) duration = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--marker") && i + 1 < argc) marker_lib = argv[++i];
         else if (!strcmp(argv[i], "--wait-stdin")) wait_stdin = 1;
         else usage();
     }
@@ -58,7 +68,19 @@ int main(int argc, char **argv) {
     else if (!strcmp(api, "sync")) mode = 3;
     else if (!strcmp(api, "devsync")) mode = 4;
     else if (!strcmp(api, "step")) mode = 5;
+    else if (!strcmp(api, "graph")) mode = 6;
+    else if (!strcmp(api, "none")) mode = 7;
     else usage();
+    void (*marker)(void) = NULL;
+    if (marker_lib) {
+        void *h = dlopen(marker_lib, RTLD_NOW);
+        if (h) *(void **)&marker = dlsym(h, "hypertrace_step");
+        if (!marker) {
+            fprintf(stderr, "fakecuda-worker: no hypertrace_step in %s: %s\n", marker_lib,
+                    dlerror());
+            return 2;
+        }
+    }
 
     signal(SIGTERM, on_term);
     signal(SIGINT, on_term);
@@ -85,6 +107,7 @@ int main(int argc, char **argv) {
                 continue;
             }
         }
+        if (marker) marker();
         switch (mode) {
         case 0: cudaLaunchKernel((const void *)main, g, b, NULL, 0, NULL); break;
         case 1: cudaLaunchKernelExC(NULL, (const void *)main, NULL); break;
@@ -95,6 +118,11 @@ int main(int argc, char **argv) {
             for (int k = 0; k < 8; k++) cudaLaunchKernel((const void *)main, g, b, NULL, 0, NULL);
             cudaStreamSynchronize(NULL);
             break;
+        case 6:
+            cudaGraphLaunch(NULL, NULL);
+            cudaStreamSynchronize(NULL);
+            break;
+        case 7: break;
         }
         calls++;
     }
