@@ -1,12 +1,65 @@
-# Source on an air-gapped GPU node from the repo root, as root, to run hypertrace from the tree:
-# makes bcc importable (gpu-carry bundle), installs the carried grpcio wheels into a private
-# folder, and maps the repo's folders onto the hypertrace.* namespace without pip.
-#   carry:  ../shared/tools/gpu-carry.sh .gpu-carry ; pip download grpcio ... -d .gpu-wheels
-source .gpu-carry/setup.sh >/dev/null 2>&1 || { echo "gpu-carry setup failed"; return 1; }
+# Source on the air-gapped GPU box, as root, from the repo root, before any tests/gpu script:
+#     source tests/gpu/device_env.sh || exit 1
+# It makes everything the analyzer, the agent and the CLI import available, then CHECKS each
+# import and returns 1 naming what is missing (it never says "ready" when an import fails).
+#
+# What must travel with the tree (both git-ignored; name them in the device call's carry):
+#   .gpu-carry/   bcc + its libraries + trimmed kernel headers + cupti-python:
+#                 built here with  ../shared/tools/gpu-carry.sh .gpu-carry
+#   .gpu-wheels/  Python wheels the box's image lacks or holds at versions the generated code
+#                 refuses; downloaded here with  bash tests/gpu/fetch_wheels.sh
+#                 exactly these (cp312, manylinux):
+#                   grpcio-health-checking==1.85.1  (not in the image; the analyzer serves it)
+#                   grpcio==1.85.3                  (hypertrace_pb2_grpc.py needs >= 1.85.1)
+#                   protobuf==7.36.2                (hypertrace_pb2.py needs >= 7.35.1)
+# Already in the image and used as is: numpy, scipy, nvidia-ml-py (pynvml), torch.
+#
+# The repo's folders are mapped onto the hypertrace.* namespace with symlinks (no pip install of
+# the project), so `python3 -m hypertrace.cli.main ...` runs the checked-out code.
+
+_ht_fail() { echo "device_env: NOT ready: $*" >&2; return 1; }
+
+[ -f .gpu-carry/setup.sh ] || { _ht_fail ".gpu-carry/setup.sh missing: build it here with ../shared/tools/gpu-carry.sh .gpu-carry and carry .gpu-carry"; return 1; }
+# shellcheck disable=SC1091
+source .gpu-carry/setup.sh >/tmp/ht-gpu-carry.log 2>&1 \
+  || { cat /tmp/ht-gpu-carry.log >&2; _ht_fail "gpu-carry setup failed (log above)"; return 1; }
+
 if ls .gpu-wheels/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /opt/ht-wheels .gpu-wheels/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /opt/ht-wheels .gpu-wheels/*.whl >/tmp/ht-wheels.log 2>&1 \
+    || { cat /tmp/ht-wheels.log >&2; _ht_fail "installing .gpu-wheels failed (log above)"; return 1; }
+else
+  echo "device_env: no .gpu-wheels/*.whl (run tests/gpu/fetch_wheels.sh here and carry .gpu-wheels)" >&2
 fi
+
 mkdir -p /opt/ht-shim/hypertrace
 for d in cli proto daemon collector analyzer; do ln -sfn "$PWD/$d" "/opt/ht-shim/hypertrace/$d"; done
 export PYTHONPATH=/opt/ht-wheels:/opt/ht-shim:${PYTHONPATH:-}
-python3 -c "import bcc, grpc, hypertrace.daemon.agent; print('device env ready, grpc', grpc.__version__)"
+export PYTHONUNBUFFERED=1
+# NVLink multicast stays off on shared hosts (the box's own settings; re-exported so that every
+# process the scripts start with their own environment keeps them)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+python3 - <<'PY' || { _ht_fail "imports failed (list above)"; return 1; }
+import importlib, sys
+mods = ["grpc", "grpc_health.v1.health", "google.protobuf", "numpy", "scipy", "pynvml", "bcc",
+        "hypertrace.proto.hypertrace_pb2_grpc", "hypertrace.analyzer.server",
+        "hypertrace.cli.main", "hypertrace.daemon.agent"]
+missing = []
+for m in mods:
+    try:
+        importlib.import_module(m)
+    except Exception as e:  # any failure at import is a missing piece here
+        missing.append(f"{m}: {type(e).__name__}: {e}")
+if missing:
+    print("device_env: missing imports:", *missing, sep="\n  ", file=sys.stderr)
+    sys.exit(1)
+import grpc, google.protobuf, numpy, scipy
+print(f"device_env: imports ok (python {sys.version.split()[0]}, grpc {grpc.__version__}, "
+      f"protobuf {google.protobuf.__version__}, numpy {numpy.__version__}, scipy {scipy.__version__})")
+PY
+command -v cc >/dev/null || command -v gcc >/dev/null \
+  || echo "device_env: WARNING no C compiler: probe-cost calibration and the step marker need one" >&2
+python3 -c "import torch; print('device_env: torch', torch.__version__, 'GPUs', torch.cuda.device_count())" \
+  || { _ht_fail "torch does not import"; return 1; }
+echo "device_env: ready"

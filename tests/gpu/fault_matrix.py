@@ -1,0 +1,384 @@
+"""One fault-matrix run: ONE mode on ONE GPU, 8 emulated ranks each watched by its own agent,
+real faults on rank 5 mid-run, the analyzer's report polled throughout.
+
+Usage (GPU box, root, repo root, after `source tests/gpu/device_env.sh`):
+    python3 tests/gpu/fault_matrix.py --mode independent --gpu 0 --cores 0-7 \
+        --agent-cores 8-15 --out /tmp/mx-ind [--clean-s 300 --fault-s 90 --recover-s 45]
+Two modes side by side on a 2-GPU box (disjoint GPUs, cores and ports; each has its own analyzer):
+    python3 tests/gpu/fault_matrix.py --mode independent --gpu 0 --cores 0-7 --agent-cores 8-15 \
+        --out /tmp/mx-ind & \
+    python3 tests/gpu/fault_matrix.py --mode collective --gpu 1 --cores 16-23 --agent-cores 24-31 \
+        --out /tmp/mx-col; wait
+Wall time: start-up (~1 min: CUDA init, calibration, agents' BPF compile) + clean + 2 x (fault +
+recover) + ~20 s teardown. Exit status is matrix_report.py's: 0 all checks pass, 1 a check failed,
+2 unusable input; 3 when the run itself broke (a rank or the analyzer died).
+
+What it does:
+  1. an analyzer (--window-seconds 10, its own SQLite DB, port --port or a free one);
+  2. 8 ranks of tests/gpu/launch_bound_loop.py (CUDA_VISIBLE_DEVICES=--gpu, rank i pinned to the
+     i-th core of --cores, RANK/LOCAL_RANK/WORLD_SIZE set, and HT_JOB_<MODE>_R<i>=matrix-<mode>:
+     a variable that only rank i has, so agent i attributes exactly rank i: 8 nodes emulated on
+     one host); in collective mode they form a gloo group (MASTER_PORT per run);
+  3. once every rank is warm, 8 agents at the DEFAULT budget (`hypertrace agent --node node-<i>
+     --job-env HT_JOB_<MODE>_R<i> --window 10`, own spool dirs), pinned with the analyzer and
+     this script to --agent-cores so they never share a core with a rank;
+  4. the schedule: startup (until the report lists all 8 GPUs), clean (--clean-s), cpu_hog (a
+     Python busy loop pinned to rank 5's core, --fault-s), recover_cpu (--recover-s), gpu_extra
+     (rank 5's --extra-gpu-file exists: +30% GPU work per step, --fault-s), recover_gpu;
+  5. every --poll-s (5) the report (what `hypertrace report --format json` prints) with a
+     timestamp, to reports.jsonl;
+  6. at the end: agents, ranks and the analyzer stopped; the analyzer's stored windows flattened
+     to windows.jsonl.gz; logs gzipped into --out (steps/, logs/); phases.json; then
+     matrix_report.py on --out (prints the matrix, writes matrix.txt / matrix.json).
+The environment variable names carry the mode so that two runs on one host never attribute each
+other's ranks.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import matrix_report  # noqa: E402  (sibling script)
+
+RANKS = 8
+FAULT_RANK = 5
+#: Largest log kept per process (its tail): the results must travel back small.
+MAX_LOG_BYTES = 4 << 20
+
+
+def parse_cores(spec: str) -> list[int]:
+    """'0-7' or '0,2,4-6' -> [0, 1, ...]."""
+    out: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out.extend(range(int(a), int(b) + 1))
+        else:
+            out.append(int(part))
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", choices=["independent", "collective"], required=True)
+    ap.add_argument("--gpu", type=int, default=0)
+    ap.add_argument("--cores", default="0-7", help="one core per rank (8), e.g. 0-7")
+    ap.add_argument("--agent-cores", default="8-15",
+                    help="cores for the agents, the analyzer and this script")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--clean-s", type=float, default=300.0)
+    ap.add_argument("--fault-s", type=float, default=90.0)
+    ap.add_argument("--recover-s", type=float, default=45.0)
+    ap.add_argument("--port", type=int, default=0, help="analyzer port (0: a free one)")
+    ap.add_argument("--master-port", type=int, default=0,
+                    help="gloo rendezvous port in collective mode (0: a free one)")
+    ap.add_argument("--poll-s", type=float, default=5.0)
+    ap.add_argument("--window", type=float, default=10.0)
+    ap.add_argument("--marker", action="store_true", help="ranks call the step marker")
+    ap.add_argument("--agent-verbose", action="store_true", help="agents at -vv (bigger logs)")
+    ap.add_argument("--startup-timeout", type=float, default=240.0)
+    ap.add_argument("--loop", type=Path, default=HERE / "launch_bound_loop.py",
+                    help="the rank program (default launch_bound_loop.py; a CPU stand-in with the "
+                         "same flags rehearses this harness without a GPU)")
+    args = ap.parse_args(argv)
+    args.rank_cores = parse_cores(args.cores)
+    args.agent_core_list = parse_cores(args.agent_cores)
+    if len(args.rank_cores) != RANKS:
+        ap.error(f"--cores must name {RANKS} cores (one per rank), got {args.rank_cores}")
+    if not args.agent_core_list:
+        ap.error("--agent-cores must name at least one core")
+    if set(args.rank_cores) & set(args.agent_core_list):
+        ap.error("--cores and --agent-cores overlap: an agent would contend with a rank")
+    ncpu = os.cpu_count() or 1
+    bad = [c for c in args.rank_cores + args.agent_core_list if c >= ncpu]
+    if bad:
+        ap.error(f"cores {bad} do not exist here ({ncpu} CPUs)")
+    return args
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Harness:
+    """Processes of one run and their teardown (every process is ours, ended by its own pid)."""
+
+    def __init__(self, args: argparse.Namespace, work: Path):
+        self.args = args
+        self.work = work
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.files: list = []
+        self.py = sys.executable
+        self.tag = "IND" if args.mode == "independent" else "COL"
+        self.job = f"matrix-{args.mode}"
+        self.phase = "setup"
+        self.phases: list[dict] = []
+        self.broken: list[str] = []
+
+    # -- processes -------------------------------------------------------------------------
+    def start(self, name: str, cmd: list[str], cores: list[int], env: dict | None = None) -> subprocess.Popen:
+        log = open(self.work / f"{name}.log", "wb")
+        self.files.append(log)
+        cset = set(cores)
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or os.environ.copy(),
+                             preexec_fn=lambda: os.sched_setaffinity(0, cset), cwd=os.getcwd())
+        self.procs[name] = p
+        return p
+
+    def stop(self, names: list[str], sig: int = signal.SIGTERM, wait_s: float = 20.0) -> None:
+        live = [(n, self.procs[n]) for n in names if n in self.procs and self.procs[n].poll() is None]
+        for _, p in live:
+            try:
+                p.send_signal(sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + wait_s
+        for n, p in live:
+            try:
+                p.wait(max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                print(f"[{self.args.mode}] {n} (pid {p.pid}) ignored SIGTERM for {wait_s:.0f} s: killing",
+                      flush=True)
+                p.kill()
+                p.wait()
+
+    def check_alive(self) -> None:
+        for n, p in self.procs.items():
+            if n == "hog":
+                continue
+            rc = p.poll()
+            if rc is not None and n not in {b.split()[0] for b in self.broken}:
+                msg = f"{n} exited rc={rc} during {self.phase}"
+                self.broken.append(msg)
+                tail = (self.work / f"{n}.log").read_bytes()[-1500:].decode(errors="replace")
+                print(f"[{self.args.mode}] BROKEN: {msg}; its log ends:\n{tail}", flush=True)
+
+    # -- steps ---------------------------------------------------------------------------------
+    def start_analyzer(self) -> str:
+        a = self.args
+        port = a.port or free_port()
+        self.start("analyzer", [self.py, "-m", "hypertrace.cli.main", "analyzer",
+                                "--listen", f"127.0.0.1:{port}", "--db", str(self.work / "analyzer.db"),
+                                "--window-seconds", f"{a.window:g}"], a.agent_core_list)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            text = (self.work / "analyzer.log").read_text(errors="replace")
+            m = re.search(r"listening on \S+:(\d+)", text)
+            if m:
+                return f"127.0.0.1:{m.group(1)}"
+            if self.procs["analyzer"].poll() is not None:
+                raise RuntimeError(f"analyzer exited rc={self.procs['analyzer'].returncode}:\n{text[-2000:]}")
+            time.sleep(0.3)
+        raise RuntimeError("analyzer did not say 'listening' within 60 s")
+
+    def start_ranks(self, seconds: float) -> None:
+        a = self.args
+        master_port = a.master_port or free_port()
+        (self.work / "steps").mkdir(exist_ok=True)
+        for i in range(RANKS):
+            env = os.environ.copy()
+            env.update({"CUDA_VISIBLE_DEVICES": str(a.gpu), f"HT_JOB_{self.tag}_R{i}": self.job,
+                        "RANK": str(i), "LOCAL_RANK": str(i), "WORLD_SIZE": str(RANKS),
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
+                        "OMP_NUM_THREADS": "1", "NCCL_NVLS_ENABLE": "0",
+                        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+            # Keep every other run's job variables out: two runs share the host.
+            for k in [k for k in env if k.startswith("HT_JOB_") and k != f"HT_JOB_{self.tag}_R{i}"]:
+                del env[k]
+            cmd = [self.py, str(a.loop), "--seconds", f"{seconds:.0f}",
+                   "--log", str(self.work / "steps" / f"r{i}.log"), "--rank", str(i),
+                   "--world", str(RANKS), "--mode", a.mode, "--cpu", str(a.rank_cores[i]),
+                   "--ready-file", str(self.work / f"ready-{i}")]
+            if i == FAULT_RANK:
+                cmd += ["--extra-gpu-file", str(self.work / "slow-gpu")]
+            if a.marker:
+                cmd.append("--marker")
+            self.start(f"rank-{i}", cmd, [a.rank_cores[i]], env)
+        deadline = time.time() + a.startup_timeout
+        while time.time() < deadline:
+            self.check_alive()
+            if self.broken:
+                raise RuntimeError("a rank died during start-up: " + "; ".join(self.broken))
+            if all((self.work / f"ready-{i}").exists() for i in range(RANKS)):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"ranks not ready within {a.startup_timeout:.0f} s")
+
+    def start_agents(self, target: str) -> None:
+        a = self.args
+        for i in range(RANKS):
+            cmd = [self.py, "-m", "hypertrace.cli.main"] + (["-vv"] if a.agent_verbose else []) + [
+                "agent", "--node", f"node-{i}", "--job-env", f"HT_JOB_{self.tag}_R{i}",
+                "--analyzer", target, "--window", f"{a.window:g}",
+                "--spool-dir", str(self.work / f"spool-{i}")]
+            self.start(f"agent-{i}", cmd, a.agent_core_list)
+
+    def begin(self, name: str) -> None:
+        now = time.time()
+        if self.phases:
+            self.phases[-1]["end"] = now
+        self.phases.append({"name": name, "start": now, "end": now})
+        self.phase = name
+        print(f"[{self.args.mode}] {time.strftime('%H:%M:%S')} phase {name}", flush=True)
+
+    def sleep(self, seconds: float) -> None:
+        end = time.time() + seconds
+        while time.time() < end:
+            self.check_alive()
+            time.sleep(min(1.0, max(0.0, end - time.time())))
+
+
+class Poller(threading.Thread):
+    """Fetch the report every poll_s and append it, timestamped, to reports.jsonl."""
+
+    def __init__(self, h: Harness, target: str, path: Path):
+        super().__init__(daemon=True, name="poller")
+        # imported here, in the caller's thread: a missing module fails the run at once
+        from hypertrace.analyzer.report_format import report_to_json
+        from hypertrace.cli.report import fetch_report
+        self.fetch, self.to_json = fetch_report, report_to_json
+        self.h, self.target, self.path = h, target, path
+        self.stop_ev = threading.Event()
+        self.last_gpus = 0
+
+    def run(self) -> None:
+        with open(self.path, "w", buffering=1) as f:
+            while not self.stop_ev.is_set():
+                t = time.time()
+                rec: dict = {"t": t, "phase": self.h.phase}
+                try:
+                    rec["report"] = json.loads(self.to_json(self.fetch(self.target, "", 10.0)))
+                    job = matrix_report.job_of(rec, self.h.job)
+                    self.last_gpus = int(job.get("gpus", 0)) if job else 0
+                except Exception as exc:  # a failed poll is data too (the analyzer was busy)
+                    rec["error"] = f"{type(exc).__name__}: {exc}"[:500]
+                f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+                self.stop_ev.wait(max(0.0, self.h.args.poll_s - (time.time() - t)))
+
+
+def gzip_into(src: Path, dst: Path) -> None:
+    """Gzip the last MAX_LOG_BYTES of src to dst (a log's end says most about how it ended)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    size = src.stat().st_size
+    with open(src, "rb") as f, gzip.open(dst, "wb", compresslevel=6) as g:
+        if size > MAX_LOG_BYTES:
+            f.seek(size - MAX_LOG_BYTES)
+            g.write(f"[... first {size - MAX_LOG_BYTES} bytes dropped ...]\n".encode())
+        shutil.copyfileobj(f, g)
+
+
+def run(args: argparse.Namespace) -> int:
+    os.sched_setaffinity(0, set(args.agent_core_list))
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"ht-matrix-{args.mode}-"))
+    h = Harness(args, work)
+    total = args.clean_s + 2 * (args.fault_s + args.recover_s)
+    poller = None
+    hog_core = args.rank_cores[FAULT_RANK]
+    t_start = time.time()
+    try:
+        target = h.start_analyzer()
+        print(f"[{args.mode}] analyzer at {target}; work dir {work}", flush=True)
+        h.begin("startup")
+        h.start_ranks(total + args.startup_timeout + 120)
+        h.start_agents(target)
+        poller = Poller(h, target, work / "reports.jsonl")
+        poller.start()
+        deadline = time.time() + 120
+        while poller.last_gpus < RANKS and time.time() < deadline:
+            h.sleep(1.0)
+        if poller.last_gpus < RANKS:
+            print(f"[{args.mode}] WARNING: report lists {poller.last_gpus}/{RANKS} GPUs after 120 s; "
+                  "starting the clean phase anyway", flush=True)
+        h.begin("clean")
+        h.sleep(args.clean_s)
+        h.begin("cpu_hog")
+        h.start("hog", [h.py, "-c", "while True: pass"], [hog_core])
+        h.sleep(args.fault_s)
+        h.stop(["hog"], signal.SIGKILL, 5)
+        h.begin("recover_cpu")
+        h.sleep(args.recover_s)
+        h.begin("gpu_extra")
+        (work / "slow-gpu").touch()
+        h.sleep(args.fault_s)
+        (work / "slow-gpu").unlink()
+        h.begin("recover_gpu")
+        h.sleep(args.recover_s)
+        h.begin("teardown")
+    except (RuntimeError, OSError) as exc:
+        h.broken.append(f"harness: {exc}")
+        print(f"[{args.mode}] BROKEN: {exc}", flush=True)
+    finally:
+        if "hog" in h.procs:
+            h.stop(["hog"], signal.SIGKILL, 5)
+        (work / "slow-gpu").unlink(missing_ok=True)
+        if h.phases:
+            h.phases[-1]["end"] = time.time()
+        if poller is not None:
+            poller.stop_ev.set()
+            poller.join(15)
+        h.stop([f"agent-{i}" for i in range(RANKS)], signal.SIGTERM, 20)
+        h.stop([f"rank-{i}" for i in range(RANKS)], signal.SIGTERM, 10)
+        h.stop(["analyzer"], signal.SIGTERM, 20)
+        for f in h.files:
+            f.close()
+    # ---- results ------------------------------------------------------------------------------
+    phases = [p for p in h.phases if p["name"] not in ("startup", "teardown")]
+    meta = {"mode": args.mode, "job": h.job, "gpu": args.gpu, "ranks": RANKS,
+            "fault_rank": FAULT_RANK, "nodes": [f"node-{i}" for i in range(RANKS)],
+            "window_s": args.window, "poll_s": args.poll_s, "rank_cores": args.rank_cores,
+            "agent_cores": args.agent_core_list, "phases": phases, "all_phases": h.phases,
+            "clean_ms_at_start": {i: (work / f"ready-{i}").read_text().strip()
+                                  for i in range(RANKS) if (work / f"ready-{i}").exists()},
+            "broken": h.broken, "wall_s": time.time() - t_start}
+    (args.out / "phases.json").write_text(json.dumps(meta, indent=1))
+    if (work / "reports.jsonl").exists():
+        gzip_into(work / "reports.jsonl", args.out / "reports.jsonl.gz")
+    for i in range(RANKS):
+        if (work / "steps" / f"r{i}.log").exists():
+            gzip_into(work / "steps" / f"r{i}.log", args.out / "steps" / f"r{i}.log.gz")
+    for log in sorted(work.glob("*.log")):
+        gzip_into(log, args.out / "logs" / (log.name + ".gz"))
+    if (work / "analyzer.db").exists():
+        try:
+            matrix_report.write_jsonl_gz(matrix_report.extract_windows(work / "analyzer.db"),
+                                         args.out / "windows.jsonl.gz")
+        except Exception as exc:  # the matrix then falls back to the reports alone
+            print(f"[{args.mode}] could not read the analyzer DB: {type(exc).__name__}: {exc}", flush=True)
+        gzip_into(work / "analyzer.db", args.out / "analyzer.db.gz")
+    shutil.rmtree(work, ignore_errors=True)
+    size = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file())
+    print(f"[{args.mode}] results in {args.out} ({size / 1e6:.1f} MB), wall {time.time() - t_start:.0f} s",
+          flush=True)
+    rc = matrix_report.main([str(args.out)])
+    if h.broken:
+        print(f"[{args.mode}] RUN BROKEN: " + "; ".join(h.broken), flush=True)
+        return 3
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
