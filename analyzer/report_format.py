@@ -5,11 +5,14 @@ even when it has its default value, so consumers never have to guess whether a m
 ``{"version", "generated", "jobs": [{"job_id", "windows", "gpus", "nodes": [{"node", "verdict",
 "scope", "probable_cause", "gpus": [{"gpu", "rank", "verdict", "windows_flagged", "windows_seen",
 "spike_rate", "findings": [{"api", "stat", "value_us", "job_median_us", "ratio", "robust_z",
-"direction", "meaning", "basis"}], "probable_cause", "gpu_kind"}]}], "cluster": {"spike_probability",
-"basis", "step_time_now_us", "step_time_after_eviction_us", "predicted_gain",
-"evicted_nodes"}}]}``. Nodes and GPUs come worst first. A finding's ``basis`` is "gpu" (the
-GPU's own value) or "host" (the median GPU of its host against the job's hosts; the table marks
-it ``[host]``).
+"direction", "meaning", "basis", "unit"}], "probable_cause", "gpu_kind"}]}], "cluster":
+{"spike_probability", "basis", "step_time_now_us", "step_time_after_eviction_us",
+"predicted_gain", "evicted_nodes"}, "windows_sampled", "mode"}]}``. Nodes and GPUs come worst
+first. A finding's ``basis`` is "gpu" (the GPU's own value) or "host" (the median GPU of its host
+against the job's hosts; the table marks it ``[host]``). A finding's ``unit`` says what
+``value_us`` and ``job_median_us`` hold (named for latencies, the first findings): "" or "us"
+for a latency or a per-step time in µs, "share" for a fraction of wall time, "hz" for a rate,
+"ratio" for a plain ratio. The table prints each in its unit (shares as %, per-step times in ms).
 
 Exit status (all commands that print a report): 0 no straggler, 3 at least one straggler.
 """
@@ -43,6 +46,20 @@ def _fmt(x: float) -> str:
     return f"{x:.1f}" if abs(x) < 1000 else f"{x:.0f}"
 
 
+def _fmt_value(x: float, unit: str) -> str:
+    """A finding's value in its unit: latencies in µs as before, per-step times in ms, shares as
+    percentages, rates per second."""
+    if unit == "share":
+        return f"{100.0 * x:.0f}%" if abs(x) >= 0.1 else f"{100.0 * x:.1f}%"
+    if unit == "hz":
+        return f"{x:,.0f}/s"
+    if unit == "ratio":
+        return f"{x:.3f}"
+    if unit == "us":
+        return _fmt_duration(x)
+    return _fmt(x)
+
+
 def _fmt_duration(us: float) -> str:
     """A duration in the unit that reads best: launch latencies in us, step times in ms or s."""
     if us != us:                                          # NaN: nothing to say
@@ -60,7 +77,7 @@ def _cluster_line(c: pb.ClusterPrediction) -> str:
     Says "no change" when nothing would be evicted, so a clean job does not read as a 0% gain of
     an eviction that nobody proposed.
     """
-    per = "step" if c.basis.startswith("step_time") else "window"
+    per = "step" if c.basis.startswith(("step_time", "step.busy")) else "window"
     text = (f"  cluster: P(spike in a {per}) {c.spike_probability:.1%}; expected "
             f"{'step' if per == 'step' else 'slowest call'} {_fmt_duration(c.step_time_now_us)} "
             "now")
@@ -76,7 +93,7 @@ def report_to_table(report: pb.Report) -> str:
     """Worst first: node, GPU/rank, API, value vs job median (ratio), robust z, windows flagged,
     verdict, probable cause; then the cluster prediction of each job."""
     out: list[str] = []
-    header = ("NODE", "GPU", "RANK", "API", "STAT", "VALUE_US", "MEDIAN_US", "RATIO", "Z",
+    header = ("NODE", "GPU", "RANK", "API", "STAT", "VALUE", "MEDIAN", "RATIO", "Z",
               "FLAGGED", "VERDICT", "SCOPE", "PROBABLE CAUSE")
     for job in report.jobs:
         counts: dict[str, int] = {}
@@ -92,13 +109,16 @@ def report_to_table(report: pb.Report) -> str:
                     node.node, g.gpu, str(g.rank),
                     (f.api + (" [host]" if f.basis == "host" else "")) if f else "-",
                     f.stat if f else "-",
-                    _fmt(f.value_us) if f else "-", _fmt(f.job_median_us) if f else "-",
+                    _fmt_value(f.value_us, f.unit) if f else "-",
+                    _fmt_value(f.job_median_us, f.unit) if f else "-",
                     f"{f.ratio:.3f}" if f else "-", f"{f.robust_z:+.1f}" if f else "-",
                     f"{g.windows_flagged}/{g.windows_seen}", g.verdict, node.scope, cause))
         summary = ", ".join(f"{counts[k]} {k}" for k in
                             ("straggler", "suspect", "insufficient_data", "healthy") if k in counts)
+        mode = f"mode {job.mode}" if job.mode else "mode unknown (no step data)"
         out.append(f"job {job.job_id}: {job.gpus} GPUs on {len(job.nodes)} nodes, "
-                   f"{job.windows} windows scored; GPUs: {summary or 'none scored yet'}")
+                   f"{job.windows} windows scored ({job.windows_sampled} with a full launch "
+                   f"cross-section), {mode}; GPUs: {summary or 'none scored yet'}")
         if rows:
             shown = rows[:TABLE_MAX_ROWS]
             widths = [max(len(h), *(len(r[i]) for r in shown)) for i, h in enumerate(header[:-1])]

@@ -60,8 +60,8 @@ SIGNALS: tuple[tuple[str, str, str], ...] = (
     ("sched.runq", "share", "share"),
     ("gpu.sm_clock", "ratio", "ratio"),
     ("step.gpu_wait", "us", "per_step"),
-    ("step.busy", "us", "p50"),
     ("step.time", "us", "p50"),
+    ("step.busy", "us", "p50"),
     ("launch.rate", "hz", "rate"),
     ("step.peer_wait", "us", "per_step"),
 )

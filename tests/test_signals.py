@@ -1,0 +1,351 @@
+"""The scored signals end to end through the real Engine, on hand-built windows shaped like the
+GPU harness's: 8 ranks, one per node (each rank's agent is its own "node"), one window per rank
+per epoch, with scheduler evidence, step statistics and launch/sync latencies.
+
+The faults are the ones measured on the H200: a CPU hog on rank 5's core (run-queue share up,
+launch latency unchanged), rank 5's GPU doing more work per step in a collective job (its waits on
+its own GPU grow, it waits least for its peers), and a slow rank in an independent job.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from hypertrace.analyzer import signals
+from hypertrace.analyzer.config import ConfigError, ScoringConfig
+from hypertrace.analyzer.engine import Engine
+from hypertrace.analyzer.report_format import report_to_json, report_to_table
+from hypertrace.proto import buckets, wire
+from hypertrace.proto import hypertrace_pb2 as pb
+
+RANKS = 8
+SLOW = 5
+WINDOW_S = 10.0
+T0_S = 1_700_000_000.0
+
+
+@dataclass
+class Rank:
+    """What one rank does in one window (times in ms, shares of wall time)."""
+
+    step_ms: float = 100.0
+    busy_ms: float = 70.0
+    gpu_wait_ms: float = 20.0
+    peer_wait_ms: float = 10.0
+    runq_share: float = 0.002
+    runq_p50_us: float = 20.0
+    steps: int = 100
+    launches: int = 5000
+    attached_s: float = 2.0
+    launch_us: float = 8.0
+    spread: float = 0.01            # relative sd of each step around its rank's value
+    sm_clock: int | None = None
+
+
+def _hist_ns(values_ns: np.ndarray) -> pb.Histogram:
+    return wire.pack_histogram(buckets.histogram_of_ns(np.asarray(values_ns, dtype=np.float64)))
+
+
+def _process(rank: int, r: Rank, rng: np.random.Generator) -> pb.ProcessWindow:
+    p = pb.ProcessWindow(job_id="job", rank=rank, local_rank=0, gpu_index=0, pid=1000 + rank,
+                         gpu_kind="NVIDIA H200")
+    if r.launches:
+        p.apis.append(wire.api_stats_from_ns(
+            "cudaLaunchKernel", rng.lognormal(math.log(r.launch_us * 1e3), 0.2, r.launches)))
+    sync = rng.normal(r.gpu_wait_ms * 1e6, r.gpu_wait_ms * 1e6 * r.spread, r.steps).clip(1e3)
+    p.apis.append(wire.api_stats_from_ns("cudaDeviceSynchronize", sync))
+    p.apis.append(pb.ApiStats(api="hypertrace_step", count=0, histogram=pb.Histogram(scheme=1)))
+    step = rng.normal(r.step_ms * 1e6, r.step_ms * 1e6 * r.spread, r.steps)
+    busy = rng.normal(r.busy_ms * 1e6, r.busy_ms * 1e6 * r.spread, r.steps)
+    p.step_time.CopyFrom(_hist_ns(step))
+    p.steps.CopyFrom(pb.StepStats(
+        source="marker", steps=r.steps, busy_time=_hist_ns(busy),
+        gpu_wait_us=float(sync.sum() / 1e3),
+        peer_wait_us=float(r.peer_wait_ms * 1e3 * r.steps), step_sum_us=float(step.sum() / 1e3)))
+    waits = max(int(r.runq_share * WINDOW_S * 1e9 / (r.runq_p50_us * 1e3)), 1)
+    p.sched.CopyFrom(pb.SchedStats(
+        runq_ns=int(r.runq_share * WINDOW_S * 1e9), offcpu_ns=int(r.peer_wait_ms * 1e6 * r.steps),
+        involuntary_switches=waits // 2, voluntary_switches=r.steps, window_s=WINDOW_S,
+        runq_latency=_hist_ns(np.full(waits, r.runq_p50_us * 1e3))))
+    p.overhead.CopyFrom(pb.Overhead(sampled=r.attached_s > 0, attached_s=r.attached_s,
+                                    budget=0.005))
+    if r.sm_clock is not None:
+        p.nvml.sm_clock_mhz = r.sm_clock
+        p.nvml.max_sm_clock_mhz = 1980
+    return p
+
+
+def windows(epochs: int, rank_of, seed: int = 0) -> list[pb.NodeWindow]:
+    """``rank_of(epoch, rank, rng) -> Rank``; one window per rank per epoch, each its own node."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for e in range(epochs):
+        start = int((T0_S + e * WINDOW_S) * 1e9)
+        for k in range(RANKS):
+            w = pb.NodeWindow(version=1, agent_id=f"agent-{k}", node=f"node-{k}", seq=e + 1)
+            w.start.FromNanoseconds(start)
+            w.end.FromNanoseconds(start + int(WINDOW_S * 1e9))
+            w.processes.append(_process(k, rank_of(e, k, rng), rng))
+            wire.validate_window(w)
+            out.append(w)
+    return out
+
+
+def run(ws: list[pb.NodeWindow], cfg: ScoringConfig = ScoringConfig()) -> tuple[Engine, list]:
+    e = Engine(cfg)
+    for w in ws:
+        e.ingest(w)
+    return e, e.flush(None)
+
+
+def verdicts(engine: Engine) -> dict[int, str]:
+    job = engine.report(now_ns=0).jobs[0]
+    return {g.rank: g.verdict for n in job.nodes for g in n.gpus}
+
+
+def gpu(engine: Engine, rank: int) -> pb.GpuReport:
+    job = engine.report(now_ns=0).jobs[0]
+    return next(g for n in job.nodes for g in n.gpus if g.rank == rank)
+
+
+def convicted(results) -> set[int]:
+    """Ranks any epoch flagged through an implicating finding."""
+    return {r.rank for res in results for r in res.rows if r.implicates}
+
+
+# ---- (a) CPU hog -------------------------------------------------------------------------------
+
+def test_cpu_hog_is_convicted_by_run_queue_share_with_the_cpu_contention_cause():
+    def rank_of(e, k, rng):
+        if k == SLOW and e >= 2:          # the hog starts mid-run; the launch latency stays
+            return Rank(runq_share=0.4, runq_p50_us=2900.0, busy_ms=95.0, peer_wait_ms=0.5,
+                        launches=3000)
+        return Rank(runq_share=rng.uniform(0.001, 0.003), peer_wait_ms=rng.uniform(9, 11))
+    engine, results = run(windows(8, rank_of))
+    v = verdicts(engine)
+    assert v[SLOW] == "straggler"
+    assert {r: x for r, x in v.items() if r != SLOW} == {r: "healthy" for r in range(8) if r != 5}
+    assert convicted(results) == {SLOW}
+    g = gpu(engine, SLOW)
+    runq = next(f for f in g.findings if f.api == "sched.runq")
+    assert runq.unit == "share" and runq.value_us == pytest.approx(0.4)
+    assert runq.direction == "high"
+    # the launch latency did not move, so no launch finding convicted it
+    assert not any(f.api == "cudaLaunchKernel" for f in g.findings)
+    cause = g.probable_cause
+    assert re.match(r"run-queue wait 40% of wall time vs 0\.[23]% job median \(p50 latency "
+                    r"(2\.9|3\.0) ms\): CPU contention", cause), cause
+    assert "arrives last at the collective" in cause
+    rep = engine.report(now_ns=0).jobs[0]
+    assert rep.mode == "collective" and rep.windows_sampled == 8
+
+
+# ---- (b) GPU side in a collective job ----------------------------------------------------------
+
+@pytest.mark.parametrize("factor", [1.3, 2.0])
+def test_gpu_side_straggler_in_collective_mode_waits_longest_on_its_gpu(factor):
+    def rank_of(e, k, rng):
+        if k == SLOW:                     # more GPU work: longer own-GPU waits, arrives last
+            return Rank(gpu_wait_ms=20.0 * factor, peer_wait_ms=0.5,
+                        runq_share=rng.uniform(0.001, 0.003))
+        # victims wait for rank 5 at the CPU-side collective
+        return Rank(peer_wait_ms=0.5 + 20.0 * (factor - 1) + rng.uniform(-0.5, 0.5),
+                    gpu_wait_ms=20.0 * rng.uniform(0.98, 1.02),
+                    runq_share=rng.uniform(0.001, 0.003))
+    engine, results = run(windows(6, rank_of, seed=1))
+    v = verdicts(engine)
+    assert v[SLOW] == "straggler"
+    assert all(v[k] == "healthy" for k in range(RANKS) if k != SLOW)
+    assert convicted(results) == {SLOW}
+    rep = engine.report(now_ns=0).jobs[0]
+    assert rep.mode == "collective"
+    cause = gpu(engine, SLOW).probable_cause
+    assert re.match(rf"waits {20 * factor:.1f} ms per step on its own GPU vs (19\.9|20\.0|20\.1) "
+                    r"ms job median, no CPU contention \(run-queue wait 0\.\d% of wall time\): "
+                    r"GPU side", cause), cause
+
+
+def test_peer_wait_alone_never_convicts():
+    """Rank 5 waits far longer for its peers than anyone: it is a victim, not the straggler."""
+    def rank_of(e, k, rng):
+        return Rank(peer_wait_ms=40.0 if k == SLOW else rng.uniform(9, 11))
+    engine, results = run(windows(6, rank_of, seed=2))
+    assert verdicts(engine)[SLOW] == "healthy"
+    rows = [r for res in results for r in res.rows if r.rank == SLOW]
+    assert rows and {r.api for r in rows} == {"step.peer_wait"}
+    assert not any(r.implicates for r in rows)
+
+
+# ---- (c) independent mode ----------------------------------------------------------------------
+
+def test_slow_rank_in_independent_mode_is_convicted_by_its_step_time():
+    offsets = np.random.default_rng(3).uniform(-0.03, 0.03, RANKS)
+
+    def rank_of(e, k, rng):
+        f = 1.3 if k == SLOW else 1.0 + offsets[k]
+        return Rank(step_ms=100.0 * f, busy_ms=70.0 * f, peer_wait_ms=0.0,
+                    launches=int(5000 / f), runq_share=rng.uniform(0.001, 0.003))
+    engine, results = run(windows(6, rank_of, seed=3))
+    rep = engine.report(now_ns=0).jobs[0]
+    assert rep.mode == "independent"
+    v = verdicts(engine)
+    assert v[SLOW] == "straggler"
+    assert all(v[k] == "healthy" for k in range(RANKS) if k != SLOW)
+    apis = {r.api for res in results for r in res.rows if r.rank == SLOW and r.implicates}
+    assert {"step.time", "step.busy", "launch.rate"} <= apis
+    cause = gpu(engine, SLOW).probable_cause
+    assert cause.startswith("steps take 1") and "(independent ranks): slow rank" in cause
+    assert "what grew: its own work per step" in cause
+
+
+def test_equal_step_times_are_not_convicted_in_collective_mode():
+    """Forced collective: a long step (everybody's, equalized) is no finding by itself."""
+    def rank_of(e, k, rng):
+        return Rank(step_ms=130.0 if k == SLOW else 100.0, launches=5000)
+    engine, results = run(windows(6, rank_of, seed=4), ScoringConfig(job_mode="collective"))
+    assert engine.report(now_ns=0).jobs[0].mode == "collective"
+    assert verdicts(engine)[SLOW] == "healthy"
+    assert any(r.api == "step.time" and not r.implicates for res in results for r in res.rows)
+
+
+# ---- (d) clean, noisy ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("collective", [True, False])
+def test_clean_noisy_job_convicts_nobody_over_20_epochs(collective):
+    def rank_of(e, k, rng):
+        step = 100.0 if collective else 100.0 * rng.uniform(0.97, 1.03)
+        return Rank(step_ms=step, busy_ms=70.0 * rng.uniform(0.97, 1.03),
+                    gpu_wait_ms=20.0 * rng.uniform(0.97, 1.03),
+                    peer_wait_ms=10.0 * rng.uniform(0.7, 1.3), runq_share=rng.uniform(0.0, 0.01),
+                    runq_p50_us=rng.uniform(10, 60), launches=int(rng.uniform(4800, 5200)),
+                    spread=0.03)
+    engine, results = run(windows(20, rank_of, seed=5 + collective))
+    assert len(results) == 20
+    assert all("straggler" not in res.verdicts.values() for res in results)
+    assert set(verdicts(engine).values()) <= {"healthy", "suspect"}
+    # a single epoch may flag a rank whose noise lands 5% off a low median; persistence is what
+    # keeps that from convicting, so the flags must stay rare
+    flags = [(res.epoch, r.rank) for res in results for r in res.rows if r.implicates]
+    assert len(set(flags)) <= 0.05 * 20 * RANKS
+
+
+# ---- (e) edge cases ----------------------------------------------------------------------------
+
+def test_identical_values_mad_zero_score_nothing_and_one_outlier_still_flags():
+    def same(e, k, rng):
+        return Rank(runq_share=0.0, spread=0.0, peer_wait_ms=10.0)
+    engine, results = run(windows(4, same))
+    assert set(verdicts(engine).values()) == {"healthy"}
+    assert all(not res.rows or all(np.isfinite(r.robust_z) for r in res.rows) for res in results)
+
+    def one_hog(e, k, rng):
+        return Rank(runq_share=0.3 if k == SLOW else 0.0, spread=0.0)
+    engine, _ = run(windows(4, one_hog))
+    assert verdicts(engine)[SLOW] == "straggler"
+
+
+def test_run_queue_below_the_absolute_gate_is_not_a_finding():
+    """3% of wall time on the run queue vs 0.2%: a huge ratio, but under min_effect of wall
+    time, so not CPU contention worth a finding."""
+    def rank_of(e, k, rng):
+        return Rank(runq_share=0.03 if k == SLOW else rng.uniform(0.0015, 0.0025))
+    _, results = run(windows(5, rank_of, seed=7))
+    assert not [r for res in results for r in res.rows if r.api == "sched.runq"]
+
+
+def test_too_few_steps_are_not_scored():
+    def rank_of(e, k, rng):
+        return Rank(steps=2, busy_ms=200.0 if k == SLOW else 70.0,
+                    gpu_wait_ms=60.0 if k == SLOW else 20.0, launches=0, attached_s=0.0)
+    engine, results = run(windows(5, rank_of, seed=8))
+    assert not [r for res in results for r in res.rows if r.api.startswith("step.")]
+    assert verdicts(engine)[SLOW] != "straggler"
+    assert engine.report(now_ns=0).jobs[0].mode == ""
+
+
+def test_sched_evidence_covering_too_little_time_is_not_scored():
+    def rank_of(e, k, rng):
+        return Rank(runq_share=0.5 if k == SLOW else 0.002)
+    ws = windows(4, rank_of, seed=9)
+    for w in ws:
+        w.processes[0].sched.window_s = 0.5          # under sched_min_seconds
+    _, results = run(ws)
+    assert not [r for res in results for r in res.rows if r.api == "sched.runq"]
+
+
+def test_mode_inference_and_override():
+    cfg = ScoringConfig()
+    p50 = np.full(8, 100.0)
+    has = np.ones(8, bool)
+    assert signals.infer_mode(p50, has, cfg) == "collective"
+    p50[SLOW] = 130.0                      # one rank apart: collectives equalize every rank
+    assert signals.infer_mode(p50, has, cfg) == "independent"
+    assert signals.infer_mode(p50, np.zeros(8, bool), cfg) == ""
+    assert signals.infer_mode(p50, has, ScoringConfig(job_mode="collective")) == "collective"
+    with pytest.raises(ConfigError, match="job_mode"):
+        ScoringConfig(job_mode="both")
+
+
+def test_throttled_sm_clock_is_convicted_and_names_nvml_reasons():
+    def rank_of(e, k, rng):
+        return Rank(sm_clock=1100 if k == SLOW else int(rng.integers(1960, 1981)))
+    ws = windows(5, rank_of, seed=10)
+    for w in ws:
+        if w.node == f"node-{SLOW}":
+            w.processes[0].nvml.clock_event_reasons = 0x40
+    engine, results = run(ws)
+    assert verdicts(engine)[SLOW] == "straggler" and convicted(results) == {SLOW}
+    cause = gpu(engine, SLOW).probable_cause
+    assert cause.startswith("SM clock at 56% of its maximum vs 99% job median: throttled GPU")
+    assert "hardware thermal slowdown" in cause
+
+
+def test_marker_is_not_scored_as_an_api_and_graph_launches_count_as_launches():
+    cfg = ScoringConfig()
+    assert cfg.api_kind("hypertrace_step") == "marker"
+    assert cfg.api_kind("cudaGraphLaunch") == "launch"
+    _, results = run(windows(3, lambda e, k, rng: Rank()))
+    assert not [r for res in results for r in res.rows if r.api == "hypertrace_step"]
+
+
+def test_report_table_and_json_show_mode_sampling_and_units():
+    def rank_of(e, k, rng):
+        return Rank(runq_share=0.4 if k == SLOW else 0.002, runq_p50_us=2900.0)
+    engine, _ = run(windows(5, rank_of, seed=11))
+    rep = engine.report(now_ns=0)
+    text = report_to_table(rep)
+    assert "windows scored (5 with a full launch cross-section), mode collective" in text
+    row = next(x for x in text.splitlines() if x.startswith(f"node-{SLOW}"))
+    assert "sched.runq" in row and "40%" in row and "0.2%" in row
+    js = report_to_json(rep)
+    assert '"mode": "collective"' in js and '"windows_sampled": 5' in js
+    assert '"unit": "share"' in js
+
+
+# ---- (f) what-if on busy time --------------------------------------------------------------------
+
+def test_what_if_on_busy_time_predicts_the_gain_of_removing_the_slow_rank():
+    """Collective job: a step lasts as long as the slowest rank's own work (plus a fixed
+    collective), so the truth is E[max busy] with the slow rank over E[max busy] with a healthy
+    spare, taken here by Monte Carlo on the generating distributions."""
+    busy_ms, slow_ms, sd = 80.0, 104.0, 0.02
+
+    def rank_of(e, k, rng):
+        b = slow_ms if k == SLOW else busy_ms
+        return Rank(busy_ms=b, runq_share=0.4 if k == SLOW else 0.002, spread=sd,
+                    steps=200, step_ms=slow_ms + 10.0)
+    engine, _ = run(windows(8, rank_of, seed=12))
+    c = engine.report(now_ns=0).jobs[0].cluster
+    assert c.basis.startswith("step.busy: E[max over 8 ranks] of busy time per step")
+    assert list(c.evicted_nodes) == [f"node-{SLOW}"]
+    rng = np.random.default_rng(0)
+    healthy = rng.normal(busy_ms, busy_ms * sd, (200_000, RANKS - 1)).max(axis=1)
+    now = np.maximum(healthy, rng.normal(slow_ms, slow_ms * sd, 200_000)).mean()
+    after = np.maximum(healthy, rng.normal(busy_ms, busy_ms * sd, 200_000)).mean()
+    truth = now / after - 1.0
+    assert c.predicted_gain == pytest.approx(truth, abs=0.02)
+    assert c.step_time_now_us == pytest.approx(now * 1e3, rel=0.02)
