@@ -26,6 +26,10 @@ MAX_PROCESSES_PER_WINDOW = 1024
 MAX_APIS_PER_PROCESS = 64
 MAX_WINDOW_BYTES = 8 * 1024 * 1024
 MAX_ID_LEN = 256
+#: Free-text fields (a step source, why no step was inferred, why a window was not sampled).
+MAX_TEXT_LEN = 1024
+#: ApiTier.tier values.
+TIERS = ("always", "sliced")
 #: Window timestamps must fit int64 nanoseconds since 1970 (the analyzer's arithmetic): anything
 #: outside 1970..2255 is a broken clock or a corrupt message.
 MIN_TIMESTAMP_S = 0
@@ -138,12 +142,50 @@ def validate_window(w: pb.NodeWindow, encoded_size: int | None = None) -> None:
         if p.HasField("step_time"):
             _check_histogram(p.step_time, f"{pf}.step_time")
         if p.HasField("overhead"):
-            for stat in ("estimated_fraction", "duty", "probe_cost_ns", "call_rate_hz", "budget"):
-                _check_finite_nonneg(getattr(p.overhead, stat), f"{pf}.overhead.{stat}")
+            _check_overhead(p.overhead, f"{pf}.overhead")
+        if p.HasField("sched"):
+            _check_finite_nonneg(p.sched.window_s, f"{pf}.sched.window_s")
+            if p.sched.HasField("runq_latency"):
+                _check_histogram(p.sched.runq_latency, f"{pf}.sched.runq_latency")
+        if p.HasField("steps"):
+            _check_steps(p.steps, f"{pf}.steps")
         if p.HasField("nvml"):
             for stat in ("temperature_c", "power_w", "power_limit_w"):
                 if p.nvml.HasField(stat):
                     _check_finite_nonneg(getattr(p.nvml, stat), f"{pf}.nvml.{stat}")
+
+
+def _check_text(value: str, field: str) -> None:
+    if len(value) > MAX_TEXT_LEN:
+        raise WireError(field, f"is {len(value)} characters, over the limit of {MAX_TEXT_LEN}")
+
+
+def _check_overhead(o: pb.Overhead, field: str) -> None:
+    for stat in ("estimated_fraction", "duty", "probe_cost_ns", "call_rate_hz", "budget",
+                 "attached_s", "fixed_cost_s"):
+        _check_finite_nonneg(getattr(o, stat), f"{field}.{stat}")
+    _check_text(o.unsampled_reason, f"{field}.unsampled_reason")
+    if len(o.tiers) > MAX_APIS_PER_PROCESS:
+        raise WireError(f"{field}.tiers", f"has {len(o.tiers)} entries, over the limit of "
+                        f"{MAX_APIS_PER_PROCESS}")
+    for k, t in enumerate(o.tiers):
+        tf = f"{field}.tiers[{k}]"
+        if not t.api:
+            raise WireError(f"{tf}.api", "is empty")
+        if len(t.api) > MAX_ID_LEN:
+            raise WireError(f"{tf}.api", f"is longer than {MAX_ID_LEN} characters")
+        if t.tier not in TIERS:
+            raise WireError(f"{tf}.tier", f"is {t.tier[:40]!r}; must be one of {list(TIERS)}")
+        _check_finite_nonneg(t.rate_hz, f"{tf}.rate_hz")
+
+
+def _check_steps(st: pb.StepStats, field: str) -> None:
+    for stat in ("gpu_wait_us", "peer_wait_us", "step_sum_us"):
+        _check_finite_nonneg(getattr(st, stat), f"{field}.{stat}")
+    _check_text(st.source, f"{field}.source")
+    _check_text(st.refused, f"{field}.refused")
+    if st.HasField("busy_time"):
+        _check_histogram(st.busy_time, f"{field}.busy_time")
 
 
 # ---- proto3-JSON lines: the only file format ----------------------------------------------------

@@ -64,6 +64,18 @@ def _nan_overhead(w):
     w.processes[0].overhead.duty = math.inf
 
 
+def _nan_step_wait(w):
+    w.processes[0].steps.gpu_wait_us = math.nan
+
+
+def _negative_sched_window(w):
+    w.processes[0].sched.window_s = -10.0
+
+
+def _bad_busy_histogram(w):
+    w.processes[0].steps.busy_time.scheme = 7
+
+
 CASES = [
     ("nan", _nan, "apis[0].sum_us"),
     ("negative", _negative, "apis[1].min_us"),
@@ -75,6 +87,9 @@ CASES = [
     ("empty_node", _empty_node, "node"),
     ("empty_job_id", _empty_job, "job_id"),
     ("infinite_overhead", _nan_overhead, "overhead.duty"),
+    ("nan_step_wait", _nan_step_wait, "steps.gpu_wait_us"),
+    ("negative_sched_window", _negative_sched_window, "sched.window_s"),
+    ("bad_busy_histogram", _bad_busy_histogram, "steps.busy_time.scheme"),
 ]
 
 

@@ -42,6 +42,54 @@ def test_invalid_window_names_field(mutate, field):
     assert err.value.field == field
 
 
+def _with_signals() -> pb.NodeWindow:
+    w = _window()
+    p = w.processes[0]
+    p.sched.CopyFrom(pb.SchedStats(runq_ns=10, window_s=10.0,
+                                   runq_latency=wire.pack_histogram(np.ones(226))))
+    p.steps.CopyFrom(pb.StepStats(source="marker", steps=3, gpu_wait_us=1.0, peer_wait_us=2.0,
+                                  step_sum_us=3.0, busy_time=wire.pack_histogram(np.ones(226))))
+    p.overhead.CopyFrom(pb.Overhead(sampled=True, attached_s=2.0, fixed_cost_s=0.1))
+    p.overhead.tiers.add(api="cudaLaunchKernel", tier="sliced", rate_hz=100.0)
+    return w
+
+
+def test_valid_window_with_signals_passes():
+    wire.validate_window(_with_signals())
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda p: setattr(p.sched, "window_s", math.nan), "processes[0].sched.window_s"),
+    (lambda p: setattr(p.sched, "window_s", -1.0), "processes[0].sched.window_s"),
+    (lambda p: setattr(p.sched.runq_latency, "scheme", 3),
+     "processes[0].sched.runq_latency.scheme"),
+    (lambda p: setattr(p.steps, "gpu_wait_us", math.inf), "processes[0].steps.gpu_wait_us"),
+    (lambda p: setattr(p.steps, "peer_wait_us", -5.0), "processes[0].steps.peer_wait_us"),
+    (lambda p: setattr(p.steps, "step_sum_us", math.nan), "processes[0].steps.step_sum_us"),
+    (lambda p: setattr(p.steps.busy_time, "first_bucket", 225),
+     "processes[0].steps.busy_time.counts"),
+    (lambda p: setattr(p.steps, "refused", "x" * 5000), "processes[0].steps.refused"),
+    (lambda p: setattr(p.steps, "source", "x" * 5000), "processes[0].steps.source"),
+    (lambda p: setattr(p.overhead, "attached_s", -0.5), "processes[0].overhead.attached_s"),
+    (lambda p: setattr(p.overhead, "fixed_cost_s", math.nan),
+     "processes[0].overhead.fixed_cost_s"),
+    (lambda p: setattr(p.overhead, "unsampled_reason", "y" * 2000),
+     "processes[0].overhead.unsampled_reason"),
+    (lambda p: setattr(p.overhead.tiers[0], "tier", "sometimes"),
+     "processes[0].overhead.tiers[0].tier"),
+    (lambda p: setattr(p.overhead.tiers[0], "rate_hz", math.nan),
+     "processes[0].overhead.tiers[0].rate_hz"),
+    (lambda p: setattr(p.overhead.tiers[0], "api", ""), "processes[0].overhead.tiers[0].api"),
+])
+def test_invalid_signal_fields_name_the_field(mutate, field):
+    w = _with_signals()
+    mutate(w.processes[0])
+    with pytest.raises(wire.WireError) as err:
+        wire.validate_window(w)
+    assert err.value.field == field
+    assert field in str(err.value)
+
+
 def test_oversized_window_rejected():
     with pytest.raises(wire.WireError, match="byte limit"):
         wire.validate_window(_window(), encoded_size=wire.MAX_WINDOW_BYTES + 1)
