@@ -81,10 +81,10 @@ def duration_text(us: float) -> str:
 
 def _no_contention(ev: Mapping[str, tuple[float, float]]) -> str:
     """", no CPU contention (run-queue x% of wall time)" when the scheduler evidence says so."""
-    if "sched.runq" not in ev:
+    if "sched.runq" not in ev or "cpu_contention" not in ev:
         return ""
-    v, m = ev["sched.runq"]
-    if v - m >= 0.05:
+    v, _ = ev["sched.runq"]
+    if ev["cpu_contention"][0] > 0:
         return f", with run-queue wait {share_text(v)} of wall time"
     return f", no CPU contention (run-queue wait {share_text(v)} of wall time)"
 

@@ -17,8 +17,11 @@ Life of a window:
 3. Scoring, per job and per GPU kind: quantiles of every API (vectorized), robust z / IQR /
    effect / sample rules (:mod:`~hypertrace.analyzer.scoring`) on every GPU and on every host's
    median GPU (a host flag flags the host's GPUs), the tail that implicates the GPU per API
-   kind, then persistence (:mod:`~hypertrace.analyzer.persistence`). Spike rates and the
-   histograms for the what-if prediction accumulate per GPU.
+   kind; the signals beside the latencies (run-queue share, step time and waits, launch rate, SM
+   clock: :mod:`~hypertrace.analyzer.signals`), GPU by GPU, read in the job's mode (collective
+   or independent); then persistence (:mod:`~hypertrace.analyzer.persistence`). Spike rates and
+   the histograms for the what-if prediction (busy time per step, else step time, else launch
+   latency) accumulate per GPU.
 4. :meth:`Engine.report` builds a ``hypertrace.v1.Report``: node and GPU verdicts, findings with
    their meaning, probable cause (NVML evidence where the agent sent it), and the cluster
    prediction (:mod:`~hypertrace.analyzer.theory`).
@@ -116,6 +119,10 @@ class _Job:
         default_factory=lambda: np.zeros((buckets.NUM_BUCKETS, 0), np.float32))
     step_counts: np.ndarray | None = None
     busy_counts: np.ndarray | None = None
+    #: per GPU, over every scored epoch: time waiting on its own GPU, and steps (for the mean
+    #: own-GPU wait per step the what-if adds to the busy time)
+    gpu_wait_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    steps_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))
     mode: str = ""
     windows_sampled: int = 0
     pending: dict[int, EpochAccumulator] = field(default_factory=dict)
@@ -169,6 +176,8 @@ class _Job:
             self.spike_seen = np.concatenate((self.spike_seen, z))
             self.step_above = np.concatenate((self.step_above, z))
             self.step_total = np.concatenate((self.step_total, z))
+            self.gpu_wait_us = np.concatenate((self.gpu_wait_us, z))
+            self.steps_seen = np.concatenate((self.steps_seen, z))
             pad = np.zeros((buckets.NUM_BUCKETS, extra), np.float32)
             self.basis_counts = np.concatenate((self.basis_counts, pad), axis=1)
             if self.step_counts is not None:
@@ -447,6 +456,8 @@ class Engine:
             if job.busy_counts is None:
                 job.busy_counts = np.zeros(job.basis_counts.shape, np.float32)
             _add_rows(job.busy_counts, rows, cs.signals.busy)
+            job.gpu_wait_us[rows] += cs.signals.gpu_wait_us
+            job.steps_seen[rows] += cs.signals.steps
 
     # ---- queries ---------------------------------------------------------------------------
 
@@ -543,12 +554,16 @@ class Engine:
             evict_set = set(evicted)
             evict = np.fromiter((job.keys[r][0] in evict_set for r in order), dtype=bool,
                                 count=order.size)
-            now, after = theory.what_if(counts.T[order], evict)
+            shift = None
+            if use_busy:   # a rank's own time to the step's end: busy plus waits on its own GPU
+                shift = np.where(job.steps_seen > 0, 1e3 * job.gpu_wait_us
+                                 / np.maximum(job.steps_seen, 1), 0.0)[order]
+            now, after = theory.what_if(counts.T[order], evict, shift)
             pred.step_time_now_us = now
             pred.step_time_after_eviction_us = after
             pred.predicted_gain = now / after - 1.0 if after > 0 else 0.0
-            what = ("busy time per step (step less its waits: what each rank brings to the "
-                    "step)" if use_busy else "step time" if use_steps
+            what = ("own time per step (busy time plus the mean wait on its own GPU: when "
+                    "the rank reaches the step's end)" if use_busy else "step time" if use_steps
                     else f"{basis} latency per call")
             step_spikes = job.step_counts is not None and bool(job.step_counts.sum() > 0)
             pred.basis = (f"{basis}: E[max over {int((counts.sum(axis=0) > 0).sum())} ranks] of "

@@ -127,9 +127,13 @@ class SignalEpoch:
 
     def evidence(self, i: int) -> dict[str, tuple[float, float]]:
         """{signal: (this GPU's value, its job median)} of GPU ``i`` for every scored signal,
-        plus ``runq.p50_us`` (value, NaN): what a probable cause quotes."""
+        plus ``runq.p50_us`` (value, NaN) and ``cpu_contention`` (1.0 when the run-queue share
+        was flagged high, else 0.0; only where it was scored): what a probable cause quotes."""
         out = {s.name: (float(s.value[i]), float(s.median[i]))
                for s in self.scores if s.scored[i]}
+        runq = self.by_name.get("sched.runq")
+        if runq is not None and runq.scored[i]:
+            out["cpu_contention"] = (1.0 if runq.high[i] else 0.0, float("nan"))
         if np.isfinite(self.runq_p50_us[i]):
             out["runq.p50_us"] = (float(self.runq_p50_us[i]), float("nan"))
         return out

@@ -66,20 +66,42 @@ def _grid(a: float, b: float) -> np.ndarray:
     return np.concatenate((fine, [b]))
 
 
-def expected_max_us(counts: np.ndarray, multiplicity: np.ndarray | int | None = None) -> float:
+def _cdf_shifted(c: np.ndarray, grid: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """(R, len(grid)) CDF of row i's histogram moved by ``shift[i]`` ns: F_i(grid - shift_i)."""
+    if not np.any(shift):
+        return buckets.cdf_on_grid(c, grid)
+    total = c.sum(axis=1, keepdims=True)
+    at_edges = np.zeros((c.shape[0], c.shape[1] + 1))
+    np.cumsum(c / np.where(total > 0, total, 1.0), axis=1, out=at_edges[:, 1:])
+    x = grid[None, :] - shift[:, None]
+    k = np.clip(np.searchsorted(_EDGES, x, side="right") - 1, 0, c.shape[1] - 1)
+    frac = np.clip((x - _EDGES[k]) / (_EDGES[k + 1] - _EDGES[k]), 0.0, 1.0)
+    rows = np.arange(c.shape[0])[:, None]
+    lo = at_edges[rows, k]
+    return lo + frac * (at_edges[rows, k + 1] - lo)
+
+
+def expected_max_us(counts: np.ndarray, multiplicity: np.ndarray | int | None = None,
+                    shift_ns: np.ndarray | None = None) -> float:
     """E[max] (µs) of independent ranks; row i of ``counts`` is the histogram of ``m_i`` ranks.
 
     ``counts`` is (R, NUM_BUCKETS) (or one histogram); rows with no samples are ignored.
     ``multiplicity`` defaults to 1 per row; ``expected_max_us(h, 512)`` is 512 ranks like ``h``.
+    ``shift_ns`` (R,), when given, moves row i's distribution by that many ns (X_i + s_i): a
+    rank's busy time plus its mean wait on its own GPU is when it reaches the end of a step.
+    The shift is applied to the CDF, not re-binned, so it adds no bucket width.
     """
     c = np.atleast_2d(np.asarray(counts, dtype=np.float64))
     m = np.ones(c.shape[0]) if multiplicity is None else np.broadcast_to(
         np.asarray(multiplicity, dtype=np.float64), (c.shape[0],))
+    sh = np.zeros(c.shape[0]) if shift_ns is None else np.maximum(
+        np.broadcast_to(np.asarray(shift_ns, dtype=np.float64), (c.shape[0],)), 0.0)
     keep = (c.sum(axis=1) > 0) & (m > 0)
-    c, m = c[keep], m[keep]
+    c, m, sh = c[keep], m[keep], sh[keep]
     if c.shape[0] == 0:
         return float("nan")
     lo, hi = _support(c)
+    lo, hi = lo + sh, hi + sh
     a, b = float(lo.max()), float(hi.max())
     if b <= a:
         return a / 1e3
@@ -87,7 +109,7 @@ def expected_max_us(counts: np.ndarray, multiplicity: np.ndarray | int | None = 
     log_prod = np.zeros(grid.size)
     chunk = max(1, _CHUNK_ELEMENTS // grid.size)
     for start in range(0, c.shape[0], chunk):          # chunks of ranks, not one loop per rank
-        f = buckets.cdf_on_grid(c[start:start + chunk], grid)
+        f = _cdf_shifted(c[start:start + chunk], grid, sh[start:start + chunk])
         with np.errstate(divide="ignore"):
             log_prod += m[start:start + chunk] @ np.log(f)
     integrand = 1.0 - np.exp(log_prod)
@@ -117,25 +139,30 @@ def monte_carlo_max_us(counts: np.ndarray, multiplicity: np.ndarray | int, trial
     return float(best.mean() / 1e3)
 
 
-def what_if(counts: np.ndarray, evict: np.ndarray) -> tuple[float, float]:
+def what_if(counts: np.ndarray, evict: np.ndarray,
+            shift_ns: np.ndarray | None = None) -> tuple[float, float]:
     """E[max] now and after evicting rows ``evict`` (bool), in µs.
 
     Evicted ranks are replaced by spares that behave like the pooled remaining ranks (the job keeps
     its size, as after a real eviction), so the gain measures removing the slow ranks, not shrinking
-    the job.
+    the job. ``shift_ns`` (R,) moves each row (see :func:`expected_max_us`); the spares get the
+    remaining ranks' mean shift.
     """
     c = np.atleast_2d(np.asarray(counts, dtype=np.float64))
+    sh = np.zeros(c.shape[0]) if shift_ns is None else np.asarray(shift_ns, dtype=np.float64)
     evict = np.asarray(evict, dtype=bool)
     has = c.sum(axis=1) > 0
-    now = expected_max_us(c[has])
+    now = expected_max_us(c[has], None, sh[has])
     gone = evict & has
     if not gone.any():
         return now, now
-    rest = c[has & ~evict]
+    keep = has & ~evict
+    rest = c[keep]
     if rest.shape[0] == 0:
         return now, float("nan")
     totals = rest.sum(axis=1, keepdims=True)
     pooled = (rest / totals).mean(axis=0)                # an average healthy rank
     after = expected_max_us(np.vstack((rest, pooled)),
-                            np.concatenate((np.ones(rest.shape[0]), [int(gone.sum())])))
+                            np.concatenate((np.ones(rest.shape[0]), [int(gone.sum())])),
+                            np.concatenate((sh[keep], [float(sh[keep].mean())])))
     return now, after

@@ -329,9 +329,10 @@ def test_report_table_and_json_show_mode_sampling_and_units():
 # ---- (f) what-if on busy time --------------------------------------------------------------------
 
 def test_what_if_on_busy_time_predicts_the_gain_of_removing_the_slow_rank():
-    """Collective job: a step lasts as long as the slowest rank's own work (plus a fixed
-    collective), so the truth is E[max busy] with the slow rank over E[max busy] with a healthy
-    spare, taken here by Monte Carlo on the generating distributions."""
+    """Collective job: a step ends when the last rank has done its own work and waited for its
+    own GPU (then a fixed collective), so the truth is E[max (busy + GPU wait)] with the slow rank
+    over the same with a healthy spare, taken here by Monte Carlo on the generating
+    distributions."""
     busy_ms, slow_ms, sd = 80.0, 104.0, 0.02
 
     def rank_of(e, k, rng):
@@ -340,12 +341,13 @@ def test_what_if_on_busy_time_predicts_the_gain_of_removing_the_slow_rank():
                     steps=200, step_ms=slow_ms + 10.0)
     engine, _ = run(windows(8, rank_of, seed=12))
     c = engine.report(now_ns=0).jobs[0].cluster
-    assert c.basis.startswith("step.busy: E[max over 8 ranks] of busy time per step")
+    assert c.basis.startswith("step.busy: E[max over 8 ranks] of own time per step")
     assert list(c.evicted_nodes) == [f"node-{SLOW}"]
     rng = np.random.default_rng(0)
-    healthy = rng.normal(busy_ms, busy_ms * sd, (200_000, RANKS - 1)).max(axis=1)
-    now = np.maximum(healthy, rng.normal(slow_ms, slow_ms * sd, 200_000)).mean()
-    after = np.maximum(healthy, rng.normal(busy_ms, busy_ms * sd, 200_000)).mean()
+    wait = 20.0                           # Rank.gpu_wait_ms: the mean the analyzer adds
+    healthy = rng.normal(busy_ms, busy_ms * sd, (200_000, RANKS - 1)).max(axis=1) + wait
+    now = np.maximum(healthy, rng.normal(slow_ms, slow_ms * sd, 200_000) + wait).mean()
+    after = np.maximum(healthy, rng.normal(busy_ms, busy_ms * sd, 200_000) + wait).mean()
     truth = now / after - 1.0
     assert c.predicted_gain == pytest.approx(truth, abs=0.02)
     assert c.step_time_now_us == pytest.approx(now * 1e3, rel=0.02)

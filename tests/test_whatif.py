@@ -55,9 +55,13 @@ def test_evicting_a_10pct_slow_node_predicts_a_gain_close_to_10pct(slow):
     job = slow.jobs[0]
     assert [n.node for n in job.nodes if n.verdict == "straggler"] == ["node-0013"]
     c = job.cluster
-    assert c.basis.startswith("step_time") and list(c.evicted_nodes) == ["node-0013"]
+    # busy time (plus own-GPU wait) when the windows carry step statistics, else step times
+    assert c.basis.startswith(("step.busy", "step_time"))
+    assert list(c.evicted_nodes) == ["node-0013"]
     assert c.step_time_after_eviction_us < c.step_time_now_us
-    assert 0.05 < c.predicted_gain < 0.15
+    # the histograms' 12.5% buckets widen every rank's distribution, which lifts E[max] of the
+    # healthy ranks and so understates the gain of a 10% slower node a little
+    assert 0.03 < c.predicted_gain < 0.15
     assert c.predicted_gain == pytest.approx(c.step_time_now_us / c.step_time_after_eviction_us
                                              - 1.0)
     assert 90_000 < c.step_time_after_eviction_us < 125_000          # ~100 ms steps
@@ -65,7 +69,7 @@ def test_evicting_a_10pct_slow_node_predicts_a_gain_close_to_10pct(slow):
 
 def test_clean_job_predicts_no_gain(clean):
     c = clean.jobs[0].cluster
-    assert c.basis.startswith("step_time") and not c.evicted_nodes
+    assert c.basis.startswith(("step.busy", "step_time")) and not c.evicted_nodes
     assert c.step_time_now_us == c.step_time_after_eviction_us and c.predicted_gain == 0.0
     assert c.spike_probability == 0.0
 
