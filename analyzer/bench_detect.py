@@ -15,6 +15,14 @@ GPUs gets a ``straggler`` verdict in any epoch; truth comes from :func:`scenario
   (3 = convicted at the third slow window, the least persistence k=3 allows); also in seconds at
   the window length.
 
+Sampling, as the agent samples: every agent of a job takes its launch-tier slice in the same
+windows (wall-clock window index ``i`` with ``i % k == 0``), so a sampled window is a full
+cross-section; the always-on signals (scheduler evidence, step statistics) are in every window.
+At the default budget (0.5%) and the simulated call rates (70,000 launches/s at 3.5 µs per
+firing: a 0.1 s slice costs 0.025 s of a 0.05 s share of a 10 s window) one slice fits every
+window, so ``k = 1`` unless a scenario sets ``SimConfig.cadence``; the table then still counts
+latency in windows and seconds of wall time, not in sampled windows.
+
 Seeds: ``TRAIN_SEEDS`` were used to choose the scoring defaults (``--tune`` re-runs that search);
 the table reports ``HELD_OUT_SEEDS`` only. The full run adds ``DEPTH_PLAN`` runs (70 per
 scenario) of the 3% and 5% scenarios, the bars closest to the gate, and checks the 5% bar on
@@ -170,11 +178,13 @@ def format_table(groups: dict[tuple[str, int], list[RunResult]], window_seconds:
 
 def acceptance(groups: dict[tuple[str, int], list[RunResult]],
                deep: dict[tuple[str, int], list[RunResult]] | None = None,
-               ) -> list[tuple[str, bool, str]]:
+               min_node_windows: int = 10_000) -> list[tuple[str, bool, str]]:
     """Issue 4's acceptance checks on the given (held-out) results: (check, passed, figures).
 
     ``deep``: the DEPTH_PLAN runs of the scenarios near the gate; their bar is checked on them
-    too (all held-out runs of the scenario pooled)."""
+    too (all held-out runs of the scenario pooled). ``min_node_windows``: the clean scenarios'
+    zero-false bar holds only over at least this many node-windows (the full plan); ``--quick``
+    passes 0, so a quick run fails on a false straggler, not on being quick."""
     by_scn: dict[str, list[RunResult]] = {}
     for (name, _), rs in groups.items():
         by_scn.setdefault(name, []).extend(rs)
@@ -189,8 +199,10 @@ def acceptance(groups: dict[tuple[str, int], list[RunResult]],
             pooled = summarize(extra + [r for r in rs if (r.gpus, r.seed) not in seen],
                                "hypertrace")
         if sc.group == "clean":
-            out.append((f"{name}: zero false stragglers over >= 10,000 node-windows",
-                        s.false_nodes == 0 and s.node_windows >= 10_000,
+            floor = (f"over >= {min_node_windows:,} node-windows" if min_node_windows
+                     else "(quick run: no node-window floor)")
+            out.append((f"{name}: zero false stragglers {floor}",
+                        s.false_nodes == 0 and s.node_windows >= min_node_windows,
                         f"{s.false_nodes} false over {s.node_windows:,} node-windows"))
         elif sc.slowdown is not None and sc.slowdown >= 0.10:
             med = s.lat(50)
@@ -201,7 +213,8 @@ def acceptance(groups: dict[tuple[str, int], list[RunResult]],
             out.append((f"{name}: recall 1.0, precision >= 0.99, median <= 3 windows"
                         + (" (flapping: latency reported, not bounded)"
                            if name == "flapping" else ""), ok,
-                        f"R {_f(s.recall)} P {_f(s.precision)} median {_f(med, '{:g}')}"))
+                        f"R {_f(s.recall)} P {_f(s.precision)} median {_f(med, '{:g}')}"
+                        + ("" if med is None else f" windows ({med * rs[0].window_seconds:g} s)")))
         elif sc.slowdown is not None and sc.slowdown >= 0.05:
             # judged on every held-out run there is: 19 runs alone cannot tell 0.95 from 1.0
             t = pooled or s
@@ -215,7 +228,7 @@ def acceptance(groups: dict[tuple[str, int], list[RunResult]],
             t = pooled or s
             out.append((f"{name}: reported (no bar)", True,
                         f"R {_f(t.recall)} R@12 {_f(t.recall_within_12)} P {_f(t.precision)} "
-                        f"median {_f(t.lat(50), '{:g}')} over {t.runs} runs"))
+                        f"median {_f(t.lat(50), '{:g}')} windows over {t.runs} runs"))
         for m in METHODS[1:]:
             b = summarize(rs, m)
             better = ((s.recall or 0) >= (b.recall or 0) - 1e-12
@@ -344,6 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"held-out seeds {HELD_OUT_SEEDS[0]}..; plan: " + ", ".join(
         f"{p.gpus} GPUs x {p.windows} windows x {p.seeds} seeds" for p in plan)
         + f"; window {cfg.window_seconds:g} s; persistence {cfg.persist_k} of {cfg.persist_n}")
+    cadence = sorted({scenarios.get(n).config(64, 8, 2, 0, cfg.window_seconds).cadence
+                      for n in names})
+    print("sampling: coordinated launch-tier slices, every k-th window (k = "
+          + ", ".join(map(str, cadence)) + "); scheduler and step signals every window; "
+          "latency in windows (seconds)")
     print(format_table(groups, cfg.window_seconds))
     print()
     near = [n for n in names if scenarios.get(n).slowdown in (0.03, 0.05)]
@@ -354,16 +372,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{p.gpus} GPUs x {p.windows} windows x {p.seeds} seeds" for p in DEPTH_PLAN))
         print(format_table(deep, cfg.window_seconds))
         print()
-    checks = acceptance(groups, deep)
+    checks = acceptance(groups, deep, min_node_windows=0 if args.quick else 10_000)
     for text, ok, figs in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {text}: {figs}")
-    print(f"\n{len(checks) - sum(ok for _, ok, _ in checks)} of {len(checks)} checks failed; "
+    failed = len(checks) - sum(ok for _, ok, _ in checks)
+    print(f"\n{failed} of {len(checks)} checks failed; "
           f"wall time {time.monotonic() - t0:.0f} s with {args.workers} workers")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump([asdict(r) for g in (groups, deep or {}) for rs in g.values() for r in rs],
                       fh)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

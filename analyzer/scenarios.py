@@ -112,6 +112,28 @@ def _two(c: SimConfig) -> SimConfig:
     return replace(c, stragglers=(Straggler(a, 1.10), Straggler(b, 1.20)))
 
 
+def _one_rank(c: SimConfig, salt: int) -> tuple[str, tuple[int, ...]]:
+    """One GPU of one node, both drawn from the seed."""
+    gpu = int(np.random.default_rng([c.seed, salt]).integers(c.gpus_per_node))
+    return _pick(c, salt=salt)[0], (gpu,)
+
+
+def _cpu_hog(c: SimConfig) -> SimConfig:
+    # a busy loop sharing the rank's core: the rank waits for a CPU 30-50% of the time, its busy
+    # time per step grows 40%, its launch latency does not move (measured on an H200)
+    node, gpus = _one_rank(c, 4_000)
+    return replace(c, stragglers=(Straggler(node, 1.40, gpus=gpus, where="cpu"),),
+                   hog_runq=(0.30, 0.50))
+
+
+def _gpu_slow(c: SimConfig) -> SimConfig:
+    # 30% of a step more GPU work: its step-ending synchronize waits that much longer; the
+    # collective equalizes the step times, and it arrives last (the least peer wait)
+    node, gpus = _one_rank(c, 5_000)
+    return replace(c, stragglers=(Straggler(node, 1.0 + 0.30 / c.gpu_frac, gpus=gpus,
+                                            where="compute"),))
+
+
 def _mixed(c: SimConfig) -> SimConfig:
     kinds = (("NVIDIA H200", 1.0), ("NVIDIA H100 80GB HBM3", 1.3))
     nodes = c.nodes
@@ -154,6 +176,12 @@ _CATALOG: tuple[Scenario, ...] = (
     Scenario("mixed-kinds", "half H200 nodes, half H100 nodes 30% slower by design; one H100 "
              "node 10% slower than its kind (must be scored per kind)", "straggler", 0.10,
              _mixed),
+    Scenario("cpu-hog", "one rank shares its core with a CPU hog: run-queue wait 30-50% of "
+             "wall time, busy time per step +40%, launch latency unchanged (collective job)",
+             "straggler", 0.40, _cpu_hog),
+    Scenario("gpu-slow", "one rank's GPU does 30% of a step more work: its synchronize wait "
+             "per step +30% of a step, step times equal (collective), its peer wait the least",
+             "straggler", 0.30, _gpu_slow),
 )
 
 #: name -> Scenario, in catalog order.

@@ -30,7 +30,8 @@ The model (all latencies per GPU, per window, per API):
   duty`` (a duty-cycled probe sees only part of the window); thousands per GPU by default.
 * **Where a slowdown acts.** ``Straggler.where``: ``"both"`` (default: a slow host launches
   slowly *and* arrives late at the collective), ``"host"`` (launch latency only) or ``"compute"``
-  (GPU work only: visible only as the short synchronize waits of that rank). ``flap_on`` /
+  (GPU work only: visible only as the short synchronize waits of that rank) or ``"cpu"`` (CPU
+  contention: more busy time per step and a high run-queue share, nothing else). ``flap_on`` /
   ``flap_off`` make it intermittent: slow for ``flap_on`` windows, normal for ``flap_off``.
 * **Second modes (spikes that are not stragglers).** ``Burst`` adds, in given windows of given
   nodes, a share ``frac`` of calls drawn from the same lognormal at ``scale`` x the median (a GC
@@ -42,28 +43,53 @@ The model (all latencies per GPU, per window, per API):
   comparison is meaningful.
 * **Dropouts.** ``Dropout(node, start, stop)``: that agent sends no windows in ``[start, stop)``
   and comes back afterwards.
-* **Step times** (``ProcessWindow.step_time``, ns, same bucket scheme). What the what-if
-  prediction needs is each rank's own time to *reach* the step's collective, its work time
-  without the wait for the others: the cluster step is the max of these over ranks. Rank i's
-  steps in window w are lognormal around ``step_ms * c_i`` with shape ``step_sigma`` (per-step
-  noise: data loading, kernel timing), where ``c_i`` is the *same* per-window compute factor as in
-  the synchronize model above (injected compute slowdown x ``compute_jitter`` noise), so the rank
-  that arrives last at the collectives is also the one with the longest steps. Host-only
-  stragglers (``where="host"``) do not lengthen the step, as documented for them: their GPU
-  queue hides the slow launches, and the what-if correctly predicts no gain from evicting them.
-  Spikes enter where the simulator models them: the per-(window, GPU) second modes of
-  :func:`burst_matrices` (GC windows, cold reads, ``Burst``) make share ``frac`` of that window's
-  steps ``scale`` x longer, and ``step_tail_prob`` (0 by default; the heavy-tail scenario sets it)
-  replaces that share of steps by a Pareto draw (scale ``step_tail_scale`` x the median, shape
-  ``step_tail_alpha``). A synchronous job runs the same number of steps on every rank, so each
-  rank reports ``round(window_seconds / (step_ms * max_i c_i))`` steps per window (100 at the
-  defaults). ``step_ms = 0`` emits no step histogram. The step draws use their own seeded
-  stream, so the API histograms are the same with or without them.
+* **Steps** (``ProcessWindow.steps`` and ``step_time``, as the agent infers them from the
+  step-ending ``cudaDeviceSynchronize``: ``source = "inferred:cudaDeviceSynchronize"``). One
+  step of rank i, in ms, with ``S = step_ms``:
 
-  Defaults: 100 ms steps, ``step_sigma`` 1.5%. The spread matters for the what-if: E[max over N
-  ranks] of healthy ranks sits about ``sigma * sqrt(2 ln N)`` above the median (about +6% at 2,048
-  ranks), so a 10% slower node raises the expected cluster step by the part of its 10% that sticks
-  out above that (and the 12.5%-wide buckets blur it), not by the full 10%.
+  - the CPU issues the step's work for ``busy_i = busy_frac * S * h_i * cpu_i`` (``h_i``: the
+    host-side factor of the launch latencies, jitter and injected; ``cpu_i``: injected CPU
+    contention, ``Straggler(where="cpu")``; run-queue waits count as busy, as in the kernel);
+  - its GPU works ``gpu_frac * S * c_i`` from the first launch (``c_i``: the compute factor of
+    the synchronize model above), so the synchronize returns at
+    ``arrive_i = max(busy_i, gpu work) + sync_ms`` and the GPU wait is ``arrive_i - busy_i``;
+  - **collective** (default): a CPU-side collective ends the step when the last rank arrives, so
+    every rank's step is ``max_j arrive_j + rest`` (``rest = (1 - gpu_frac) * S - sync_ms``, the
+    collective itself), the same for all, and rank i's peer wait (off CPU outside CUDA calls) is
+    ``step - arrive_i``: the slowest rank waits least. **independent**: the step is
+    ``arrive_i + rest`` and every peer wait is ``rest`` (an input wait).
+
+  Healthy defaults: 70 ms busy, 90 ms GPU work, 20.5 ms GPU wait, 9.5 ms peer wait, 100 ms
+  steps. So a launch-only slowdown (``where="host"``) raises busy time but is hidden by the GPU
+  (the step does not change), a compute slowdown raises the GPU wait and, collectively, every
+  other rank's peer wait, and a CPU hog of +40% busy time makes the rank arrive last. The
+  step histograms (``step_time`` around the step, ``steps.busy_time`` around busy, lognormal
+  with ``step_sigma`` 1.5% / ``busy_sigma`` 3% per step) carry each rank's *own* second modes
+  (:func:`burst_matrices`: GC windows, cold reads, ``Burst``) and, with ``step_tail_prob``,
+  Pareto spikes; a spike's delay to the peers of a collective is not modelled, so the spike
+  rate stays "this rank's share of long steps". Steps per window: ``round(window / step)``, the
+  same on every rank of a collective job. ``gpu_wait_us`` / ``peer_wait_us`` are the model's
+  per-step means x steps with a per-window noise (``wait_jitter`` 2%), ``step_sum_us`` the
+  step histogram's sum. ``step_ms = 0`` emits no steps. Draws: streams ``[seed, 11]`` (steps),
+  ``[seed, 17]`` (busy), ``[seed, 19]`` (wait noise), so the API histograms never move.
+* **Scheduler evidence** (``ProcessWindow.sched``, always on). Run-queue share of wall time of
+  a healthy rank: lognormal around ``runq_share`` (0.3%) with a persistent per-node spread
+  (``runq_node_sigma``) and a per-window one (``runq_sigma``): mostly 0-1%. With probability
+  ``runq_burst_prob`` (1%) per GPU-window a burst adds a lognormal share around 2% (a daemon, a
+  log flush), so about 0.1% of healthy GPU-windows exceed the analyzer's 5% gate on their own and
+  only persistence keeps them healthy. A CPU-hogged rank (``where="cpu"``) waits ``hog_runq``
+  (30-50%) of the window. Run-queue latency histograms: waits of ~20 µs (healthy), ~400 µs
+  (bursts) or ~2.9 ms (a hog's scheduler slice), lognormal (sigma 1), their number such that they
+  add up to the share; involuntary switches count the hog's waits and a tenth of the rest.
+  ``offcpu_ns`` is the peer wait. Stream ``[seed, 13]``, every draw made for every GPU-window.
+* **Coordinated sampling.** The launch tier is sampled in the windows whose wall-clock index
+  ``start_ns // window_ns`` is a multiple of ``cadence`` (1 by default: at the default budget a
+  slice fits every window), the same windows on every agent; in the others the sliced APIs are
+  absent and ``Overhead.sampled`` is false with reason "off_cadence". An API is sliced when its
+  rate x ``probe_cost_ns`` exceeds a fifth of the 0.5% budget (all three default APIs are); the
+  step-ending synchronize is always on. Overhead carries tiers, ``attached_s`` (duty x window)
+  and the estimated cost. The sliced APIs keep their sliced sample counts (``duty``) even when
+  a real agent would keep them always on, so the old scenarios' draws do not change.
 
 Histograms are sampled directly: the mixture's CDF is evaluated at the bucket edges of the wire
 scheme (vectorized over all GPUs) and one multinomial draw per GPU gives the counts. That is
@@ -117,7 +143,9 @@ DEFAULT_APIS: tuple[ApiModel, ...] = (
 class Straggler:
     """A slow node (all GPUs) or, with ``gpus``, some slow GPUs of it, from window ``onset``.
 
-    ``where`` is "both", "host" (launch latency) or "compute" (GPU work, seen in sync waits);
+    ``where`` is "both", "host" (launch latency) or "compute" (GPU work, seen in sync waits),
+    or "cpu" (CPU contention: the busy time per step grows by ``factor`` and the run-queue share
+    jumps, launch latency and GPU work stay);
     ``flap_on``/``flap_off`` > 0 make it slow for flap_on windows out of every flap_on+flap_off.
     """
 
@@ -193,6 +221,22 @@ class SimConfig:
     step_tail_prob: float = 0.0         # share of steps replaced by a Pareto spike
     step_tail_alpha: float = 1.5
     step_tail_scale: float = 1.5        # Pareto scale as a multiple of the step median
+    mode: str = "collective"            # "collective" (a CPU-side collective ends every step)
+                                        # or "independent" (each rank's step is its own)
+    busy_frac: float = 0.7              # CPU busy time per healthy step, share of step_ms
+    gpu_frac: float = 0.9               # GPU work per healthy step, share of step_ms
+    sync_ms: float = 0.5                # the step-ending synchronize beyond the GPU's work
+    busy_sigma: float = 0.03            # lognormal per-step noise of the busy time
+    wait_jitter: float = 0.02           # per-window noise of a rank's wait sums
+    runq_share: float = 0.003           # median run-queue share of wall time, healthy rank
+    runq_node_sigma: float = 0.5        # persistent per-node spread of that share (lognormal)
+    runq_sigma: float = 0.5             # per-(window, GPU) spread
+    runq_burst_prob: float = 0.01       # chance per (window, GPU) of a run-queue burst
+    runq_burst_share: float = 0.02      # median extra share in a burst (lognormal)
+    runq_burst_sigma: float = 0.6
+    hog_runq: tuple[float, float] = (0.30, 0.50)   # share range of a CPU-hogged rank
+    cadence: int = 1                    # launch tier sampled in windows i with i % cadence == 0
+    probe_cost_ns: float = 3_500.0      # per firing (measured 3-4 us in a torch loop on an H200)
 
     def __post_init__(self) -> None:
         if self.gpus <= 0 or self.gpus_per_node <= 0:
@@ -211,8 +255,8 @@ class SimConfig:
                                  f"{self.nodes[0]}..{self.nodes[-1]})")
             if not s.factor > 0:
                 raise ValueError(f"straggler factor for {s.node} must be > 0, got {s.factor}")
-            if s.where not in ("both", "host", "compute"):
-                raise ValueError(f"straggler where={s.where!r}: use both, host or compute")
+            if s.where not in ("both", "host", "compute", "cpu"):
+                raise ValueError(f"straggler where={s.where!r}: use both, host, compute or cpu")
         for d in self.dropouts:
             if d.node not in names or not 0 <= d.start < d.stop:
                 raise ValueError(f"dropout {d}: node must be in the job and 0 <= start < stop")
@@ -224,6 +268,20 @@ class SimConfig:
         if not (self.step_ms >= 0 and self.step_sigma > 0 and 0 <= self.step_tail_prob < 1):
             raise ValueError("step_ms must be >= 0 (0: no step times), step_sigma > 0 and "
                              "0 <= step_tail_prob < 1")
+        if self.mode not in ("collective", "independent"):
+            raise ValueError(f"mode {self.mode!r}: use collective or independent")
+        if not (0 < self.busy_frac and 0 < self.gpu_frac < 1 and 0 <= self.sync_ms
+                and (self.step_ms == 0 or self.sync_ms < self.step_ms * (1 - self.gpu_frac))):
+            raise ValueError("busy_frac must be > 0, gpu_frac in (0, 1) and sync_ms below the "
+                             "step's remainder step_ms * (1 - gpu_frac)")
+        lo, hi = self.hog_runq
+        if not (0 <= self.runq_share < 1 and 0 <= self.runq_burst_prob <= 1
+                and 0 <= lo <= hi < 1):
+            raise ValueError("run-queue shares must be in [0, 1) (hog_runq as (low, high)) and "
+                             "runq_burst_prob in [0, 1]")
+        if not (isinstance(self.cadence, int) and self.cadence >= 1):
+            raise ValueError(f"--cadence {self.cadence!r}: the launch tier is sampled every k-th "
+                             "window; k must be an integer >= 1")
 
     @property
     def n_nodes(self) -> int:
@@ -265,13 +323,14 @@ def slowdown_matrix(cfg: SimConfig, side: str = "host") -> np.ndarray:
     """Injected slowdown per (window, gpu): 1.0 healthy, ``factor`` for straggling GPUs.
 
     ``side`` "host" (launch latency) or "compute" (GPU work between synchronizations); GPU kind
-    speeds apply to both.
+    speeds apply to both. ``side`` "cpu": CPU contention only (``where="cpu"`` stragglers), which
+    multiplies the busy time per step on top of the host side.
     """
     f = np.ones((cfg.windows, cfg.gpus))
     for s in cfg.stragglers:
-        if s.where in ("both", side):
+        if s.where == side or (s.where == "both" and side != "cpu"):
             f[np.ix_(s.active(cfg.windows), _cols(cfg, s.node, s.gpus))] *= s.factor
-    if cfg.kinds:
+    if cfg.kinds and side != "cpu":
         speed = np.array([cfg.kinds[i % len(cfg.kinds)][1] for i in range(cfg.n_nodes)])
         f *= np.repeat(speed, cfg.gpus_per_node)[None, :]
     return f
@@ -337,9 +396,10 @@ def simulate_counts(cfg: SimConfig) -> dict[str, np.ndarray]:
     return _simulate(cfg)[0]
 
 
-def _simulate(cfg: SimConfig) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """API histograms and the per-(window, GPU) compute factor ``c`` of the synchronize model,
-    which the step times share (see :func:`simulate_step_counts`)."""
+def _simulate(cfg: SimConfig) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """API histograms, the per-(window, GPU) compute factor ``c`` of the synchronize model and the
+    host-side factor (jitter x injected x kind speed) of the launch latencies; the step model
+    shares both (see :func:`step_model`)."""
     rng = np.random.default_rng(cfg.seed)
     nodes_of_gpu = np.repeat(np.arange(cfg.n_nodes), cfg.gpus_per_node)
     node_off = np.exp(rng.normal(0.0, cfg.node_jitter, cfg.n_nodes))[nodes_of_gpu]
@@ -350,11 +410,13 @@ def _simulate(cfg: SimConfig) -> tuple[dict[str, np.ndarray], np.ndarray]:
     out = {m.api: np.zeros((cfg.windows, cfg.gpus, buckets.NUM_BUCKETS), np.uint64)
            for m in cfg.apis}
     compute_all = np.empty((cfg.windows, cfg.gpus))
+    host_all = np.empty((cfg.windows, cfg.gpus))
     for w in range(cfg.windows):
         win_off = np.exp(rng.normal(0.0, cfg.window_jitter, cfg.gpus))
         slowdown = node_off * gpu_off * win_off * injected[w]        # (gpus,) host side
         compute = injected_compute[w] * np.exp(rng.normal(0.0, cfg.compute_jitter, cfg.gpus))
         compute_all[w] = compute
+        host_all[w] = slowdown
         for m in cfg.apis:
             if m.kind == "sync":
                 median = cfg.sync_base_us + cfg.compute_us * (compute.max() - compute)
@@ -364,35 +426,144 @@ def _simulate(cfg: SimConfig) -> tuple[dict[str, np.ndarray], np.ndarray]:
                 median, m, None if bursts is None else (bursts[0][w], bursts[1][w]))
             n = rng.poisson(m.calls_per_second * cfg.window_seconds * cfg.duty, cfg.gpus)
             out[m.api][w] = rng.multinomial(n, probs).astype(np.uint64)
-    return out, compute_all
+    return out, compute_all, host_all
 
 
-def simulate_step_counts(cfg: SimConfig,
-                         compute: np.ndarray | None = None) -> np.ndarray | None:
-    """Step-time histograms (windows, gpus, NUM_BUCKETS) uint64, or None when ``step_ms`` is 0.
+@dataclass
+class StepModel:
+    """Per-(window, GPU) means of one step, in ms, and the steps each rank ran per window.
 
-    ``compute``: the (windows, gpus) compute factors of the synchronize model (computed when not
-    given). The model is in the module docstring; the draws come from their own stream
-    ``[seed, 11]``, so they do not move the API histograms.
-    """
+    ``busy`` + ``gpu_wait`` is the rank's own time to arrive at the end of its step;
+    ``peer_wait`` is the time it then waits for the others (collective mode) or for its input
+    (independent mode); ``step`` is the sum of the three."""
+
+    busy: np.ndarray
+    gpu_wait: np.ndarray
+    peer_wait: np.ndarray
+    step: np.ndarray
+    steps: np.ndarray          # int64
+
+
+def step_model(cfg: SimConfig, compute: np.ndarray | None = None,
+               host: np.ndarray | None = None) -> StepModel | None:
+    """The step decomposition of the module docstring, or None when ``step_ms`` is 0.
+
+    ``compute`` and ``host``: the (windows, gpus) factors of :func:`_simulate` (computed when not
+    given)."""
     if cfg.step_ms <= 0:
         return None
-    if compute is None:
-        compute = _simulate(cfg)[1]
-    rng = np.random.default_rng([cfg.seed, 11])
-    model = ApiModel("step_time", "step", median_us=cfg.step_ms * 1e3, sigma=cfg.step_sigma,
-                     calls_per_second=0.0, tail_prob=cfg.step_tail_prob,
+    if compute is None or host is None:
+        _, compute, host = _simulate(cfg)
+    ms = cfg.step_ms
+    busy = ms * cfg.busy_frac * host * slowdown_matrix(cfg, "cpu")
+    arrive = np.maximum(busy, ms * cfg.gpu_frac * compute) + cfg.sync_ms
+    rest = ms * (1.0 - cfg.gpu_frac) - cfg.sync_ms     # collective / input wait of the last one
+    if cfg.mode == "collective":
+        step = np.broadcast_to(arrive.max(axis=1, keepdims=True) + rest, arrive.shape).copy()
+    else:
+        step = arrive + rest
+    steps = np.maximum(1, np.rint(cfg.window_seconds * 1e3 / step)).astype(np.int64)
+    return StepModel(busy=busy, gpu_wait=arrive - busy, peer_wait=step - arrive, step=step,
+                     steps=steps)
+
+
+def _step_histograms(cfg: SimConfig, median_ms: np.ndarray, sigma: float, steps: np.ndarray,
+                     stream: int, tail: bool) -> np.ndarray:
+    """(windows, gpus, NUM_BUCKETS) per-step histograms around ``median_ms``: lognormal body,
+    each rank's own second modes (:func:`burst_matrices`) and, with ``tail``, the Pareto step
+    spikes; drawn from the seeded stream ``[seed, stream]``, one vectorized draw per window."""
+    rng = np.random.default_rng([cfg.seed, stream])
+    model = ApiModel("step", "step", median_us=1.0, sigma=sigma, calls_per_second=0.0,
+                     tail_prob=cfg.step_tail_prob if tail else 0.0,
                      tail_alpha=cfg.step_tail_alpha, tail_scale=cfg.step_tail_scale)
     bursts = burst_matrices(cfg)
-    steps = np.maximum(1, np.rint(cfg.window_seconds * 1e3 /
-                                  (cfg.step_ms * compute.max(axis=1)))).astype(np.int64)
     out = np.zeros((cfg.windows, cfg.gpus, buckets.NUM_BUCKETS), np.uint64)
-    for w in range(cfg.windows):                         # one vectorized draw per window
+    for w in range(cfg.windows):
         probs = _mixture_bucket_probs(
-            model.median_us * compute[w], model,
-            None if bursts is None else (bursts[0][w], bursts[1][w]))
+            median_ms[w] * 1e3, model, None if bursts is None else (bursts[0][w], bursts[1][w]))
         out[w] = rng.multinomial(steps[w], probs).astype(np.uint64)
     return out
+
+
+def simulate_step_counts(cfg: SimConfig, model: StepModel | None = None) -> np.ndarray | None:
+    """Step-time histograms (windows, gpus, NUM_BUCKETS) uint64, or None when ``step_ms`` is 0.
+
+    The draws come from their own stream ``[seed, 11]``, so they do not move the API histograms.
+    """
+    model = model or step_model(cfg)
+    if model is None:
+        return None
+    return _step_histograms(cfg, model.step, cfg.step_sigma, model.steps, 11, tail=True)
+
+
+def simulate_busy_counts(cfg: SimConfig, model: StepModel | None = None) -> np.ndarray | None:
+    """Busy-time histograms (per step: its duration less its waits), stream ``[seed, 17]``."""
+    model = model or step_model(cfg)
+    if model is None:
+        return None
+    return _step_histograms(cfg, model.busy, cfg.busy_sigma, model.steps, 17, tail=True)
+
+
+#: Run-queue waits (µs): a healthy rank's wakeup-to-run delays, a burst's (a co-located daemon,
+#: a log flush) and a CPU-hogged rank's (a scheduler slice of the hog, ~3 ms).
+RUNQ_WAIT_US = {"healthy": 20.0, "burst": 400.0, "hog": 2_900.0}
+RUNQ_WAIT_SIGMA = 1.0
+
+
+@dataclass
+class SchedModel:
+    """Per-(window, GPU) scheduler evidence of the simulated ranks."""
+
+    runq_share: np.ndarray          # share of the window runnable but not running
+    runq_hist: np.ndarray           # (W, G, NUM_BUCKETS) one count per run-queue wait
+    involuntary: np.ndarray
+    voluntary: np.ndarray
+
+
+def simulate_sched(cfg: SimConfig) -> SchedModel:
+    """Run-queue shares and wait histograms; the model is in the module docstring. Own stream
+    ``[seed, 13]``; every draw is made for every (window, GPU), so a scenario's injected hog
+    does not shift anyone else's draws."""
+    rng = np.random.default_rng([cfg.seed, 13])
+    nodes_of_gpu = np.repeat(np.arange(cfg.n_nodes), cfg.gpus_per_node)
+    node = np.exp(rng.normal(0.0, cfg.runq_node_sigma, cfg.n_nodes))[nodes_of_gpu]
+    shape = (cfg.windows, cfg.gpus)
+    base = cfg.runq_share * node[None, :] * np.exp(rng.normal(0.0, cfg.runq_sigma, shape))
+    burst = np.where(rng.random(shape) < cfg.runq_burst_prob,
+                     cfg.runq_burst_share * np.exp(rng.normal(0.0, cfg.runq_burst_sigma, shape)),
+                     0.0)
+    hog_draw = rng.uniform(*cfg.hog_runq, size=shape)
+    hog = slowdown_matrix(cfg, "cpu") > 1.0
+    second = np.where(hog, hog_draw, burst)
+    share = np.minimum(base + second, 0.95)
+    win_us = cfg.window_seconds * 1e6
+    mean = {k: v * np.exp(RUNQ_WAIT_SIGMA ** 2 / 2) for k, v in RUNQ_WAIT_US.items()}
+    n_body = base * win_us / mean["healthy"]
+    second_us = np.where(hog, RUNQ_WAIT_US["hog"], RUNQ_WAIT_US["burst"])
+    n_second = second * win_us / np.where(hog, mean["hog"], mean["burst"])
+    total = np.maximum(1, np.rint(n_body + n_second)).astype(np.int64)
+    frac = n_second / np.maximum(n_body + n_second, 1e-12)
+    model = ApiModel("runq", "sched", median_us=RUNQ_WAIT_US["healthy"], sigma=RUNQ_WAIT_SIGMA,
+                     calls_per_second=0.0, tail_prob=0.0)
+    hist = np.zeros((*shape, buckets.NUM_BUCKETS), np.uint64)
+    for w in range(cfg.windows):
+        probs = _mixture_bucket_probs(np.full(cfg.gpus, RUNQ_WAIT_US["healthy"]), model,
+                                      (frac[w], second_us[w] / RUNQ_WAIT_US["healthy"]))
+        hist[w] = rng.multinomial(total[w], probs).astype(np.uint64)
+    involuntary = np.rint(np.where(hog, n_second, 0.0) + 0.1 * (n_body + n_second * ~hog))
+    voluntary = np.rint(0.9 * n_body + n_second * ~hog)
+    return SchedModel(runq_share=share, runq_hist=hist, involuntary=involuntary.astype(np.int64),
+                      voluntary=voluntary.astype(np.int64))
+
+
+def sampled_windows(cfg: SimConfig) -> np.ndarray:
+    """(windows,) bool: the windows whose coordinated slice held the launch tier.
+
+    Every agent samples window ``i = start_ns // window_ns`` (its wall-clock index) iff
+    ``i % cadence == 0``, so all ranks of the job are sampled in the same windows."""
+    win_ns = int(round(cfg.window_seconds * 1e9))
+    idx = (cfg.first_start_ns // win_ns) + np.arange(cfg.windows)
+    return idx % cfg.cadence == 0
 
 
 @dataclass
@@ -434,25 +605,75 @@ class _ApiArrays:
             histogram=self.histogram(w, g))
 
 
+#: The synchronizing call that ends each simulated step (one per step: always tier).
+STEP_API = "cudaDeviceSynchronize"
+#: Always-tier APIs may cost at most this share of the budget (the agent's ``always_share``).
+ALWAYS_SHARE = 0.2
+BUDGET = 0.005
+
+
+def _overheads(cfg: SimConfig, steps_per_s: float) -> tuple[pb.Overhead, pb.Overhead, set[str]]:
+    """(sampled window's Overhead, unsampled window's Overhead, APIs of the sliced tier).
+
+    An API is in the always tier when its rate x probe cost fits ``ALWAYS_SHARE`` of the budget
+    (at the default rates none of the simulated launch or stream-synchronize APIs does); the
+    step-ending synchronize (a few calls per second) always is."""
+    cost_s = cfg.probe_cost_ns * 1e-9
+    sliced = {m.api for m in cfg.apis if m.calls_per_second * cost_s > ALWAYS_SHARE * BUDGET}
+    tiers = [pb.ApiTier(api=m.api, tier="sliced" if m.api in sliced else "always",
+                        rate_hz=m.calls_per_second) for m in cfg.apis]
+    always_rate = sum(m.calls_per_second for m in cfg.apis if m.api not in sliced)
+    if cfg.step_ms > 0:
+        tiers.append(pb.ApiTier(api=STEP_API, tier="always", rate_hz=steps_per_s))
+        always_rate += steps_per_s
+    sliced_rate = sum(m.calls_per_second for m in cfg.apis if m.api in sliced)
+    fixed_s = 0.002                     # one slice's attach and (concurrent) detach
+    common = dict(probe_cost_ns=cfg.probe_cost_ns, budget=BUDGET, tiers=tiers)
+    on = pb.Overhead(
+        estimated_fraction=(sliced_rate * cfg.duty + always_rate) * cost_s
+        + fixed_s / cfg.window_seconds,
+        duty=cfg.duty, call_rate_hz=sliced_rate + always_rate, sampled=True,
+        attached_s=cfg.duty * cfg.window_seconds, fixed_cost_s=fixed_s, **common)
+    off = pb.Overhead(estimated_fraction=always_rate * cost_s, duty=0.0,
+                      call_rate_hz=always_rate, sampled=False, unsampled_reason="off_cadence",
+                      attached_s=0.0, fixed_cost_s=0.0, **common)
+    return on, off, sliced
+
+
 def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
     """Yield one NodeWindow per (window, node), window-major: an epoch's nodes arrive together.
 
     Agent ids are ``sim-<node>``, ``seq`` counts the windows an agent sent from 1, ranks are
     contiguous per node, and all windows of one epoch share their start and end timestamps.
-    Dropped-out agents (``cfg.dropouts``) send nothing in those windows.
+    Dropped-out agents (``cfg.dropouts``) send nothing in those windows. Every process carries
+    its scheduler evidence and (with ``step_ms`` > 0) its steps every window; the sliced APIs
+    only in the windows :func:`sampled_windows` selects.
     """
-    counts, compute = _simulate(cfg)
+    counts, compute, host = _simulate(cfg)
     arrays = {api: _ApiArrays.of(c) for api, c in counts.items()}
-    step_counts = simulate_step_counts(cfg, compute)
-    steps = None if step_counts is None else _ApiArrays.of(step_counts)
+    model = step_model(cfg, compute, host)
+    steps = busy = None
+    if model is not None:
+        steps = _ApiArrays.of(simulate_step_counts(cfg, model))
+        busy = _ApiArrays.of(simulate_busy_counts(cfg, model))
+        jit = np.exp(np.random.default_rng([cfg.seed, 19]).normal(
+            0.0, cfg.wait_jitter, (2, cfg.windows, cfg.gpus)))
+        gpu_wait_us = model.gpu_wait * model.steps * 1e3 * jit[0]
+        peer_wait_us = model.peer_wait * model.steps * 1e3 * jit[1]
+    sched = simulate_sched(cfg)
+    runq = _ApiArrays.of(sched.runq_hist)
     win_ns = int(round(cfg.window_seconds * 1e9))
+    runq_ns = np.rint(sched.runq_share * win_ns).astype(np.int64)
+    steps_per_s = 1e3 / float(np.median(model.step)) if model is not None else 0.0
+    on, off, sliced = _overheads(cfg, steps_per_s)
+    sampled = sampled_windows(cfg)
     t0 = cfg.first_start_ns
-    overhead = pb.Overhead(estimated_fraction=0.004, duty=cfg.duty, probe_cost_ns=8_000.0,
-                           call_rate_hz=sum(m.calls_per_second for m in cfg.apis), budget=0.005)
     absent = {(d.node, w) for d in cfg.dropouts for w in range(d.start, d.stop)}
     sent: dict[str, int] = {}
     for w in range(cfg.windows):
         start_ns, end_ns = t0 + w * win_ns, t0 + (w + 1) * win_ns
+        apis = [m.api for m in cfg.apis if sampled[w] or m.api not in sliced]
+        overhead = on if sampled[w] else off
         for ni, node in enumerate(cfg.nodes):
             if (node, w) in absent:
                 continue
@@ -467,9 +688,23 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
                     gpu_uuid=f"GPU-sim-{ni:04d}-{local}", pid=10_000 + local,
                     gpu_kind=kind_of_node(cfg, ni))
                 proc.overhead.CopyFrom(overhead)
-                proc.apis.extend(arrays[m.api].stats(m.api, w, g) for m in cfg.apis)
-                if steps is not None:
+                proc.apis.extend(arrays[api].stats(api, w, g) for api in apis)
+                sc = proc.sched
+                sc.runq_ns = int(runq_ns[w, g])
+                sc.involuntary_switches = int(sched.involuntary[w, g])
+                sc.voluntary_switches = int(sched.voluntary[w, g])
+                sc.runq_latency.CopyFrom(runq.histogram(w, g))
+                sc.window_s = cfg.window_seconds
+                if model is not None:
+                    sc.offcpu_ns = int(peer_wait_us[w, g] * 1e3)
                     proc.step_time.CopyFrom(steps.histogram(w, g))
+                    st = proc.steps
+                    st.source = f"inferred:{STEP_API}"
+                    st.steps = int(model.steps[w, g])
+                    st.busy_time.CopyFrom(busy.histogram(w, g))
+                    st.gpu_wait_us = float(gpu_wait_us[w, g])
+                    st.peer_wait_us = float(peer_wait_us[w, g])
+                    st.step_sum_us = float(steps.sum_us[w, g])
             yield nw
 
 

@@ -10,6 +10,9 @@ Example: hypertrace simulate --gpus 2048 --gpus-per-node 8 --straggler node-0042
          hypertrace simulate --scenario collective --gpus 512 --seed 3 --output c.jsonl
          hypertrace simulate --list-scenarios
 
+Every window carries the always-on signals (scheduler evidence, steps); the launch APIs only
+in the windows the coordinated slice schedule samples (``--cadence``).
+
 ``--scenario NAME`` builds the job from the catalog (``hypertrace.analyzer.scenarios``; the seed
 also picks which node is slow); ``--straggler`` adds more slow nodes on top.
 """
@@ -32,6 +35,12 @@ def register(subparsers) -> None:
     p.add_argument("--window-seconds", type=float, default=10.0)
     p.add_argument("--job", default=None, help="job id (default sim-job, or sim-SCENARIO)")
     p.add_argument("--scenario", metavar="NAME", help="a catalog scenario (see --list-scenarios)")
+    p.add_argument("--mode", choices=("collective", "independent"), default=None,
+                   help="collective (default: a collective ends every step, so step times are "
+                        "equal and the straggler waits least) or independent (own step times)")
+    p.add_argument("--cadence", type=int, default=None, metavar="K",
+                   help="launch tier sampled every K-th window, the same windows on every agent "
+                        "(default 1: every window, as at the default budget)")
     p.add_argument("--list-scenarios", action="store_true",
                    help="print the scenario catalog and exit")
     out = p.add_mutually_exclusive_group()
@@ -69,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
                             windows=args.windows, seed=args.seed,
                             window_seconds=args.window_seconds, job_id=args.job or "sim-job",
                             stragglers=extra)
+        over = {k: v for k, v in (("mode", args.mode), ("cadence", args.cadence))
+                if v is not None}
+        cfg = dataclasses.replace(cfg, **over) if over else cfg
     except ValueError as exc:
         print(f"hypertrace simulate: {exc}", file=sys.stderr)
         return 2

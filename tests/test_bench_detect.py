@@ -51,3 +51,34 @@ def test_depth_runs_are_pooled_without_counting_a_seed_twice():
     assert "table alone: R@12 1.000 over 2" in figs
     alone = {t: ok for t, ok, _ in bd.acceptance(table)}
     assert alone["launch-5: recall >= 0.95 within 12 windows"]          # without depth runs
+
+
+def test_quick_clean_bar_has_no_node_window_floor_and_latency_reads_in_seconds():
+    clean = bd.RunResult("clean", 64, 0, windows=12, nodes=8, window_seconds=10.0, truth={},
+                         first_flag={m: {} for m in bd.METHODS})
+    slow = bd.RunResult("cpu-hog", 64, 0, windows=12, nodes=8, window_seconds=10.0,
+                        truth={"node-0001": 0}, first_flag={m: {"node-0001": 2}
+                                                            for m in bd.METHODS})
+    groups = {("clean", 64): [clean], ("cpu-hog", 64): [slow]}
+    full = {t: ok for t, ok, _ in bd.acceptance(groups)}
+    assert not full["clean: zero false stragglers over >= 10,000 node-windows"]
+    quick = {t: (ok, f) for t, ok, f in bd.acceptance(groups, min_node_windows=0)}
+    assert quick["clean: zero false stragglers (quick run: no node-window floor)"][0]
+    ok, figs = quick["cpu-hog: recall 1.0, precision >= 0.99, median <= 3 windows"]
+    assert ok and "median 3 windows (30 s)" in figs
+
+
+def test_new_faults_are_convicted_in_three_windows_from_the_always_on_signals():
+    """The simulated sched and step fields reach the engine's signals: a CPU hog (launch latency
+    unchanged) and a slow GPU in a collective job are each convicted at the third window."""
+    for name in ("cpu-hog", "gpu-slow"):
+        r = bd.run_one(name, gpus=64, windows=5, seed=1001, methods=("hypertrace",))
+        node = next(iter(r.truth))
+        assert r.first_flag["hypertrace"] == {node: 2}, name
+
+
+def test_launch_tier_is_sampled_in_every_window_at_the_default_cadence():
+    from hypertrace.analyzer import scenarios
+    from hypertrace.analyzer.simulate import sampled_windows
+    for name in scenarios.CATALOG:
+        assert sampled_windows(scenarios.get(name).config(gpus=64, windows=6, seed=3)).all()

@@ -10,7 +10,7 @@ from hypertrace.proto.wire import read_jsonl, validate_window
 
 REQUIRED = {"clean", "host-3", "host-5", "host-10", "host-20", "host-30", "single-gpu",
             "collective", "heavy-tail", "gc-spikes", "cold-read", "onset", "flapping", "sparse",
-            "dropout", "two-stragglers", "mixed-kinds"}
+            "dropout", "two-stragglers", "mixed-kinds", "cpu-hog", "gpu-slow"}
 
 
 def test_catalog_covers_the_issue_and_every_entry_is_documented():
@@ -116,3 +116,53 @@ def test_cli_scenario_and_list(tmp_path, capsys):
     assert "unknown scenario" in capsys.readouterr().err
     assert main(["simulate", "--gpus", "16"]) == 2
     assert "--output" in capsys.readouterr().err
+
+
+def _one_slow_rank(name: str, seed: int = 4):
+    """(config, rank index, per-rank ProcessWindows of window 1) of a one-rank scenario."""
+    cfg = scenarios.get(name).config(gpus=64, windows=2, seed=seed)
+    (s,) = cfg.stragglers
+    rank = cfg.nodes.index(s.node) * cfg.gpus_per_node + s.gpus[0]
+    ws = list(generate(cfg))[cfg.n_nodes:]
+    return cfg, rank, {p.rank: p for w in ws for p in w.processes}
+
+
+def _hist_p50(h) -> float:
+    from hypertrace.proto.wire import unpack_histogram
+    return float(buckets.quantiles_us(unpack_histogram(h), [0.5])[0])
+
+
+def _others(rank: int) -> list[int]:
+    return [r for r in range(64) if r != rank]
+
+
+def test_cpu_hog_waits_for_a_cpu_and_works_longer_but_launches_as_fast():
+    cfg, rank, ps = _one_slow_rank("cpu-hog")
+    share = {r: p.sched.runq_ns / (p.sched.window_s * 1e9) for r, p in ps.items()}
+    assert 0.30 <= share[rank] <= 0.50
+    assert max(share[r] for r in _others(rank)) < 0.2
+    busy = {r: _hist_p50(p.steps.busy_time) for r, p in ps.items()}
+    assert 1.3 < busy[rank] / np.median([busy[r] for r in _others(rank)]) < 1.5
+    launch = {r: _hist_p50(next(a for a in p.apis if a.api == "cudaLaunchKernel").histogram)
+              for r, p in ps.items()}
+    assert abs(launch[rank] / np.median([launch[r] for r in _others(rank)]) - 1) < 0.04
+    peer = {r: p.steps.peer_wait_us / p.steps.steps for r, p in ps.items()}
+    assert peer[rank] < min(peer[r] for r in _others(rank))          # it arrives last
+    hist = ps[rank].sched.runq_latency
+    assert _hist_p50(hist) > 1_000                                        # ms-long waits for the CPU
+    assert ps[rank].sched.involuntary_switches > ps[rank].sched.voluntary_switches
+
+
+def test_gpu_slow_waits_on_its_gpu_with_equal_steps_and_least_peer_wait():
+    cfg, rank, ps = _one_slow_rank("gpu-slow")
+    per_step = {r: (p.steps.gpu_wait_us / p.steps.steps, p.steps.peer_wait_us / p.steps.steps)
+                for r, p in ps.items()}
+    gpu = np.median([per_step[r][0] for r in _others(rank)])
+    step_us = cfg.step_ms * 1e3
+    assert 0.25 < (per_step[rank][0] - gpu) / step_us < 0.35         # +30% of a step
+    assert per_step[rank][1] < min(per_step[r][1] for r in _others(rank))
+    steps = np.array([_hist_p50(ps[r].step_time) for r in range(64)])
+    assert np.abs(steps / np.median(steps) - 1).max() < 0.02          # collective: equal
+    busy = {r: _hist_p50(p.steps.busy_time) for r, p in ps.items()}
+    assert abs(busy[rank] / np.median(list(busy.values())) - 1) < 0.05
+    assert max(p.sched.runq_ns for p in ps.values()) < 0.2 * 10e9     # no CPU contention
