@@ -171,11 +171,20 @@ def gpu_cause(ctx: pb.NvmlContext | None, findings: Sequence[_Finding]) -> str:
     return "flagged in earlier epochs; no finding in the latest flagged epoch"
 
 
-def host_cause(n_bad: int, n_gpus: int, nvml: Iterable[pb.NvmlContext | None]) -> str:
-    """A node whose GPUs are slow together: the host, not one GPU, is the likely cause."""
+def host_cause(n_bad: int, n_gpus: int, nvml: Iterable[pb.NvmlContext | None],
+               gpu_findings: Sequence[Sequence[_Finding]] = ()) -> str:
+    """A node whose GPUs are slow together: the host, not one GPU, is the likely cause. When a
+    signal convicted its GPUs, the cause is that signal's, with the worst GPU's numbers."""
     evidence = sorted({e for ctx in nvml for e in nvml_evidence(ctx)})
-    text = (f"host-level: {n_bad} of {n_gpus} GPUs slow together; check CPU contention, NUMA "
-            "placement, the PCIe root complex and host memory (DIMM errors)")
+    order = {name: i for i, (name, _, _) in enumerate(SIGNALS)}
+    convicting = sorted((f for fs in gpu_findings for f in fs if f.implicates and f.api in order),
+                        key=lambda f: (order[f.api], -abs(getattr(f, "robust_z", 0.0))))
+    if convicting:
+        text = (f"host-level: {n_bad} of {n_gpus} GPUs slow together; "
+                + signal_cause(convicting[0]))
+    else:
+        text = (f"host-level: {n_bad} of {n_gpus} GPUs slow together; check CPU contention, "
+                "NUMA placement, the PCIe root complex and host memory (DIMM errors)")
     if evidence:
         text += "; NVML: " + "; ".join(evidence)
     return text

@@ -531,7 +531,9 @@ class Engine:
                     gr.probable_cause = causes.gpu_cause(job.nvml[r], fs)
                 gpu_reports.append(gr)
             gpu_reports.sort(key=_gpu_sort_key)
-            node_reports.append(_node_report(cfg, node, gpu_reports, [job.nvml[r] for r in rws]))
+            bad_findings = [job.findings.get(r, []) for r in rws if codes[r] in (SUSPECT, STRAGGLER)]
+            node_reports.append(_node_report(cfg, node, gpu_reports, [job.nvml[r] for r in rws],
+                                             bad_findings))
         node_reports.sort(key=lambda n: (_SEVERITY[n.verdict], -_worst_z(n), n.node))
         jr.nodes.extend(node_reports)
         jr.cluster.CopyFrom(self._prediction(job, rates, node_reports))
@@ -604,7 +606,8 @@ def _gpu_sort_key(g: pb.GpuReport) -> tuple:
 
 
 def _node_report(cfg: ScoringConfig, node: str, gpus: list[pb.GpuReport],
-                 nvml: list[pb.NvmlContext | None]) -> pb.NodeReport:
+                 nvml: list[pb.NvmlContext | None],
+                 bad_findings: list[list[ScoreRow]] = ()) -> pb.NodeReport:
     verdicts = [g.verdict for g in gpus]
     bad = [g for g in gpus if g.verdict in ("suspect", "straggler")]
     if "straggler" in verdicts:
@@ -621,7 +624,7 @@ def _node_report(cfg: ScoringConfig, node: str, gpus: list[pb.GpuReport],
     nr = pb.NodeReport(node=node, verdict=verdict, scope=scope)
     nr.gpus.extend(gpus)
     if scope == "host":
-        nr.probable_cause = causes.host_cause(len(bad), len(gpus), nvml)
+        nr.probable_cause = causes.host_cause(len(bad), len(gpus), nvml, bad_findings)
     elif scope == "gpu":
         nr.probable_cause = "GPU-level: " + "; ".join(
             f"GPU {g.gpu}: {g.probable_cause}" for g in bad)
