@@ -273,3 +273,20 @@ def test_a_host_whose_p99_spikes_gets_no_allowance():
     calm = np.hstack([v, v * 3.0])
     hs2, _ = score_hosts(calm, gpu.scored, layout, CFG, stats)
     assert hs2.high[layout.host[0], 0]                       # same p50 without the spike: flagged
+
+
+def test_absolute_gate_replaces_the_relative_effect_for_shares_near_zero():
+    """A run-queue share of 3% against a 0.2% median is 15x "slower" but under a 5%-of-wall-time
+    gate; 40% passes it. The relative gate alone would flag both."""
+    from hypertrace.analyzer.scoring import score_values
+
+    cfg = ScoringConfig()
+    base = np.array([0.002, 0.0021, 0.0019, 0.002, 0.0022, 0.0018, 0.002])
+    for share, flagged in ((0.03, False), (0.4, True)):
+        x = np.append(base, share)[:, None]
+        count = np.full(x.shape[0], cfg.min_samples)
+        relative = score_values(x, count, cfg, ("share",))
+        absolute = score_values(x, count, cfg, ("share",), absolute_gate=cfg.min_effect)
+        assert relative.high[-1, 0]
+        assert bool(absolute.high[-1, 0]) is flagged
+        assert not absolute.high[:-1].any()
