@@ -34,27 +34,43 @@ def test_library_has_the_name_the_agent_matches_and_is_mapped_after_a_step():
     assert path is not None, "the marker was disabled (see the warning): is gcc installed?"
     assert re.fullmatch(r"libhypertrace_step-[0-9a-f]{12}\.so", path.name)
     assert str(path) in _mapped_files(os.getpid())         # what the agent reads
+    from hypertrace.collector.apis import library_kind
+    assert library_kind(str(path)) == "marker"             # ... and how it recognises it
     assert marker.load() == path                           # built and loaded once
 
 
-def test_step_in_another_process_is_counted_by_a_real_uprobe(uprobe_session):
-    from hypertrace.collector.ebpf import CALIBRATION_API
-
+def _run_loop(attach) -> int:
+    """Run LOOP with ``attach(library_path, pid)`` called before its steps; returns its pid."""
     child = subprocess.Popen([sys.executable, "-c", LOOP], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
     try:
         ready = child.stdout.readline().split()
         assert ready[:1] == ["ready"] and ready[1] != "None", f"loop did not start: {ready}"
-        uprobe_session.attach_symbol(ready[1], marker.SYMBOL, api=CALIBRATION_API.name,
-                                     pid=child.pid)
+        attach(ready[1], child.pid)
         out, _ = child.communicate("go\n", timeout=60)
         assert child.returncode == 0 and out.strip() == "done"
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
-    seen = uprobe_session.read_and_clear()
-    assert seen[(child.pid, CALIBRATION_API.name)].count == 50
+    return child.pid
+
+
+def test_step_in_another_process_is_counted_by_a_real_uprobe(uprobe_session):
+    from hypertrace.collector.ebpf import CALIBRATION_API
+
+    pid = _run_loop(lambda path, pid: uprobe_session.attach_symbol(
+        path, marker.SYMBOL, api=CALIBRATION_API.name, pid=pid))
+    assert uprobe_session.read_and_clear()[(pid, CALIBRATION_API.name)].count == 50
+
+
+def test_the_agents_marker_probe_sees_the_loops_step_boundaries(uprobe_session):
+    """As the agent probes it: attach() by library kind, entry only; 50 marks = 49 steps."""
+    attached: list[str] = []
+    pid = _run_loop(lambda path, pid: attached.extend(uprobe_session.attach(path, pid=pid)))
+    assert attached == [marker.SYMBOL]
+    steps = uprobe_session.read_process_stats()[pid].periodic[marker.SYMBOL]
+    assert steps.count == 49 and int(steps.intervals.sum()) == 49
 
 
 def test_without_a_compiler_step_is_a_no_op_with_one_warning(tmp_path):
