@@ -576,11 +576,9 @@ class UprobeSession:
         return self.slots[slot].name if slot < len(self.slots) else f"api#{slot}"
 
     @staticmethod
-    def _records(table, dtype: np.dtype) -> dict:
-        out = {}
-        for k, v in list(table.items()):
-            out[k] = np.frombuffer(bytes(v), dtype=dtype)[0].copy()
-        return out
+    def _records(table, dtype: np.dtype) -> list[tuple[object, np.void]]:
+        """(key, record) of every entry of a cumulative map (keys are ctypes, not hashable)."""
+        return [(k, np.frombuffer(bytes(v), dtype=dtype)[0].copy()) for k, v in table.items()]
 
     def read_process_stats(self) -> dict[int, ProcessStats]:
         """Per process, what the always-on counters gained since the previous call: scheduler
@@ -590,9 +588,9 @@ class UprobeSession:
         twice across reads. Processes with nothing new (and not tracked) are left out.
         """
         with self._read_lock:
-            procs = {int(k.value): r for k, r in self._records(self._procs, PROC_DTYPE).items()}
+            procs = {int(k.value): r for k, r in self._records(self._procs, PROC_DTYPE)}
             periods = {(int(k.tgid), int(k.api)): r
-                       for k, r in self._records(self._periods, PERIOD_DTYPE).items()}
+                       for k, r in self._records(self._periods, PERIOD_DTYPE)}
             tracked = set(self._tracked)
             out: dict[int, ProcessStats] = {}
             for pid, rec in procs.items():
