@@ -244,6 +244,8 @@ class Harness:
         end = time.time() + seconds
         while time.time() < end:
             self.check_alive()
+            if self.broken:   # the rest of the schedule would measure nothing: stop, report
+                raise RuntimeError("; ".join(self.broken))
             time.sleep(min(1.0, max(0.0, end - time.time())))
 
 
@@ -266,7 +268,7 @@ class Poller(threading.Thread):
                 t = time.time()
                 rec: dict = {"t": t, "phase": self.h.phase}
                 try:
-                    rec["report"] = json.loads(self.to_json(self.fetch(self.target, "", 10.0)))
+                    rec["report"] = json.loads(self.to_json(self.fetch(self.target, self.h.job, 10.0)))
                     job = matrix_report.job_of(rec, self.h.job)
                     self.last_gpus = int(job.get("gpus", 0)) if job else 0
                 except Exception as exc:  # a failed poll is data too (the analyzer was busy)
@@ -275,12 +277,13 @@ class Poller(threading.Thread):
                 self.stop_ev.wait(max(0.0, self.h.args.poll_s - (time.time() - t)))
 
 
-def gzip_into(src: Path, dst: Path) -> None:
-    """Gzip the last MAX_LOG_BYTES of src to dst (a log's end says most about how it ended)."""
+def gzip_into(src: Path, dst: Path, whole: bool = False) -> None:
+    """Gzip src to dst; a log only its last MAX_LOG_BYTES (its end says most about how it
+    ended), data files (``whole``) entirely."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     size = src.stat().st_size
     with open(src, "rb") as f, gzip.open(dst, "wb", compresslevel=6) as g:
-        if size > MAX_LOG_BYTES:
+        if size > MAX_LOG_BYTES and not whole:
             f.seek(size - MAX_LOG_BYTES)
             g.write(f"[... first {size - MAX_LOG_BYTES} bytes dropped ...]\n".encode())
         shutil.copyfileobj(f, g)
@@ -352,10 +355,10 @@ def run(args: argparse.Namespace) -> int:
             "broken": h.broken, "wall_s": time.time() - t_start}
     (args.out / "phases.json").write_text(json.dumps(meta, indent=1))
     if (work / "reports.jsonl").exists():
-        gzip_into(work / "reports.jsonl", args.out / "reports.jsonl.gz")
+        gzip_into(work / "reports.jsonl", args.out / "reports.jsonl.gz", whole=True)
     for i in range(RANKS):
         if (work / "steps" / f"r{i}.log").exists():
-            gzip_into(work / "steps" / f"r{i}.log", args.out / "steps" / f"r{i}.log.gz")
+            gzip_into(work / "steps" / f"r{i}.log", args.out / "steps" / f"r{i}.log.gz", whole=True)
     for log in sorted(work.glob("*.log")):
         gzip_into(log, args.out / "logs" / (log.name + ".gz"))
     if (work / "analyzer.db").exists():
@@ -364,7 +367,7 @@ def run(args: argparse.Namespace) -> int:
                                          args.out / "windows.jsonl.gz")
         except Exception as exc:  # the matrix then falls back to the reports alone
             print(f"[{args.mode}] could not read the analyzer DB: {type(exc).__name__}: {exc}", flush=True)
-        gzip_into(work / "analyzer.db", args.out / "analyzer.db.gz")
+        gzip_into(work / "analyzer.db", args.out / "analyzer.db.gz", whole=True)
     shutil.rmtree(work, ignore_errors=True)
     size = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file())
     print(f"[{args.mode}] results in {args.out} ({size / 1e6:.1f} MB), wall {time.time() - t_start:.0f} s",

@@ -74,8 +74,19 @@ def open_text(path: Path):
 
 
 def read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSON-lines file; a torn or foreign line is skipped (and counted on stderr)."""
+    out, bad = [], 0
     with open_text(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                bad += 1
+    if bad:
+        print(f"matrix_report: {path.name}: {bad} unreadable line(s) skipped", file=sys.stderr)
+    return out
 
 
 def read_steps(path: Path) -> list[tuple[float, float]]:
@@ -252,7 +263,7 @@ def fault_cells(run: Run, checks: list[Check]) -> list[dict]:
                 conv_t, cause = p["t"], s[node]
                 break
         cleared_s = None
-        for p in run.polls:
+        for p in run.polls if conv_t is not None else []:
             j = job_of(p, job_id)
             if p["t"] >= b and j and node not in stragglers(j):
                 cleared_s = p["t"] - b
@@ -365,7 +376,7 @@ def coverage(run: Run, checks: list[Check]) -> list[dict]:
                                f"{bad[0]['most_nodes']}/{len(nodes)} ranks)" if bad else "")))
     else:
         bad = [r for r in rows if r["windows_sampled_delta"] <= 0]
-        checks.append(Check("coverage (from windows_sampled; no windows.jsonl)",
+        checks.append(Check("coverage (from windows_sampled: no stored windows)",
                             bool(rows) and not bad, f"{len(rows) - len(bad)}/{len(rows)} stretches"))
     return rows
 
@@ -381,7 +392,8 @@ def step_accuracy(run: Run, checks: list[Check]) -> list[dict]:
         log = run.steps.get(r, [])
         ws = [w for w in run.windows if w["node"] == node and w.get("job") == run.meta["job"]
               and c0 <= w["start"] and w["end"] <= c1]
-        sources = sorted({w["step_source"] or f"refused: {w['step_refused']}" for w in ws})
+        sources = sorted({w["step_source"] or (f"refused: {w['step_refused']}" if w["step_refused"]
+                                                else "no step data") for w in ws})
         mean_err, p50_err, inf_p50, log_p50 = [], [], [], []
         for w in ws:
             v = [ms for t, ms in log if w["start"] < t <= w["end"]]
