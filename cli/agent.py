@@ -9,10 +9,16 @@ from hypertrace.daemon.config import DEFAULT_CONFIG_PATH
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "agent", help="run the node agent: probe CUDA calls, stream windows to the analyzer",
-        description="Find training processes on this node, probe their CUDA runtime/driver "
-                    "calls with eBPF uprobes under an overhead budget, and stream fixed windows "
-                    "to the analyzer. Every flag can also be set in the config file (same name, "
-                    "underscores); flags override the file.")
+        description="Find the training processes of jobs on this node, probe their CUDA "
+                    "runtime/driver calls with eBPF uprobes under an overhead budget, and stream "
+                    "fixed windows to the analyzer. Two tiers: synchronize, graph-launch and "
+                    "step-marker calls (a few per step: they give the step time) and the "
+                    "scheduler's run-queue evidence stay on all the time; launch calls "
+                    "(thousands per step) are probed in one slice per sampled window, at the "
+                    "same wall-clock moment on every node (derived from the window number, no "
+                    "traffic), so the analyzer compares all ranks of a job at once. Every flag "
+                    "can also be set in the config file (same name, underscores); flags "
+                    "override the file.")
     # Defaults are None so "not given" is distinguishable from a value: the file's value (or the
     # documented default in daemon/config.py) applies then.
     p.add_argument("--analyzer", metavar="HOST:PORT", help="analyzer gRPC endpoint (required "
@@ -33,11 +39,29 @@ def register(subparsers) -> None:
                    help="environment variables naming the job, in order; A:B joins several "
                         "(default HYPERTRACE_JOB,SLURM_JOB_ID,TORCHELASTIC_RUN_ID,"
                         "MASTER_ADDR:MASTER_PORT)")
-    p.add_argument("--slices", type=int, help="probe-on slices per window (default 4)")
+    p.add_argument("--max-slice-s", type=float, metavar="SECONDS",
+                   help="longest launch-probe slice per sampled window; the account may afford "
+                        "less. Use the same value on every node of a job: all slices start at "
+                        "the same offset (default 2)")
+    p.add_argument("--slice-guard-s", type=float, metavar="SECONDS",
+                   help="keep slices this far from both window edges, so nodes whose clocks "
+                        "differ by less still slice the same window (default 1; shrinks to a "
+                        "quarter window for short windows)")
+    p.add_argument("--always-share", type=float, metavar="F",
+                   help="largest share of the budget the always-on tier (synchronize, graph "
+                        "launch, step marker) may cost one process; APIs over it are probed in "
+                        "slices instead (default 0.2)")
+    p.add_argument("--probe-unattributed", action=argparse.BooleanOptionalAction, default=None,
+                   help="also probe CUDA processes whose environment names no job (see "
+                        "--job-env); off by default, so monitoring daemons and tools that map "
+                        "libcuda are never probed (default off)")
     p.add_argument("--probe-cost-ns", type=float, metavar="NS",
-                   help="cost of one probed call in ns; 0 measures it at start (default 0)")
+                   help="CPU cost of one probed call (entry + return) in ns; 0 measures it "
+                        "at start, which needs a C compiler (default 0)")
     p.add_argument("--min-samples", type=int, metavar="N",
-                   help="floor on calls sampled per probe slice (default 1000)")
+                   help="shortest useful slice: one that yields this many launch-probe firings "
+                        "of the busiest process; the cadence (one slice every k windows, k a "
+                        "power of two) is set so such a slice fits the budget (default 1000)")
     p.add_argument("--scan-interval", type=float, metavar="SECONDS",
                    help="seconds between /proc scans (default 1)")
     p.add_argument("--nvml", action=argparse.BooleanOptionalAction, default=None,

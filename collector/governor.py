@@ -1,172 +1,243 @@
-"""Overhead governor: how much of each window the probes may stay attached.
+"""Overhead governor: keeps what the probes cost each training process under the budget.
 
-The math. Let
+The probes come in two tiers (daemon/agent.py):
 
-* ``c``  = cost of one probed call in ns (entry + return, measured by probe_cost.py),
-* ``r``  = probe firings per second of the *busiest* process while attached (nested driver calls
-  included: they are counted once in the histograms but each one still pays ``c``),
-* ``d``  = duty, the fraction of wall time the probes are attached,
-* ``b``  = budget, the fraction of a process's wall time we may spend in probes (default 0.005).
+* the **always** tier: the periodic APIs of each probed process (synchronize, graph launch, the
+  step marker), attached for the process's whole life. They mark step boundaries, which is how
+  CPU contention shows (it delays a rank between its calls, not inside them), and they are rare:
+  a few calls per step.
+* the **sliced** tier: the launch APIs (thousands of calls per step), attached only for one
+  coordinated slice in some windows (collector/schedule.py).
 
-While attached, a process spends ``c * r * 1e-9`` of its time in probes, so its overhead over a
-window is ``c * r * d * 1e-9``. Holding it under the budget gives
+**The account.** What a slice really costs is only known afterwards: probes keep firing while a
+detach waits out its RCU grace period, and rates change. So the budget is kept as an account in
+seconds of probe time. Every wall second earns ``budget`` seconds (:meth:`Governor.earn`); every
+window spends what it cost the *most charged* process (:meth:`Governor.spend`): its counted
+firings in both tiers (firings during a detach included, since the kernel counted them) times
+the measured probe cost, plus fixed costs (:data:`FIXED_NS_PER_PROBE_OP` per attach or detach
+of one probe in one process). A slice is taken only when the account can pay for it, so the
+long-run overhead of every process is at most the budget plus one slice's estimation error,
+whatever the detach latency. Why the most charged process: probes are attached per process, so
+each pays for its own firings; holding the worst one under the budget holds them all.
 
-    d = min(max_duty, b / (c * r * 1e-9))
+**Slice length and cadence.** Let ``c`` be the probe cost (ns), ``r`` the busiest process's
+sliced-tier firing rate while attached, ``a`` the share of wall time its always tier costs,
+``b`` the budget and ``W`` the window. A window earns ``(b - a) * W`` for the sliced tier. The
+smallest useful slice (the *floor*) yields ``min_samples`` firings: ``min_samples / r`` seconds
+(within the window's room, collector/schedule.slice_bounds). The cadence ``k`` is the smallest
+power of two whose ``k`` windows of earnings pay one floor slice (schedule.cadence). In a window
+the cadence selects, the slice is as long as the account affords, up to ``max_slice_s``:
+``(credit + (b - a) * W - fixed) / (c * r) - detach / 2``, and short enough that the detach
+(the last one measured) ends inside the window. Below the floor the window is not sampled
+("budget", or "detaching" when the detach time left no room).
 
-Why the busiest process: a uprobe lives on the library *file* and fires in every process that
-maps it, so the shared attachment must be paced for the process that calls most.
+**Always-tier share.** An always-tier API costs ``c x its rate`` all the time. At most
+``always_share`` of the budget goes to that tier per process (:meth:`Governor.always_split`,
+cheapest APIs kept first); an API that does not fit moves to the sliced tier (the agent logs
+it). This keeps at least ``1 - always_share`` of the budget for the launch tier, which the
+analyzer's cross-sections need.
 
-What the duty buys: samples per window ``n = r_api * d * W``. At the budget (when ``d < 1``)
-that is ``n = b * W / (c * 1e-9)`` times the API's share of the firings: *independent of the
-call rate*. With c = 8 us, b = 0.5% and W = 10 s, every window carries about 6,000 probed
-calls, enough to resolve a 10% p50 shift many times over (see collector/tradeoff.py for the
-table). A higher budget or a longer window buys samples; a cheaper probe (bare metal) buys
-both.
-
-Rate estimation: the rate is observed only while attached. It rises immediately (a burst must
-not blow the budget for a whole window) and falls with exponential smoothing (so one quiet
-window does not make the next one expensive). Before any observation the governor assumes the
-worst case, ``c * r * 1e-9 = 1`` (a process doing nothing but probed calls), so the first window
-costs at most the budget whatever the workload.
-
-Granularity: attaching is cheap, but detaching a uprobe waits for a kernel RCU grace period
-(measured ~0.1 s per probe in our Firecracker VMs, serialized), so very small duties cannot be
-cut into slices inside one window. :func:`duty_schedule` then probes one minimum slice every
-k-th window instead, which keeps the long-run average at the duty.
+**Before any measurement.** The sliced rate is unknown until a slice has run, so the first
+sampled window takes a short measuring slice (:data:`MEASURE_SLICE_S`) whatever the account
+says; it is repaid from later credit like any overspend.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Mapping
+
+from hypertrace.collector import schedule
+from hypertrace.collector.schedule import MAX_CADENCE
+
+#: Probe time charged to a process for each attach or detach of one uprobe in it. Installing or
+#: removing the breakpoint rewrites a text page of the process (copy-on-write, under its mmap
+#: lock), which stalls that process's own page faults briefly: tens of microseconds. An
+#: estimate, kept conservative; it is small against a 0.5% budget (50 ms per 10-s window).
+FIXED_NS_PER_PROBE_OP = 20_000.0
+#: Length of the first slice, taken before any launch rate is known: it is the measurement.
+MEASURE_SLICE_S = 0.2
+#: The shortest slice worth taking: below it, attach and detach cost more than it samples.
+MIN_SLICE_S = 0.05
+
+
+@dataclass(frozen=True)
+class SlicePlan:
+    """This agent's decision for one aligned window."""
+    index: int            # aligned window index (start_ns // window_ns)
+    sampled: bool
+    reason: str           # "" when sampled; else "off_cadence" | "budget" | "detaching"
+    offset_s: float       # slice start from the window start (the same for every agent)
+    length_s: float       # 0 when not sampled
+    cadence: int          # k: this agent samples windows with index % k == 0
 
 
 @dataclass
 class Governor:
-    """Keeps ``probe_cost_ns * rate * duty`` under ``budget``; call :meth:`next_duty` each window."""
+    """The budget account and the slice planner (module docstring has the math)."""
 
     probe_cost_ns: float
     budget: float = 0.005
-    min_duty: float = 0.0
-    max_duty: float = 1.0
+    always_share: float = 0.2
+    max_slice_s: float = 2.0
+    slice_guard_s: float = 1.0
+    min_samples: int = 1000
     smoothing: float = 0.5            # weight of a new, lower rate observation
-    rate_hz: float | None = None      # smoothed probe firings/s of the busiest process
-    duty: float = -1.0                # current duty; set in __post_init__
-    credit_s: float = 0.0             # probe time the budget has granted and not yet spent
+    rate_hz: float | None = None      # sliced-tier firings/s of the busiest process, attached
+    always_load: float = 0.0          # share of wall time the always tier cost (busiest process)
+    detach_s: float = 0.1             # last measured time to remove the sliced tier
+    fixed_slice_s: float = 0.0        # fixed cost of one slice (attach + detach ops) per process
+    credit_s: float = 0.0             # probe time earned and not yet spent (may go negative)
     credit_cap_s: float = 600.0       # at most this much wall time of budget is saved up
+    k: int = 1                        # the cadence of the last plan
 
     def __post_init__(self) -> None:
-        for name in ("probe_cost_ns", "budget", "min_duty", "max_duty"):
+        for name in ("probe_cost_ns", "budget", "always_share", "max_slice_s", "slice_guard_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"Governor.{name} must be a finite number >= 0, got {value}")
-        if self.budget > 1 or self.max_duty > 1 or self.min_duty > self.max_duty:
-            raise ValueError("need 0 <= min_duty <= max_duty <= 1 and budget <= 1 (a fraction "
-                             f"of wall time, e.g. 0.005); got budget={self.budget}, "
-                             f"min_duty={self.min_duty}, max_duty={self.max_duty}")
+        if self.budget > 1 or self.always_share > 1:
+            raise ValueError("budget and always_share are fractions in [0, 1] (e.g. 0.005 and "
+                             f"0.2); got budget={self.budget}, always_share={self.always_share}")
         if not 0 < self.smoothing <= 1:
             raise ValueError(f"Governor.smoothing must be in (0, 1], got {self.smoothing}")
-        if self.duty < 0:
-            self.duty = self._duty_for(self.rate_hz)
+        if self.min_samples < 0:
+            raise ValueError(f"Governor.min_samples must be >= 0, got {self.min_samples}")
 
+    # -- measurements ------------------------------------------------------------------------
     def load(self, rate_hz: float | None = None) -> float:
-        """Fraction of a process's time spent in probes while attached (worst case 1 if unknown)."""
+        """Share of a process's time spent in sliced-tier probes while attached (1 if unknown:
+        the worst case, a process doing nothing but probed calls)."""
         rate = self.rate_hz if rate_hz is None else rate_hz
         if rate is None:
             return 1.0
         return self.probe_cost_ns * 1e-9 * rate
 
-    def _duty_for(self, rate_hz: float | None) -> float:
-        load = self.load(rate_hz)
-        duty = self.max_duty if load <= 0 else self.budget / load
-        return float(min(self.max_duty, max(self.min_duty, duty)))
+    def observe_slice(self, hits: int, attached_s: float) -> None:
+        """Feed a slice's sliced-tier firings of the busiest process and its attached seconds.
 
-    def next_duty(self, calls: int, attached_seconds: float) -> float:
-        """Feed what the last window saw (probe firings of the busiest process, seconds attached)
-        and get the duty for the next window."""
-        if calls < 0 or not math.isfinite(attached_seconds) or attached_seconds < 0:
-            raise ValueError(f"need calls >= 0 and attached_seconds >= 0, got {calls}, "
-                             f"{attached_seconds}")
-        if attached_seconds > 0:
-            observed = calls / attached_seconds
-            if self.rate_hz is None or observed >= self.rate_hz:
-                self.rate_hz = observed
-            else:
-                self.rate_hz = self.smoothing * observed + (1 - self.smoothing) * self.rate_hz
-        self.duty = self._duty_for(self.rate_hz)
-        return self.duty
+        The rate rises at once (a burst must not blow the budget for long) and falls with
+        exponential smoothing (one quiet slice must not make the next one expensive)."""
+        if hits < 0 or not math.isfinite(attached_s) or attached_s < 0:
+            raise ValueError(f"need hits >= 0 and attached_s >= 0, got {hits}, {attached_s}")
+        if attached_s <= 0:
+            return
+        observed = hits / attached_s
+        if self.rate_hz is None or observed >= self.rate_hz:
+            self.rate_hz = observed
+        else:
+            self.rate_hz = self.smoothing * observed + (1 - self.smoothing) * self.rate_hz
 
-    # -- the budget as an account ----------------------------------------------------------
-    # The duty above is a plan. What a slice really costs is only known afterwards: a detach
-    # waits out an RCU grace period per probe (about 0.1 s each on our VMs), and the probes fire
-    # until their own turn comes. So the budget is also kept as an account, in seconds of probe
-    # time: every wall second earns ``budget`` seconds, every counted firing spends
-    # ``probe_cost_ns``. A slice is taken only when the account can pay for it, and an
-    # overspent account (a slice that cost more than planned) skips slices until it is repaid.
-    # The long-run overhead is then at most the budget by construction, measured in firings the
-    # kernel counted, whatever the detach latency.
+    def observe_always(self, hits: int, window_s: float) -> None:
+        """Feed the always-tier firings of the most charged process over a window."""
+        if window_s > 0:
+            self.always_load = self.probe_cost_ns * 1e-9 * max(hits, 0) / window_s
 
+    # -- the account -------------------------------------------------------------------------
     def earn(self, wall_s: float) -> None:
-        """Credit ``wall_s`` seconds of wall time at the budget (capped)."""
-        cap = self.budget * self.credit_cap_s
-        self.credit_s = min(self.credit_s + self.budget * max(wall_s, 0.0), max(cap, self.credit_s))
+        """Credit ``wall_s`` seconds of wall time at the budget (capped: a long idle stretch
+        must not fund minutes of probing later). The cap always leaves room for the longest
+        cadence, so a slice every :data:`~collector.schedule.MAX_CADENCE` windows stays payable."""
+        wall_s = max(wall_s, 0.0)
+        cap = self.budget * max(self.credit_cap_s, (MAX_CADENCE + 1) * wall_s)
+        self.credit_s = min(self.credit_s + self.budget * wall_s, max(cap, self.credit_s))
 
-    def spend(self, probe_hits: int) -> None:
-        """Debit the probe time that ``probe_hits`` counted firings cost."""
-        self.credit_s -= self.probe_cost_ns * 1e-9 * max(probe_hits, 0)
+    def spend(self, probe_s: float) -> None:
+        """Debit ``probe_s`` seconds of probe time (see :meth:`cost_s`)."""
+        self.credit_s -= max(probe_s, 0.0)
 
-    def can_afford(self, attached_s: float) -> bool:
-        """Whether a slice attached for ``attached_s`` seconds fits the account.
+    def cost_s(self, hits: int, probe_ops: int = 0) -> float:
+        """Probe time that ``hits`` counted firings and ``probe_ops`` attach/detach operations
+        cost one process."""
+        return (self.probe_cost_ns * max(hits, 0) + FIXED_NS_PER_PROBE_OP * max(probe_ops, 0)) * 1e-9
 
-        With no rate measured yet the answer is yes: that first slice is the measurement, and
-        its cost is repaid from later credit like any overspend."""
+    @staticmethod
+    def fixed_cost_s(probe_ops: int) -> float:
+        """Fixed cost of ``probe_ops`` attach/detach operations in one process."""
+        return FIXED_NS_PER_PROBE_OP * 1e-9 * max(probe_ops, 0)
+
+    # -- planning ----------------------------------------------------------------------------
+    def slice_cost_s(self, length_s: float) -> float:
+        """Planned cost of a slice: firings while attached and during half a detach, plus the
+        fixed attach/detach cost."""
+        return self.load() * (max(length_s, 0.0) + self.detach_s / 2) + self.fixed_slice_s
+
+    def floor_s(self, max_length_s: float) -> float:
+        """The shortest useful slice: ``min_samples`` firings of the busiest process."""
         if self.rate_hz is None:
-            return True
-        return self.credit_s >= self.load() * attached_s
+            return min(MEASURE_SLICE_S, max_length_s)
+        want = self.min_samples / self.rate_hz if self.rate_hz > 0 else 0.0
+        return min(max_length_s, max(MIN_SLICE_S, want))
 
-    def estimated_overhead(self) -> float:
-        """Fraction of the busiest process's wall time the probes cost at the current duty."""
-        return self.load() * self.duty
+    def net_earn_s(self, window_s: float) -> float:
+        """What one window earns for the sliced tier: the budget less the always tier's cost."""
+        return (self.budget - self.always_load) * window_s
 
-    def samples_per_window(self, window_s: float, share: float = 1.0) -> float:
-        """Expected probed calls per window of an API with ``share`` of the firings."""
-        if self.rate_hz is None:
-            return 0.0
-        return self.rate_hz * share * self.duty * window_s
+    def plan(self, index: int, window_s: float) -> SlicePlan:
+        """Whether aligned window ``index`` takes a slice, where, and how long."""
+        bounds = schedule.slice_bounds(window_s, self.max_slice_s, self.slice_guard_s)
+        offset = schedule.slice_offset(index, window_s, self.max_slice_s, self.slice_guard_s)
+        floor = self.floor_s(bounds.max_length_s)
+
+        def no(reason: str) -> SlicePlan:
+            return SlicePlan(index, False, reason, offset, 0.0, self.k)
+
+        if floor <= 0:
+            return no("budget")
+        if self.rate_hz is None:                      # the first slice is the measurement
+            self.k = 1
+            return SlicePlan(index, True, "", offset, floor, 1)
+        net = self.net_earn_s(window_s)
+        self.k = schedule.cadence(self.slice_cost_s(floor), net)
+        if self.k > MAX_CADENCE:
+            return no("budget")
+        if not schedule.is_sampled(index, self.k):
+            return no("off_cadence")
+        load = self.load()
+        afford = self.credit_s + net - self.fixed_slice_s
+        length = bounds.max_length_s if load <= 0 else afford / load - self.detach_s / 2
+        length = min(bounds.max_length_s, length)
+        if length < floor:
+            return no("budget")
+        # The detach must end inside the window, or the next window starts late and its own
+        # slice is missed. A shorter slice is still a prefix of the others (same start).
+        length = min(length, window_s - offset - self.detach_s)
+        if length < floor:
+            return no("detaching")
+        return SlicePlan(index, True, "", offset, length, self.k)
+
+    def always_split(self, rates_hz: Mapping[str, float]) -> tuple[list[str], list[str]]:
+        """Split one process's always-tier APIs (name -> firings/s) into (keep, demote).
+
+        Cheapest first, APIs are kept while their summed cost stays within ``always_share`` of
+        the budget; the rest go to the sliced tier. A single API over the share is demoted on
+        its own; several cheap ones together cannot crowd out the launch tier either."""
+        allowance = self.always_share * self.budget
+        keep: list[str] = []
+        demote: list[str] = []
+        used = 0.0
+        for api, rate in sorted(rates_hz.items(), key=lambda kv: (kv[1], kv[0])):
+            load = self.probe_cost_ns * 1e-9 * max(rate, 0.0)
+            if used + load <= allowance:
+                keep.append(api)
+                used += load
+            else:
+                demote.append(api)
+        return keep, demote
+
+    def samples_per_slice(self, length_s: float, share: float = 1.0) -> float:
+        """Expected probed calls in a slice of an API with ``share`` of the sliced firings."""
+        return 0.0 if self.rate_hz is None else self.rate_hz * share * length_s
 
 
-def measured_overhead(probe_cost_ns: float, probe_hits: int, window_s: float) -> float:
-    """Overhead actually paid in a window, from the firings the maps counted (not the plan).
+def measured_overhead(probe_cost_ns: float, probe_hits: int, window_s: float,
+                      fixed_cost_s: float = 0.0) -> float:
+    """Overhead actually paid in a window, from the firings the maps counted (not the plan),
+    plus the fixed costs charged to it.
 
     It includes probes that stayed attached while a detach was still in progress, so it is the
     honest figure to report in each window's Overhead message.
     """
     if window_s <= 0:
         return 0.0
-    return probe_cost_ns * 1e-9 * probe_hits / window_s
-
-
-def duty_schedule(window_s: float, duty: float, slices: int = 4, min_slice_s: float = 0.05,
-                  window_index: int = 0) -> list[tuple[float, float]]:
-    """When to attach within a window: ``[(offset_s, length_s), ...]`` spread over the window.
-
-    Several slices spread evenly make the sample cover the whole window (a stall in its second
-    half is still seen). When ``duty * window_s`` is shorter than one ``min_slice_s`` (the
-    attach/detach granularity), one slice of ``min_slice_s`` is taken every k-th window, k =
-    ceil(min_slice_s / (duty * window_s)); other windows get ``[]``. The average duty holds.
-    """
-    if window_s <= 0 or duty <= 0:
-        return []
-    duty = min(duty, 1.0)
-    if duty >= 1.0:
-        return [(0.0, window_s)]
-    total = duty * window_s
-    if total < min_slice_s:
-        every = math.ceil(min_slice_s / total)
-        if window_index % every:
-            return []
-        length = min(min_slice_s, window_s)
-        return [((window_s - length) / 2, length)]
-    n = max(1, min(slices, int(total // min_slice_s)))
-    length = total / n
-    step = window_s / n
-    return [(i * step + (step - length) / 2, length) for i in range(n)]
+    return (probe_cost_ns * 1e-9 * probe_hits + max(fixed_cost_s, 0.0)) / window_s

@@ -1,14 +1,23 @@
 """Measure what one probed call costs, on this node, with this kernel.
 
-Why measure instead of assuming: the cost of an entry+return uprobe ranges from about 0.3 us on
-bare metal to about 10 us in a Firecracker VM (see the brief). The governor's whole promise,
-``cost x rate x duty <= budget``, is only as good as this number.
+Why measure instead of assuming: the cost of an entry+return uprobe ranges from under 1 us on
+bare metal to several us in a Firecracker VM. The governor's whole promise (every process pays at
+most the budget) is only as good as this number.
 
 How: a tiny helper program (probe_cost_bench.c, compiled with the system C compiler on first use
-into a cache directory) calls an empty function ``hypertrace_null`` N times and prints the elapsed
-time. We run it without probes, then with the session's own entry+return probes on that function
-(the same BPF program and maps the real probes use), and take the per-call difference. The
-median of a few repetitions damps scheduler noise on a busy node.
+into a cache directory) calls ``hypertrace_null`` N times and prints the **CPU time** the loop
+took (CLOCK_THREAD_CPUTIME_ID). We run it without probes, then with the session's own
+entry+return probes on that function (the same BPF program and maps the real probes use), and
+take the per-call difference. The median of a few repetitions damps what noise is left.
+
+Two choices keep the number honest (an earlier wall-clock calibration on a bare ``ret`` read
+2x too high on an H200 host and 10-100x too high on a loaded VM):
+
+* CPU time, not wall time: the probe's work is charged to the traced thread, while wall time
+  also counts every moment another task held the CPU.
+* ``hypertrace_null`` opens like a real library function (``push %rbp; mov %rsp,%rbp``), which
+  the kernel emulates; a bare ``ret`` is single-stepped out of line and costs more than any
+  probed CUDA entry point would.
 """
 from __future__ import annotations
 
@@ -24,7 +33,8 @@ from hypertrace.collector.ebpf import CALIBRATION_API, ProbeUnavailable, UprobeS
 log = logging.getLogger(__name__)
 
 BENCH_SOURCE = Path(__file__).with_name("probe_cost_bench.c")
-#: The lowest believable cost of an entry+return uprobe pair (bare metal is about 0.3-3 µs).
+#: The lowest believable cost of an entry+return uprobe pair: a trap in, the BPF program and the
+#: return trampoline cannot take less, even on bare metal.
 MIN_PROBE_COST_NS = 300.0
 NULL_SYMBOL = "hypertrace_null"
 
@@ -44,8 +54,8 @@ def _run(exe: Path, calls: int) -> int:
 
 
 def measure_probe_cost_ns(session: UprobeSession | None = None, calls: int = 20000,
-                          repeats: int = 3) -> float:
-    """Nanoseconds one entry+return-probed call costs the calling process (>= 0).
+                          repeats: int = 5) -> float:
+    """CPU nanoseconds one entry+return-probed call costs the calling process (>= the floor).
 
     With ``session=None`` a private session is compiled (seconds) and closed afterwards; pass the
     agent's session to reuse its loaded program. The calibration records appear in that

@@ -1,27 +1,35 @@
 """The node agent's lifecycle: config -> prerequisites -> probes -> window loop -> clean exit.
 
-One window (``config.window`` seconds, aligned to wall-clock multiples of the window so the
-windows of all nodes fall into the same analyzer epoch) runs like this::
+Which processes: only those attributed to a job (their environment names one, see
+collector/attribution.py), unless ``probe_unattributed`` is set. A monitoring daemon that maps
+libcuda is none of our business, and on a node shared by several jobs (or several agents, one
+per rank, as in our 8-rank emulation of an 8-node job) each agent probes only its own ranks.
 
-    |------------------------------ window ------------------------------|
-       [on]           [on]           [on]           [on]        (duty < 1: duty_schedule slices)
-    [on ................................................................] (duty = 1: stays on)
-    discovery scans every scan_interval throughout; at the end: read_and_clear -> window -> uplink
+Two probe tiers per process (collector/governor.py has the cost model):
 
-Why slices: the probes cost every call they see, so they are attached only ``duty`` of the time
-(the governor picks the duty from the measured probe cost and the busiest process's probe-hit
-rate, keeping ``cost x rate x duty`` under the budget). Spreading the attached time over several
-slices (collector.governor.duty_schedule) makes the sample cover the whole window instead of its
-first seconds. A detach waits out an RCU grace period per probe (over a second for both
-libraries in our VMs), so the agent times its detaches and never schedules a slice shorter than
-one; very small duties then probe one slice every k-th window. At full duty nothing is detached
-at all. The BPF program stays loaded; attaching and detaching never recompiles, and the maps are
-double-buffered, so reading them while attached loses nothing.
+* **Always** (from the scan that finds the process until it exits): the periodic-kind APIs of
+  the libraries it maps (synchronize, graph launch, the step marker), attached for that pid
+  only, plus scheduler tracking (``track_pids``). They give the step time and the run-queue
+  wait every window; CPU contention shows nowhere else. An API whose rate makes it cost more
+  than ``always_share`` of the budget moves to the sliced tier (logged).
+* **Sliced**: the launch APIs (and any demoted periodic API), attached for all probed
+  processes in one slice per sampled window and removed together with ``detach_many``.
 
-Why discovery during the window: a new training process must be probed within one window. A
-library discovered while the probes are attached is attached at once, otherwise at the start of
-the next slice. A uprobe lives on the library file, so later processes that map an already
-attached library are probed with no action at all.
+One window (``config.window`` seconds, aligned to wall-clock multiples of the window so every
+node's window ``i = start // window`` is the same stretch of time)::
+
+    |---guard---|...........[ slice: launch tier on ]...........|---guard---|
+    [always tier and scheduler tracking on ...................................]
+    discovery scans every scan_interval; at the end: read_and_clear + read_process_stats
+    -> infer_steps per process -> build_window -> uplink; the account pays what was counted
+
+Whether window ``i`` holds a slice, where and how long comes from the governor's plan
+(collector/schedule.py): the offset is a function of ``i`` alone, the cadence ``k`` a power of
+two, so every agent of a job slices the same windows at the same moment with no traffic.
+A process found after the slice began joins the next sampled window (its always tier attaches
+at once). Each process's window says whether it was sampled, or why not: "budget",
+"off_cadence", "no_calls", "detaching" (the detach overran the window's end), "new_process",
+"attach_failed", "stopping".
 
 Robustness rules: a library that cannot be attached is logged and retried later, never fatal; a
 process that vanishes mid-scan is simply gone; any error inside one window is logged and the
@@ -38,23 +46,25 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from hypertrace.collector.apis import ENTRY_ONLY_KINDS, PERIODIC_KINDS, PROBED_APIS
 from hypertrace.collector.attribution import attribute_pid
-from hypertrace.collector.apis import PROBED_APIS
 from hypertrace.collector.discovery import DiscoveryDelta, Library, LibraryId, ProcessScanner
-from hypertrace.collector.governor import Governor, duty_schedule
+from hypertrace.collector.governor import Governor, SlicePlan
 from hypertrace.collector.nvml import Nvml, PidGpuMap
+from hypertrace.collector.schedule import window_index
+from hypertrace.collector.steps import infer_steps
 from hypertrace.daemon.config import AgentConfig
 from hypertrace.daemon.systemd import SdNotifier, watchdog_interval
-from hypertrace.daemon.windows import ProcessRecord, WindowOverhead, build_window, probe_hits
+from hypertrace.daemon.windows import (TIER_ALWAYS, TIER_SLICED, ProcessProbe, ProcessRecord,
+                                       WindowOverhead, build_window, probe_hits)
 
 log = logging.getLogger(__name__)
 
 PROBED_API_NAMES = frozenset(a.name for a in PROBED_APIS)
+_KIND_OF = {a.name: a.kind for a in PROBED_APIS}
 
 #: A library that failed to attach is tried again after this long.
 ATTACH_RETRY_S = 60.0
-#: Smallest attach slice (before a detach was timed): shorter slices cost more than they sample.
-MIN_SLICE_S = 0.05
 #: On shutdown, how long the uplink may try to deliver what is spooled (the rest stays spooled).
 SHUTDOWN_DRAIN_S = 5.0
 
@@ -63,13 +73,49 @@ EXIT_FAILURE = 1
 EXIT_CONFIG = 2
 
 
+def probe_ops(api: str) -> int:
+    """Uprobes one API takes in a process (entry + return; entry only for the marker): each
+    attach or detach of one is a fixed cost to that process (governor.FIXED_NS_PER_PROBE_OP)."""
+    return 1 if _KIND_OF.get(api) in ENTRY_ONLY_KINDS else 2
+
+
+@dataclass
+class Probed:
+    """A process the agent probes, and what is attached to it."""
+    pid: int
+    found_ns: int
+    libs: dict[LibraryId, Library] = field(default_factory=dict)   # libraries carrying probes
+    always: dict[str, set[str]] = field(default_factory=dict)      # library path -> APIs
+    sliced: set[str] = field(default_factory=set)       # sliced-tier APIs it exports (seen)
+    demoted: set[str] = field(default_factory=set)      # periodic APIs moved to the sliced tier
+    failed: dict[LibraryId, float] = field(default_factory=dict)   # -> monotonic retry time
+    ops: int = 0                                        # attach/detach ops not yet charged
+
+    @property
+    def always_apis(self) -> set[str]:
+        return set().union(*self.always.values()) if self.always else set()
+
+    def tiers(self) -> dict[str, str]:
+        out = {api: TIER_SLICED for api in self.sliced}
+        out.update({api: TIER_ALWAYS for api in self.always_apis})
+        return out
+
+
 @dataclass
 class WindowState:
     """Bookkeeping of the window in progress."""
     start_ns: int
     end_ns: int
-    attached_s: float = 0.0                       # seconds the probes were live
-    exited: set[int] = field(default_factory=set)  # pids that exited during this window
+    plan: SlicePlan | None = None
+    attached_s: float = 0.0                       # seconds the sliced tier was live
+    slice_state: str = ""                         # "" | "done" | "late" | "stopped" | "empty"
+    slice_pids: set[int] = field(default_factory=set)       # got the sliced tier this window
+    slice_failed: set[int] = field(default_factory=set)     # its sliced attach failed
+    slice_probes: dict[int, int] = field(default_factory=dict)  # pid -> uprobes in the slice
+    slice_length_s: float = 0.0                   # from the attach to the detach request
+    detach_s: float = 0.0
+    detached_ns: int = 0                          # wall time the slice's detach finished
+    exited: dict[int, Probed] = field(default_factory=dict)  # probed pids that exited
 
 
 class Agent:
@@ -90,18 +136,14 @@ class Agent:
         # An explicit cost (argument, or the config's probe_cost_ns) skips the calibration.
         self.probe_cost_ns = probe_cost_ns if probe_cost_ns is not None else (
             config.probe_cost_ns or None)
-        self.governor: Any = None
+        self.governor: Governor | None = None
         self.scanner = ProcessScanner(exclude_pids=[os.getpid()])
         self.records: dict[int, ProcessRecord] = {}
-        self.attached: set[LibraryId] = set()
-        self.failed: dict[LibraryId, float] = {}      # library -> monotonic retry time
-        self.duty = 1.0
+        self.probed: dict[int, Probed] = {}
         self.windows_sent = 0
+        self._slice_items: list[tuple[str, int, list[str]]] = []   # sliced tier now attached
+        self._first_window: WindowState | None = None
         self._stop = threading.Event()
-        self._want_attached = False
-        self._new_process = False                     # a process appeared since the last slice
-        self._on_since: float | None = None           # monotonic time the probes went live
-        self.detach_s = MIN_SLICE_S                   # learned: how long a full detach takes
         self._next_scan = 0.0
         self._next_ping = 0.0
         self._ping_every = watchdog_interval()
@@ -140,12 +182,15 @@ class Agent:
             self.notifier.status("measuring the probe cost")
             self.probe_cost_ns = float(measure_probe_cost_ns(self.session))
             self.session.read_and_clear()            # the calibration's own records
-        self.governor = Governor(budget=self.cfg.overhead_budget,
-                                 probe_cost_ns=self.probe_cost_ns)
-        self.duty = float(self.governor.duty)
-        log.info("agent %s on node %s: probe cost %.0f ns/call, budget %.2f%%, window %.1f s",
-                 self.cfg.agent_id, self.cfg.node, self.probe_cost_ns,
-                 self.cfg.overhead_budget * 100, self.cfg.window)
+        self.governor = Governor(
+            probe_cost_ns=self.probe_cost_ns, budget=self.cfg.overhead_budget,
+            always_share=self.cfg.always_share, max_slice_s=self.cfg.max_slice_s,
+            slice_guard_s=self.cfg.slice_guard_s, min_samples=self.cfg.min_samples)
+        log.info("agent %s on node %s: probe cost %.0f ns/call (CPU), budget %.2f%%, window "
+                 "%.1f s, slices up to %.2f s, %s", self.cfg.agent_id, self.cfg.node,
+                 self.probe_cost_ns, self.cfg.overhead_budget * 100, self.cfg.window,
+                 self.cfg.max_slice_s, "probing every CUDA process" if
+                 self.cfg.probe_unattributed else "probing processes attributed to a job")
 
     def _teardown(self) -> None:
         for step, fn in (("detach", lambda: self.session and self.session.detach_all()),
@@ -157,71 +202,151 @@ class Agent:
                 fn()
             except Exception:
                 log.exception("shutdown: %s failed", step)
-        self.attached.clear()
+        self._slice_items.clear()
+        self.probed.clear()
 
-    # -- probes ----------------------------------------------------------------------------
-    def _attach(self, lib: Library) -> None:
-        if lib.id in self.attached:
-            return
-        retry = self.failed.get(lib.id)
-        if retry is not None and time.monotonic() < retry:
-            return
-        try:
-            apis = self.session.attach(lib.path)
-        except Exception as e:  # a bad library must never take the agent down
-            self.failed[lib.id] = time.monotonic() + ATTACH_RETRY_S
-            log.warning("cannot probe %s (%s): %s; retrying in %.0f s", lib.path, lib.kind, e,
-                        ATTACH_RETRY_S)
-            return
-        self.failed.pop(lib.id, None)
-        self.attached.add(lib.id)
-        if not apis:
-            log.info("%s exports none of the probed APIs", lib.path)
-        else:
-            log.debug("attached %s: %s", lib.path, ", ".join(apis))
+    # -- the always tier -------------------------------------------------------------------
+    def _always_apis(self, p: Probed, lib: Library) -> list[str]:
+        return [a.name for a in PROBED_APIS if a.library == lib.kind
+                and a.kind in PERIODIC_KINDS and a.name not in p.demoted]
 
-    def _detach(self, lib: Library) -> None:
-        if lib.id not in self.attached:
+    def _sliced_apis(self, p: Probed, lib: Library) -> list[str]:
+        return [a.name for a in PROBED_APIS if a.library == lib.kind
+                and (a.kind not in PERIODIC_KINDS or a.name in p.demoted)]
+
+    def _attach_always(self, p: Probed) -> None:
+        """Attach the always tier on every library of the process not attached yet (a process
+        may map libcuda long after libcudart, or the step marker after both)."""
+        proc = self.scanner.processes.get(p.pid)
+        if proc is None:
             return
-        self.attached.discard(lib.id)
+        now = time.monotonic()
+        for lib_id in proc.libraries:
+            lib = self.scanner.libraries.get(lib_id)
+            if lib is None or lib_id in p.libs:
+                continue
+            retry = p.failed.get(lib_id)
+            if retry is not None and now < retry:
+                continue
+            apis = self._always_apis(p, lib)
+            try:
+                got = self.session.attach(lib.path, p.pid, apis) if apis else []
+            except Exception as e:  # a bad library must never take the agent down
+                p.failed[lib_id] = now + ATTACH_RETRY_S
+                log.warning("cannot probe %s (%s) in pid %d: %s; retrying in %.0f s", lib.path,
+                            lib.kind, p.pid, e, ATTACH_RETRY_S)
+                continue
+            p.failed.pop(lib_id, None)
+            p.libs[lib_id] = lib
+            on = set(got) & set(apis)
+            p.always[lib.path] = on
+            p.ops += sum(probe_ops(a) for a in on)
+            if on:
+                log.debug("pid %d: always tier on %s: %s", p.pid, lib.path, ", ".join(sorted(on)))
+
+    def _start_probing(self, pid: int, found_ns: int) -> None:
+        p = Probed(pid=pid, found_ns=found_ns)
+        self.probed[pid] = p
         try:
-            self.session.detach(lib.path)
+            self.session.track_pids([pid])
         except Exception as e:
-            log.warning("detaching %s failed: %s", lib.path, e)
+            log.warning("cannot track the scheduling of pid %d: %s", pid, e)
+        self._attach_always(p)
 
-    def _attach_all(self) -> None:
-        """Attach every known library (no-op when already attached)."""
-        if self._want_attached:
+    def _stop_probing(self, gone: dict[int, Probed]) -> None:
+        """Remove every probe of these (exited) processes and their kernel records, at once
+        (the closes run concurrently: about one RCU grace period in all)."""
+        items = [(path, pid, None) for pid, p in gone.items()
+                 for path in sorted({lib.path for lib in p.libs.values()})]
+        try:
+            if items:
+                self.session.detach_many(items)
+            self.session.forget_pids(list(gone))
+        except Exception:
+            log.exception("cleaning up after exited pids %s failed", sorted(gone))
+
+    def _demote(self, p: Probed, apis: list[str], rates: dict[str, float]) -> None:
+        """Move always-tier APIs of one process to the sliced tier (they cost too much)."""
+        budget = self.cfg.always_share * self.cfg.overhead_budget
+        for api in apis:
+            log.info("pid %d: %s fires %.0f/s; at %.0f ns a call that is over %.3g%% of its time "
+                     "(always_share x budget), so it moves to the sliced tier", p.pid, api,
+                     rates.get(api, 0.0), self.probe_cost_ns, budget * 100)
+        p.demoted.update(apis)
+        items = []
+        for path, on in p.always.items():
+            gone = on & set(apis)
+            if gone:
+                items.append((path, p.pid, sorted(gone)))
+                on -= gone
+                p.ops += sum(probe_ops(a) for a in gone)
+        if items:
+            try:
+                self.session.detach_many(items)
+            except Exception:
+                log.exception("detaching demoted APIs of pid %d failed", p.pid)
+
+    # -- the sliced tier -------------------------------------------------------------------
+    def _attach_slice(self, win: WindowState) -> None:
+        for pid, p in list(self.probed.items()):
+            ok = False
+            for lib in p.libs.values():
+                apis = self._sliced_apis(p, lib)
+                if not apis:
+                    continue
+                try:
+                    got = set(self.session.attach(lib.path, pid, apis)) & set(apis)
+                except Exception as e:
+                    log.warning("slice: cannot probe %s in pid %d: %s", lib.path, pid, e)
+                    continue
+                ok = ok or bool(got)
+                p.sliced |= got
+                n = sum(probe_ops(a) for a in got)
+                p.ops += n
+                win.slice_probes[pid] = win.slice_probes.get(pid, 0) + n
+                self._slice_items.append((lib.path, pid, sorted(got)))
+            (win.slice_pids if ok else win.slice_failed).add(pid)
+
+    def _detach_slice(self) -> float:
+        items, self._slice_items = self._slice_items, []
+        if not items:
+            return 0.0
+        for path, pid, apis in items:
+            p = self.probed.get(pid)
+            if p is not None:
+                p.ops += sum(probe_ops(a) for a in apis)
+        return float(self.session.detach_many(items))
+
+    def _run_slice(self, win: WindowState, plan: SlicePlan, aligned_start_ns: int) -> None:
+        """Attach the sliced tier at the plan's offset, for its length; detach all at once."""
+        on_at = aligned_start_ns + int(plan.offset_s * 1e9)
+        if time.time_ns() > on_at:
+            win.slice_state = "late"                 # the agent (re)started after the slice
             return
-        self._want_attached = True
-        t0 = time.time()
-        for lib in list(self.scanner.libraries.values()):
-            self._attach(lib)
-        self._on_since = time.monotonic()
-        log.debug("probes attached at %.3f (took %.3f s)", t0, time.time() - t0)
-
-    def _detach_all(self, win: WindowState) -> None:
-        """Detach everything and account the attached time to ``win``.
-
-        Detaching waits for an RCU grace period per probe (about 0.1 s each in our VMs, so over
-        a second for both libraries); the probes go away one by one meanwhile, so half the
-        detach time counts as attached. The measured detach time also becomes the smallest
-        slice worth scheduling (``duty_schedule``'s ``min_slice_s``).
-        """
-        if not self._want_attached:
+        if not self._wait_until(on_at, win):
+            win.slice_state = "stopped"
             return
-        self._want_attached = False
+        if not self.probed:
+            win.slice_state = "empty"
+            return
         t0 = time.monotonic()
-        if self._on_since is not None:
-            win.attached_s += t0 - self._on_since
-            self._on_since = None
-        for lib in list(self.scanner.libraries.values()):
-            self._detach(lib)
-        took = time.monotonic() - t0
-        log.debug("probes detached at %.3f (took %.3f s)", time.time(), took)
-        win.attached_s += took / 2
-        if self.attached or took > 0:
-            self.detach_s = max(MIN_SLICE_S, took)
+        started_ns = time.time_ns()
+        self._attach_slice(win)
+        stopped = not self._wait_until(on_at + int(plan.length_s * 1e9), win)
+        t1 = time.monotonic()
+        took = self._detach_slice()
+        # The probes go away together after about one grace period: half of it counts as
+        # attached time (the firings themselves are counted exactly either way).
+        win.attached_s = (t1 - t0) + took / 2
+        win.slice_length_s = t1 - t0
+        win.detach_s = took
+        win.detached_ns = time.time_ns()
+        win.slice_state = "stopped" if stopped else "done"
+        self.governor.detach_s = max(took, 0.0)
+        log.info("slice of window %d: at +%.3f s (planned +%.3f s) for %.3f s, cadence %d, "
+                 "%d processes, detach took %.3f s", plan.index,
+                 (started_ns - aligned_start_ns) / 1e9, plan.offset_s, t1 - t0, plan.cadence,
+                 len(win.slice_pids), took)
 
     # -- discovery -------------------------------------------------------------------------
     def _scan(self, win: WindowState) -> None:
@@ -232,30 +357,40 @@ class Agent:
             return
         if delta:
             self._apply(delta, win)
+        for p in list(self.probed.values()):         # libraries mapped since the last scan
+            if self.scanner.processes.get(p.pid) is not None and \
+                    len(p.libs) < len(self.scanner.processes[p.pid].libraries):
+                self._attach_always(p)
+
+    def _should_probe(self, rec: ProcessRecord) -> bool:
+        return bool(rec.attribution.job_source) or self.cfg.probe_unattributed
 
     def _apply(self, delta: DiscoveryDelta, win: WindowState) -> None:
         gpus = PidGpuMap(self.nvml.pid_map()) if self.nvml and self.nvml.available else None
+        for proc in delta.exited:
+            p = self.probed.pop(proc.pid, None)
+            if p is not None:
+                win.exited[proc.pid] = p
+            log.info("pid %d (%s) exited", proc.pid, proc.comm)
         for proc in delta.started:
+            if proc.pid in win.exited:
+                # The pid was reused within one scan: the old process's probes and counters
+                # must go before the new one's attach (same (file, pid) keys).
+                self._stop_probing({proc.pid: win.exited.pop(proc.pid)})
             rec = ProcessRecord(pid=proc.pid, attribution=attribute_pid(
                 proc.pid, self.cfg.node, self.cfg.job_env, gpus))
             self.records[proc.pid] = rec
-            win.exited.discard(proc.pid)
-            self._new_process = True
             a = rec.attribution
-            log.info("found pid %d (%s): job %s rank %d local rank %d gpu %d", proc.pid,
-                     proc.comm, a.job_id, a.rank, a.local_rank, a.gpu_index)
-        for proc in delta.exited:
-            if proc.pid not in self.scanner.processes:   # (not a reused pid already re-added)
-                win.exited.add(proc.pid)
-            log.info("pid %d (%s) exited", proc.pid, proc.comm)
+            probe = self._should_probe(rec)
+            log.info("found pid %d (%s): job %s rank %d local rank %d gpu %d%s", proc.pid,
+                     proc.comm, a.job_id, a.rank, a.local_rank, a.gpu_index,
+                     "" if probe else " (no job: not probed; see probe_unattributed)")
+            if probe:
+                self._start_probing(proc.pid, time.time_ns())
         for lib in delta.libraries_removed:
-            self._detach(lib)
-            self.failed.pop(lib.id, None)
             log.info("no process maps %s any more", lib.path)
         for lib in delta.libraries_added:
             log.info("found %s library %s", lib.kind, lib.path)
-            if self._want_attached:
-                self._attach(lib)
 
     # -- waiting ---------------------------------------------------------------------------
     def _wait_until(self, deadline_ns: int, win: WindowState) -> bool:
@@ -282,97 +417,123 @@ class Agent:
 
     # -- one window ------------------------------------------------------------------------
     def _run_window(self, win: WindowState) -> None:
-        """Attach the probes on the governor's schedule for this window; return at its end
-        (or on stop). At full duty the probes simply stay attached across windows."""
-        window_s = (win.end_ns - win.start_ns) / 1e9
-        if self.duty >= 1.0:
-            self._attach_all()
-            self._wait_until(win.end_ns, win)
-            return
-        self.governor.earn(window_s)
-        min_slice_s = self.detach_s
-        if self.governor.rate_hz:                     # the samples floor (config min_samples)
-            min_slice_s = max(min_slice_s, self.cfg.min_samples / self.governor.rate_hz)
-        schedule = duty_schedule(window_s, self.duty, slices=self.cfg.slices,
-                                 min_slice_s=min(min_slice_s, window_s), window_index=0)
-        # The budget account decides whether this window probes at all (see Governor.earn):
-        # a slice costs its length plus about half a detach of firing.
-        planned_s = sum(length for _, length in schedule) + self.detach_s / 2 * len(schedule)
-        if not self.governor.can_afford(planned_s) and not self._new_process:
-            schedule = []
-        # A process found since the last slice is probed in this window even when the account
-        # is short (it goes negative and later windows repay it): "probed within one window",
-        # at the price of one extra slice per process start, which is rare on a training node.
-        self._new_process = False
-        for offset_s, length_s in schedule:
-            on_at = win.start_ns + int(offset_s * 1e9)
-            if time.time_ns() < on_at:
-                self._detach_all(win)          # (still attached from a full-duty window)
-            if not self._wait_until(on_at, win):
-                return
-            self._attach_all()
-            if not self._wait_until(on_at + int(length_s * 1e9), win):
-                return
-            self._detach_all(win)
-        self._detach_all(win)
+        """Take this window's slice if the plan says so; return at the window's end (or on
+        stop). The slice belongs to the last aligned window this agent window covers."""
+        window_ns = int(self.cfg.window * 1e9)
+        index = window_index(win.end_ns - 1, window_ns)
+        win.plan = self.governor.plan(index, self.cfg.window)
+        if win.plan.sampled:
+            self._run_slice(win, win.plan, index * window_ns)
         self._wait_until(win.end_ns, win)
 
+    def _reason(self, win: WindowState, pid: int, sliced_calls: int) -> tuple[bool, str]:
+        """Whether this process's launch tier was sampled in the window, or why not."""
+        plan = win.plan
+        if plan is None:
+            return False, "stopping"
+        if not plan.sampled:
+            return False, plan.reason
+        if win.slice_state == "late":
+            # The slice's moment had passed when the window began: the agent just started (its
+            # processes are new to it), or the previous window's detach overran into this one.
+            return False, "new_process" if win is self._first_window else "detaching"
+        if win.slice_state == "empty":
+            return False, "new_process"
+        if win.slice_state == "stopped" and not win.slice_pids:
+            return False, "stopping"
+        if pid in win.slice_failed:
+            return False, "attach_failed"
+        if pid not in win.slice_pids:
+            return False, "new_process"
+        if win.detached_ns > win.end_ns:
+            # The detach overran the window: the next window starts late and its slice may be
+            # missed; this one's samples are the slice's, but its time base is not the job's.
+            return False, "detaching"
+        if sliced_calls == 0:
+            return False, "no_calls"
+        return True, ""
+
     def _finish_window(self, win: WindowState, stopping: bool) -> int:
-        """Read the maps, build and hand over the window, retune the duty; returns the
+        """Read the maps, build and hand over the window, pay the account; returns the
         window's actual end (ns), where the next window starts."""
-        if stopping:
-            self._detach_all(win)
-        elif self._on_since is not None:             # full duty: stays attached, split time
-            now = time.monotonic()
-            win.attached_s += now - self._on_since
-            self._on_since = now
-        # The maps are double-buffered, so reading while attached loses nothing. Records of
-        # the probe-cost calibration (API hypertrace_null) are not the workload's: drop them.
+        if self._slice_items:                        # (a stop cut the slice short)
+            win.detach_s = self._detach_slice()
+            win.detached_ns = time.time_ns()
         read_ns = time.time_ns()
         end_ns = max(read_ns if stopping else max(read_ns, win.end_ns), win.start_ns)
+        window_s = max((end_ns - win.start_ns) / 1e9, 1e-9)
+        # Records of the probe-cost calibration (API hypertrace_null) are not the workload's.
         samples = {k: s for k, s in self.session.read_and_clear().items()
                    if k[1] in PROBED_API_NAMES}
+        stats = self.session.read_process_stats()
         gpus = PidGpuMap(self.nvml.pid_map()) if self.nvml and self.nvml.available else None
-        for pid in {pid for pid, _ in samples} - set(self.records):
-            # Sampled before a scan saw it (or between scans): attribute it now.
-            self.records[pid] = ProcessRecord(pid=pid, attribution=attribute_pid(
-                pid, self.cfg.node, self.cfg.job_env, gpus))
         self._add_gpu_context(gpus)
-        calls_by_pid: dict[int, int] = {}
-        for (pid, _api), s in samples.items():
-            calls_by_pid[pid] = calls_by_pid.get(pid, 0) + probe_hits(s)
-        # A process with no calls is still reported when it belongs to a job (that GPU is then
-        # "insufficient data", which is news); an unattributed idle one (a monitoring daemon
-        # that maps libcuda) is not.
-        report = {pid: rec for pid, rec in self.records.items()
-                  if pid in calls_by_pid or rec.attribution.job_source}
+        report = {**win.exited, **self.probed}
+        hits: dict[int, dict[str, int]] = {}
+        for (pid, api), s in samples.items():
+            hits.setdefault(pid, {})[api] = probe_hits(s)
+        probes: dict[int, ProcessProbe] = {}
+        cost_by_pid: dict[int, float] = {}
+        busiest_sliced = 0
+        busiest_always = 0
+        for pid, p in report.items():
+            own = hits.get(pid, {})
+            always = p.always_apis
+            sliced_hits = sum(n for api, n in own.items() if api not in always)
+            always_rates = {api: own.get(api, 0) / window_s for api in always}
+            covered = (end_ns - max(win.start_ns, p.found_ns)) / 1e9
+            st = stats.get(pid)
+            periodic = {api: s for api, s in (st.periodic.items() if st else ())
+                        if api in always}
+            sampled, reason = self._reason(win, pid, sliced_hits)
+            fixed = Governor.fixed_cost_s(p.ops)
+            probes[pid] = ProcessProbe(
+                sampled=sampled, unsampled_reason=reason, tiers=p.tiers(),
+                attached_s=win.attached_s if pid in win.slice_pids else 0.0,
+                fixed_cost_s=fixed, covered_s=covered if covered < window_s else 0.0,
+                sched=st.sched if st else None,
+                steps=infer_steps(replace(st, periodic=periodic) if st else None))
+            cost_by_pid[pid] = self.governor.cost_s(sum(own.values()), p.ops)
+            p.ops = 0
+            if pid in win.slice_pids:
+                busiest_sliced = max(busiest_sliced, sliced_hits)
+            if pid in self.probed:
+                keep, demote = self.governor.always_split(always_rates)
+                if demote:
+                    self._demote(p, demote, always_rates)
+                busiest_always = max(busiest_always, sum(own.get(a, 0) for a in keep))
+        records = {pid: self.records[pid] for pid in report if pid in self.records}
         seq = self.uplink.next_seq()
         window = build_window(
-            self.cfg.agent_id, self.cfg.node, seq, win.start_ns, end_ns, samples, report,
+            self.cfg.agent_id, self.cfg.node, seq, win.start_ns, end_ns, samples, records,
             WindowOverhead(attached_seconds=win.attached_s, probe_cost_ns=self.probe_cost_ns,
-                           budget=self.cfg.overhead_budget))
+                           budget=self.cfg.overhead_budget), probes)
         if self.uplink.submit(window):
             self.windows_sent += 1
-        busiest = max(calls_by_pid.values(), default=0)
-        used_duty = self.duty
-        if used_duty < 1.0:                          # governed window: pay for what it cost
-            self.governor.spend(busiest)
-        try:
-            self.duty = float(self.governor.next_duty(busiest, win.attached_s))
-        except Exception:
-            log.exception("governor failed; keeping duty %.3f", self.duty)
+        # The account: earn the wall time, pay what the most charged process paid.
+        g = self.governor
+        g.earn(window_s)
+        g.spend(max(cost_by_pid.values(), default=0.0))
+        if win.slice_state in ("done", "stopped") and win.slice_pids:
+            # Rate over the slice proper: the firings during the detach are in the numerator,
+            # so the estimate errs high (safe), never low.
+            g.observe_slice(busiest_sliced, win.slice_length_s)
+            # Each uprobe of the slice is attached and detached once in its process.
+            g.fixed_slice_s = Governor.fixed_cost_s(2 * max(win.slice_probes.values(), default=0))
+        g.observe_always(busiest_always, window_s)
+        sampled = sum(1 for pp in probes.values() if pp.sampled)
+        plan = win.plan
         status = (f"window {seq}: {len(window.processes)} processes, "
-                  f"{sum(calls_by_pid.values())} probe hits, duty {used_duty:.3f} -> {self.duty:.3f}")
+                  f"{sum(sum(h.values()) for h in hits.values())} probe hits, "
+                  f"{sampled} sampled"
+                  + (f" ({plan.reason})" if plan is not None and not plan.sampled else "")
+                  + f", cadence {g.k}, credit {g.credit_s * 1e3:.1f} ms")
         log.info("%s", status)
         self.notifier.status(status)
-        for pid in win.exited:                      # keep records only while samples may come
-            if pid not in self.scanner.processes:
-                self.records.pop(pid, None)
-        # A process sampled but never seen by a scan (it lived between two scans) gets no exit
-        # event: drop its record once it is gone, or it would be reported forever.
-        for pid in [p for p in self.records
-                    if p not in self.scanner.processes and not os.path.exists(f"/proc/{p}")]:
-            del self.records[pid]
+        if win.exited:
+            self._stop_probing(win.exited)
+        for pid in [p for p in self.records if p not in self.scanner.processes]:
+            del self.records[pid]                    # unprobed processes that exited
         return end_ns
 
     def _add_gpu_context(self, gpus: PidGpuMap | None) -> None:
@@ -411,13 +572,15 @@ class Agent:
             log.error("agent cannot start: %s", e)
             self._teardown()
             return EXIT_FAILURE
-        self._scan(WindowState(0, 0))                 # (logs each library it finds)
-        self._next_scan = time.monotonic() + self.cfg.scan_interval
-        self.notifier.ready(f"probing {len(self.scanner.processes)} processes")
         window_ns = int(self.cfg.window * 1e9)
         start = time.time_ns()
+        first = self._first_window = WindowState(start_ns=start,
+                                                  end_ns=window_end(start, window_ns))
+        self._scan(first)                             # (logs each library it finds)
+        self._next_scan = time.monotonic() + self.cfg.scan_interval
+        self.notifier.ready(f"probing {len(self.probed)} processes")
+        win = first
         while True:
-            win = WindowState(start_ns=start, end_ns=window_end(start, window_ns))
             try:
                 self._run_window(win)
             except Exception:
@@ -434,6 +597,7 @@ class Agent:
                 start = max(win.end_ns, time.time_ns())
             if stopping:
                 break
+            win = WindowState(start_ns=start, end_ns=window_end(start, window_ns))
         self.notifier.stopping("flushed the last window")
         self._teardown()
         log.info("agent stopped after %d windows", self.windows_sent)

@@ -25,11 +25,24 @@ agent_id            the node name                  identity for dedup/acks (uniq
 job_env             HYPERTRACE_JOB, SLURM_JOB_ID,  environment variables that name the job, in
                     TORCHELASTIC_RUN_ID,           order; "A:B" joins several
                     MASTER_ADDR:MASTER_PORT
-slices              4                              probe-on slices per window (duty cycling
-                                                   spread over the window)
 scan_interval       1.0                            seconds between /proc scans (a new process
-                                                   is found within one scan and probed at the
-                                                   next slice the budget account allows)
+                                                   is found within one scan; its always-on
+                                                   tier attaches at once, its launch tier in
+                                                   the next sampled window)
+probe_unattributed  false                          false: probe only processes attributed to a
+                                                   job (job_env found); true: every process
+                                                   that maps a CUDA library
+always_share        0.2                            largest share of the budget the always-on
+                                                   tier (synchronize, graph launch, step marker)
+                                                   may cost a process; an API over it moves to
+                                                   the sliced tier
+max_slice_s         2.0                            longest launch-tier slice in a window (at
+                                                   most the window less two guards); every
+                                                   agent of a job must use the same value (the
+                                                   slices of all agents start together)
+slice_guard_s       1.0                            least distance of a slice from both window
+                                                   edges: the clock skew between nodes that
+                                                   still keeps slices in the same window
 nvml                true                           read NVML context when a driver exists
 probe_cost_ns       0 (measure at start)           cost of one probed call (entry + return) in ns;
                                                    0 measures it at start (needs a C compiler)
@@ -72,11 +85,14 @@ class AgentConfig:
     node: str = ""
     agent_id: str = ""
     job_env: tuple[str, ...] = DEFAULT_JOB_ENV
-    slices: int = 4
     scan_interval: float = 1.0
     nvml: bool = True
     min_samples: int = 1000
     probe_cost_ns: float = 0.0
+    probe_unattributed: bool = False
+    always_share: float = 0.2
+    max_slice_s: float = 2.0
+    slice_guard_s: float = 1.0
 
     def resolved(self) -> "AgentConfig":
         """Fill the defaults that depend on the machine (node name, agent id)."""
@@ -85,6 +101,11 @@ class AgentConfig:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(AgentConfig)}
+#: Keys of earlier versions, with what replaced them: an old config fails with the fix.
+_REMOVED = {
+    "slices": "the agent now takes one coordinated slice per sampled window (the same wall-clock "
+              "slice on every node); delete the key, and set its length with max_slice_s",
+}
 
 
 def _flag(key: str) -> str:
@@ -137,8 +158,15 @@ def _check(cfg: AgentConfig) -> None:
                           f"for 0.5%; got {cfg.overhead_budget}")
     if not cfg.spool_max_mb > 0:
         raise ConfigError(f"spool_max_mb must be > 0, got {cfg.spool_max_mb}")
-    if not 1 <= cfg.slices <= 100:
-        raise ConfigError(f"slices must be between 1 and 100, got {cfg.slices}")
+    if not 0 <= cfg.always_share <= 1:
+        raise ConfigError(f"always_share is a fraction of the budget in [0, 1], e.g. 0.2; got "
+                          f"{cfg.always_share}")
+    # A slice longer than the window's room, or a guard over a quarter window, is clamped (the
+    # schedule does it the same way on every node), so only nonsense is an error here.
+    if not 0 < cfg.max_slice_s <= 3600:
+        raise ConfigError(f"max_slice_s must be in (0, 3600] seconds, got {cfg.max_slice_s}")
+    if not 0 <= cfg.slice_guard_s <= 3600:
+        raise ConfigError(f"slice_guard_s must be in [0, 3600] seconds, got {cfg.slice_guard_s}")
     if not 0 <= cfg.probe_cost_ns <= 1e9:
         raise ConfigError(f"probe_cost_ns must be between 0 (measure) and 1e9, got {cfg.probe_cost_ns}")
     if not 0 <= cfg.min_samples <= 10_000_000:
@@ -173,6 +201,8 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | N
         path = default_path
     if path is not None:
         for key, value in read_toml(path).items():
+            if key in _REMOVED:
+                raise ConfigError(f"{key} (in {path}) is no longer a setting: {_REMOVED[key]}")
             if key not in _FIELDS:
                 hint = ""
                 if key.replace("-", "_") in _FIELDS:

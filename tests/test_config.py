@@ -50,7 +50,12 @@ def test_csv_job_env_from_flag(tmp_path):
     ('analyzer = "a:1"\nwindow = "ten"\n', "window (from"),
     ('analyzer = "a:1"\nwindow = -1\n', "window must be in"),
     ('analyzer = "a:1"\noverhead_budget = 5\n', "overhead_budget is a fraction"),
-    ('analyzer = "a:1"\nslices = 2.5\n', "slices (from"),
+    ('analyzer = "a:1"\nmin_samples = 2.5\n', "min_samples (from"),
+    ('analyzer = "a:1"\nslices = 4\n', "slices (in"),
+    ('analyzer = "a:1"\nalways_share = 1.5\n', "always_share is a fraction"),
+    ('analyzer = "a:1"\nmax_slice_s = 0\n', "max_slice_s must be in"),
+    ('analyzer = "a:1"\nslice_guard_s = -1\n', "slice_guard_s must be in"),
+    ('analyzer = "a:1"\nprobe_unattributed = 1\n', "true or false"),
     ('analyzer = "a:1"\nnvml = "yes"\n', "true or false"),
     ('analyzer = "nohostport"\n', "is not HOST:PORT"),
     ('window = 3\n', "analyzer is not set"),
@@ -86,3 +91,32 @@ def test_min_samples_flag_and_key_share_a_name(tmp_path):
     path.write_text('analyzer = "a:1"\nmin_samples = -1\n')
     with pytest.raises(ConfigError, match="min_samples"):
         load_config(str(path))
+
+
+def test_slicing_keys_defaults_file_and_flags(tmp_path):
+    cfg = load_config(None, {"analyzer": "a:1"}, default_path=tmp_path / "absent.toml")
+    assert (cfg.always_share, cfg.max_slice_s, cfg.slice_guard_s, cfg.probe_unattributed) == (
+        0.2, 2.0, 1.0, False)
+    p = _write(tmp_path, 'analyzer = "a:1"\nalways_share = 0.1\nmax_slice_s = 3\n'
+                         'slice_guard_s = 0.5\nprobe_unattributed = true\n')
+    cfg = load_config(p, {"max_slice_s": 1.5, "probe_unattributed": None})
+    assert (cfg.always_share, cfg.max_slice_s, cfg.slice_guard_s, cfg.probe_unattributed) == (
+        0.1, 1.5, 0.5, True)
+
+
+def test_removed_slices_key_says_what_replaced_it(tmp_path):
+    with pytest.raises(ConfigError, match="max_slice_s"):
+        load_config(_write(tmp_path, 'analyzer = "a:1"\nslices = 4\n'), {})
+
+
+def test_cli_flags_have_the_key_names_and_help_teaches_them(capsys):
+    """Every config key is a flag of the same name, and --help explains the slicing keys."""
+    from hypertrace.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["agent", "--help"])
+    text = capsys.readouterr().out
+    for name in AgentConfig.__dataclass_fields__:
+        assert "--" + name.replace("_", "-") in text, name
+    for phrase in ("same wall-clock moment", "power of two", "clock", "budget"):
+        assert phrase in " ".join(text.split()), phrase

@@ -1,95 +1,148 @@
-"""The overhead governor: duty = budget / (cost x rate), bounded, smoothed; slices in a window."""
+"""The overhead governor: the account, slice length, cadence, always-tier share."""
 from __future__ import annotations
 
 import time
 
 import pytest
 
-from hypertrace.collector.governor import Governor, duty_schedule, measured_overhead
+from hypertrace.collector.governor import (FIXED_NS_PER_PROBE_OP, MEASURE_SLICE_S, Governor,
+                                           measured_overhead)
+from hypertrace.collector.schedule import MAX_CADENCE, slice_offset
 
 
-def test_duty_holds_the_budget_at_the_observed_rate():
+def test_first_plan_is_a_short_measuring_slice_at_the_shared_offset():
     g = Governor(probe_cost_ns=8000, budget=0.005)
-    duty = g.next_duty(calls=100_000, attached_seconds=1.0)        # 100k firings/s
-    assert duty == pytest.approx(0.005 / (8000e-9 * 100_000))
-    assert g.estimated_overhead() == pytest.approx(0.005)
+    p = g.plan(1234, 10.0)
+    assert p.sampled and p.reason == "" and p.cadence == 1
+    assert p.length_s == pytest.approx(MEASURE_SLICE_S)
+    assert p.offset_s == slice_offset(1234, 10.0, 2.0, 1.0)
 
 
-def test_first_window_assumes_the_worst_case():
+def test_low_rate_samples_every_window_at_the_longest_slice():
+    g = Governor(probe_cost_ns=1000, budget=0.005)
+    g.observe_slice(hits=400, attached_s=1.0)             # 0.04% load while attached
+    plans = [g.plan(i, 10.0) for i in range(8)]
+    assert all(p.sampled and p.cadence == 1 for p in plans)
+    assert all(p.length_s == pytest.approx(2.0) for p in plans)   # max_slice_s
+
+
+def test_cadence_and_length_follow_the_account():
+    """2,000 firings/s at 8 us: 1.6% load while attached. A window earns 50 ms; a floor slice
+    (1000 samples = 0.5 s) costs 8 ms + half a 0.1-s detach at that load: k = 1. At 20,000/s
+    (16% load) the floor slice (0.05 s) costs 8 + 8 ms: still k = 1, but only a slice of
+    (credit + earn) / load long."""
     g = Governor(probe_cost_ns=8000, budget=0.005)
-    assert g.duty == pytest.approx(0.005)                          # c x r = 1 at most
-    assert g.estimated_overhead() <= 0.005
-
-
-def test_low_rate_probes_all_the_time():
+    g.observe_slice(2000, 1.0)
+    p = g.plan(0, 10.0)
+    assert p.sampled and p.cadence == 1
+    # afford = 0 + 0.05 s; length = 0.05 / 0.016 - 0.05 = 3.07 s -> capped at 2 s
+    assert p.length_s == pytest.approx(2.0)
     g = Governor(probe_cost_ns=8000, budget=0.005)
-    assert g.next_duty(calls=50, attached_seconds=1.0) == 1.0      # 0.04% of time at full duty
-    assert g.estimated_overhead() < 0.005
+    g.observe_slice(20_000, 1.0)
+    p = g.plan(0, 10.0)
+    assert p.sampled and p.length_s == pytest.approx(0.05 / 0.16 - 0.05)
+
+
+def test_expensive_slices_get_a_power_of_two_cadence_and_off_windows_say_why():
+    g = Governor(probe_cost_ns=8000, budget=0.005, min_samples=100_000)
+    g.observe_slice(100_000, 1.0)                          # 80% load; floor slice = 1 s
+    plans = [g.plan(i, 10.0) for i in range(64)]
+    k = plans[0].cadence
+    # floor cost = 0.8 * (1 + 0.05) = 0.84 s against 0.05 s per window -> 16.8 -> k = 32
+    assert k == 32
+    assert {p.reason for p in plans if p.index % k} == {"off_cadence"}
+    assert plans[0].reason == "budget"                    # nothing saved up yet
+    for _ in range(32):
+        g.earn(10.0)
+    p = g.plan(64, 10.0)
+    assert p.sampled and 1.0 <= p.length_s <= 2.0
+
+
+def test_budget_too_small_for_any_cadence_says_budget():
+    g = Governor(probe_cost_ns=8000, budget=0.0001, min_samples=100_000)
+    g.observe_slice(100_000, 1.0)
+    p = g.plan(0, 10.0)
+    assert not p.sampled and p.reason == "budget" and p.cadence == MAX_CADENCE + 1
+
+
+def test_always_tier_cost_leaves_less_for_slices():
+    g = Governor(probe_cost_ns=8000, budget=0.005, min_samples=10_000)
+    g.observe_slice(20_000, 1.0)                           # 16% load, floor slice 0.5 s
+    k0 = g.plan(0, 10.0).cadence
+    g.observe_always(hits=5000, window_s=10.0)             # 0.4% of wall time: most of budget
+    assert g.always_load == pytest.approx(0.004)
+    k1 = g.plan(0, 10.0).cadence
+    assert k1 > k0
+
+
+def test_always_split_keeps_cheap_apis_within_the_share():
+    g = Governor(probe_cost_ns=1000, budget=0.005, always_share=0.2)   # 0.1% allowance = 1000/s
+    keep, demote = g.always_split({"hypertrace_step": 50, "cudaStreamSynchronize": 400,
+                                   "cudaDeviceSynchronize": 800, "cudaGraphLaunch": 5000})
+    assert keep == ["hypertrace_step", "cudaStreamSynchronize"]
+    assert demote == ["cudaDeviceSynchronize", "cudaGraphLaunch"]
+    assert g.always_split({}) == ([], [])
 
 
 def test_rate_rises_at_once_and_falls_smoothly():
     g = Governor(probe_cost_ns=1000, budget=0.01, smoothing=0.5)
-    g.next_duty(10_000, 1.0)
-    high = g.next_duty(100_000, 1.0)                               # burst: react now
-    assert high == pytest.approx(0.01 / (1e-6 * 100_000))
-    after_quiet = g.next_duty(10_000, 1.0)                         # one quiet window
+    g.observe_slice(10_000, 1.0)
+    g.observe_slice(100_000, 1.0)
+    assert g.rate_hz == 100_000
+    g.observe_slice(10_000, 1.0)
     assert g.rate_hz == pytest.approx(55_000)
-    assert high < after_quiet < 0.01 / (1e-6 * 10_000)
+    g.observe_slice(0, 0.0)                                 # nothing attached: no news
+    assert g.rate_hz == pytest.approx(55_000)
+    with pytest.raises(ValueError, match="attached_s"):
+        g.observe_slice(10, -1)
 
 
-def test_no_attachment_keeps_the_duty():
-    g = Governor(probe_cost_ns=5000)
-    d = g.next_duty(20_000, 1.0)
-    assert g.next_duty(0, 0.0) == d
-
-
-def test_duty_bounds_and_bad_input():
-    g = Governor(probe_cost_ns=5000, min_duty=0.01, max_duty=0.5)
-    assert g.next_duty(10, 1.0) == 0.5
-    assert g.next_duty(10**9, 1.0) == 0.01
+def test_bad_parameters_are_named():
     with pytest.raises(ValueError, match="budget"):
         Governor(probe_cost_ns=5000, budget=5)
     with pytest.raises(ValueError, match="probe_cost_ns"):
         Governor(probe_cost_ns=float("nan"))
-    with pytest.raises(ValueError, match="attached_seconds"):
-        g.next_duty(10, -1)
+    with pytest.raises(ValueError, match="always_share"):
+        Governor(probe_cost_ns=5000, always_share=-0.1)
 
 
-def test_samples_per_window_at_budget_do_not_depend_on_rate():
-    for rate in (50_000, 200_000):
-        g = Governor(probe_cost_ns=8000, budget=0.005)
-        g.next_duty(rate, 1.0)
-        assert g.samples_per_window(10.0) == pytest.approx(0.005 * 10 / 8e-6)
-
-
-def test_schedule_spreads_slices_over_the_window():
-    slices = duty_schedule(10.0, 0.1, slices=4, min_slice_s=0.05)
-    assert len(slices) == 4
-    assert sum(length for _, length in slices) == pytest.approx(1.0)
-    starts = [s for s, _ in slices]
-    assert starts[0] < 2.5 and starts[-1] > 7.5                    # covers both ends
-    assert all(0 <= s and s + l <= 10.0 for s, l in slices)
-    assert duty_schedule(10.0, 1.0) == [(0.0, 10.0)]
-    assert duty_schedule(10.0, 0.0) == []
-
-
-def test_schedule_below_one_slice_probes_every_kth_window():
-    # 0.1% of 10 s = 10 ms < 50 ms slice: one 50 ms slice every 5 windows, same average duty.
-    plans = [duty_schedule(10.0, 0.001, min_slice_s=0.05, window_index=i) for i in range(10)]
-    probed = [p for p in plans if p]
-    assert len(probed) == 2
-    assert sum(l for p in probed for _, l in p) / 100.0 == pytest.approx(0.001)
-
-
-def test_measured_overhead_from_counted_firings():
+def test_costs_and_measured_overhead_include_fixed_costs():
+    g = Governor(probe_cost_ns=8000)
+    assert g.cost_s(6250, probe_ops=0) == pytest.approx(0.05)
+    assert g.cost_s(0, probe_ops=10) == pytest.approx(10 * FIXED_NS_PER_PROBE_OP * 1e-9)
     assert measured_overhead(8000, 6250, 10.0) == pytest.approx(0.005)
+    assert measured_overhead(8000, 6250, 10.0, fixed_cost_s=0.01) == pytest.approx(0.006)
 
 
-def test_governor_on_real_probes_holds_duty_near_budget_over_cost_times_rate(
-        uprobe_session, fakecuda, run_worker, probe_cost_ns):
+def test_account_keeps_long_run_overhead_under_budget_despite_expensive_detaches():
+    """Slices that cost far more than planned (slow detach, bursts) are repaid by skipped
+    windows: over many windows the spent probe time stays within the budget plus one slice."""
+    g = Governor(probe_cost_ns=8000.0, budget=0.005)
+    window_s, rate = 10.0, 50_000                          # 40% load while attached
+    spent = 0.0
+    sampled = 0
+    worst = 0.0
+    for i in range(2000):
+        plan = g.plan(i, window_s)
+        cost = 0.0
+        if plan.sampled:
+            sampled += 1
+            hits = int(rate * (plan.length_s + 1.0))        # a 1-s detach the plan did not expect
+            g.observe_slice(int(rate * plan.length_s), plan.length_s)
+            cost = g.cost_s(hits, probe_ops=8)
+            worst = max(worst, cost)
+        g.earn(window_s)
+        g.spend(cost)
+        spent += cost
+    assert sampled > 50                                    # it does keep sampling
+    assert spent <= 0.005 * 2000 * window_s + worst
+
+
+def test_governor_on_real_probes_plans_from_the_counted_rate(uprobe_session, fakecuda,
+                                                              run_worker, probe_cost_ns):
     """A worker launching 2,000 times/s (runtime launch with the driver launch inside, so 4,000
-    probe firings/s): the duty the governor picks from what the probes counted is
-    budget / (cost x true rate)."""
+    probe firings/s): the slice the governor plans from what the probes counted costs what one
+    window earns, at that rate."""
     rate = 2000
     w = run_worker("--api", "launch", "--rate", str(rate), "--duration", "30")
     uprobe_session.attach(str(fakecuda.cudart))
@@ -100,45 +153,29 @@ def test_governor_on_real_probes_holds_duty_near_budget_over_cost_times_rate(
     got = uprobe_session.read_and_clear()
     attached = time.monotonic() - t0
     hits = sum(s.probe_hits for (pid, _), s in got.items() if pid == w.pid)
-    # The probes count every call exactly, so hits / attached is the true firing rate while
-    # attached. A loaded machine may pace the worker slower than asked: only a loose sanity
-    # check against the nominal rate (no timing assertion), the governor math is exact.
+    # The probes count every call exactly, so hits / attached is the true firing rate. A loaded
+    # machine may pace the worker slower than asked: only a loose sanity check against the
+    # nominal rate (no timing assertion); the governor math on it is exact.
     true_rate = hits / attached
     assert 0.3 * 2 * rate <= true_rate <= 1.5 * 2 * rate
-    g = Governor(probe_cost_ns=probe_cost_ns, budget=0.005)
-    duty = g.next_duty(hits, attached)
-    expected = min(1.0, 0.005 / (probe_cost_ns * 1e-9 * true_rate))
-    assert duty == pytest.approx(expected, rel=1e-9)
-    assert g.estimated_overhead() == pytest.approx(min(0.005, probe_cost_ns * 1e-9 * true_rate),
-                                                   rel=1e-9)
+    g = Governor(probe_cost_ns=probe_cost_ns, budget=0.005, detach_s=0.0)
+    g.observe_slice(hits, attached)
+    plan = g.plan(0, 10.0)
+    load = probe_cost_ns * 1e-9 * true_rate
+    assert plan.sampled
+    assert plan.length_s == pytest.approx(min(2.0, 0.05 / load), rel=1e-9)
 
 
-def test_budget_account_keeps_long_run_overhead_under_budget_despite_expensive_slices():
-    """A slice that costs far more than planned (slow detach) is repaid by skipped windows:
-    over many windows the spent probe time stays within the budget plus one slice."""
-    from hypertrace.collector.governor import Governor
-    gov = Governor(probe_cost_ns=8000.0, budget=0.005)
-    window_s, hits_per_slice = 10.0, 200_000          # one slice costs 1.6 s of probe time
-    spent_s = 0.0
-    slices = 0
-    for _ in range(2000):
-        gov.earn(window_s)
-        if gov.can_afford(2.0):
-            gov.next_duty(hits_per_slice, 2.0)
-            gov.spend(hits_per_slice)
-            spent_s += 8000e-9 * hits_per_slice
-            slices += 1
-        else:
-            gov.next_duty(0, 0.0)
-    wall = 2000 * window_s
-    assert slices > 1                                  # it does keep sampling
-    assert spent_s <= 0.005 * wall + 8000e-9 * hits_per_slice
-
-
-def test_first_slice_is_allowed_before_any_rate_is_known():
-    from hypertrace.collector.governor import Governor
-    gov = Governor(probe_cost_ns=8000.0, budget=0.005)
-    assert gov.can_afford(2.0)
-    gov.next_duty(100_000, 1.0)
-    gov.spend(100_000)
-    assert gov.credit_s < 0 and not gov.can_afford(1.0)
+def test_slice_is_shortened_so_its_detach_ends_inside_the_window():
+    """A slow detach (seconds on a loaded VM) must not overrun the window: the slice keeps its
+    shared start and gets shorter; when no useful slice is left the reason says why."""
+    g = Governor(probe_cost_ns=1000, budget=0.005, detach_s=0.1)
+    g.observe_slice(4000, 1.0)                             # floor: 1000 samples = 0.25 s
+    free = g.plan(5, 10.0)
+    g.detach_s = 9.5 - free.offset_s - 0.5                 # leaves half a second before 9.5 s
+    p = g.plan(5, 10.0)
+    assert p.sampled and p.offset_s == free.offset_s
+    assert p.length_s == pytest.approx(10.0 - free.offset_s - g.detach_s)
+    g.detach_s = 10.0 - free.offset_s                     # nothing left
+    p = g.plan(5, 10.0)
+    assert not p.sampled and p.reason == "detaching"

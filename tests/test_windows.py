@@ -39,3 +39,73 @@ def test_window_fields_overhead_and_validity():
     assert abs(p.overhead.estimated_fraction - 8000e-9 * 420 * 0.25) < 1e-12
     assert p.nvml.sm_clock_mhz == 1400 and not w.processes[1].HasField("nvml")
     assert len(w.processes[1].apis) == 0 and w.processes[1].overhead.call_rate_hz == 0
+
+
+def test_window_carries_tiers_sampling_sched_and_steps():
+    """The always-on tier's evidence (scheduler, steps) and the slice's sampling decision reach
+    the wire: sampled and unsampled processes, tiers with their rates, fixed costs."""
+    from hypertrace.collector.steps import infer_steps
+    from hypertrace.daemon.windows import TIER_ALWAYS, TIER_SLICED, ProcessProbe
+    from hypertrace.proto.wire import unpack_histogram
+
+    try:
+        from hypertrace.collector.ebpf import PeriodicSample, ProcessStats, SchedSample
+    except ImportError:  # the probe session's records are not there yet: same fields, by hand
+        from test_steps import PeriodicSample, ProcessStats
+
+        from dataclasses import dataclass
+
+        @dataclass
+        class SchedSample:  # type: ignore[no-redef]
+            runq_ns: int
+            offcpu_ns: int
+            involuntary: int
+            voluntary: int
+            runq_hist: np.ndarray
+
+    steps_ns = np.full(20, 50e6)
+    periodic = PeriodicSample(api="cudaStreamSynchronize",
+                              intervals=buckets.histogram_of_ns(steps_ns),
+                              busy=buckets.histogram_of_ns(steps_ns * 0.6), count=20,
+                              interval_sum_ns=int(steps_ns.sum()), sync_wait_ns=300_000_000,
+                              offcpu_wait_ns=100_000_000)
+    sched = SchedSample(runq_ns=250_000_000, offcpu_ns=100_000_000, involuntary=40, voluntary=900,
+                        runq_hist=buckets.histogram_of_ns(np.full(40, 6.25e6)))
+    inference = infer_steps(ProcessStats(pid=10, sched=sched,
+                                         periodic={"cudaStreamSynchronize": periodic}))
+    samples = {(10, "cudaLaunchKernel"): _sample(10, "cudaLaunchKernel", [8000] * 400),
+               (10, "cudaStreamSynchronize"): _sample(10, "cudaStreamSynchronize", [50000] * 20),
+               (11, "cudaStreamSynchronize"): _sample(11, "cudaStreamSynchronize", [50000] * 20)}
+    tiers = {"cudaLaunchKernel": TIER_SLICED, "cuLaunchKernel": TIER_SLICED,
+             "cudaStreamSynchronize": TIER_ALWAYS}
+    recs = {10: ProcessRecord(10, Attribution("job", 0, 0, 0, "", "HYPERTRACE_JOB")),
+            11: ProcessRecord(11, Attribution("job", 1, 1, 1, "", "HYPERTRACE_JOB"))}
+    probes = {10: ProcessProbe(sampled=True, tiers=tiers, attached_s=0.5, fixed_cost_s=0.001,
+                               sched=sched, steps=inference),
+              11: ProcessProbe(sampled=False, unsampled_reason="new_process", tiers=tiers,
+                               covered_s=1.0)}
+    w = build_window("a", "n", 1, 10_000_000_000, 12_000_000_000, samples, recs,
+                     WindowOverhead(attached_seconds=0.5, probe_cost_ns=1000.0, budget=0.005),
+                     probes)
+    validate_window(w)
+    p, q = w.processes
+    assert p.overhead.sampled and p.overhead.unsampled_reason == ""
+    assert not q.overhead.sampled and q.overhead.unsampled_reason == "new_process"
+    assert [(t.api, t.tier) for t in p.overhead.tiers] == [
+        ("cuLaunchKernel", "sliced"), ("cudaLaunchKernel", "sliced"),
+        ("cudaStreamSynchronize", "always")]
+    rates = {t.api: t.rate_hz for t in p.overhead.tiers}
+    assert rates["cudaLaunchKernel"] == 800.0 and rates["cudaStreamSynchronize"] == 10.0
+    assert p.overhead.attached_s == 0.5 and p.overhead.duty == 0.25
+    assert p.overhead.fixed_cost_s == 0.001
+    # 420 firings at 1 us + 1 ms fixed over 2 s
+    assert abs(p.overhead.estimated_fraction - (420e-6 + 0.001) / 2) < 1e-12
+    assert abs(p.overhead.call_rate_hz - (800 + 10)) < 1e-9
+    assert q.overhead.attached_s == 0 and q.overhead.call_rate_hz == 10.0
+    assert p.sched.runq_ns == 250_000_000 and p.sched.involuntary_switches == 40
+    assert p.sched.voluntary_switches == 900 and p.sched.window_s == 2.0
+    assert int(unpack_histogram(p.sched.runq_latency).sum()) == 40
+    assert not q.HasField("sched") and not q.HasField("steps")
+    assert p.steps.source == "inferred:cudaStreamSynchronize" and p.steps.steps == 20
+    assert int(unpack_histogram(p.step_time).sum()) == 20
+    assert abs(p.steps.gpu_wait_us - 300_000) < 1e-6 and abs(p.steps.peer_wait_us - 100_000) < 1e-6
