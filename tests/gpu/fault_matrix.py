@@ -74,33 +74,30 @@ def parse_cores(spec: str) -> list[int]:
     return out
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", choices=["independent", "collective"], required=True)
+def add_common_args(ap: argparse.ArgumentParser, cores: str = "0-7") -> None:
+    """Flags every tests/gpu harness shares: placement, ports, the rank program."""
     ap.add_argument("--gpu", type=int, default=0)
-    ap.add_argument("--cores", default="0-7", help="one core per rank (8), e.g. 0-7")
+    ap.add_argument("--cores", default=cores, help=f"one core per rank, e.g. {cores}")
     ap.add_argument("--agent-cores", default="8-15",
                     help="cores for the agents, the analyzer and this script")
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--clean-s", type=float, default=300.0)
-    ap.add_argument("--fault-s", type=float, default=90.0)
-    ap.add_argument("--recover-s", type=float, default=45.0)
     ap.add_argument("--port", type=int, default=0, help="analyzer port (0: a free one)")
     ap.add_argument("--master-port", type=int, default=0,
-                    help="gloo rendezvous port in collective mode (0: a free one)")
-    ap.add_argument("--poll-s", type=float, default=5.0)
+                    help="rendezvous port of a collective run (0: a free one)")
     ap.add_argument("--window", type=float, default=10.0)
-    ap.add_argument("--marker", action="store_true", help="ranks call the step marker")
     ap.add_argument("--agent-verbose", action="store_true", help="agents at -vv (bigger logs)")
     ap.add_argument("--startup-timeout", type=float, default=240.0)
     ap.add_argument("--loop", type=Path, default=HERE / "launch_bound_loop.py",
                     help="the rank program (default launch_bound_loop.py; a CPU stand-in with the "
-                         "same flags rehearses this harness without a GPU)")
-    args = ap.parse_args(argv)
+                         "same flags rehearses the harness without a GPU)")
+
+
+def check_placement(ap: argparse.ArgumentParser, args: argparse.Namespace, ranks: int) -> None:
+    """Parse --cores / --agent-cores into args.rank_cores / args.agent_core_list, or exit 2."""
     args.rank_cores = parse_cores(args.cores)
     args.agent_core_list = parse_cores(args.agent_cores)
-    if len(args.rank_cores) != RANKS:
-        ap.error(f"--cores must name {RANKS} cores (one per rank), got {args.rank_cores}")
+    if len(args.rank_cores) != ranks:
+        ap.error(f"--cores must name {ranks} cores (one per rank), got {args.rank_cores}")
     if not args.agent_core_list:
         ap.error("--agent-cores must name at least one core")
     if set(args.rank_cores) & set(args.agent_core_list):
@@ -109,6 +106,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [c for c in args.rank_cores + args.agent_core_list if c >= ncpu]
     if bad:
         ap.error(f"cores {bad} do not exist here ({ncpu} CPUs)")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", choices=["independent", "collective"], required=True)
+    add_common_args(ap)
+    ap.add_argument("--clean-s", type=float, default=300.0)
+    ap.add_argument("--fault-s", type=float, default=90.0)
+    ap.add_argument("--recover-s", type=float, default=45.0)
+    ap.add_argument("--poll-s", type=float, default=5.0)
+    ap.add_argument("--marker", action="store_true", help="ranks call the step marker")
+    args = ap.parse_args(argv)
+    check_placement(ap, args, RANKS)
     return args
 
 
@@ -120,21 +130,38 @@ def free_port() -> int:
 
 
 class Harness:
-    """Processes of one run and their teardown (every process is ours, ended by its own pid)."""
+    """Processes of one run and their teardown (every process is ours, ended by its own pid).
 
-    def __init__(self, args: argparse.Namespace, work: Path):
+    Shared by fault_matrix.py, overhead_concurrent.py and ddp_steps.py. ``tag`` goes into the
+    job variables' names (HT_JOB_<tag>_R<i>), so runs side by side on one host never attribute
+    each other's ranks; ``job`` is the job id every rank of this run reports.
+    """
+
+    def __init__(self, args: argparse.Namespace, work: Path, tag: str, job: str):
         self.args = args
         self.work = work
         self.procs: dict[str, subprocess.Popen] = {}
         self.files: list = []
         self.py = sys.executable
-        self.tag = "IND" if args.mode == "independent" else "COL"
-        self.job = f"matrix-{args.mode}"
+        self.tag = tag
+        self.job = job
+        self.label = tag.lower()
         self.phase = "setup"
         self.phases: list[dict] = []
         self.broken: list[str] = []
 
-    # -- processes -------------------------------------------------------------------------
+    def job_var(self, i: int) -> str:
+        return f"HT_JOB_{self.tag}_R{i}"
+
+    def rank_env(self, i: int, world: int, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """Rank i's environment: its own job variable only, launcher variables, NVLS off."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HT_JOB_")}
+        env.update({self.job_var(i): self.job, "RANK": str(i), "LOCAL_RANK": str(i),
+                    "WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1", "NCCL_NVLS_ENABLE": "0",
+                    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+        env.update(extra or {})
+        return env
+
     def start(self, name: str, cmd: list[str], cores: list[int], env: dict | None = None) -> subprocess.Popen:
         log = open(self.work / f"{name}.log", "wb")
         self.files.append(log)
@@ -156,7 +183,7 @@ class Harness:
             try:
                 p.wait(max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
-                print(f"[{self.args.mode}] {n} (pid {p.pid}) ignored SIGTERM for {wait_s:.0f} s: killing",
+                print(f"[{self.label}] {n} (pid {p.pid}) ignored SIGTERM for {wait_s:.0f} s: killing",
                       flush=True)
                 p.kill()
                 p.wait()
@@ -170,7 +197,7 @@ class Harness:
                 msg = f"{n} exited rc={rc} during {self.phase}"
                 self.broken.append(msg)
                 tail = (self.work / f"{n}.log").read_bytes()[-1500:].decode(errors="replace")
-                print(f"[{self.args.mode}] BROKEN: {msg}; its log ends:\n{tail}", flush=True)
+                print(f"[{self.label}] BROKEN: {msg}; its log ends:\n{tail}", flush=True)
 
     # -- steps ---------------------------------------------------------------------------------
     def start_analyzer(self) -> str:
@@ -190,44 +217,43 @@ class Harness:
             time.sleep(0.3)
         raise RuntimeError("analyzer did not say 'listening' within 60 s")
 
-    def start_ranks(self, seconds: float) -> None:
+    def start_ranks(self, seconds: float, mode: str = "independent", extra_rank: int | None = None,
+                    ranks: int = RANKS) -> None:
+        """``ranks`` loops pinned one per core of --cores on --gpu; waits until all are warm."""
         a = self.args
-        master_port = a.master_port or free_port()
+        master_port = getattr(a, "master_port", 0) or free_port()
         (self.work / "steps").mkdir(exist_ok=True)
-        for i in range(RANKS):
-            env = os.environ.copy()
-            env.update({"CUDA_VISIBLE_DEVICES": str(a.gpu), f"HT_JOB_{self.tag}_R{i}": self.job,
-                        "RANK": str(i), "LOCAL_RANK": str(i), "WORLD_SIZE": str(RANKS),
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
-                        "OMP_NUM_THREADS": "1", "NCCL_NVLS_ENABLE": "0",
-                        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
-            # Keep every other run's job variables out: two runs share the host.
-            for k in [k for k in env if k.startswith("HT_JOB_") and k != f"HT_JOB_{self.tag}_R{i}"]:
-                del env[k]
+        for i in range(ranks):
+            env = self.rank_env(i, ranks, {"CUDA_VISIBLE_DEVICES": str(a.gpu),
+                                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)})
             cmd = [self.py, str(a.loop), "--seconds", f"{seconds:.0f}",
                    "--log", str(self.work / "steps" / f"r{i}.log"), "--rank", str(i),
-                   "--world", str(RANKS), "--mode", a.mode, "--cpu", str(a.rank_cores[i]),
+                   "--world", str(ranks), "--mode", mode, "--cpu", str(a.rank_cores[i]),
                    "--ready-file", str(self.work / f"ready-{i}")]
-            if i == FAULT_RANK:
+            if i == extra_rank:
                 cmd += ["--extra-gpu-file", str(self.work / "slow-gpu")]
-            if a.marker:
+            if getattr(a, "marker", False):
                 cmd.append("--marker")
             self.start(f"rank-{i}", cmd, [a.rank_cores[i]], env)
-        deadline = time.time() + a.startup_timeout
+        self.wait_ready([self.work / f"ready-{i}" for i in range(ranks)], a.startup_timeout)
+
+    def wait_ready(self, files: list[Path], timeout: float) -> None:
+        deadline = time.time() + timeout
         while time.time() < deadline:
             self.check_alive()
             if self.broken:
-                raise RuntimeError("a rank died during start-up: " + "; ".join(self.broken))
-            if all((self.work / f"ready-{i}").exists() for i in range(RANKS)):
+                raise RuntimeError("a process died during start-up: " + "; ".join(self.broken))
+            if all(f.exists() for f in files):
                 return
             time.sleep(0.5)
-        raise RuntimeError(f"ranks not ready within {a.startup_timeout:.0f} s")
+        raise RuntimeError(f"ranks not ready within {timeout:.0f} s")
 
-    def start_agents(self, target: str) -> None:
+    def start_agents(self, target: str, ranks) -> None:
+        """Agent i (node-i) attributes only rank i, at the default budget."""
         a = self.args
-        for i in range(RANKS):
-            cmd = [self.py, "-m", "hypertrace.cli.main"] + (["-vv"] if a.agent_verbose else []) + [
-                "agent", "--node", f"node-{i}", "--job-env", f"HT_JOB_{self.tag}_R{i}",
+        for i in ranks:
+            cmd = [self.py, "-m", "hypertrace.cli.main"] + (["-vv"] if getattr(a, "agent_verbose", False) else []) + [
+                "agent", "--node", f"node-{i}", "--job-env", self.job_var(i),
                 "--analyzer", target, "--window", f"{a.window:g}",
                 "--spool-dir", str(self.work / f"spool-{i}")]
             self.start(f"agent-{i}", cmd, a.agent_core_list)
@@ -238,7 +264,7 @@ class Harness:
             self.phases[-1]["end"] = now
         self.phases.append({"name": name, "start": now, "end": now})
         self.phase = name
-        print(f"[{self.args.mode}] {time.strftime('%H:%M:%S')} phase {name}", flush=True)
+        print(f"[{self.label}] {time.strftime('%H:%M:%S')} phase {name}", flush=True)
 
     def sleep(self, seconds: float) -> None:
         end = time.time() + seconds
@@ -247,6 +273,41 @@ class Harness:
             if self.broken:   # the rest of the schedule would measure nothing: stop, report
                 raise RuntimeError("; ".join(self.broken))
             time.sleep(min(1.0, max(0.0, end - time.time())))
+
+
+    def shutdown(self) -> None:
+        """Agents first (they flush their last window), then the ranks, then the analyzer."""
+        if self.phases:
+            self.phases[-1]["end"] = time.time()
+        self.stop([n for n in self.procs if n.startswith("agent-")], signal.SIGTERM, 20)
+        self.stop([n for n in self.procs if n.startswith("rank-")], signal.SIGTERM, 10)
+        self.stop([n for n in self.procs if n not in ("analyzer",)], signal.SIGKILL, 5)
+        self.stop(["analyzer"], signal.SIGTERM, 20)
+        for f in self.files:
+            f.close()
+
+    def collect(self, out: Path) -> None:
+        """Into ``out``, gzipped: reports.jsonl, steps/r<i>.log, logs/*.log (tails), the analyzer
+        DB and its windows flattened to windows.jsonl (matrix_report.extract_windows); then the
+        work dir is removed."""
+        work = self.work
+        if (work / "reports.jsonl").exists():
+            gzip_into(work / "reports.jsonl", out / "reports.jsonl.gz", whole=True)
+        for log in sorted((work / "steps").glob("*.log")) if (work / "steps").exists() else []:
+            gzip_into(log, out / "steps" / (log.name + ".gz"), whole=True)
+        for log in sorted(work.glob("*.log")):
+            gzip_into(log, out / "logs" / (log.name + ".gz"))
+        if (work / "analyzer.db").exists():
+            try:
+                matrix_report.write_jsonl_gz(matrix_report.extract_windows(work / "analyzer.db"),
+                                             out / "windows.jsonl.gz")
+            except Exception as exc:  # the reports alone still say something
+                print(f"[{self.label}] could not read the analyzer DB: {type(exc).__name__}: {exc}",
+                      flush=True)
+            gzip_into(work / "analyzer.db", out / "analyzer.db.gz", whole=True)
+        shutil.rmtree(work, ignore_errors=True)
+        size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+        print(f"[{self.label}] results in {out} ({size / 1e6:.1f} MB)", flush=True)
 
 
 class Poller(threading.Thread):
@@ -293,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
     os.sched_setaffinity(0, set(args.agent_core_list))
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"ht-matrix-{args.mode}-"))
-    h = Harness(args, work)
+    h = Harness(args, work, "IND" if args.mode == "independent" else "COL", f"matrix-{args.mode}")
     total = args.clean_s + 2 * (args.fault_s + args.recover_s)
     poller = None
     hog_core = args.rank_cores[FAULT_RANK]
@@ -302,8 +363,8 @@ def run(args: argparse.Namespace) -> int:
         target = h.start_analyzer()
         print(f"[{args.mode}] analyzer at {target}; work dir {work}", flush=True)
         h.begin("startup")
-        h.start_ranks(total + args.startup_timeout + 120)
-        h.start_agents(target)
+        h.start_ranks(total + args.startup_timeout + 120, args.mode, FAULT_RANK)
+        h.start_agents(target, range(RANKS))
         poller = Poller(h, target, work / "reports.jsonl")
         poller.start()
         deadline = time.time() + 120
@@ -334,16 +395,10 @@ def run(args: argparse.Namespace) -> int:
         if "hog" in h.procs:
             h.stop(["hog"], signal.SIGKILL, 5)
         (work / "slow-gpu").unlink(missing_ok=True)
-        if h.phases:
-            h.phases[-1]["end"] = time.time()
         if poller is not None:
             poller.stop_ev.set()
             poller.join(15)
-        h.stop([f"agent-{i}" for i in range(RANKS)], signal.SIGTERM, 20)
-        h.stop([f"rank-{i}" for i in range(RANKS)], signal.SIGTERM, 10)
-        h.stop(["analyzer"], signal.SIGTERM, 20)
-        for f in h.files:
-            f.close()
+        h.shutdown()
     # ---- results ------------------------------------------------------------------------------
     phases = [p for p in h.phases if p["name"] not in ("startup", "teardown")]
     meta = {"mode": args.mode, "job": h.job, "gpu": args.gpu, "ranks": RANKS,
@@ -354,24 +409,8 @@ def run(args: argparse.Namespace) -> int:
                                   for i in range(RANKS) if (work / f"ready-{i}").exists()},
             "broken": h.broken, "wall_s": time.time() - t_start}
     (args.out / "phases.json").write_text(json.dumps(meta, indent=1))
-    if (work / "reports.jsonl").exists():
-        gzip_into(work / "reports.jsonl", args.out / "reports.jsonl.gz", whole=True)
-    for i in range(RANKS):
-        if (work / "steps" / f"r{i}.log").exists():
-            gzip_into(work / "steps" / f"r{i}.log", args.out / "steps" / f"r{i}.log.gz", whole=True)
-    for log in sorted(work.glob("*.log")):
-        gzip_into(log, args.out / "logs" / (log.name + ".gz"))
-    if (work / "analyzer.db").exists():
-        try:
-            matrix_report.write_jsonl_gz(matrix_report.extract_windows(work / "analyzer.db"),
-                                         args.out / "windows.jsonl.gz")
-        except Exception as exc:  # the matrix then falls back to the reports alone
-            print(f"[{args.mode}] could not read the analyzer DB: {type(exc).__name__}: {exc}", flush=True)
-        gzip_into(work / "analyzer.db", args.out / "analyzer.db.gz", whole=True)
-    shutil.rmtree(work, ignore_errors=True)
-    size = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file())
-    print(f"[{args.mode}] results in {args.out} ({size / 1e6:.1f} MB), wall {time.time() - t_start:.0f} s",
-          flush=True)
+    h.collect(args.out)
+    print(f"[{args.mode}] wall {time.time() - t_start:.0f} s", flush=True)
     rc = matrix_report.main([str(args.out)])
     if h.broken:
         print(f"[{args.mode}] RUN BROKEN: " + "; ".join(h.broken), flush=True)
