@@ -381,7 +381,8 @@ def coverage(run: Run, checks: list[Check]) -> list[dict]:
     return rows
 
 
-def step_accuracy(run: Run, checks: list[Check]) -> list[dict]:
+def step_accuracy(run: Run, checks: list[Check], mean_tol: float = MEAN_TOL,
+                  p50_tol: float = P50_TOL) -> list[dict]:
     """Inferred step (the agents' windows) against each loop's own log, clean phase only."""
     if "clean" not in run.phases:
         return []
@@ -413,14 +414,14 @@ def step_accuracy(run: Run, checks: list[Check]) -> list[dict]:
                "mean_err": statistics.median(mean_err) if mean_err else None,
                "p50_err": statistics.median(p50_err) if p50_err else None}
         out.append(row)
-    bad_mean = [x for x in out if x["mean_err"] is None or abs(x["mean_err"]) > MEAN_TOL]
-    bad_p50 = [x for x in out if x["p50_err"] is None or abs(x["p50_err"]) > P50_TOL]
-    checks.append(Check(f"step inference: mean within {MEAN_TOL:.0%} of the log (every rank)",
+    bad_mean = [x for x in out if x["mean_err"] is None or abs(x["mean_err"]) > mean_tol]
+    bad_p50 = [x for x in out if x["p50_err"] is None or abs(x["p50_err"]) > p50_tol]
+    checks.append(Check(f"step inference: mean within {mean_tol:.0%} of the log (every rank)",
                         bool(out) and not bad_mean,
                         "all ranks" if not bad_mean else
                         "ranks " + ", ".join(f"{x['rank']} ({fmt_pct(x['mean_err'])}, {x['source']})"
                                              for x in bad_mean)))
-    checks.append(Check(f"step inference: p50 within {P50_TOL:.0%} of the log (every rank)",
+    checks.append(Check(f"step inference: p50 within {p50_tol:.0%} of the log (every rank)",
                         bool(out) and not bad_p50,
                         "all ranks" if not bad_p50 else
                         "ranks " + ", ".join(f"{x['rank']} ({fmt_pct(x['p50_err'])})" for x in bad_p50)))
