@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmd.append("--marker")
             h.start(f"rank-{i}", cmd, [args.rank_cores[i]], env)
         h.wait_ready([work / f"ready-{i}" for i in range(WORLD)], args.startup_timeout)
+        args.seconds = fault_matrix.fit_budget(args, t_start, args.seconds, args.seconds, "ddp", 45.0)
         h.start_agents(target, range(WORLD))
         h.begin("measure")
         h.sleep(args.seconds)

@@ -59,6 +59,24 @@ FAULT_RANK = 5
 MAX_LOG_BYTES = 4 << 20
 
 
+#: Seconds kept for stopping everything and writing the results, out of --budget-s.
+TEARDOWN_S = 50.0
+
+
+def fit_budget(args: argparse.Namespace, t_start: float, planned: float, cut: float,
+               label: str, floor: float = 60.0) -> float:
+    """``cut`` shortened so that ``planned`` seconds of schedule still end within --budget-s."""
+    if not args.budget_s:
+        return cut
+    left = args.budget_s - (time.time() - t_start) - TEARDOWN_S
+    if planned <= left:
+        return cut
+    new = max(floor, cut - (planned - left))
+    print(f"[{label}] start-up took {time.time() - t_start:.0f} s: phase cut from {cut:.0f} s to "
+          f"{new:.0f} s to fit --budget-s {args.budget_s:.0f}", flush=True)
+    return new
+
+
 def parse_cores(spec: str) -> list[int]:
     """'0-7' or '0,2,4-6' -> [0, 1, ...]."""
     out: list[int] = []
@@ -87,6 +105,9 @@ def add_common_args(ap: argparse.ArgumentParser, cores: str = "0-7") -> None:
     ap.add_argument("--window", type=float, default=10.0)
     ap.add_argument("--agent-verbose", action="store_true", help="agents at -vv (bigger logs)")
     ap.add_argument("--startup-timeout", type=float, default=240.0)
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="whole wall time allowed (0: none); when start-up ran long, the longest "
+                         "measured phase is cut so that the results are still written in time")
     ap.add_argument("--loop", type=Path, default=HERE / "launch_bound_loop.py",
                     help="the rank program (default launch_bound_loop.py; a CPU stand-in with the "
                          "same flags rehearses the harness without a GPU)")
@@ -373,6 +394,7 @@ def run(args: argparse.Namespace) -> int:
         if poller.last_gpus < RANKS:
             print(f"[{args.mode}] WARNING: report lists {poller.last_gpus}/{RANKS} GPUs after 120 s; "
                   "starting the clean phase anyway", flush=True)
+        args.clean_s = fit_budget(args, t_start, total, args.clean_s, args.mode)
         h.begin("clean")
         h.sleep(args.clean_s)
         h.begin("cpu_hog")

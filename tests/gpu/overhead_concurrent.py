@@ -48,6 +48,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import fault_matrix  # noqa: E402  (sibling script: the process harness)
+from fault_matrix import fit_budget  # noqa: E402
 import matrix_report  # noqa: E402
 
 RANKS = 8
@@ -173,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         target = h.start_analyzer()
         h.begin("startup")
         h.start_ranks(args.a_s + args.b_s + args.startup_timeout + 120, "independent")
+        args.b_s = fit_budget(args, t_start, args.a_s + args.b_s, args.b_s, "ovh", floor=120.0)
         h.begin("A")
         h.sleep(args.a_s)
         h.begin("B")
