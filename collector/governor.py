@@ -27,9 +27,9 @@ smallest useful slice (the *floor*) yields ``min_samples`` firings: ``min_sample
 (within the window's room, collector/schedule.slice_bounds). The cadence ``k`` is the smallest
 power of two whose ``k`` windows of earnings pay one floor slice (schedule.cadence). In a window
 the cadence selects, the slice is as long as the account affords, up to ``max_slice_s``:
-``(credit + (b - a) * W - fixed) / (c * r) - detach / 2``, and short enough that the detach
-(the last one measured) ends inside the window. Below the floor the window is not sampled
-("budget", or "detaching" when the detach time left no room).
+``(credit + (b - a) * W - fixed) / (c * r) - detach / 2``, and, down to the floor, short enough
+that the detach (the last one measured) ends inside the window. When the account cannot pay a
+floor slice the window is not sampled ("budget").
 
 **Always-tier share.** An always-tier API costs ``c x its rate`` all the time. At most
 ``always_share`` of the budget goes to that tier per process (:meth:`Governor.always_split`,
@@ -66,7 +66,7 @@ class SlicePlan:
     """This agent's decision for one aligned window."""
     index: int            # aligned window index (start_ns // window_ns)
     sampled: bool
-    reason: str           # "" when sampled; else "off_cadence" | "budget" | "detaching"
+    reason: str           # "" when sampled; else "off_cadence" | "budget"
     offset_s: float       # slice start from the window start (the same for every agent)
     length_s: float       # 0 when not sampled
     cadence: int          # k: this agent samples windows with index % k == 0
@@ -199,11 +199,12 @@ class Governor:
         length = min(bounds.max_length_s, length)
         if length < floor:
             return no("budget")
-        # The detach must end inside the window, or the next window starts late and its own
-        # slice is missed. A shorter slice is still a prefix of the others (same start).
-        length = min(length, window_s - offset - self.detach_s)
-        if length < floor:
-            return no("detaching")
+        # The detach should end inside the window, or the next window starts late and its own
+        # slice moment has passed ("detaching" there). A shorter slice is still a prefix of the
+        # others (same start). Never below the floor, though: a slow detach costs the next
+        # window at worst, while refusing would stop slicing for good (the detach time is only
+        # measured by detaching).
+        length = max(floor, min(length, window_s - offset - self.detach_s))
         return SlicePlan(index, True, "", offset, length, self.k)
 
     def always_split(self, rates_hz: Mapping[str, float]) -> tuple[list[str], list[str]]:

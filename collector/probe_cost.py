@@ -5,10 +5,10 @@ bare metal to several us in a Firecracker VM. The governor's whole promise (ever
 most the budget) is only as good as this number.
 
 How: a tiny helper program (probe_cost_bench.c, compiled with the system C compiler on first use
-into a cache directory) calls ``hypertrace_null`` N times and prints the **CPU time** the loop
-took (CLOCK_THREAD_CPUTIME_ID). We run it without probes, then with the session's own
-entry+return probes on that function (the same BPF program and maps the real probes use), and
-take the per-call difference. The median of a few repetitions damps what noise is left.
+into a cache directory) times loops of N calls of ``hypertrace_null`` in **CPU time**
+(CLOCK_THREAD_CPUTIME_ID): a few loops without probes, then, after we attach the session's own
+entry+return probes to that function in that process only (the same BPF program and maps the
+real probes use), a few loops with them. The difference of the medians per call is the cost.
 
 Two choices keep the number honest (an earlier wall-clock calibration on a bare ``ret`` read
 2x too high on an H200 host and 10-100x too high on a loaded VM):
@@ -22,7 +22,6 @@ Two choices keep the number honest (an earlier wall-clock calibration on a bare 
 from __future__ import annotations
 
 import logging
-import os
 import statistics
 import subprocess
 from pathlib import Path
@@ -48,9 +47,11 @@ def bench_binary() -> Path:
                                "measured value") from exc
 
 
-def _run(exe: Path, calls: int) -> int:
-    out = subprocess.run([str(exe), str(calls)], capture_output=True, text=True, check=True)
-    return int(out.stdout.strip())
+def _timed(proc: subprocess.Popen, repeats: int) -> float:
+    """Median of the helper's next ``repeats`` loop times (ns)."""
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    return statistics.median(int(proc.stdout.readline()) for _ in range(repeats))
 
 
 def measure_probe_cost_ns(session: UprobeSession | None = None, calls: int = 20000,
@@ -66,13 +67,22 @@ def measure_probe_cost_ns(session: UprobeSession | None = None, calls: int = 200
     exe = bench_binary()
     own = session is None
     sess = session if session is not None else UprobeSession(apis=())
+    proc = subprocess.Popen([str(exe), str(calls), str(repeats)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
     try:
-        base = statistics.median(_run(exe, calls) for _ in range(repeats))
-        sess.attach_symbol(str(exe), NULL_SYMBOL, api=CALIBRATION_API.name)
+        ready = proc.stdout.readline().split()
+        if len(ready) != 2 or ready[0] != "ready":
+            raise ProbeUnavailable(f"the calibration helper {exe} did not start: {ready}")
+        pid = int(ready[1])
+        base = _timed(proc, repeats)
+        if proc.stdout.readline().strip() != "probe":
+            raise ProbeUnavailable(f"the calibration helper {exe} broke its protocol")
+        sess.attach_symbol(str(exe), NULL_SYMBOL, api=CALIBRATION_API.name, pid=pid)
         try:
-            probed = statistics.median(_run(exe, calls) for _ in range(repeats))
+            probed = _timed(proc, repeats)
         finally:
-            sess.detach(str(exe))
+            sess.detach(str(exe), pid)
+        proc.wait(timeout=30)
         if own:
             seen = sum(s.count for (_, api), s in sess.read_and_clear().items()
                        if api == CALIBRATION_API.name)
@@ -80,6 +90,9 @@ def measure_probe_cost_ns(session: UprobeSession | None = None, calls: int = 200
                 raise ProbeUnavailable(f"the calibration probe saw {seen} of {calls * repeats} "
                                        "calls: uprobes are not firing on this node")
     finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
         if own:
             sess.close()
     measured = (probed - base) / calls

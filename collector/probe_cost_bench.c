@@ -1,10 +1,15 @@
 /* Probe-cost calibration helper for collector/probe_cost.py.
  *
- * main() calls hypertrace_null() N times (N = argv[1]) through a volatile pointer, so the call
- * cannot be inlined or removed, and prints the CPU time the loop took, in nanoseconds. Timed
- * once without and once with entry+return uprobes on hypertrace_null, the difference per call is
- * what one probed call costs the process: the trap, the BPF program and the return trampoline.
- * It runs as a separate process so the agent's own-pid exclusion does not shortcut the program.
+ *   probe-cost-bench N R
+ *
+ * Prints "ready PID", waits for a line on stdin, times R loops of N calls of hypertrace_null()
+ * (one line each: the loop's CPU time in ns), prints "probe", waits for another line (the
+ * caller attaches its probes to this process meanwhile), and times R more loops. The calls go
+ * through a volatile pointer, so they cannot be inlined or removed. The per-call difference
+ * between the two halves is what one probed call costs the process: the trap, the BPF program
+ * and the return trampoline. It runs as a separate process so the agent's own-pid exclusion does
+ * not shortcut the program, and the caller probes this pid only, so another agent calibrating
+ * on the same host at the same moment does not add its probes to ours.
  *
  * Why CPU time (CLOCK_THREAD_CPUTIME_ID): a probe's cost is CPU the traced thread spends in the
  * kernel on its behalf, and that time is charged to the thread. Wall time would also count every
@@ -19,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #if defined(__x86_64__)
 /* Written in assembly so the compiler cannot reorder the prologue (or add endbr64 before it). */
@@ -50,13 +56,33 @@ static long long thread_cpu_ns(void) {
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
+static void wait_line(void) {
+    char line[64];
+    if (!fgets(line, sizeof line, stdin)) exit(1);
+}
+
+static void timed_loops(void (*volatile fn)(void), long n, int r) {
+    for (int k = 0; k < r; k++) {
+        long long a = thread_cpu_ns();
+        for (long i = 0; i < n; i++) fn();
+        long long b = thread_cpu_ns();
+        printf("%lld\n", b - a);
+    }
+    fflush(stdout);
+}
+
 int main(int argc, char **argv) {
     long n = argc > 1 ? atol(argv[1]) : 20000;
+    int r = argc > 2 ? atoi(argv[2]) : 5;
     void (*volatile fn)(void) = hypertrace_null;
     for (long i = 0; i < 1000; i++) fn();     /* warm up: page in, settle the branch predictors */
-    long long a = thread_cpu_ns();
-    for (long i = 0; i < n; i++) fn();
-    long long b = thread_cpu_ns();
-    printf("%lld\n", b - a);
+    printf("ready %d\n", (int)getpid());
+    fflush(stdout);
+    wait_line();
+    timed_loops(fn, n, r);
+    printf("probe\n");
+    fflush(stdout);
+    wait_line();
+    timed_loops(fn, n, r);
     return 0;
 }

@@ -28,8 +28,8 @@ Whether window ``i`` holds a slice, where and how long comes from the governor's
 two, so every agent of a job slices the same windows at the same moment with no traffic.
 A process found after the slice began joins the next sampled window (its always tier attaches
 at once). Each process's window says whether it was sampled, or why not: "budget",
-"off_cadence", "no_calls", "detaching" (the detach overran the window's end), "new_process",
-"attach_failed", "stopping".
+"off_cadence", "no_calls", "detaching" (the previous window's detach overran into this one,
+past its slice moment), "new_process", "attach_failed", "stopping".
 
 Robustness rules: a library that cannot be attached is logged and retried later, never fatal; a
 process that vanishes mid-scan is simply gone; any error inside one window is logged and the
@@ -114,7 +114,6 @@ class WindowState:
     slice_probes: dict[int, int] = field(default_factory=dict)  # pid -> uprobes in the slice
     slice_length_s: float = 0.0                   # from the attach to the detach request
     detach_s: float = 0.0
-    detached_ns: int = 0                          # wall time the slice's detach finished
     exited: dict[int, Probed] = field(default_factory=dict)  # probed pids that exited
 
 
@@ -340,10 +339,9 @@ class Agent:
         win.attached_s = (t1 - t0) + took / 2
         win.slice_length_s = t1 - t0
         win.detach_s = took
-        win.detached_ns = time.time_ns()
         win.slice_state = "stopped" if stopped else "done"
         self.governor.detach_s = max(took, 0.0)
-        log.info("slice of window %d: at +%.3f s (planned +%.3f s) for %.3f s, cadence %d, "
+        log.info("slice in window %d at +%.3f s (planned +%.3f s) for %.3f s, cadence %d, "
                  "%d processes, detach took %.3f s", plan.index,
                  (started_ns - aligned_start_ns) / 1e9, plan.offset_s, t1 - t0, plan.cadence,
                  len(win.slice_pids), took)
@@ -445,10 +443,6 @@ class Agent:
             return False, "attach_failed"
         if pid not in win.slice_pids:
             return False, "new_process"
-        if win.detached_ns > win.end_ns:
-            # The detach overran the window: the next window starts late and its slice may be
-            # missed; this one's samples are the slice's, but its time base is not the job's.
-            return False, "detaching"
         if sliced_calls == 0:
             return False, "no_calls"
         return True, ""
@@ -458,7 +452,6 @@ class Agent:
         window's actual end (ns), where the next window starts."""
         if self._slice_items:                        # (a stop cut the slice short)
             win.detach_s = self._detach_slice()
-            win.detached_ns = time.time_ns()
         read_ns = time.time_ns()
         end_ns = max(read_ns if stopping else max(read_ns, win.end_ns), win.start_ns)
         window_s = max((end_ns - win.start_ns) / 1e9, 1e-9)
@@ -522,11 +515,10 @@ class Agent:
             g.fixed_slice_s = Governor.fixed_cost_s(2 * max(win.slice_probes.values(), default=0))
         g.observe_always(busiest_always, window_s)
         sampled = sum(1 for pp in probes.values() if pp.sampled)
-        plan = win.plan
+        why = sorted({pp.unsampled_reason for pp in probes.values() if not pp.sampled})
         status = (f"window {seq}: {len(window.processes)} processes, "
                   f"{sum(sum(h.values()) for h in hits.values())} probe hits, "
-                  f"{sampled} sampled"
-                  + (f" ({plan.reason})" if plan is not None and not plan.sampled else "")
+                  f"{sampled} sampled" + (f" (others: {', '.join(why)})" if why else "")
                   + f", cadence {g.k}, credit {g.credit_s * 1e3:.1f} ms")
         log.info("%s", status)
         self.notifier.status(status)

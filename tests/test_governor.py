@@ -167,8 +167,9 @@ def test_governor_on_real_probes_plans_from_the_counted_rate(uprobe_session, fak
 
 
 def test_slice_is_shortened_so_its_detach_ends_inside_the_window():
-    """A slow detach (seconds on a loaded VM) must not overrun the window: the slice keeps its
-    shared start and gets shorter; when no useful slice is left the reason says why."""
+    """A slow detach (seconds on a loaded VM) should not overrun the window: the slice keeps its
+    shared start and gets shorter, down to the floor (never refused: the detach time is only
+    measured by detaching)."""
     g = Governor(probe_cost_ns=1000, budget=0.005, detach_s=0.1)
     g.observe_slice(4000, 1.0)                             # floor: 1000 samples = 0.25 s
     free = g.plan(5, 10.0)
@@ -176,6 +177,6 @@ def test_slice_is_shortened_so_its_detach_ends_inside_the_window():
     p = g.plan(5, 10.0)
     assert p.sampled and p.offset_s == free.offset_s
     assert p.length_s == pytest.approx(10.0 - free.offset_s - g.detach_s)
-    g.detach_s = 10.0 - free.offset_s                     # nothing left
+    g.detach_s = 10.0 - free.offset_s                     # nothing left: the floor slice
     p = g.plan(5, 10.0)
-    assert not p.sampled and p.reason == "detaching"
+    assert p.sampled and p.length_s == pytest.approx(0.25)
