@@ -73,7 +73,8 @@ def fit_budget(args: argparse.Namespace, t_start: float, planned: float, cut: fl
         return cut
     new = max(floor, cut - (planned - left))
     print(f"[{label}] start-up took {time.time() - t_start:.0f} s: phase cut from {cut:.0f} s to "
-          f"{new:.0f} s to fit --budget-s {args.budget_s:.0f}", flush=True)
+          f"{new:.0f} s (floor {floor:.0f} s) for --budget-s {args.budget_s:.0f}"
+          + ("; the run will overrun its budget" if planned - (cut - new) > left else ""), flush=True)
     return new
 
 

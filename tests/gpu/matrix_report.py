@@ -349,10 +349,12 @@ def coverage(run: Run, checks: list[Check]) -> list[dict]:
     t0 = run.phases["clean"][0]
     t_end = max(b for _, b in run.phases.values())
     by_window: dict[float, set[str]] = {}
+    wlen = float(run.meta.get("window_s", 10.0))
     for w in run.windows:
         if w.get("job") != job_id:
             continue
-        key = round(w["start"], 1)
+        # the analyzer's epoch: floor(midpoint / window); keyed here by the epoch's start time
+        key = ((w["start"] + w["end"]) / 2 // wlen) * wlen
         by_window.setdefault(key, set())
         if w.get("launch_calls", 0) > 0:
             by_window[key].add(w["node"])
