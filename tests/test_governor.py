@@ -144,9 +144,12 @@ def test_governor_on_real_probes_plans_from_the_counted_rate(uprobe_session, fak
     probe firings/s): the slice the governor plans from what the probes counted costs what one
     window earns, at that rate."""
     rate = 2000
-    w = run_worker("--api", "launch", "--rate", str(rate), "--duration", "30")
-    uprobe_session.attach(str(fakecuda.cudart))
-    uprobe_session.attach(str(fakecuda.cuda))
+    w = run_worker("--api", "launch", "--rate", str(rate), "--duration", "30", wait=True)
+    try:                               # attached before its first call: every call is whole
+        uprobe_session.attach(str(fakecuda.cudart), w.pid)
+        uprobe_session.attach(str(fakecuda.cuda), w.pid)
+    finally:
+        w.go()                         # (a worker left waiting on stdin would not stop)
     uprobe_session.read_and_clear()
     t0 = time.monotonic()
     time.sleep(1.5)
