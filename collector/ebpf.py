@@ -11,11 +11,26 @@ breakpoints in that process only, so other processes mapping the same file pay n
 offsets are resolved once per file and cached, so re-attaching each slice does not re-parse the
 ELF.
 
-Detaching is the slow part: closing a uprobe's perf event waits out an RCU grace period (about
-0.1 s per probe on the machines we measured), and the probes still attached keep firing
-meanwhile. :meth:`UprobeSession.detach_many` therefore closes all of them at once from a thread
-pool (ctypes releases the GIL around the close), so a slice ends in about one grace period
-rather than one per probe.
+Detaching is the slow part, and the probes still attached keep firing meanwhile. Two ways to
+attach, chosen once per session (``mechanism``):
+
+* ``"link"`` (kernels with uprobe-multi links, 6.6+; the default where available): each probe is
+  a BPF link (BPF_LINK_CREATE, BPF_TRACE_UPROBE_MULTI). Closing a link waits out one RCU-tasks
+  grace period (~50 ms here) and nothing serializes the closes, so closing all of a slice's links
+  at once costs about one grace period however many probes there are.
+* ``"perf"`` (any kernel): bcc's perf-event uprobes. The kernel unregisters each one under its
+  global trace event mutex, each waiting out a grace period (~0.1 s per probe), so even
+  concurrent closes are nearly serial.
+
+:meth:`UprobeSession.detach_many` closes everything it was asked to from a thread pool (the close
+runs with the GIL released). Measured on the 2-vCPU dev VM, 16 probes (8 APIs x entry+return):
+see docs/design.md.
+
+bcc 0.26's Python binding calls ``bpf_attach_uprobe`` with one argument too few, so the kernel
+receives stack garbage as the USDT semaphore offset (seen: 6): it then increments a 16-bit word
+of every probed process's copy of the library's ELF header, and refuses (EINVAL) any probe on
+the same function registered with another offset. This module therefore calls
+``bpf_attach_uprobe`` itself with the full signature and offset 0.
 
 Besides the per-call latency histograms, the program keeps cumulative per-process counters
 (scheduler evidence and step boundaries of the periodic APIs); :meth:`read_process_stats` diffs
@@ -24,8 +39,11 @@ them against the previous read. See collector/ebpf_program.c for the in-kernel s
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
+import platform
+import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -66,6 +84,48 @@ PID_EXCLUDED = 1
 PID_TRACKED = 2
 #: Upper bound on concurrent closes in :meth:`UprobeSession.detach_many`.
 MAX_DETACH_THREADS = 64
+#: Ways to attach a uprobe (see the module docstring).
+MECHANISMS = ("link", "perf")
+
+# bpf(2) constants for uprobe-multi links (include/uapi/linux/bpf.h, Linux 6.6+).
+_SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(platform.machine())
+_BPF_LINK_CREATE = 28
+_BPF_TRACE_UPROBE_MULTI = 48
+_BPF_F_UPROBE_MULTI_RETURN = 1
+_BPF_ATTR_SIZE = 144            # enough for link_create.uprobe_multi; the rest stays zero
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def uprobe_links_supported() -> bool:
+    """Whether this kernel has uprobe-multi BPF links (exported since 6.6 with CONFIG_UPROBES)."""
+    if _SYS_BPF is None:
+        return False
+    try:
+        with open("/proc/kallsyms") as f:
+            return any(line.rstrip().endswith(" bpf_uprobe_multi_link_attach") for line in f)
+    except OSError:
+        return False
+
+
+def _uprobe_link(prog_fd: int, path: bytes, offset: int, pid: int, ret: bool) -> int:
+    """One uprobe (or uretprobe) at ``offset`` of ``path`` as a BPF link; returns its fd.
+
+    ``pid`` > 0 limits it to that process. Raises OSError with the kernel's errno.
+    """
+    path_buf = ctypes.create_string_buffer(path)
+    offsets = (ctypes.c_uint64 * 1)(offset)
+    attr = ctypes.create_string_buffer(_BPF_ATTR_SIZE)
+    # link_create: prog_fd, target_fd, attach_type, flags; then uprobe_multi: path, offsets,
+    # ref_ctr_offsets, cookies, cnt, flags, pid.
+    struct.pack_into("IIII", attr, 0, prog_fd, 0, _BPF_TRACE_UPROBE_MULTI, 0)
+    struct.pack_into("QQQQIII", attr, 16, ctypes.addressof(path_buf), ctypes.addressof(offsets),
+                     0, 0, 1, _BPF_F_UPROBE_MULTI_RETURN if ret else 0, max(pid, 0))
+    fd = _libc.syscall(_SYS_BPF, _BPF_LINK_CREATE, attr, _BPF_ATTR_SIZE)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return int(fd)
 
 
 class ProbeUnavailable(RuntimeError):
@@ -164,7 +224,8 @@ def program_text(slots: tuple[ProbedApi, ...]) -> str:
 @dataclass
 class _Probe:
     api: str
-    events: tuple[bytes, ...]   # bcc's names of the perf events (entry, and return if any)
+    events: tuple[bytes, ...] = ()  # "perf": bcc's names of the perf events (entry, return)
+    links: tuple[int, ...] = ()     # "link": the BPF link fds (entry, return)
 
 
 @dataclass
@@ -204,7 +265,17 @@ class UprobeSession:
     """
 
     def __init__(self, apis: Iterable[ProbedApi] = PROBED_APIS,
-                 exclude_pids: Iterable[int] | None = None) -> None:
+                 exclude_pids: Iterable[int] | None = None, mechanism: str | None = None) -> None:
+        """``mechanism``: "link", "perf", or None for $HYPERTRACE_UPROBE_MECHANISM, else "link"
+        where the kernel has uprobe-multi links and "perf" elsewhere."""
+        mechanism = mechanism or os.environ.get("HYPERTRACE_UPROBE_MECHANISM") or (
+            "link" if uprobe_links_supported() else "perf")
+        if mechanism not in MECHANISMS:
+            raise ValueError(f"unknown uprobe mechanism {mechanism!r}: use one of {MECHANISMS}")
+        if mechanism == "link" and not uprobe_links_supported():
+            raise ProbeUnavailable("this kernel has no uprobe-multi BPF links (Linux 6.6+); use "
+                                   "mechanism \"perf\" (HYPERTRACE_UPROBE_MECHANISM=perf)")
+        self.mechanism = mechanism
         problems = prereqs.check_all()
         if problems:
             raise ProbeUnavailable(prereqs.describe(problems))
@@ -213,6 +284,10 @@ class UprobeSession:
 
         self._bcc = bcc
         self._lib = libbcc.lib
+        # The full signature (see the module docstring): ref_ctr_offset is the last argument.
+        self._attach_uprobe_c = ctypes.CFUNCTYPE(
+            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
+            ctypes.c_uint64, ctypes.c_int, ctypes.c_uint32)(("bpf_attach_uprobe", self._lib))
         self.apis: tuple[ProbedApi, ...] = tuple(apis)
         slots = self.apis
         if all(a.name != CALIBRATION_API.name for a in slots):
@@ -345,6 +420,27 @@ class UprobeSession:
                 self._offsets[key] = None
         return self._offsets[key]
 
+    def _prog_fd(self, fn_name: bytes) -> int:
+        """The fd of one of the program's functions, loaded for this session's mechanism."""
+        if self.mechanism == "link":
+            fn = self._bpf.load_func(fn_name, self._bcc.BPF.KPROBE,
+                                     attach_type=_BPF_TRACE_UPROBE_MULTI)
+        else:
+            fn = self._bpf.load_func(fn_name, self._bcc.BPF.KPROBE)
+        return fn.fd
+
+    def _perf_uprobe(self, fn_name: bytes, path: bytes, offset: int, pid: int, ret: bool) -> bytes:
+        """bcc's attach_uprobe/attach_uretprobe with the semaphore offset 0; returns the event."""
+        prog_fd = self._prog_fd(fn_name)
+        event = self._bpf._get_uprobe_evname(b"r" if ret else b"p", path, offset, pid)
+        with self._bcc_lock:
+            fd = self._attach_uprobe_c(prog_fd, 1 if ret else 0, event, path, offset, pid, 0)
+            if fd < 0:
+                raise OSError(ctypes.get_errno() or errno.EINVAL,
+                              f"Failed to attach BPF to {'uretprobe' if ret else 'uprobe'}")
+            self._bpf._add_uprobe_fd(event, fd)
+        return event
+
     def _attach_one(self, att: _Attachment, api: str, symbol: str, entry_only: bool) -> bool:
         """Attach the probes of one symbol; False when the file does not export it."""
         if api in att.probes:
@@ -354,25 +450,31 @@ class UprobeSession:
             return False
         mod, offset = resolved
         slot = self._slot_of[api]
-        before = set(self._bpf.uprobe_fds)
+        wanted = [(f"ht_enter_{slot}".encode(), False)]
+        if not entry_only:
+            wanted.append((f"ht_leave_{slot}".encode(), True))
+        made: list = []
         try:
-            with self._bcc_lock:
-                self._bpf.attach_uprobe(name=mod, addr=offset, fn_name=f"ht_enter_{slot}".encode(),
-                                        pid=att.pid)
-                if not entry_only:
-                    try:
-                        self._bpf.attach_uretprobe(name=mod, addr=offset,
-                                                   fn_name=f"ht_leave_{slot}".encode(), pid=att.pid)
-                    except Exception:
-                        self._bpf.detach_uprobe(name=mod, addr=offset, pid=att.pid)
-                        raise
+            for fn_name, ret in wanted:
+                if self.mechanism == "link":
+                    made.append(_uprobe_link(self._prog_fd(fn_name), mod, offset, att.pid, ret))
+                else:
+                    made.append(self._perf_uprobe(fn_name, mod, offset, att.pid, ret))
         except Exception as exc:
+            for handle in made:
+                self._close_handle(handle)
             where = "every process" if att.pid < 0 else f"process {att.pid}"
+            hint = ("the process may have exited" if isinstance(exc, OSError)
+                    and exc.errno == errno.ESRCH else
+                    "another tool may probe the same function with a different USDT semaphore "
+                    "offset (kernel log: ref_ctr_offset mismatch), the file may be on a "
+                    "filesystem without uprobe support, or the probe limit was reached")
             raise ProbeError(f"attaching uprobes to {symbol} in {att.path} for {where} failed "
-                             f"({exc}); the process may have exited, the file may be on a "
-                             "filesystem without uprobe support, or the probe limit was "
-                             "reached") from exc
-        att.probes[api] = _Probe(api, tuple(sorted(set(self._bpf.uprobe_fds) - before)))
+                             f"({exc}); {hint}") from exc
+        if self.mechanism == "link":
+            att.probes[api] = _Probe(api, links=tuple(made))
+        else:
+            att.probes[api] = _Probe(api, events=tuple(made))
         return True
 
     def _attachment(self, library_path: str, pid: int
@@ -449,19 +551,22 @@ class UprobeSession:
 
     # ---- detach ----------------------------------------------------------------------------
 
-    def _close_event(self, event: bytes) -> None:
-        """Close one probe's perf event. The close waits out an RCU grace period with the GIL
-        released (a ctypes call), so several of these run in parallel."""
+    def _close_handle(self, handle: int | bytes) -> None:
+        """Close one probe: a link fd, or a bcc perf event by name. Either close waits out an RCU
+        grace period with the GIL released, so several of these run in parallel."""
+        if isinstance(handle, int):
+            os.close(handle)
+            return
         with self._bcc_lock:
-            fd = self._bpf.uprobe_fds.get(event)
+            fd = self._bpf.uprobe_fds.get(handle)
         if fd is None:
             return
         if self._lib.bpf_close_perf_event_fd(fd) < 0:
-            log.debug("closing the perf event of %s failed", event)
-        self._lib.bpf_detach_uprobe(event)   # removes a legacy tracefs event, if one was made
+            log.debug("closing the perf event of %s failed", handle)
+        self._lib.bpf_detach_uprobe(handle)   # removes a legacy tracefs event, if one was made
         with self._bcc_lock:
-            if event in self._bpf.uprobe_fds:
-                self._bpf._del_uprobe_fd(event)
+            if handle in self._bpf.uprobe_fds:
+                self._bpf._del_uprobe_fd(handle)
 
     def _matching(self, library_path: str, pid: int | None
                   ) -> list[tuple[tuple[tuple[int, int], int], _Attachment]]:
@@ -489,22 +594,23 @@ class UprobeSession:
         """
         t0 = time.monotonic()
         with self._op_lock:
-            events: list[bytes] = []
+            handles: list[int | bytes] = []
             for library_path, pid, apis in items:
                 names = None if apis is None else set(apis)
                 for key, att in self._matching(library_path, pid):
                     for api in [a for a in att.probes if names is None or a in names]:
-                        events.extend(att.probes.pop(api).events)
+                        probe = att.probes.pop(api)
+                        handles.extend(probe.links + probe.events)
                     if not att.probes:
                         self._attached.pop(key, None)
-            if not events:
+            if not handles:
                 return time.monotonic() - t0
-            if len(events) == 1:
-                self._close_event(events[0])
+            if len(handles) == 1:
+                self._close_handle(handles[0])
             else:
-                with ThreadPoolExecutor(max_workers=min(len(events), MAX_DETACH_THREADS),
+                with ThreadPoolExecutor(max_workers=min(len(handles), MAX_DETACH_THREADS),
                                         thread_name_prefix="ht-detach") as pool:
-                    for fut in [pool.submit(self._close_event, e) for e in events]:
+                    for fut in [pool.submit(self._close_handle, h) for h in handles]:
                         try:
                             fut.result()
                         except Exception as exc:  # already gone (file replaced): nothing to undo

@@ -76,6 +76,17 @@ def build(out: Path = DEFAULT_OUT) -> FakeCuda:
     return fc
 
 
+def private_build(tmp_path_factory) -> FakeCuda:
+    """A build in a fresh pytest temp dir (new inodes), for tests that must not share probe
+    locations with other processes; skips (fails under CI) when there is no compiler."""
+    from conftest import missing_prerequisite
+
+    try:
+        return build(tmp_path_factory.mktemp("fakecuda"))
+    except BuildError as exc:
+        missing_prerequisite(f"cannot build the stand-in CUDA libraries: {exc}")
+
+
 if __name__ == "__main__":
     built = build(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT)
     for name, value in built.__dict__.items():

@@ -7,6 +7,15 @@ import pytest
 from hypertrace.collector.ebpf import ProbeError
 from hypertrace.proto import buckets
 from hypertrace.proto.wire import unpack_histogram
+import fakecuda_build
+
+
+@pytest.fixture(scope="module")
+def fakecuda(tmp_path_factory):
+    """A private build of the stand-ins (overrides conftest's shared one): a probe that another
+    tool holds on the shared files with a different USDT semaphore offset makes the kernel refuse
+    ours there (see collector/ebpf.py), and that must not fail these tests."""
+    return fakecuda_build.private_build(tmp_path_factory)
 
 
 def _p50_us(sample) -> float:

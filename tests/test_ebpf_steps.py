@@ -10,6 +10,15 @@ import pytest
 from conftest import missing_prerequisite
 from hypertrace.collector.ebpf import ProbeError
 from hypertrace.proto import buckets
+import fakecuda_build
+
+
+@pytest.fixture(scope="module")
+def fakecuda(tmp_path_factory):
+    """A private build of the stand-ins (overrides conftest's shared one): a probe that another
+    tool holds on the shared files with a different USDT semaphore offset makes the kernel refuse
+    ours there (see collector/ebpf.py), and that must not fail these tests."""
+    return fakecuda_build.private_build(tmp_path_factory)
 
 SYNC_NS = 2_000_000            # injected cudaStreamSynchronize latency (runtime part)
 LAUNCH_NS = 20_000
@@ -218,3 +227,38 @@ def test_forget_pids_drops_the_kernel_records(uprobe_session, fakecuda, run_work
     assert not [k for k in uprobe_session._bpf[b"procs"].keys() if k.value == w.pid]
     assert not [k for k in uprobe_session._bpf[b"periods"].keys() if k.tgid == w.pid]
     assert w.pid not in uprobe_session.read_process_stats()
+
+
+@pytest.mark.parametrize("mechanism", ["link", "perf"])
+def test_each_attach_mechanism_records_and_detaches(uprobe_session_shared, fakecuda, run_worker,
+                                                     mechanism):
+    """Both ways to attach (uprobe-multi links where the kernel has them, perf-event uprobes
+    everywhere) record the same thing, and detach_many leaves nothing firing."""
+    from hypertrace.collector.ebpf import UprobeSession, uprobe_links_supported
+
+    if mechanism == "link" and not uprobe_links_supported():
+        pytest.skip("this kernel has no uprobe-multi links (Linux 6.6+)")
+    with UprobeSession(mechanism=mechanism) as session:
+        assert session.mechanism == mechanism
+        w = run_worker("--api", "step", "--calls", "20", wait=True)
+        session.attach(str(fakecuda.cudart), pid=w.pid)
+        session.attach(str(fakecuda.cuda), pid=w.pid)
+        w.go()
+        w.finish()
+        got = session.read_and_clear()
+        assert got[(w.pid, "cudaStreamSynchronize")].count == 20
+        assert got[(w.pid, "cudaStreamSynchronize")].nested == 20
+        assert session.read_process_stats()[w.pid].periodic["cudaStreamSynchronize"].count == 19
+        session.detach_many([(str(fakecuda.cudart), w.pid, None), (str(fakecuda.cuda), None, None)])
+        assert session.attachments == {} and not session._bpf.uprobe_fds
+        other = run_worker("--api", "step", "--calls", "20", wait=True)
+        other.go()
+        other.finish()
+        assert not _ours(session.read_and_clear(), other.pid)
+
+
+def test_unknown_mechanism_is_a_clear_error():
+    from hypertrace.collector.ebpf import UprobeSession
+
+    with pytest.raises(ValueError, match="unknown uprobe mechanism 'kprobe'"):
+        UprobeSession(mechanism="kprobe")
