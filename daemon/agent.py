@@ -89,6 +89,7 @@ class Probed:
     sliced: set[str] = field(default_factory=set)       # sliced-tier APIs it exports (seen)
     demoted: set[str] = field(default_factory=set)      # periodic APIs moved to the sliced tier
     failed: dict[LibraryId, float] = field(default_factory=dict)   # -> monotonic retry time
+    slice_failed: set[LibraryId] = field(default_factory=set)      # its last slice attach failed
     ops: int = 0                                        # attach/detach ops not yet charged
 
     @property
@@ -266,11 +267,13 @@ class Agent:
 
     def _demote(self, p: Probed, apis: list[str], rates: dict[str, float]) -> None:
         """Move always-tier APIs of one process to the sliced tier (they cost too much)."""
-        budget = self.cfg.always_share * self.cfg.overhead_budget
+        allowance = self.cfg.always_share * self.cfg.overhead_budget
         for api in apis:
-            log.info("pid %d: %s fires %.0f/s; at %.0f ns a call that is over %.3g%% of its time "
-                     "(always_share x budget), so it moves to the sliced tier", p.pid, api,
-                     rates.get(api, 0.0), self.probe_cost_ns, budget * 100)
+            rate = rates.get(api, 0.0)
+            log.info("pid %d: %s fires %.0f/s, %.3g%% of its time at %.0f ns a call; the always "
+                     "tier may cost it %.3g%% in all (always_share x overhead_budget), so %s "
+                     "moves to the sliced tier", p.pid, api, rate,
+                     rate * self.probe_cost_ns * 1e-7, self.probe_cost_ns, allowance * 100, api)
         p.demoted.update(apis)
         items = []
         for path, on in p.always.items():
@@ -296,8 +299,12 @@ class Agent:
                 try:
                     got = set(self.session.attach(lib.path, pid, apis)) & set(apis)
                 except Exception as e:
-                    log.warning("slice: cannot probe %s in pid %d: %s", lib.path, pid, e)
+                    # Said once per library and process, not every slice.
+                    (log.debug if lib.id in p.slice_failed else log.warning)(
+                        "slice: cannot probe %s in pid %d: %s", lib.path, pid, e)
+                    p.slice_failed.add(lib.id)
                     continue
+                p.slice_failed.discard(lib.id)
                 ok = ok or bool(got)
                 p.sliced |= got
                 n = sum(probe_ops(a) for a in got)

@@ -138,23 +138,37 @@ def test_account_keeps_long_run_overhead_under_budget_despite_expensive_detaches
     assert spent <= 0.005 * 2000 * window_s + worst
 
 
-def test_governor_on_real_probes_plans_from_the_counted_rate(uprobe_session, fakecuda,
-                                                              run_worker, probe_cost_ns):
+def test_governor_on_real_probes_plans_from_the_counted_rate(uprobe_session, fakecuda, tmp_path,
+                                                              probe_cost_ns):
     """A worker launching 2,000 times/s (runtime launch with the driver launch inside, so 4,000
     probe firings/s): the slice the governor plans from what the probes counted costs what one
-    window earns, at that rate."""
+    window earns, at that rate. The worker runs from a private copy of the stand-ins (uprobes
+    live on inodes: other tests probing the shared build must not meet these probes)."""
+    import shutil
+    from types import SimpleNamespace
+
+    from conftest import Worker
+
+    private = tmp_path / "fakecuda"
+    private.mkdir()
+    for f in (fakecuda.worker, fakecuda.cudart, fakecuda.cuda):
+        shutil.copy2(f, private / f.name)
     rate = 2000
-    w = run_worker("--api", "launch", "--rate", str(rate), "--duration", "30", wait=True)
-    try:                               # attached before its first call: every call is whole
-        uprobe_session.attach(str(fakecuda.cudart), w.pid)
-        uprobe_session.attach(str(fakecuda.cuda), w.pid)
+    w = Worker(SimpleNamespace(worker=private / fakecuda.worker.name), "--api", "launch",
+               "--rate", str(rate), "--duration", "30", wait=True)
+    try:
+        try:                           # attached before its first call: every call is whole
+            uprobe_session.attach(str(private / fakecuda.cudart.name), w.pid)
+            uprobe_session.attach(str(private / fakecuda.cuda.name), w.pid)
+        finally:
+            w.go()                     # (a worker left waiting on stdin would not stop)
+        uprobe_session.read_and_clear()
+        t0 = time.monotonic()
+        time.sleep(1.5)
+        got = uprobe_session.read_and_clear()
+        attached = time.monotonic() - t0
     finally:
-        w.go()                         # (a worker left waiting on stdin would not stop)
-    uprobe_session.read_and_clear()
-    t0 = time.monotonic()
-    time.sleep(1.5)
-    got = uprobe_session.read_and_clear()
-    attached = time.monotonic() - t0
+        w.stop()
     hits = sum(s.probe_hits for (pid, _), s in got.items() if pid == w.pid)
     # The probes count every call exactly, so hits / attached is the true firing rate. A loaded
     # machine may pace the worker slower than asked: only a loose sanity check against the
