@@ -128,7 +128,8 @@ def mapped_cuda_paths(pid: int, proc_root: str = "/proc",
     if b"libcud" not in data:
         return out
     for line in data.split(b"\n"):
-        if b"libcud" not in line:
+        # CUDA runtime/driver libraries, and the step marker a training process may load
+        if b"libcud" not in line and b"libhypertrace_step" not in line:
             continue
         slash = line.find(b"/")
         if slash < 0:

@@ -450,9 +450,12 @@ class UprobeSession:
             return False
         mod, offset = resolved
         slot = self._slot_of[api]
+        # Return probe first: a call entering between the two attaches would otherwise have its
+        # entry recorded and never its return, leaving the thread "inside a call" (and every
+        # later call counted as nested) until the next generation.
         wanted = [(f"ht_enter_{slot}".encode(), False)]
         if not entry_only:
-            wanted.append((f"ht_leave_{slot}".encode(), True))
+            wanted.insert(0, (f"ht_leave_{slot}".encode(), True))
         made: list = []
         try:
             for fn_name, ret in wanted:
