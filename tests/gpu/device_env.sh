@@ -59,6 +59,7 @@ import grpc, google.protobuf, numpy, scipy
 print(f"device_env: imports ok (python {sys.version.split()[0]}, grpc {grpc.__version__}, "
       f"protobuf {google.protobuf.__version__}, numpy {numpy.__version__}, scipy {scipy.__version__})")
 PY
+command -v taskset >/dev/null || { _ht_fail "taskset missing (util-linux): the harness pins processes with it"; return 1; }
 command -v cc >/dev/null || command -v gcc >/dev/null \
   || echo "device_env: WARNING no C compiler: probe-cost calibration and the step marker need one" >&2
 python3 -c "import torch; print('device_env: torch', torch.__version__, 'GPUs', torch.cuda.device_count())" \

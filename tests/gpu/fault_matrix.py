@@ -187,9 +187,11 @@ class Harness:
     def start(self, name: str, cmd: list[str], cores: list[int], env: dict | None = None) -> subprocess.Popen:
         log = open(self.work / f"{name}.log", "wb")
         self.files.append(log)
-        cset = set(cores)
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or os.environ.copy(),
-                             preexec_fn=lambda: os.sched_setaffinity(0, cset), cwd=os.getcwd())
+        # taskset execs the command (same pid, so signals reach it); not preexec_fn, which may
+        # deadlock in a process that runs threads (the poller, gRPC)
+        mask = ",".join(str(c) for c in sorted(set(cores)))
+        p = subprocess.Popen(["taskset", "-c", mask] + cmd, stdout=log, stderr=subprocess.STDOUT,
+                             env=env or os.environ.copy(), cwd=os.getcwd())
         self.procs[name] = p
         return p
 
