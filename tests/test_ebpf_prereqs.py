@@ -34,7 +34,8 @@ def test_api_table():
     assert len(names) == len(set(names))
     assert {a.name for a in apis_for_library("cudart")} == {
         "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaStreamSynchronize",
-        "cudaDeviceSynchronize", "cudaEventSynchronize"}
+        "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaGraphLaunch"}
     assert {a.name for a in apis_for_library("cuda")} == {
-        "cuLaunchKernel", "cuLaunchKernelEx", "cuStreamSynchronize"}
-    assert all(a.kind in ("launch", "sync") for a in PROBED_APIS)
+        "cuLaunchKernel", "cuLaunchKernelEx", "cuStreamSynchronize", "cuGraphLaunch"}
+    assert {a.name for a in apis_for_library("marker")} == {"hypertrace_step"}
+    assert all(a.kind in ("launch", "sync", "graph", "marker") for a in PROBED_APIS)
