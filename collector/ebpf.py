@@ -77,8 +77,8 @@ PERIOD_DTYPE = np.dtype([("last_ns", "<u8"), ("last_sync_ns", "<u8"), ("last_off
                          ("busy", "<u8", (buckets.NUM_BUCKETS,))])
 #: Layout of struct ht_proc (cumulative per-process scheduler evidence and sync time).
 PROC_DTYPE = np.dtype([("sync_ns", "<u8"), ("offcpu_ns", "<u8"), ("runq_ns", "<u8"),
-                       ("involuntary", "<u8"), ("voluntary", "<u8"),
-                       ("runq", "<u8", (buckets.NUM_BUCKETS,))])
+                       ("involuntary", "<u8"), ("voluntary", "<u8"), ("last_ns", "<u8"),
+                       ("n", "<u8", (4,)), ("runq", "<u8", (buckets.NUM_BUCKETS,))])
 #: Bits of the program's per-tgid ``pids`` map.
 PID_EXCLUDED = 1
 PID_TRACKED = 2
@@ -178,8 +178,8 @@ class PeriodicSample:
 class SchedSample:
     """Scheduler evidence of one tracked process's active threads over the read interval."""
 
-    runq_ns: int                # runnable but waiting for a CPU
-    offcpu_ns: int              # blocked outside probed calls
+    runq_ns: int                # starved: an active thread runnable and none running
+    offcpu_ns: int              # idle: every active thread blocked outside CUDA calls
     involuntary: int            # preemptions
     voluntary: int              # blocking switches
     runq_hist: np.ndarray       # (NUM_BUCKETS,) uint64 run-queue latency histogram
@@ -244,6 +244,10 @@ def _file_key(path: str) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
+#: Fields of the cumulative records that are current values (state counts), not counters.
+_GAUGES = frozenset({"n"})
+
+
 def _delta(cur: np.ndarray, prev: np.ndarray | None) -> np.ndarray:
     """cur - prev of cumulative counters (a structured record); a counter that went backwards
     means the entry was deleted and made afresh (forget_pids), so cur is the delta then."""
@@ -251,6 +255,8 @@ def _delta(cur: np.ndarray, prev: np.ndarray | None) -> np.ndarray:
         return cur.copy()
     out = cur.copy()
     for name in cur.dtype.names:
+        if name in _GAUGES:                 # a current value, not a counter: kept as read
+            continue
         c, p = cur[name], prev[name]
         if np.any(c < p):
             return cur.copy()

@@ -28,9 +28,18 @@
 //  * Scheduler evidence (sched_switch / sched_wakeup / sched_wakeup_new): accounted only for
 //    "active" threads (threads of a tracked tgid that made a probed call), found by one lookup of
 //    the switching thread's id, so every other context switch on the machine costs one miss.
-//    Run-queue wait = runnable (woken, or preempted) -> switched in. Off-CPU = blocked -> woken,
-//    counted only when the thread blocked outside a probed call (a wait inside a sync call is that
-//    call's latency already). Per-tgid counters are updated from several CPUs: atomic adds.
+//    Per thread, run-queue latency = runnable (woken, or preempted) -> switched in (a histogram).
+//    Per process, the active threads' states are counted (running, queued, blocked inside a
+//    probed call, blocked outside) and the time between two state changes is charged to the
+//    process as a whole: "starved" while some active thread is runnable and none runs (CPU
+//    contention: another process holds the CPUs), "idle" while every active thread is blocked
+//    outside CUDA calls (waiting for peers at a CPU-side collective, for I/O, for data). Why the
+//    process and not the sum over threads: a training process's threads hand work to each other
+//    (the autograd thread runs backward while the main thread blocks on it); summed per thread,
+//    that hand-off reads as waiting, and a process pinned to one core reads as contended by its
+//    own threads. Counts are updated with atomic adds; the time charged between two changes on
+//    different CPUs of one process may be attributed to the state before or after a concurrent
+//    change (a few microseconds), which is far below what the signals resolve.
 //  * Large records (histograms) never live on the BPF stack: new map entries are initialised
 //    from a never-written per-CPU "zero" array element.
 //  * Buckets: exactly proto/buckets.py's scheme computed with shifts only (no division, no
@@ -87,19 +96,24 @@ struct ht_period {
 // Cumulative per process (tgid).
 struct ht_proc {
     u64 sync_ns;                    // latency of returned outermost sync-kind calls
-    u64 offcpu_ns;                  // blocked off CPU outside probed calls (active threads)
-    u64 runq_ns;                    // runnable, waiting for a CPU (active threads)
+    u64 offcpu_ns;                  // idle: every active thread blocked outside CUDA calls
+    u64 runq_ns;                    // starved: an active thread runnable, none running
     u64 involuntary;                // switched out runnable (preempted)
     u64 voluntary;                  // switched out blocked
-    u64 runq[HT_NUM_BUCKETS];       // run-queue latency histogram
+    u64 last_ns;                    // last state change of any active thread
+    u64 n[4];                       // active threads per HT_ST_* state (index state - 1)
+    u64 runq[HT_NUM_BUCKETS];       // run-queue latency histogram (per wait of one thread)
 };
 
 // Scheduler state of one active thread (key: tid).
+#define HT_ST_RUNNING 1
+#define HT_ST_QUEUED 2
+#define HT_ST_IN_CALL 3             // blocked inside a probed call (its wait is that call's)
+#define HT_ST_BLOCKED 4             // blocked outside probed calls
 struct ht_task {
     u32 tgid;
-    u32 blocked_in_call;            // it blocked inside a probed call
+    u32 state;                      // HT_ST_*; 0 until the process is tracked
     u64 queued_ns;                  // runnable since (0: not waiting for a CPU)
-    u64 blocked_ns;                 // blocked since (0: not blocked)
 };
 
 BPF_F_TABLE("percpu_hash", struct ht_key, struct ht_hist, stats0, 4096, BPF_F_NO_PREALLOC);
@@ -154,15 +168,44 @@ static __always_inline struct ht_hist *ht_slot(u32 buf, struct ht_key *key) {
     return stats0.lookup_or_try_init(key, init);
 }
 
+// Thread t of process pr changes state at now: charge the time since the process's last change to
+// "starved" or "idle" by the counts before the change, then move t's count.
+static __always_inline void ht_move(struct ht_proc *pr, struct ht_task *t, u32 to, u64 now) {
+    u64 last = pr->last_ns;
+    pr->last_ns = now;
+    if (last && now > last) {
+        s64 running = (s64)pr->n[0], queued = (s64)pr->n[1], in_call = (s64)pr->n[2];
+        if (running <= 0 && queued > 0)
+            __sync_fetch_and_add(&pr->runq_ns, now - last);
+        else if (running <= 0 && queued <= 0 && in_call <= 0 && (s64)pr->n[3] > 0)
+            __sync_fetch_and_add(&pr->offcpu_ns, now - last);
+    }
+    u32 from = t->state;
+    if (from >= HT_ST_RUNNING && from <= HT_ST_BLOCKED)
+        __sync_fetch_and_add(&pr->n[from - 1], (u64)-1);
+    if (to >= HT_ST_RUNNING && to <= HT_ST_BLOCKED)
+        __sync_fetch_and_add(&pr->n[to - 1], 1);
+    t->state = to;
+}
+
+// A thread of a tracked process made a probed call: it is active from now on, and running.
 static __always_inline void ht_mark_active(u64 id) {
     u32 tid = (u32)id;
     u32 tgid = id >> 32;
     struct ht_task *t = active.lookup(&tid);
-    if (t && t->tgid == tgid)
+    if (t && t->tgid == tgid && t->state)
         return;
-    struct ht_task fresh = {};
-    fresh.tgid = tgid;              // a new thread, or a tid reused by another process
-    active.update(&tid, &fresh);
+    if (!t || t->tgid != tgid) {
+        struct ht_task fresh = {};
+        fresh.tgid = tgid;          // a new thread, or a tid reused by another process
+        active.update(&tid, &fresh);
+        t = active.lookup(&tid);
+        if (!t)
+            return;
+    }
+    struct ht_proc *pr = procs.lookup(&tgid);
+    if (pr)
+        ht_move(pr, t, HT_ST_RUNNING, bpf_ktime_get_ns());
 }
 
 // The HT_PID_* bits of this tgid (0 when absent).
@@ -312,6 +355,7 @@ static __always_inline int ht_mark(struct pt_regs *ctx, u32 slot) {
 
 // ---- scheduler evidence ----
 
+
 // Whether thread id is inside a probed call now (per the current generation).
 static __always_inline u32 ht_in_call(u64 id) {
     struct ht_thread *c = threads.lookup(&id);
@@ -339,12 +383,11 @@ TRACEPOINT_PROBE(sched, sched_switch) {
             if ((args->prev_state & HT_BLOCKED_STATE_MASK) == 0) {
                 __sync_fetch_and_add(&pr->involuntary, 1);
                 t->queued_ns = now;
-                t->blocked_ns = 0;
+                ht_move(pr, t, HT_ST_QUEUED, now);
             } else {
                 __sync_fetch_and_add(&pr->voluntary, 1);
                 t->queued_ns = 0;
-                t->blocked_ns = now;
-                t->blocked_in_call = ht_in_call(id);
+                ht_move(pr, t, ht_in_call(id) ? HT_ST_IN_CALL : HT_ST_BLOCKED, now);
             }
         }
     }
@@ -354,15 +397,15 @@ TRACEPOINT_PROBE(sched, sched_switch) {
         u64 queued = t->queued_ns;
         u32 tgid = t->tgid;
         t->queued_ns = 0;
-        t->blocked_ns = 0;
         struct ht_proc *pr = ht_tracked(tgid);
-        if (pr && queued && now > queued) {
-            u64 wait = now - queued;
-            u32 b = ht_bucket(wait);
-            if (b >= HT_NUM_BUCKETS)
-                b = HT_NUM_BUCKETS - 1;
-            __sync_fetch_and_add(&pr->runq_ns, wait);
-            __sync_fetch_and_add(&pr->runq[b], 1);
+        if (pr) {
+            if (queued && now > queued) {
+                u32 b = ht_bucket(now - queued);
+                if (b >= HT_NUM_BUCKETS)
+                    b = HT_NUM_BUCKETS - 1;
+                __sync_fetch_and_add(&pr->runq[b], 1);
+            }
+            ht_move(pr, t, HT_ST_RUNNING, now);
         }
     }
     return 0;
@@ -373,18 +416,14 @@ static __always_inline int ht_wakeup(u32 tid) {
     if (!t)
         return 0;
     u64 now = bpf_ktime_get_ns();
-    u32 tgid = t->tgid;
-    u64 blocked = t->blocked_ns;
-    if (blocked) {
-        t->blocked_ns = 0;
-        struct ht_proc *pr = ht_tracked(tgid);
-        if (pr && !t->blocked_in_call && now > blocked)
-            __sync_fetch_and_add(&pr->offcpu_ns, now - blocked);
-    }
-    // A wake-up of a thread that has not blocked yet (it is still on its CPU) also lands here;
-    // its next switch-out overwrites this.
-    if (!t->queued_ns)
+    // A wake-up of a thread that has not blocked yet (it is still on its CPU) also lands here:
+    // only a blocked thread becomes queued.
+    if (t->state == HT_ST_IN_CALL || t->state == HT_ST_BLOCKED) {
+        struct ht_proc *pr = ht_tracked(t->tgid);
+        if (pr)
+            ht_move(pr, t, HT_ST_QUEUED, now);
         t->queued_ns = now;
+    }
     return 0;
 }
 
@@ -396,6 +435,12 @@ TRACEPOINT_PROBE(sched, sched_wakeup_new) { return ht_wakeup(args->pid); }
 TRACEPOINT_PROBE(sched, sched_process_exit) {
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id;
+    struct ht_task *t = active.lookup(&tid);
+    if (t) {
+        struct ht_proc *pr = ht_tracked(t->tgid);
+        if (pr && t->tgid == (u32)(id >> 32))
+            ht_move(pr, t, 0, bpf_ktime_get_ns());
+    }
     active.delete(&tid);
     threads.delete(&id);
     return 0;
