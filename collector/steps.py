@@ -20,6 +20,19 @@ What is left here is choosing *which* periodic API is the step:
 3. Otherwise **no step**, with the reason naming the best candidate and why it was refused (too
    few intervals, or too irregular: an API called at data-dependent times is not a clock).
 
+**Hysteresis.** Between 1 and 2 sits the API the process's steps were last inferred from
+(``prefer``, remembered per process by the agent): while it has at least ``min_steps`` intervals
+and their spread stays within the looser ``sticky_spread`` (default 4), it stays the step, even
+when another API now looks more regular or longer. Why: a rank slowed by a CPU hog on its core
+has stretched, uneven step intervals (a preemption lands in some steps and not others), so
+under the strict ``max_spread`` its steps were refused in exactly the windows where its step
+time is the evidence (the analyzer's what-if needs the slow rank's step). Contention stretches a
+step's intervals; it does not turn the step into a different pattern, so the API that was the
+clock stays the clock. Proof that it is not a clock (spread above ``sticky_spread``) drops it
+and the strict rule applies again; a window with too few of its intervals says nothing either
+way and keeps it. Staying on one API also keeps the step series of a process comparable from
+window to window. The marker still wins over everything.
+
 Everything here is pure numpy on :class:`ProcessStats`-like records, so it is tested without
 a kernel.
 """
@@ -70,6 +83,8 @@ class StepInference:
     gpu_wait_ns: int = 0             # synchronize time inside these steps
     peer_wait_ns: int = 0            # off-CPU time outside CUDA calls inside these steps
     step_sum_ns: int = 0
+    #: The API to pass as ``prefer`` next window (None: none). Not on the wire.
+    next_prefer: str | None = None
 
     def to_proto(self) -> tuple[pb.Histogram, pb.StepStats]:
         """``(ProcessWindow.step_time, ProcessWindow.steps)``."""
@@ -79,9 +94,9 @@ class StepInference:
             peer_wait_us=self.peer_wait_ns / 1e3, step_sum_us=self.step_sum_ns / 1e3)
 
 
-def _from(sample: PeriodicLike, source: str) -> StepInference:
+def _from(sample: PeriodicLike, source: str, next_prefer: str | None) -> StepInference:
     return StepInference(
-        source=source, steps=int(sample.count),
+        source=source, steps=int(sample.count), next_prefer=next_prefer,
         step_hist=np.asarray(sample.intervals, dtype=np.uint64).copy(),
         busy_hist=np.asarray(sample.busy, dtype=np.uint64).copy(),
         gpu_wait_ns=int(sample.sync_wait_ns), peer_wait_ns=int(sample.offcpu_wait_ns),
@@ -94,20 +109,50 @@ def interval_quantiles_ns(sample: PeriodicLike) -> tuple[float, float, float]:
     return float(q[0] * 1e3), float(q[1] * 1e3), float(q[2] * 1e3)
 
 
-def infer_steps(stats: StatsLike | None, min_steps: int = 3,
-                max_spread: float = 1.5) -> StepInference:
+def _spread(sample: PeriodicLike) -> tuple[float, float, float, float]:
+    """(p90/p10, p10, p50, p90) of the API's intervals (inf when p10 is 0)."""
+    p10, p50, p90 = interval_quantiles_ns(sample)
+    return (p90 / p10 if p10 > 0 else float("inf")), p10, p50, p90
+
+
+def infer_steps(stats: StatsLike | None, min_steps: int = 3, max_spread: float = 1.5,
+                prefer: str | None = None, sticky_spread: float = 4.0) -> StepInference:
     """Pick the step source of one process's window (module docstring has the rule).
 
     ``min_steps``: fewest intervals that make a step estimate; ``max_spread``: the largest
-    p90/p10 ratio of intervals still called regular.
+    p90/p10 ratio of intervals still called regular; ``prefer``: the API the process's steps
+    were last inferred from (the previous result's ``next_prefer``), kept while its spread is
+    at most ``sticky_spread``.
     """
-    if min_steps < 1 or not max_spread >= 1:
-        raise ValueError(f"need min_steps >= 1 and max_spread >= 1, got {min_steps}, "
-                         f"{max_spread}")
+    if min_steps < 1 or not max_spread >= 1 or not sticky_spread >= max_spread:
+        raise ValueError(f"need min_steps >= 1 and 1 <= max_spread <= sticky_spread, got "
+                         f"min_steps={min_steps}, max_spread={max_spread}, "
+                         f"sticky_spread={sticky_spread}")
     periodic = dict(stats.periodic) if stats is not None else {}
     marker = periodic.pop(MARKER_API, None)
     if marker is not None and marker.count >= min_steps:
-        return _from(marker, "marker")
+        return _from(marker, "marker", prefer)
+    dropped = ""                     # why the preferred API lost its place, when it did
+    preferred = periodic.get(prefer) if prefer else None
+    if preferred is not None and preferred.count >= min_steps:
+        spread, p10, _p50, p90 = _spread(preferred)
+        if spread <= sticky_spread:
+            return _from(preferred, f"inferred:{prefer}", prefer)
+        dropped = (f"{prefer}, the step of the last windows, spread p90/p10 = {spread:.2f} > "
+                   f"{sticky_spread:g} (p10 {p10 / 1e6:.3g} ms, p90 {p90 / 1e6:.3g} ms): "
+                   "no longer a clock")
+        prefer = None
+    inf = _strict(periodic, marker, min_steps, max_spread)
+    if inf.refused:
+        if dropped:
+            inf.refused = f"{dropped}; {inf.refused}"
+        inf.next_prefer = prefer     # too few of its intervals says nothing: keep it
+    return inf
+
+
+def _strict(periodic: dict[str, PeriodicLike], marker: PeriodicLike | None, min_steps: int,
+            max_spread: float) -> StepInference:
+    """Rule 2, else 3, of the module docstring (the marker is already ruled out)."""
     if not any(s.count > 0 for s in periodic.values()) and (marker is None or not marker.count):
         return StepInference(refused="no periodic calls this window (no synchronize, graph "
                                      "launch or hypertrace.step() call was seen twice)")
@@ -119,15 +164,14 @@ def infer_steps(stats: StatsLike | None, min_steps: int = 3,
         if s.count < min_steps:
             few.append((int(s.count), api))
             continue
-        p10, p50, p90 = interval_quantiles_ns(s)
-        spread = p90 / p10 if p10 > 0 else float("inf")
+        spread, p10, p50, p90 = _spread(s)
         if spread <= max_spread:
             regular.append((p50, api, s))
         else:
             irregular.append((spread, api, p10, p90))
     if regular:
         _p50, api, s = max(regular, key=lambda r: (r[0], r[1]))
-        return _from(s, f"inferred:{api}")
+        return _from(s, f"inferred:{api}", api)
     if irregular:
         spread, api, p10, p90 = min(irregular)
         why = (f"{api} is the most regular periodic call but not regular enough: its intervals "

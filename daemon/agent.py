@@ -140,6 +140,7 @@ class Agent:
         self.scanner = ProcessScanner(exclude_pids=[os.getpid()])
         self.records: dict[int, ProcessRecord] = {}
         self.probed: dict[int, Probed] = {}
+        self.step_api: dict[int, str] = {}   # pid -> API its steps were last inferred from
         self.windows_sent = 0
         self._slice_items: list[tuple[str, int, list[str]]] = []   # sliced tier now attached
         self._first_window: WindowState | None = None
@@ -492,7 +493,13 @@ class Agent:
                 attached_s=win.attached_s if pid in win.slice_pids else 0.0,
                 fixed_cost_s=fixed, covered_s=covered if covered < window_s else 0.0,
                 sched=st.sched if st else None,
-                steps=infer_steps(replace(st, periodic=periodic) if st else None))
+                steps=infer_steps(replace(st, periodic=periodic) if st else None,
+                                  prefer=self.step_api.get(pid)))
+            # Hysteresis (collector/steps.py): the API the steps came from stays preferred.
+            if probes[pid].steps.next_prefer:
+                self.step_api[pid] = probes[pid].steps.next_prefer
+            else:
+                self.step_api.pop(pid, None)
             cost_by_pid[pid] = self.governor.cost_s(sum(own.values()), p.ops)
             p.ops = 0
             if pid in win.slice_pids:
@@ -531,6 +538,8 @@ class Agent:
         self.notifier.status(status)
         if win.exited:
             self._stop_probing(win.exited)
+            for pid in win.exited:
+                self.step_api.pop(pid, None)
         for pid in [p for p in self.records if p not in self.scanner.processes]:
             del self.records[pid]                    # unprobed processes that exited
         return end_ns

@@ -106,3 +106,67 @@ def test_thresholds_are_parameters():
     assert infer_steps(_stats(_periodic("x", STEP[:2])), min_steps=2).source == "inferred:x"
     with pytest.raises(ValueError):
         infer_steps(_stats(), min_steps=0)
+
+
+def _spread_to(ratio: float, n: int = 41, step_ns: float = 20e6) -> np.ndarray:
+    """Intervals whose p90/p10 is about ``ratio``: a step stretched unevenly by contention
+    (the steps a hog preempted take longer, by varying amounts). Geometric spacing from 1 to
+    R puts p10 at R**0.1 and p90 at R**0.9, so R = ratio**1.25."""
+    v = step_ns * np.geomspace(1.0, ratio ** 1.25, n)
+    return v[np.random.default_rng(5).permutation(n)]
+
+
+def test_hysteresis_keeps_the_last_step_api_while_contention_spreads_its_intervals():
+    # Window 1: a regular stream sync is the step; it is what the next window prefers.
+    first = infer_steps(_stats(_periodic("cudaStreamSynchronize", STEP),
+                               _periodic("cudaDeviceSynchronize", SUBSTEP)))
+    assert first.source == "inferred:cudaStreamSynchronize"
+    assert first.next_prefer == "cudaStreamSynchronize"
+    # Window 2: a CPU hog stretches the same steps unevenly (p90/p10 ~ 2.5). A sub-step that
+    # stayed regular does not take the step's place.
+    hogged = _periodic("cudaStreamSynchronize", _spread_to(2.5))
+    spread = buckets.quantiles_us(hogged.intervals, [0.1, 0.9])
+    assert 2.0 < spread[1] / spread[0] < 3.0
+    other = _periodic("cudaDeviceSynchronize", SUBSTEP)
+    kept = infer_steps(_stats(hogged, other), prefer=first.next_prefer)
+    assert kept.source == "inferred:cudaStreamSynchronize" and kept.steps == 41
+    assert kept.next_prefer == "cudaStreamSynchronize" and not kept.refused
+    assert kept.step_sum_ns == hogged.interval_sum_ns
+    # Without the memory the strict rule refuses it (only the sub-step is regular).
+    assert infer_steps(_stats(hogged)).source == ""
+    assert infer_steps(_stats(hogged, other)).source == "inferred:cudaDeviceSynchronize"
+
+
+def test_a_preferred_api_spread_past_the_sticky_bound_falls_back_with_a_reason():
+    wild = _periodic("cudaStreamSynchronize", _spread_to(6.0))
+    inf = infer_steps(_stats(wild), prefer="cudaStreamSynchronize")
+    assert inf.source == "" and inf.steps == 0 and inf.next_prefer is None
+    assert "cudaStreamSynchronize, the step of the last windows" in inf.refused
+    assert "> 4" in inf.refused and "not regular enough" in inf.refused
+    # Falling back means the strict rule, which may pick another regular API.
+    other = infer_steps(_stats(wild, _periodic("cudaDeviceSynchronize", SUBSTEP)),
+                        prefer="cudaStreamSynchronize")
+    assert other.source == "inferred:cudaDeviceSynchronize"
+    assert other.next_prefer == "cudaDeviceSynchronize"
+    # The bound is a parameter; it may not be stricter than max_spread.
+    assert infer_steps(_stats(wild), prefer="cudaStreamSynchronize",
+                       sticky_spread=8.0).source == "inferred:cudaStreamSynchronize"
+    with pytest.raises(ValueError, match="sticky_spread"):
+        infer_steps(_stats(wild), sticky_spread=1.2)
+
+
+def test_too_few_intervals_of_the_preferred_api_keep_the_memory():
+    # A window holding fewer than min_steps of its intervals says nothing about its regularity.
+    inf = infer_steps(_stats(_periodic("cudaStreamSynchronize", STEP[:2])),
+                      prefer="cudaStreamSynchronize")
+    assert inf.source == "" and "fewer than 3" in inf.refused
+    assert inf.next_prefer == "cudaStreamSynchronize"
+    assert infer_steps(_stats(), prefer="cudaStreamSynchronize").next_prefer == \
+        "cudaStreamSynchronize"
+
+
+def test_the_marker_beats_the_preferred_api():
+    inf = infer_steps(_stats(_periodic("cudaStreamSynchronize", STEP),
+                             _periodic("hypertrace_step", STEP[:10] * 1.1)),
+                      prefer="cudaStreamSynchronize")
+    assert inf.source == "marker" and inf.steps == 10
