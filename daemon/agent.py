@@ -383,6 +383,7 @@ class Agent:
                 # The pid was reused within one scan: the old process's probes and counters
                 # must go before the new one's attach (same (file, pid) keys).
                 self._stop_probing({proc.pid: win.exited.pop(proc.pid)})
+                self.step_api.pop(proc.pid, None)
             rec = ProcessRecord(pid=proc.pid, attribution=attribute_pid(
                 proc.pid, self.cfg.node, self.cfg.job_env, gpus))
             self.records[proc.pid] = rec
