@@ -1,4 +1,5 @@
-"""Probable causes in words: NVML evidence first, then what the findings' tails imply.
+"""Probable causes in words: the convicting evidence first (the strongest signal, relative to
+its own gate), then the other signals briefly, then NVML context.
 
 Why a module of its own: the words are what an operator acts on at 3 a.m., so they are kept in
 one place, tested, and phrased as "evidence -> what to check", never as a certainty.
@@ -6,6 +7,7 @@ one place, tested, and phrased as "evidence -> what to check", never as a certai
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Iterable, Mapping, Protocol, Sequence
 
 from hypertrace.analyzer.config import ScoringConfig
@@ -32,8 +34,13 @@ class _Finding(Protocol):
     evidence: Mapping[str, tuple[float, float]]
 
 
-def nvml_evidence(ctx: pb.NvmlContext | None) -> list[str]:
-    """Facts from one GPU's NVML context that can explain slowness (empty if none)."""
+def nvml_evidence(ctx: pb.NvmlContext | None, replay_baseline: float | None = None) -> list[str]:
+    """Facts from one GPU's NVML context that can explain slowness (empty if none).
+
+    PCIe replays are named only when ``replay_baseline`` is given and the counter is above it:
+    the counter is cumulative since boot, so "1 PCIe replay" on its own says nothing about this
+    run. The engine passes the lower of the GPU's previous reading and the job's other GPUs'
+    median (:func:`replay_baseline`): named when the counter grew or is above the job's."""
     if ctx is None:
         return []
     out: list[str] = []
@@ -49,9 +56,21 @@ def nvml_evidence(ctx: pb.NvmlContext | None) -> list[str]:
     if (ctx.HasField("pcie_link_width") and ctx.HasField("pcie_max_link_width")
             and 0 < ctx.pcie_link_width < ctx.pcie_max_link_width):
         out.append(f"PCIe link degraded to x{ctx.pcie_link_width} of x{ctx.pcie_max_link_width}")
-    if ctx.HasField("pcie_replay_count") and ctx.pcie_replay_count > 0:
-        out.append(f"{ctx.pcie_replay_count} PCIe replays")
+    if (ctx.HasField("pcie_replay_count") and replay_baseline is not None
+            and ctx.pcie_replay_count > replay_baseline):
+        out.append(f"PCIe replay counter at {ctx.pcie_replay_count}, above {replay_baseline:g} "
+                   "(its previous reading or the job's other GPUs)")
     return out
+
+
+def replay_baseline(previous: int | None, others: Sequence[int]) -> float | None:
+    """What a GPU's PCIe replay counter is compared with (:func:`nvml_evidence`): the lower of
+    its own previous reading and the median of the job's other GPUs' counters; None when neither
+    is known (one reading of one GPU: nothing says the counter moved)."""
+    known = [float(previous)] if previous is not None else []
+    if len(others):
+        known.append(float(statistics.median(others)))
+    return min(known) if known else None
 
 
 def finding_meaning(cfg: ScoringConfig, api: str, direction: str) -> str:
@@ -84,8 +103,8 @@ def _no_contention(ev: Mapping[str, tuple[float, float]]) -> str:
     if "sched.runq" not in ev or "cpu_contention" not in ev:
         return ""
     v, _ = ev["sched.runq"]
-    if ev["cpu_contention"][0] > 0:
-        return f", with run-queue wait {share_text(v)} of wall time"
+    if ev["cpu_contention"][0] > 0:      # then sched.runq convicted too: named in "also: ..."
+        return ""
     return f", no CPU contention (run-queue wait {share_text(v)} of wall time)"
 
 
@@ -149,39 +168,105 @@ def _support(findings: Sequence[_Finding]) -> str:
     return ""
 
 
-def gpu_cause(ctx: pb.NvmlContext | None, findings: Sequence[_Finding]) -> str:
-    """One GPU's probable cause: the signal that convicted it, with its evidence (plus NVML
-    evidence if any); else NVML evidence; else what its implicating API tails say."""
-    evidence = nvml_evidence(ctx)
+def _strength(f: _Finding) -> float:
+    """A finding's deviation over its gate (signals.SignalScore.strength); 0 when unknown."""
+    x = float(getattr(f, "strength", float("nan")))
+    return 0.0 if math.isnan(x) else x
+
+
+def convicting_signals(findings: Iterable[_Finding]) -> list[_Finding]:
+    """The implicating signal findings, strongest first: the largest deviation relative to its
+    own gate (a run-queue share 1.2 gates over the job's and a GPU wait 7 gates over: the GPU
+    wait leads); ties in the catalogue order of :data:`SIGNALS`, then by |robust z|."""
     order = {name: i for i, (name, _, _) in enumerate(SIGNALS)}
-    convicting = sorted((f for f in findings if f.implicates and f.api in order),
-                        key=lambda f: order[f.api])
+    return sorted((f for f in findings if f.implicates and f.api in order),
+                  key=lambda f: (-_strength(f), order[f.api],
+                                 -abs(getattr(f, "robust_z", 0.0))))
+
+
+#: How a convicting signal is named after the first ("also: ..."): value, then job median.
+_BRIEF: dict[str, str] = {
+    "sched.runq": "run-queue wait {v} of wall time vs {m} (CPU contention)",
+    "gpu.sm_clock": "SM clock at {v} of its maximum vs {m} (throttled)",
+    "step.gpu_wait": "waits {v} per step on its own GPU vs {m} (GPU side)",
+    "step.time": "steps take {v} vs {m}",
+    "step.busy": "own work {v} per step vs {m}",
+    "launch.rate": "{v} launches/s vs {m}",
+}
+
+
+def _brief(f: _Finding) -> str:
+    unit = next(u for n, u, _ in SIGNALS if n == f.api)
+
+    def fmt(x: float) -> str:
+        if unit in ("share", "ratio"):
+            return share_text(x)
+        if unit == "hz":
+            return f"{x:,.0f}" if math.isfinite(x) else "n/a"
+        return duration_text(x)
+    return _BRIEF.get(f.api, "{v} vs {m} (" + f.api + ")").format(v=fmt(f.value_us),
+                                                                  m=fmt(f.job_median_us))
+
+
+def _also(convicting: Sequence[_Finding]) -> str:
+    """"; also: ..." naming, briefly, the convicting signals after the first (one each)."""
+    seen = {convicting[0].api} if convicting else set()
+    parts = []
+    for f in convicting[1:]:
+        if f.api not in seen:
+            seen.add(f.api)
+            parts.append(_brief(f))
+    return "; also: " + "; ".join(parts) if parts else ""
+
+
+def _api_cause(findings: Sequence[_Finding]) -> str:
+    """What implicating API latency tails say, with their numbers (no signal convicted)."""
+    imp = [f for f in findings if f.implicates and f.api not in SIGNAL_NAMES]
+    if not imp:
+        return ""
+    worst = max(imp, key=lambda f: abs(getattr(f, "robust_z", 0.0)))
+    apis = "/".join(sorted({f.api for f in imp}))
+    stat = getattr(worst, "stat", "p50")
+    return (f"slow {apis} ({worst.api} {stat} {duration_text(worst.value_us)} vs "
+            f"{duration_text(worst.job_median_us)} job median): check the host side "
+            "(CPU contention, NUMA placement, PCIe) or the driver")
+
+
+def gpu_cause(ctx: pb.NvmlContext | None, findings: Sequence[_Finding],
+              replay_base: float | None = None) -> str:
+    """One GPU's probable cause: the strongest signal that convicted it, with its evidence, the
+    other convicting signals briefly, supporting evidence, then NVML evidence if any; else what
+    its implicating API tails say (then NVML); else NVML evidence alone. The convicting
+    evidence always comes first: an NVML fact is context, not the verdict."""
+    evidence = nvml_evidence(ctx, replay_base)
+    nvml = "; NVML: " + "; ".join(evidence) if evidence else ""
+    convicting = convicting_signals(findings)
     if convicting:
-        text = signal_cause(convicting[0]) + _support(findings)
-        return text + ("; NVML: " + "; ".join(evidence) if evidence else "")
+        return signal_cause(convicting[0]) + _also(convicting) + _support(findings) + nvml
+    api = _api_cause(findings)
+    if api:
+        return api + nvml
     if evidence:
         return "NVML: " + "; ".join(evidence)
-    apis = {f.api for f in findings if f.implicates}
-    if any(f.implicates and f.direction == "high" for f in findings):
-        return ("slow " + "/".join(sorted(apis)) + " with no NVML evidence: check the host side "
-                "(CPU contention, NUMA placement, PCIe) or the driver")
-    if any(f.implicates and f.direction == "low" for f in findings):
-        return ("arrives last at collectives (" + "/".join(sorted(apis)) + " waits shortest): "
-                "slow compute, input pipeline or a noisy neighbour on this rank")
     return "flagged in earlier epochs; no finding in the latest flagged epoch"
 
 
 def host_cause(n_bad: int, n_gpus: int, nvml: Iterable[pb.NvmlContext | None],
-               gpu_findings: Sequence[Sequence[_Finding]] = ()) -> str:
+               gpu_findings: Sequence[Sequence[_Finding]] = (),
+               replay_bases: Sequence[float | None] | None = None) -> str:
     """A node whose GPUs are slow together: the host, not one GPU, is the likely cause. When a
-    signal convicted its GPUs, the cause is that signal's, with the worst GPU's numbers."""
-    evidence = sorted({e for ctx in nvml for e in nvml_evidence(ctx)})
-    order = {name: i for i, (name, _, _) in enumerate(SIGNALS)}
-    convicting = sorted((f for fs in gpu_findings for f in fs if f.implicates and f.api in order),
-                        key=lambda f: (order[f.api], -abs(getattr(f, "robust_z", 0.0))))
+    signal convicted its GPUs, the cause is the strongest such signal's, with that GPU's numbers.
+    ``replay_bases``: each NVML context's PCIe replay baseline (:func:`nvml_evidence`)."""
+    ctxs = list(nvml)
+    bases = list(replay_bases) if replay_bases is not None else [None] * len(ctxs)
+    evidence = sorted({e for ctx, b in zip(ctxs, bases) for e in nvml_evidence(ctx, b)})
+    convicting = convicting_signals(f for fs in gpu_findings for f in fs)
     if convicting:
+        first = convicting[0]
+        same = [f for f in convicting if (getattr(f, "node", None), getattr(f, "gpu", None))
+                == (getattr(first, "node", None), getattr(first, "gpu", None))]
         text = (f"host-level: {n_bad} of {n_gpus} GPUs slow together; "
-                + signal_cause(convicting[0]))
+                + signal_cause(first) + _also(same))
     else:
         text = (f"host-level: {n_bad} of {n_gpus} GPUs slow together; check CPU contention, "
                 "NUMA placement, the PCIe root complex and host memory (DIMM errors)")

@@ -75,11 +75,14 @@ class ScoreRow:
     robust_z: float
     flagged: bool
     direction: str                 # "high" | "low"
-    implicates: bool = False       # this tail makes the GPU suspect (launch high, sync low)
+    implicates: bool = False       # this tail makes the GPU suspect (scoring.implicates; a
+                                   # launch high tail only where the steps corroborate it)
     basis: str = "gpu"             # "gpu": this GPU's value; "host": its host's median GPU
     unit: str = ""                 # "" (µs latency) | "us" | "share" | "hz" | "ratio"
     #: a signal finding's evidence: {signal: (this GPU's value, job median)} (see signals.py)
     evidence: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: a signal finding's deviation over its gate (signals.SignalScore.strength); NaN for APIs
+    strength: float = float("nan")
 
 
 @dataclass
@@ -106,6 +109,8 @@ class _Job:
     host_codes: list[int] = field(default_factory=list)
     host_names: dict[str, int] = field(default_factory=dict)
     nvml: list[pb.NvmlContext | None] = field(default_factory=list)
+    #: the NVML context each GPU's latest one replaced (a cumulative counter grew if they differ)
+    nvml_prev: list[pb.NvmlContext | None] = field(default_factory=list)
     order: list[OrderKey | None] = field(default_factory=list)
     persistence: PersistenceState = field(default_factory=PersistenceState)
     findings: dict[int, list[ScoreRow]] = field(default_factory=dict)
@@ -149,6 +154,7 @@ class _Job:
             self.kind_codes.append(self.kind_names.setdefault(p.gpu_kind, len(self.kind_names)))
             self.host_codes.append(self.host_names.setdefault(node, len(self.host_names)))
             self.nvml.append(p.nvml if p.HasField("nvml") else None)
+            self.nvml_prev.append(None)
             self.order.append(order)
             self.seen_nodes.add(node)
             return row
@@ -162,8 +168,23 @@ class _Job:
                 self.kind_codes[row] = self.kind_names.setdefault(p.gpu_kind,
                                                                   len(self.kind_names))
             if p.HasField("nvml"):
+                self.nvml_prev[row] = self.nvml[row]
                 self.nvml[row] = p.nvml
         return row
+
+    def replay_bases(self) -> list[float | None]:
+        """Per GPU, what its PCIe replay counter must exceed to be named in a cause
+        (:func:`hypertrace.analyzer.causes.replay_baseline`): the lower of its previous reading
+        and the job's median counter (over the GPUs that report one)."""
+        counts = [c.pcie_replay_count for c in self.nvml
+                  if c is not None and c.HasField("pcie_replay_count")]
+        median = [float(np.median(counts))] if len(counts) >= 2 else []
+        out: list[float | None] = []
+        for prev in self.nvml_prev:
+            before = (prev.pcie_replay_count if prev is not None
+                      and prev.HasField("pcie_replay_count") else None)
+            out.append(causes.replay_baseline(before, median))
+        return out
 
     def grow(self) -> None:
         """Size the per-GPU arrays to the GPUs registered so far (once per epoch, not per GPU)."""
@@ -321,11 +342,15 @@ class Engine:
         layouts = job.host_layouts(rows, groups)
         launch_calls = np.zeros(g)
         for api, hists in cs.apis.items():
+            if cfg.api_kind(api) == "launch":
+                launch_calls += hists.total()
+        # the signals first: a launch tail convicts only where the steps corroborate it
+        sig = signals.score_signals(cs, cfg, groups, launch_calls)
+        gpu_ok, host_ok = signals.launch_corroboration(sig, cfg, groups, layouts)
+        for api, hists in cs.apis.items():
             kind = cfg.api_kind(api)
             if kind == "marker":                 # a step boundary, not a latency
                 continue
-            if kind == "launch":
-                launch_calls += hists.total()
             q = quantiles[api] = hists.quantiles_us([KNOWN_STATS[x] for x in cfg.stats])
             cnt = hists.total()
             se = sampling_se_us(hists, q, cfg.stats)
@@ -348,7 +373,12 @@ class Engine:
                     host_high[sel] = hs.high[of_gpu] & mine
                     host_low[sel] = hs.low[of_gpu] & mine
                 parts.append(_Part(sel, sc, hs, of_gpu))
-            bad = (gpu_low | host_low) if kind == "sync" else (gpu_high | host_high)
+            if kind == "sync":                   # arrives last: supporting evidence only
+                bad = np.zeros((g, s), dtype=bool)
+            elif kind == "launch":
+                bad = (gpu_high & gpu_ok[:, None]) | (host_high & host_ok[:, None])
+            else:
+                bad = gpu_high | host_high
             for j in np.flatnonzero(verdict_cols):      # column by column: G x 1 reductions
                 flagged |= bad[:, j]                      # along a short axis are slow
             gpu_cells = gpu_high | gpu_low
@@ -368,9 +398,10 @@ class Engine:
                         value_us=float(sc_.value_us[r, si]),
                         job_median_us=float(sc_.median_us[si]), ratio=float(sc_.ratio[r, si]),
                         robust_z=float(sc_.robust_z[r, si]), flagged=True, direction=direction,
-                        implicates=bool(verdict_cols[si]) and implicates(kind, direction),
+                        implicates=bool(verdict_cols[si]) and implicates(kind, direction)
+                        and (kind != "launch" or bool((gpu_ok if basis == "gpu"
+                                                       else host_ok)[gi])),
                         basis=basis))
-        sig = signals.score_signals(cs, cfg, groups, launch_calls)
         sufficient |= sig.sufficient
         flagged |= sig.flagged
         found.extend(self._signal_rows(job, cs, sig))
@@ -407,7 +438,8 @@ class Engine:
                     job_median_us=float(s.median[i]), ratio=float(s.ratio[i]),
                     robust_z=float(s.robust_z[i]), flagged=True,
                     direction="high" if s.high[i] else "low", implicates=imp, basis="gpu",
-                    unit=s.unit, evidence=sig.evidence(i) if imp else {}))
+                    unit=s.unit, evidence=sig.evidence(i) if imp else {},
+                    strength=float(s.strength[i])))
         return out
 
     def _accumulate_theory(self, job: _Job, cs: CrossSection, groups: list[np.ndarray],
@@ -507,6 +539,7 @@ class Engine:
             rates = np.where(step_based, job.step_above / np.maximum(job.step_total, 1e-300),
                              job.spike_hits / np.maximum(job.spike_seen, 1e-300))
         rates = np.where((job.step_total > 0) | (job.spike_seen > 0), rates, np.nan)
+        bases = job.replay_bases()
         by_node: dict[str, list[int]] = {}
         for r, (node, _) in enumerate(job.keys):
             by_node.setdefault(node, []).append(r)
@@ -528,12 +561,12 @@ class Engine:
                                     meaning=causes.finding_meaning(cfg, f.api, f.direction),
                                     basis=f.basis, unit=f.unit)
                 if codes[r] in (SUSPECT, STRAGGLER):
-                    gr.probable_cause = causes.gpu_cause(job.nvml[r], fs)
+                    gr.probable_cause = causes.gpu_cause(job.nvml[r], fs, bases[r])
                 gpu_reports.append(gr)
             gpu_reports.sort(key=_gpu_sort_key)
             bad_findings = [job.findings.get(r, []) for r in rws if codes[r] in (SUSPECT, STRAGGLER)]
             node_reports.append(_node_report(cfg, node, gpu_reports, [job.nvml[r] for r in rws],
-                                             bad_findings))
+                                             bad_findings, [bases[r] for r in rws]))
         node_reports.sort(key=lambda n: (_SEVERITY[n.verdict], -_worst_z(n), n.node))
         jr.nodes.extend(node_reports)
         jr.cluster.CopyFrom(self._prediction(job, rates, node_reports))
@@ -607,7 +640,8 @@ def _gpu_sort_key(g: pb.GpuReport) -> tuple:
 
 def _node_report(cfg: ScoringConfig, node: str, gpus: list[pb.GpuReport],
                  nvml: list[pb.NvmlContext | None],
-                 bad_findings: list[list[ScoreRow]] = ()) -> pb.NodeReport:
+                 bad_findings: list[list[ScoreRow]] = (),
+                 replay_bases: list[float | None] | None = None) -> pb.NodeReport:
     verdicts = [g.verdict for g in gpus]
     bad = [g for g in gpus if g.verdict in ("suspect", "straggler")]
     if "straggler" in verdicts:
@@ -624,7 +658,8 @@ def _node_report(cfg: ScoringConfig, node: str, gpus: list[pb.GpuReport],
     nr = pb.NodeReport(node=node, verdict=verdict, scope=scope)
     nr.gpus.extend(gpus)
     if scope == "host":
-        nr.probable_cause = causes.host_cause(len(bad), len(gpus), nvml, bad_findings)
+        nr.probable_cause = causes.host_cause(len(bad), len(gpus), nvml, bad_findings,
+                                              replay_bases)
     elif scope == "gpu":
         nr.probable_cause = "GPU-level: " + "; ".join(
             f"GPU {g.gpu}: {g.probable_cause}" for g in bad)

@@ -48,7 +48,8 @@ MEANINGS: dict[tuple[str, str], str] = {
                         "slowly (CPU contention, NUMA placement, PCIe, throttled clocks)",
     ("launch", "low"): "launch calls faster than the rest of the job: not a problem by itself",
     ("sync", "low"): "shortest synchronize waits in the job: this rank arrives last at the "
-                     "collective, it is the one everybody waits for",
+                     "collective, it is the one everybody waits for (supporting evidence: "
+                     "convicts only with a direct signal)",
     ("sync", "high"): "longer synchronize waits than the job: this rank waits on others; it is "
                       "not itself slow",
     ("other", "high"): "slower than the rest of the job",
@@ -61,8 +62,16 @@ def meaning(kind: str, direction: str) -> str:
 
 
 def implicates(kind: str, direction: str) -> bool:
-    """Does a finding in this tail make *this* GPU suspect? (launch high, sync low, other high)."""
-    return (kind == "sync" and direction == "low") or (kind != "sync" and direction == "high")
+    """Does a finding in this tail make *this* GPU suspect? (launch high, other high; never a
+    sync tail).
+
+    A sync low tail (arrives last at the collective) is supporting evidence only: on an H200 with
+    8 independent ranks sharing one GPU, healthy ranks' synchronize p50 sat at 0.44-0.48 of the
+    job's with step times equal to the job's. The waited-for rank is convicted by direct signals
+    (busy time, run-queue share, waits on its own GPU: :mod:`hypertrace.analyzer.signals`). The
+    engine further requires a launch high tail to be corroborated by the steps where the GPU has
+    any (:func:`hypertrace.analyzer.signals.launch_corroboration`)."""
+    return kind != "sync" and direction == "high"
 
 
 @dataclass

@@ -44,6 +44,8 @@ class Rank:
     launch_us: float = 8.0
     spread: float = 0.01            # relative sd of each step around its rank's value
     sm_clock: int | None = None
+    refused: str = ""               # step inference refused this window: no step values
+    pcie_replays: int | None = None
 
 
 def _hist_ns(values_ns: np.ndarray) -> pb.Histogram:
@@ -61,11 +63,15 @@ def _process(rank: int, r: Rank, rng: np.random.Generator) -> pb.ProcessWindow:
     p.apis.append(pb.ApiStats(api="hypertrace_step", count=0, histogram=pb.Histogram(scheme=1)))
     step = rng.normal(r.step_ms * 1e6, r.step_ms * 1e6 * r.spread, r.steps)
     busy = rng.normal(r.busy_ms * 1e6, r.busy_ms * 1e6 * r.spread, r.steps)
-    p.step_time.CopyFrom(_hist_ns(step))
-    p.steps.CopyFrom(pb.StepStats(
-        source="marker", steps=r.steps, busy_time=_hist_ns(busy),
-        gpu_wait_us=float(sync.sum() / 1e3),
-        peer_wait_us=float(r.peer_wait_ms * 1e3 * r.steps), step_sum_us=float(step.sum() / 1e3)))
+    if r.refused:
+        p.steps.CopyFrom(pb.StepStats(source="", refused=r.refused, steps=0))
+    else:
+        p.step_time.CopyFrom(_hist_ns(step))
+        p.steps.CopyFrom(pb.StepStats(
+            source="marker", steps=r.steps, busy_time=_hist_ns(busy),
+            gpu_wait_us=float(sync.sum() / 1e3),
+            peer_wait_us=float(r.peer_wait_ms * 1e3 * r.steps),
+            step_sum_us=float(step.sum() / 1e3)))
     waits = max(int(r.runq_share * WINDOW_S * 1e9 / (r.runq_p50_us * 1e3)), 1)
     p.sched.CopyFrom(pb.SchedStats(
         runq_ns=int(r.runq_share * WINDOW_S * 1e9), offcpu_ns=int(r.peer_wait_ms * 1e6 * r.steps),
@@ -76,6 +82,8 @@ def _process(rank: int, r: Rank, rng: np.random.Generator) -> pb.ProcessWindow:
     if r.sm_clock is not None:
         p.nvml.sm_clock_mhz = r.sm_clock
         p.nvml.max_sm_clock_mhz = 1980
+    if r.pcie_replays is not None:
+        p.nvml.pcie_replay_count = r.pcie_replays
     return p
 
 
@@ -351,3 +359,161 @@ def test_what_if_on_busy_time_predicts_the_gain_of_removing_the_slow_rank():
     truth = now / after - 1.0
     assert c.predicted_gain == pytest.approx(truth, abs=0.02)
     assert c.step_time_now_us == pytest.approx(now * 1e3, rel=0.02)
+
+
+# ---- (g) launch latency needs the steps' corroboration; sync low never convicts alone -----------
+
+def _independent(slow_launch: dict[int, float], slow_busy: dict[int, float] | None = None,
+                 sync_low: dict[int, float] | None = None, refused: bool = False):
+    """Independent ranks (own step times, no peer wait): per rank a launch p50 factor, a busy
+    factor and an own-GPU wait factor."""
+    offsets = np.random.default_rng(21).uniform(-0.03, 0.03, RANKS)
+
+    def rank_of(e, k, rng):
+        b = (slow_busy or {}).get(k, 1.0)
+        w = (sync_low or {}).get(k, 1.0)
+        f = 1.0 + offsets[k]
+        return Rank(step_ms=(70.0 * b + 20.0 * w) * f / 0.9, busy_ms=70.0 * b * f,
+                    gpu_wait_ms=20.0 * w * f, peer_wait_ms=0.0,
+                    launch_us=8.0 * slow_launch.get(k, 1.0) * rng.uniform(0.99, 1.01),
+                    runq_share=rng.uniform(0.001, 0.003),
+                    refused="no periodic call: too few intervals" if refused else "")
+    return rank_of
+
+
+def test_slow_launches_that_do_not_lengthen_the_step_do_not_convict():
+    """As measured on an H200 (independent mode): ranks 1 and 2 launch 17-31% slower and wait
+    0.44-0.48x as long in cudaDeviceSynchronize, with the job's step time: healthy."""
+    rank_of = _independent({1: 1.25, 2: 1.3}, sync_low={1: 0.45, 2: 0.45})
+    engine, results = run(windows(6, rank_of, seed=21))
+    assert engine.report(now_ns=0).jobs[0].mode == "independent"
+    assert set(verdicts(engine).values()) == {"healthy"}
+    assert convicted(results) == set()
+    rows = [r for res in results for r in res.rows if r.rank in (1, 2)]
+    launch = [r for r in rows if r.api == "cudaLaunchKernel" and r.stat == "p50"]
+    sync = [r for r in rows if r.api == "cudaDeviceSynchronize" and r.stat == "p50"]
+    assert launch and all(r.direction == "high" and r.ratio > 1.15 for r in launch)
+    assert sync and all(r.direction == "low" for r in sync)      # still reported, as support
+    assert not any(r.implicates for r in launch + sync)
+
+
+def test_slow_launches_with_longer_own_work_convict():
+    rank_of = _independent({SLOW: 1.25}, slow_busy={SLOW: 1.2})
+    engine, results = run(windows(6, rank_of, seed=22))
+    assert verdicts(engine)[SLOW] == "straggler"
+    assert convicted(results) == {SLOW}
+    assert any(r.api == "cudaLaunchKernel" and r.implicates and r.rank == SLOW
+               for res in results for r in res.rows)
+
+
+def test_without_step_data_launch_latency_alone_still_convicts():
+    """An agent without step inference (every window refused): the old rule, and the cause
+    quotes the launch numbers."""
+    rank_of = _independent({SLOW: 1.25}, refused=True)
+    engine, results = run(windows(6, rank_of, seed=23))
+    assert engine.report(now_ns=0).jobs[0].mode == ""
+    assert verdicts(engine)[SLOW] == "straggler" and convicted(results) == {SLOW}
+    cause = gpu(engine, SLOW).probable_cause
+    assert cause.startswith("slow cudaLaunchKernel (cudaLaunchKernel p50 10."), cause
+
+
+def test_arrives_last_alone_never_convicts():
+    """Collective job: rank 5's sync waits shortest (it arrives last), nothing else moves."""
+    def rank_of(e, k, rng):
+        return Rank(gpu_wait_ms=5.0 if k == SLOW else 20.0 * rng.uniform(0.98, 1.02),
+                    runq_share=rng.uniform(0.001, 0.003))
+    engine, results = run(windows(6, rank_of, seed=24))
+    assert verdicts(engine)[SLOW] == "healthy"
+    low = [r for res in results for r in res.rows
+           if r.rank == SLOW and r.api == "cudaDeviceSynchronize" and r.stat == "p50"]
+    assert low and all(r.direction == "low" and not r.implicates for r in low)
+
+
+# ---- (h) the cause leads with the strongest convicting signal, NVML after it -------------------
+
+def _gpu_plus_30(pcie=None):
+    """Collective job, 36 ms steps; rank 5 does 30% more GPU work (waits 18 ms per step on its
+    GPU vs 4.8 ms) and shares its CPU a little more (run-queue 32% vs 26%: 6 points, just over
+    the 5-point gate). Numbers of the H200 run."""
+    def rank_of(e, k, rng):
+        p = None if pcie is None else pcie(e, k)
+        if k == SLOW:
+            return Rank(step_ms=36.0, busy_ms=17.5, gpu_wait_ms=18.0, peer_wait_ms=0.5,
+                        runq_share=0.32, runq_p50_us=60.0, pcie_replays=p)
+        return Rank(step_ms=36.0, busy_ms=17.5, gpu_wait_ms=4.8 * rng.uniform(0.98, 1.02),
+                    peer_wait_ms=13.7 + rng.uniform(-0.3, 0.3),
+                    runq_share=0.26 + rng.uniform(-0.01, 0.01), runq_p50_us=50.0,
+                    pcie_replays=p)
+    return rank_of
+
+
+def test_cause_leads_with_the_signal_strongest_relative_to_its_gate():
+    engine, results = run(windows(6, _gpu_plus_30(), seed=25))
+    assert verdicts(engine)[SLOW] == "straggler" and convicted(results) == {SLOW}
+    imp = {r.api: r for res in results for r in res.rows if r.rank == SLOW and r.implicates}
+    assert {"sched.runq", "step.gpu_wait"} <= set(imp)
+    assert imp["sched.runq"].strength == pytest.approx(0.06 / 0.05, rel=0.2)
+    assert imp["step.gpu_wait"].strength == pytest.approx(13.2 / 1.8, rel=0.1)
+    cause = gpu(engine, SLOW).probable_cause
+    assert re.match(r"waits 18\.0 ms per step on its own GPU vs 4\.[789] ms job median: GPU side",
+                    cause), cause
+    assert "GPU side" in cause.split(";")[0]
+    assert re.search(r"; also: run-queue wait 32% of wall time vs 2[67]% \(CPU contention\)",
+                     cause), cause
+    assert "NVML" not in cause
+
+
+def test_a_pcie_replay_counter_that_does_not_move_is_not_named():
+    """Every GPU's counter reads 1 (cumulative since boot; here the ranks share one GPU)."""
+    engine, _ = run(windows(6, _gpu_plus_30(lambda e, k: 1), seed=26))
+    cause = gpu(engine, SLOW).probable_cause
+    assert cause.startswith("waits 18.0 ms per step") and "PCIe" not in cause, cause
+
+
+def test_a_growing_pcie_replay_counter_is_named_after_the_convicting_signal():
+    engine, _ = run(windows(6, _gpu_plus_30(lambda e, k: 1 + 40 * e if k == SLOW else 1),
+                            seed=27))
+    cause = gpu(engine, SLOW).probable_cause
+    assert cause.startswith("waits 18.0 ms per step"), cause
+    nvml = cause.index("NVML: PCIe replay counter at 201")
+    assert nvml > cause.index("GPU side")
+
+
+def test_nvml_follows_launch_evidence_when_no_signal_convicts():
+    def rank_of(e, k, rng):
+        r = _independent({SLOW: 1.3}, refused=True)(e, k, rng)
+        r.pcie_replays = 5 * e if k == SLOW else 0
+        return r
+    engine, _ = run(windows(6, rank_of, seed=28))
+    cause = gpu(engine, SLOW).probable_cause
+    assert cause.startswith("slow cudaLaunchKernel") and "; NVML: PCIe replay counter at 25" \
+        in cause, cause
+
+
+# ---- (i) a window whose step inference was refused ---------------------------------------------
+
+def test_refused_step_inference_gives_no_step_values_and_sched_still_scores():
+    def rank_of(e, k, rng):
+        if k == SLOW:
+            return Rank(refused="no regular periodic call", runq_share=0.4, runq_p50_us=2900.0)
+        return Rank(runq_share=rng.uniform(0.001, 0.003))
+    ws = windows(5, rank_of, seed=29)
+    engine, results = run(ws)
+    assert verdicts(engine)[SLOW] == "straggler" and convicted(results) == {SLOW}
+    rows = [r for res in results for r in res.rows if r.rank == SLOW]
+    assert {r.api for r in rows if r.implicates} == {"sched.runq"}
+    assert not [r for r in rows if r.api.startswith("step.")]
+    assert all(k == "sched.runq" or not k.startswith("step.")
+               for r in rows for k in r.evidence)
+    # the epoch's step values for that GPU are NaN, the others' finite
+    from hypertrace.analyzer.cross_section import EpochAccumulator
+    acc = EpochAccumulator("job", 0)
+    for k, w in enumerate(ws[:RANKS]):
+        acc.add_process(k, w.processes[0], w.end.ToNanoseconds())
+    cs = acc.build()
+    sig = signals.score_signals(cs, ScoringConfig(), [np.arange(RANKS)], np.zeros(RANKS))
+    assert np.isnan(sig.busy_us[SLOW]) and np.isnan(sig.step_us[SLOW])
+    assert np.isfinite(np.delete(sig.busy_us, SLOW)).all()
+    for name in ("step.busy", "step.time", "step.gpu_wait", "step.peer_wait"):
+        assert not sig.by_name[name].scored[SLOW] and np.isnan(sig.by_name[name].value[SLOW])
+    assert sig.by_name["sched.runq"].scored[SLOW] and sig.by_name["sched.runq"].high[SLOW]
