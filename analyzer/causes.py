@@ -147,6 +147,11 @@ def signal_cause(f: _Finding) -> str:
         return (f"own work {duration_text(v)} per step (step less its waits) vs "
                 f"{duration_text(m)} job median{_no_contention(ev)}: the rank itself is slower "
                 "(CPU side: input pipeline, Python overhead, more work on this rank)")
+    if name == "step.own":
+        v, m = ev[name]
+        return (f"own time {duration_text(v)} per step (step less its wait for peers) vs "
+                f"{duration_text(m)} job median: the rank the others wait for"
+                f"{_grown_part(ev)}{_no_contention(ev)}")
     if name == "step.time":
         v, m = ev[name]
         return (f"steps take {duration_text(v)} vs {duration_text(m)} job median (independent "
@@ -174,14 +179,30 @@ def _strength(f: _Finding) -> float:
     return 0.0 if math.isnan(x) else x
 
 
+#: Signals that say *why* a rank is slow, as opposed to *that* it is (own time, step time,
+#: launch rate): a cause leads with an explanation when one was flagged.
+EXPLANATORY = frozenset({"sched.runq", "gpu.sm_clock", "step.gpu_wait", "step.busy"})
+
+
 def convicting_signals(findings: Iterable[_Finding]) -> list[_Finding]:
-    """The implicating signal findings, strongest first: the largest deviation relative to its
-    own gate (a run-queue share 1.2 gates over the job's and a GPU wait 7 gates over: the GPU
-    wait leads); ties in the catalogue order of :data:`SIGNALS`, then by |robust z|."""
+    """The signal findings a cause quotes: the implicating ones, and the high busy-time and
+    GPU-wait findings that say which part of the step grew. Root causes first (run-queue, SM
+    clock), then the part that grew (GPU wait, busy time), then symptoms (own time, step time,
+    launch rate); within each, strongest first: the largest deviation relative to its own gate (a run-queue share 1.2
+    gates over the job's and a GPU wait 7 gates over: the GPU wait leads); ties in the catalogue
+    order of :data:`SIGNALS`, then by |robust z|."""
     order = {name: i for i, (name, _, _) in enumerate(SIGNALS)}
-    return sorted((f for f in findings if f.implicates and f.api in order),
-                  key=lambda f: (-_strength(f), order[f.api],
-                                 -abs(getattr(f, "robust_z", 0.0))))
+    quoted = [f for f in findings if f.api in order and (
+        f.implicates or (f.api in ("step.gpu_wait", "step.busy") and f.direction == "high"))]
+    if not any(f.implicates for f in quoted):
+        return []
+    return sorted(quoted, key=lambda f: (_TIER.get(f.api, 2), -_strength(f), order[f.api],
+                                         -abs(getattr(f, "robust_z", 0.0))))
+
+
+#: Root causes the node itself reports (the scheduler, NVML) before the part of the step that
+#: grew (which says where, not why), before symptoms.
+_TIER = {"sched.runq": 0, "gpu.sm_clock": 0, "step.gpu_wait": 1, "step.busy": 1}
 
 
 #: How a convicting signal is named after the first ("also: ..."): value, then job median.
@@ -191,6 +212,7 @@ _BRIEF: dict[str, str] = {
     "step.gpu_wait": "waits {v} per step on its own GPU vs {m} (GPU side)",
     "step.time": "steps take {v} vs {m}",
     "step.busy": "own work {v} per step vs {m}",
+    "step.own": "own time {v} per step vs {m}",
     "launch.rate": "{v} launches/s vs {m}",
 }
 

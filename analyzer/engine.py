@@ -47,6 +47,10 @@ from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
 
 _VERDICTS = np.array(VERDICT_NAMES, dtype=object)
+#: Weight an epoch's own-time histograms keep per later epoch in the what-if (half-life one
+#: window). Chosen on the first H200 fault run (collective, CPU hog: 0.8 predicted +10% against
+#: a measured +19%; 0.5 gave +15%; the latest window alone was noisy, +16..26%).
+WHATIF_KEEP = 0.5
 #: Sort order of verdicts in reports: worst first.
 _SEVERITY = {"straggler": 0, "suspect": 1, "insufficient_data": 2, "healthy": 3}
 
@@ -438,7 +442,7 @@ class Engine:
                     job_median_us=float(s.median[i]), ratio=float(s.ratio[i]),
                     robust_z=float(s.robust_z[i]), flagged=True,
                     direction="high" if s.high[i] else "low", implicates=imp, basis="gpu",
-                    unit=s.unit, evidence=sig.evidence(i) if imp else {},
+                    unit=s.unit, evidence=sig.evidence(i) if (imp or s.high[i]) else {},
                     strength=float(s.strength[i])))
         return out
 
@@ -487,6 +491,12 @@ class Engine:
         if cs.signals is not None and cs.signals.busy is not None:
             if job.busy_counts is None:
                 job.busy_counts = np.zeros(job.basis_counts.shape, np.float32)
+            # The what-if is about the job as it is now: older epochs fade (half-life one
+            # window), so a rank slow for the last few windows is predicted as slow and not
+            # averaged with the hours it was healthy (docs/design.md).
+            _scale_rows(job.busy_counts, rows, WHATIF_KEEP)
+            job.gpu_wait_us[rows] *= WHATIF_KEEP
+            job.steps_seen[rows] *= WHATIF_KEEP
             _add_rows(job.busy_counts, rows, cs.signals.busy)
             job.gpu_wait_us[rows] += cs.signals.gpu_wait_us
             job.steps_seen[rows] += cs.signals.steps
@@ -602,7 +612,7 @@ class Engine:
                     else f"{basis} latency per call")
             step_spikes = job.step_counts is not None and bool(job.step_counts.sum() > 0)
             pred.basis = (f"{basis}: E[max over {int((counts.sum(axis=0) > 0).sum())} ranks] of "
-                          f"{what}, from each rank's merged histogram; spike rate: "
+                          f"{what}, from each rank's histogram of recent windows (older ones fade); spike rate: "
                           + ("share of steps" if step_spikes else "share of epochs whose p99 is")
                           + f" > {1 + self.config.spike_threshold:g} x the job median")
         return pred
@@ -616,6 +626,14 @@ def _add_rows(acc: np.ndarray, rows: np.ndarray, h: Hists) -> None:
         np.add(view, h.counts_t, out=view, casting="unsafe")
     else:
         acc[h.first:h.first + k, rows] += h.counts_t.astype(np.float32)
+
+
+def _scale_rows(acc: np.ndarray, rows: np.ndarray, factor: float) -> None:
+    """acc[:, rows] *= factor (bucket-major); a slice when rows are 0..G-1."""
+    if rows.size and rows[0] == 0 and rows[-1] == rows.size - 1:
+        acc[:, :rows.size] *= factor
+    else:
+        acc[:, rows] *= factor
 
 
 def _choose_basis(cfg: ScoringConfig, apis: dict, current: str | None) -> str | None:

@@ -16,10 +16,10 @@ signal                  value                                  implicating tail
                                                                ``min_effect`` of wall time
                                                                above the job median
 ``step.time``           p50 of the step durations              high, independent mode only
-``step.busy``           p50 of (step less its waits)           high, both modes
-``step.gpu_wait``       sync-call time per step                high, when the GPU's peer wait
-                                                               per step is not above the job's
-``step.peer_wait``      blocked-off-CPU time per step          never (low = arrives last at a
+``step.own``            p50 step less its mean peer wait       high, both modes
+``step.busy``           p50 of (step less all its waits)       never: says *what* grew
+``step.gpu_wait``       sync-call time per step                never: says *what* grew
+``step.peer_wait``      process-idle time per step             never (low = arrives last at a
                                                                CPU-side collective: reported
                                                                as support)
 ``launch.rate``         launch calls / attached seconds        low, independent mode only
@@ -28,7 +28,12 @@ signal                  value                                  implicating tail
 
 In a **collective** job every rank's step time is the same (the collective equalizes them), so a
 step time says nothing about which rank is slow, and the slow rank is the one that *waits least*
-for its peers. In an **independent** job a rank's step time and call rate are its own.
+for its peers. ``step.own`` (a rank's own time per step: its step less the time its process sat
+idle waiting for others) is the one symptom that reads the same in both modes: in an independent
+job it is the step, in a collective job it is what the others wait for. It convicts; the busy
+time and the GPU wait only explain which part grew. Measured on an H200: 8 independent ranks
+sharing one GPU split the same step differently between CPU work and GPU waits (one rank's busy
+time 19% over the job's, its step exactly the job's); busy time alone convicted it. In an **independent** job a rank's step time and call rate are its own.
 Mode inference (``job_mode = "auto"``): "collective" when at least ``min_gpus`` ranks have
 ``min_steps`` steps and nearly all of them (:data:`COLLECTIVE_SHARE`) have a step p50 within
 ``collective_spread`` of the job median; "independent" when they do not; "" when fewer than
@@ -51,8 +56,10 @@ leads with the strongest convicting signal, not with a fixed order.
 Measured on an H200 with 8 independent ranks sharing one GPU: healthy ranks' launch p50 sat
 17-31% above the job's (robust z 4-20) while their steps were exactly the job's; slower launches
 that do not lengthen the step are not a straggler. So where the epoch has step data for a GPU, a
-high launch tail convicts only if the same GPU's busy time per step (either mode) or step time
-(independent mode) is at least ``1 + min_effect`` times the job median. Without step data (an
+high launch tail convicts only if the same GPU's own time or busy time per step (either mode) or
+step time (independent mode) is at least ``1 + min_effect`` times the job median. (Busy time too:
+slower launches lengthen the CPU side of a step first, and a GPU-bound step may hide that from the
+job for now; the launch finding then still stands on its own numbers.) Without step data (an
 agent without step inference) launch latency alone convicts, as it always did.
 """
 from __future__ import annotations
@@ -74,6 +81,7 @@ SIGNALS: tuple[tuple[str, str, str], ...] = (
     ("sched.runq", "share", "share"),
     ("gpu.sm_clock", "ratio", "ratio"),
     ("step.gpu_wait", "us", "per_step"),
+    ("step.own", "us", "per_step"),
     ("step.time", "us", "p50"),
     ("step.busy", "us", "p50"),
     ("launch.rate", "hz", "rate"),
@@ -90,6 +98,9 @@ SIGNAL_MEANINGS: dict[tuple[str, str], str] = {
     ("step.time", "low"): "shorter steps than the job's: not a problem by itself",
     ("step.busy", "high"): "more own work per step than the job (step less its waits): the rank "
                            "itself is slower (CPU side, or more work)",
+    ("step.own", "high"): "longer own time per step than the job (step less its wait for peers): "
+                          "the rank the others wait for, or a slow independent rank",
+    ("step.own", "low"): "shorter own time per step than the job: not a problem by itself",
     ("step.busy", "low"): "less own work per step than the job: not a problem by itself",
     ("step.gpu_wait", "high"): "waits longer on its own GPU per step than the job: GPU side "
                                "(slow or throttled GPU, more GPU work)",
@@ -146,6 +157,8 @@ class SignalEpoch:
     #: :func:`launch_corroboration`.
     busy_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
     step_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: (G,) own time per step (µs): mean step less mean peer wait; NaN without step sums
+    own_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def evidence(self, i: int) -> dict[str, tuple[float, float]]:
         """{signal: (this GPU's value, its job median)} of GPU ``i`` for every scored signal,
@@ -212,13 +225,16 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
             gpu_wait = np.where(steps > 0, sig.gpu_wait_us / per, np.nan)
             peer_wait = np.where(steps > 0, sig.peer_wait_us / per, np.nan)
             mean_step = np.where(steps > 0, sig.step_sum_us / per, np.nan)
+            # own time per step: the median step (robust to a rank's GC pauses and cold reads,
+            # which would move a mean) less the mean wait for peers
+            own = np.where(step_n >= cfg.min_steps, step_p50, mean_step) - peer_wait
             rate = np.where(sig.attached_s > 0, launch_calls / np.maximum(sig.attached_s, 1e-300),
                             np.nan)
             clock = sig.sm_clock_ratio
             sched_ok = sig.sched_s >= max(cfg.sched_min_seconds, 1e-9)
             attached = sig.attached_s > 0
         else:
-            share = gpu_wait = peer_wait = mean_step = rate = clock = nan
+            share = gpu_wait = peer_wait = mean_step = own = rate = clock = nan
             sched_ok = attached = np.zeros(n, dtype=bool)
     step_ok = steps >= cfg.min_steps
     typical_step = np.nanmedian(mean_step[step_ok]) if step_ok.any() else np.nan
@@ -231,6 +247,7 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
         "sched.runq": (share, sched_ok, None, cfg.min_effect),
         "gpu.sm_clock": (clock, np.isfinite(clock), None, None),
         "step.gpu_wait": (gpu_wait, step_ok, None, wait_gate),
+        "step.own": (own, step_ok & np.isfinite(own), None, None),
         "step.busy": (busy_p50, busy_n >= cfg.min_steps, busy_se, None),
         "step.time": (step_p50, step_n >= cfg.min_steps, step_se, None),
         "launch.rate": (rate, attached & (launch_calls >= cfg.min_samples), None, None),
@@ -245,21 +262,17 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
         if s.scored.any():
             scores.append(s)
     by_name = {s.name: s for s in scores}
-    peer = by_name.get("step.peer_wait")
     for s in scores:
-        if s.name == "sched.runq" or s.name == "step.busy":
+        if s.name in ("sched.runq", "step.own"):
             s.implicating = s.high.copy()
         elif s.name == "step.time":
             s.implicating = s.high & (mode == "independent")
-        elif s.name == "step.gpu_wait":
-            waits_on_peers = (peer.scored & (peer.value > peer.median)) if peer is not None \
-                else np.zeros(n, dtype=bool)
-            s.implicating = s.high & ~waits_on_peers
         elif s.name == "launch.rate":
             s.implicating = s.low & (mode == "independent")
         elif s.name == "gpu.sm_clock":
             s.implicating = s.low.copy()
-        # step.peer_wait never implicates on its own
+        # step.busy and step.gpu_wait say which part of a slow rank's step grew; step.peer_wait
+        # says it arrives last. None of them implicates on its own (module docstring).
     sufficient = np.zeros(n, dtype=bool)
     flagged = np.zeros(n, dtype=bool)
     for s in scores:
@@ -271,7 +284,9 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
                        np.where(busy_n >= cfg.min_steps, busy_p50, np.nan))
     step_us = np.where(step_ok & np.isfinite(mean_step), mean_step,
                        np.where(step_n >= cfg.min_steps, step_p50, np.nan))
-    return SignalEpoch(mode, scores, runq_p50, sufficient, flagged, by_name, busy_us, step_us)
+    own_us = np.where(step_ok & np.isfinite(own), own, np.nan)
+    return SignalEpoch(mode, scores, runq_p50, sufficient, flagged, by_name, busy_us, step_us,
+                       own_us)
 
 
 def _score(name: str, unit: str, stat: str, value: np.ndarray, usable: np.ndarray,
@@ -307,7 +322,8 @@ def launch_corroboration(sig: SignalEpoch, cfg: ScoringConfig, groups: list[np.n
                          layouts: list[HostLayout]) -> tuple[np.ndarray, np.ndarray]:
     """((G,) may a GPU's own high launch tail convict it, (G,) may its host's), module docstring.
 
-    The step values tested: busy time per step (either mode) and step time (independent mode),
+    The step values tested: own time and busy time per step (either mode) and step time
+    (independent mode),
     each as the GPU's **mean** per step where the step sums give it, else its p50. Why the mean:
     a p50 read back from 12.5%-wide histogram buckets of a tight step distribution moves far less
     than the steps do (measured on the simulator: a 4% longer busy time read as +1%), while the
@@ -325,7 +341,7 @@ def launch_corroboration(sig: SignalEpoch, cfg: ScoringConfig, groups: list[np.n
     64 and 512 GPUs), and its launch finding already passed the host gate; slow launches over
     unmoved steps (what this rule is for) put about half of a host's GPUs on each side."""
     n = sig.runq_p50_us.size
-    values = [sig.busy_us] + ([sig.step_us] if sig.mode == "independent" else [])
+    values = [sig.own_us, sig.busy_us] + ([sig.step_us] if sig.mode == "independent" else [])
     has = np.zeros(n, dtype=bool)
     gpu_up = np.zeros(n, dtype=bool)
     host_has = np.zeros(n, dtype=bool)
