@@ -179,16 +179,13 @@ def _strength(f: _Finding) -> float:
     return 0.0 if math.isnan(x) else x
 
 
-#: Signals that say *why* a rank is slow, as opposed to *that* it is (own time, step time,
-#: launch rate): a cause leads with an explanation when one was flagged.
-EXPLANATORY = frozenset({"sched.runq", "gpu.sm_clock", "step.gpu_wait", "step.busy"})
 
 
 def convicting_signals(findings: Iterable[_Finding]) -> list[_Finding]:
     """The signal findings a cause quotes: the implicating ones, and the high busy-time and
-    GPU-wait findings that say which part of the step grew. Root causes first (run-queue, SM
-    clock), then the part that grew (GPU wait, busy time), then symptoms (own time, step time,
-    launch rate); within each, strongest first: the largest deviation relative to its own gate (a run-queue share 1.2
+    GPU-wait findings that say which part of the step grew. Signals that name a side first
+    (run-queue, SM clock, GPU wait), then busy time, then symptoms (own time, step time, launch
+    rate); within each, strongest first: the largest deviation relative to its own gate (a run-queue share 1.2
     gates over the job's and a GPU wait 7 gates over: the GPU wait leads); ties in the catalogue
     order of :data:`SIGNALS`, then by |robust z|."""
     order = {name: i for i, (name, _, _) in enumerate(SIGNALS)}
@@ -200,9 +197,11 @@ def convicting_signals(findings: Iterable[_Finding]) -> list[_Finding]:
                                          -abs(getattr(f, "robust_z", 0.0))))
 
 
-#: Root causes the node itself reports (the scheduler, NVML) before the part of the step that
-#: grew (which says where, not why), before symptoms.
-_TIER = {"sched.runq": 0, "gpu.sm_clock": 0, "step.gpu_wait": 1, "step.busy": 1}
+#: What a cause leads with: a signal that names a side (CPU contention from the scheduler, a
+#: throttled clock, waits on its own GPU), strongest first; then the busy time, which grows
+#: whenever the CPU side is slow for any reason (contention included), so it only leads when
+#: nothing more specific was flagged; then symptoms (own time, step time, launch rate).
+_TIER = {"sched.runq": 0, "gpu.sm_clock": 0, "step.gpu_wait": 0, "step.busy": 1}
 
 
 #: How a convicting signal is named after the first ("also: ..."): value, then job median.
