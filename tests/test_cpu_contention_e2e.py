@@ -1,0 +1,114 @@
+"""End to end, all real: a CPU hog on one worker's core is convicted as CPU contention.
+
+The fault that launch latency cannot see (a contended process is delayed *between* its calls):
+five stand-in training processes of one job (tests/fakecuda, paced steps of 8 launches and one
+synchronize), one agent (real eBPF: the always-on tier's step boundaries and the scheduler
+tracepoints), one analyzer (real gRPC, real SQLite). Worker 0 shares its CPU with a real-time
+busy loop (SCHED_FIFO, so the kernel's RT throttling leaves the worker about 5% of that CPU
+whatever the scheduler's fairness rules: the test does not depend on them). The report must name
+worker 0 a straggler whose probable cause leads with the run-queue evidence ("CPU contention"),
+and nobody else.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import missing_prerequisite, require_ebpf
+from test_agent_e2e import (JOB_ENV_ARGS, SLICE_ARGS, WINDOW_S, _empty_config, _private_worker,
+                            _report, _stop, _verdicts, _wait_for_port, hypertrace)
+
+RANKS = 5
+HOGGED = 0
+
+
+def _cpus() -> tuple[int, int]:
+    """(the CPU everything else runs on, the CPU worker 0 shares with the hog)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        missing_prerequisite("needs two CPUs: one for the hog and worker 0, one for the rest")
+    return cpus[0], cpus[-1]
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in reversed(started):
+        _stop(p)
+
+
+def test_a_cpu_hog_on_one_workers_core_is_convicted_as_cpu_contention(fakecuda, tmp_path,
+                                                                     procs):
+    require_ebpf()
+    rest, hog_cpu = _cpus()
+    analyzer = subprocess.Popen(
+        hypertrace("analyzer", "--listen", "127.0.0.1:0", "--db", str(tmp_path / "a.db"),
+                   "--window-seconds", str(WINDOW_S), "--grace-seconds", "1",
+                   "--flush-interval", "0.5"),
+        stdout=open(tmp_path / "analyzer.log", "w"), stderr=subprocess.STDOUT)
+    procs.append(analyzer)
+    os.sched_setaffinity(analyzer.pid, {rest})
+    port = _wait_for_port(tmp_path / "analyzer.log", analyzer)
+
+    worker_exe = _private_worker(fakecuda, tmp_path)
+    for rank in range(RANKS):
+        env = {"PATH": os.environ.get("PATH", "/usr/bin"), "HYPERTRACE_JOB": "e2e",
+               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(RANKS),
+               "FAKECUDA_RT_LAUNCH_NS": "20000", "FAKECUDA_RT_SYNC_NS": "200000"}
+        w = subprocess.Popen([str(worker_exe), "--api", "step", "--rate", "100"], env=env,
+                             stdout=subprocess.PIPE, text=True)
+        procs.append(w)
+        os.sched_setaffinity(w.pid, {hog_cpu if rank == HOGGED else rest})
+        assert w.stdout.readline().startswith("ready")
+
+    agent = subprocess.Popen(
+        hypertrace("agent", "--analyzer", f"127.0.0.1:{port}", "--window", str(WINDOW_S),
+                   "--spool-dir", str(tmp_path / "spool"), "--node", "e2e-node",
+                   "--scan-interval", "0.5", "--no-nvml", "--overhead-budget", "0.02",
+                   *SLICE_ARGS, *JOB_ENV_ARGS, "--config", str(_empty_config(tmp_path))),
+        stdout=open(tmp_path / "agent.log", "w"), stderr=subprocess.STDOUT)
+    procs.append(agent)
+    os.sched_setaffinity(agent.pid, {rest})
+
+    # Healthy first: a few scored windows with every rank present and nobody convicted.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(WINDOW_S)
+        report, _ = _report(port)
+        if len(_verdicts(report)) == RANKS and report["jobs"][0]["windows"] >= 2:
+            break
+    else:
+        raise AssertionError((tmp_path / "agent.log").read_text()[-3000:])
+    assert "straggler" not in _verdicts(report).values(), report
+
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    procs.append(hog)
+    try:
+        os.sched_setaffinity(hog.pid, {hog_cpu})
+        os.sched_setscheduler(hog.pid, os.SCHED_FIFO, os.sched_param(1))
+        deadline = time.monotonic() + 10 * WINDOW_S
+        while time.monotonic() < deadline:
+            time.sleep(WINDOW_S / 2)
+            report, status = _report(port)
+            verdicts = _verdicts(report)
+            assert not {r for r, v in verdicts.items() if r != HOGGED and v == "straggler"}, report
+            if verdicts.get(HOGGED) == "straggler":
+                break
+    finally:
+        hog.kill()
+        hog.wait(10)
+    assert _verdicts(report).get(HOGGED) == "straggler", (
+        report, (tmp_path / "agent.log").read_text()[-3000:])
+    assert status == 3
+    gpu = next(g for n in report["jobs"][0]["nodes"] for g in n["gpus"] if g["rank"] == HOGGED)
+    assert gpu["probable_cause"].startswith("run-queue wait"), gpu["probable_cause"]
+    assert "CPU contention" in gpu["probable_cause"]
+    runq = next(f for f in gpu["findings"] if f["api"] == "sched.runq")
+    assert runq["unit"] == "share" and runq["direction"] == "high"
+    assert runq["value_us"] - runq["job_median_us"] >= 0.05      # the absolute 5%-of-time gate
