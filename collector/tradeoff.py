@@ -5,8 +5,10 @@
 
 Model (documented so the table can be checked by hand):
 
-* duty ``d = min(1, b / (c * r))`` (collector/governor.py), with ``c`` the measured probe cost
-  and ``r`` the busiest process's probe firings per second;
+* duty ``d = min(1, b / (c * r))``: the share of a window the launch tier can stay attached
+  when the budget account (collector/governor.py) pays ``c`` per firing, with ``c`` the measured
+  probe cost and ``r`` the busiest process's probe firings per second (the always tier's few
+  firings are left out);
 * samples of the scored API per window ``n = r * share * d * W``;
 * the p50 of ``n`` samples of a lognormal latency with log-sd ``sigma`` has relative standard
   error ``sigma * sqrt(2*pi) / (2 * sqrt(n))``; a shift is resolved in one window when it is at
