@@ -8,26 +8,7 @@ from hypertrace.collector.steps import infer_steps
 from hypertrace.proto import buckets
 from hypertrace.proto.wire import unpack_histogram
 
-try:
-    from hypertrace.collector.ebpf import PeriodicSample, ProcessStats
-except ImportError:  # the probe session's records are not there yet: same fields, by hand
-    from dataclasses import dataclass
-
-    @dataclass
-    class PeriodicSample:  # type: ignore[no-redef]
-        api: str
-        intervals: np.ndarray
-        busy: np.ndarray
-        count: int
-        interval_sum_ns: int
-        sync_wait_ns: int
-        offcpu_wait_ns: int
-
-    @dataclass
-    class ProcessStats:  # type: ignore[no-redef]
-        pid: int
-        sched: object
-        periodic: dict
+from hypertrace.collector.ebpf import PeriodicSample, ProcessStats
 
 
 def _periodic(api: str, intervals_ns, wait_ns: int = 0, offcpu_ns: int = 0) -> PeriodicSample:
