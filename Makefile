@@ -2,13 +2,14 @@
 #   make demo    analyzer + simulated 16x8-GPU job over real gRPC, prints the report
 #   make test    installs what the tests need (venv; bcc + kernel headers when root) and runs them
 #   make bench   scoring time per window at 2k/16k/131k GPUs
+#   make bench-agent  the agent's coverage and cost on this machine's CPUs (stand-in ranks)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 HT     := $(VENV)/bin/hypertrace
 STAMP  := $(VENV)/.installed
 
-.PHONY: all venv ebpf-setup test demo bench bench-detect bench-scale proto clean
+.PHONY: all venv ebpf-setup test demo bench bench-detect bench-scale bench-agent proto clean
 
 all: venv
 
@@ -41,6 +42,14 @@ bench-detect: venv
 # one analyzer ingesting a 16,384-GPU job over real gRPC, then a ramp (~4-6 min; ARGS=--quick: ~15 s)
 bench-scale: venv
 	$(PY) -m hypertrace.analyzer.bench_scale $(ARGS)
+
+# the agent's coverage and cost at the default budget on this machine's CPUs (root): 8 stand-in
+# ranks (tests/gpu/standin_loop.py), agents on ranks 0-3, ranks 4-7 the concurrent control (~4 min)
+bench-agent: venv ebpf-setup
+	$(PY) -c "import sys; sys.path.insert(0, 'tests'); import fakecuda_build; fakecuda_build.build()"
+	$(PY) tests/gpu/overhead_concurrent.py --loop tests/gpu/standin_loop.py --shared-cores \
+	  --cores 0-$$(($$(nproc) - 1)) --agent-cores 0-$$(($$(nproc) - 1)) --out .bench/agent \
+	  --a-s 60 --b-s 120 $(ARGS)
 
 proto: venv
 	$(PY) proto/generate.py

@@ -109,6 +109,9 @@ def add_common_args(ap: argparse.ArgumentParser, cores: str = "0-7") -> None:
     ap.add_argument("--budget-s", type=float, default=0.0,
                     help="whole wall time allowed (0: none); when start-up ran long, the longest "
                          "measured phase is cut so that the results are still written in time")
+    ap.add_argument("--shared-cores", action="store_true",
+                    help="let ranks and agents share cores, ranks cycling over --cores (a machine "
+                         "with fewer cores than ranks + agents: make bench-agent on a small VM)")
     ap.add_argument("--loop", type=Path, default=HERE / "launch_bound_loop.py",
                     help="the rank program (default launch_bound_loop.py; a CPU stand-in with the "
                          "same flags rehearses the harness without a GPU)")
@@ -118,6 +121,12 @@ def check_placement(ap: argparse.ArgumentParser, args: argparse.Namespace, ranks
     """Parse --cores / --agent-cores into args.rank_cores / args.agent_core_list, or exit 2."""
     args.rank_cores = parse_cores(args.cores)
     args.agent_core_list = parse_cores(args.agent_cores)
+    if getattr(args, "shared_cores", False) and args.rank_cores and args.agent_core_list:
+        args.rank_cores = [args.rank_cores[i % len(args.rank_cores)] for i in range(ranks)]
+        bad = [c for c in args.rank_cores + args.agent_core_list if c >= (os.cpu_count() or 1)]
+        if bad:
+            ap.error(f"cores {bad} do not exist here ({os.cpu_count()} CPUs)")
+        return
     if len(args.rank_cores) != ranks:
         ap.error(f"--cores must name {ranks} cores (one per rank), got {args.rank_cores}")
     if not args.agent_core_list:
