@@ -29,13 +29,16 @@ def cpu() -> int:
 
 @pytest.fixture
 def hog_on(cpu):
-    """Start a pure busy loop pinned to ``cpu``; stopped afterwards."""
+    """Start a pure real-time busy loop pinned to ``cpu``; stopped afterwards."""
     procs: list[subprocess.Popen] = []
 
     def start() -> subprocess.Popen:
         p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        os.sched_setaffinity(p.pid, {cpu})
         procs.append(p)
+        os.sched_setaffinity(p.pid, {cpu})
+        # Real-time: the kernel's RT throttling leaves the worker about 5% of the CPU whatever
+        # the fair scheduler would grant it, so the effect does not depend on other load.
+        os.sched_setscheduler(p.pid, os.SCHED_FIFO, os.sched_param(1))
         return p
 
     yield start
