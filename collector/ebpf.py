@@ -405,6 +405,16 @@ class UprobeSession:
                 self._prev_procs.pop(pid, None)
                 for slot in self._periodic_slots:
                     self._prev_periods.pop((pid, slot), None)
+            # The threads' scheduler states go too: a process tracked again starts its state
+            # counts from zero, and must not find its threads already counted.
+            gone = set(pids)
+            active = self._bpf[b"active"]
+            for tid, task in list(active.items()):
+                if int(task.tgid) in gone:
+                    try:
+                        del active[tid]
+                    except KeyError:
+                        pass
 
     def _set_ctl(self, idx: int, value: int) -> None:
         self._ctl[ctypes.c_int(idx)] = ctypes.c_uint64(value)

@@ -181,7 +181,9 @@ static __always_inline void ht_move(struct ht_proc *pr, struct ht_task *t, u32 t
             __sync_fetch_and_add(&pr->offcpu_ns, now - last);
     }
     u32 from = t->state;
-    if (from >= HT_ST_RUNNING && from <= HT_ST_BLOCKED)
+    // (never below zero: a count made afresh by track_pids after a forget does not know the
+    // threads that were already counted)
+    if (from >= HT_ST_RUNNING && from <= HT_ST_BLOCKED && pr->n[from - 1] > 0)
         __sync_fetch_and_add(&pr->n[from - 1], (u64)-1);
     if (to >= HT_ST_RUNNING && to <= HT_ST_BLOCKED)
         __sync_fetch_and_add(&pr->n[to - 1], 1);
@@ -193,8 +195,8 @@ static __always_inline void ht_mark_active(u64 id) {
     u32 tid = (u32)id;
     u32 tgid = id >> 32;
     struct ht_task *t = active.lookup(&tid);
-    if (t && t->tgid == tgid && t->state)
-        return;
+    if (t && t->tgid == tgid && t->state == HT_ST_RUNNING)
+        return;                     // (a thread making a call runs, whatever was recorded)
     if (!t || t->tgid != tgid) {
         struct ht_task fresh = {};
         fresh.tgid = tgid;          // a new thread, or a tid reused by another process

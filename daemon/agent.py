@@ -236,6 +236,12 @@ class Agent:
                 p.failed[lib_id] = now + ATTACH_RETRY_S
                 log.warning("cannot probe %s (%s) in pid %d: %s; retrying in %.0f s", lib.path,
                             lib.kind, p.pid, e, ATTACH_RETRY_S)
+                # What did attach before the failure stays attached: account for it as the
+                # always tier (the retry attaches the rest; attach is idempotent per API).
+                held = set(self.session.attachments.get(
+                    (os.path.abspath(lib.path), p.pid), ())) & set(apis)
+                if held:
+                    p.always[lib.path] = held
                 continue
             p.failed.pop(lib_id, None)
             p.libs[lib_id] = lib
@@ -258,7 +264,13 @@ class Agent:
         """Remove every probe of these (exited) processes and their kernel records, at once
         (the closes run concurrently: about one RCU grace period in all)."""
         items = [(path, pid, None) for pid, p in gone.items()
-                 for path in sorted({lib.path for lib in p.libs.values()})]
+                 for path in sorted({lib.path for lib in p.libs.values()} | set(p.always))]
+        try:                       # and whatever else the session holds for them
+            held = {(path, pid) for path, pid in self.session.attachments if pid in gone}
+            items += [(path, pid, None) for path, pid in sorted(held)
+                      if (path, pid, None) not in items]
+        except Exception:
+            log.exception("listing the probes of exited pids %s failed", sorted(gone))
         try:
             if items:
                 self.session.detach_many(items)
@@ -304,6 +316,9 @@ class Agent:
                     (log.debug if lib.id in p.slice_failed else log.warning)(
                         "slice: cannot probe %s in pid %d: %s", lib.path, pid, e)
                     p.slice_failed.add(lib.id)
+                    # attach() keeps the APIs that did attach before one failed: they must go
+                    # with the slice, or they would fire ungoverned until the process exits.
+                    self._slice_items.append((lib.path, pid, sorted(apis)))
                     continue
                 p.slice_failed.discard(lib.id)
                 ok = ok or bool(got)
@@ -364,8 +379,8 @@ class Agent:
         if delta:
             self._apply(delta, win)
         for p in list(self.probed.values()):         # libraries mapped since the last scan
-            if self.scanner.processes.get(p.pid) is not None and \
-                    len(p.libs) < len(self.scanner.processes[p.pid].libraries):
+            proc = self.scanner.processes.get(p.pid)
+            if proc is not None and set(proc.libraries) - set(p.libs):
                 self._attach_always(p)
 
     def _should_probe(self, rec: ProcessRecord) -> bool:
@@ -537,13 +552,20 @@ class Agent:
                   + f", cadence {g.k}, credit {g.credit_s * 1e3:.1f} ms")
         log.info("%s", status)
         self.notifier.status(status)
-        if win.exited:
-            self._stop_probing(win.exited)
-            for pid in win.exited:
+        self._forget_exited(win)
+        return end_ns
+
+    def _forget_exited(self, win: WindowState) -> None:
+        """Remove the probes and records of processes that exited during ``win``. Runs once per
+        window even when finishing it failed (``run`` calls it then): a skipped cleanup would
+        leave probes and kernel records that a reused pid would inherit."""
+        exited, win.exited = win.exited, {}
+        if exited:
+            self._stop_probing(exited)
+            for pid in exited:
                 self.step_api.pop(pid, None)
         for pid in [p for p in self.records if p not in self.scanner.processes]:
             del self.records[pid]                    # unprobed processes that exited
-        return end_ns
 
     def _add_gpu_context(self, gpus: PidGpuMap | None) -> None:
         """Refresh NVML attribution (a CUDA context may appear after discovery) and context."""
@@ -604,6 +626,10 @@ class Agent:
                 log.exception("could not finish the window ending at %d; continuing",
                               win.end_ns)
                 start = max(win.end_ns, time.time_ns())
+                try:
+                    self._forget_exited(win)
+                except Exception:
+                    log.exception("cleaning up exited processes failed")
             if stopping:
                 break
             win = WindowState(start_ns=start, end_ns=window_end(start, window_ns))
