@@ -21,7 +21,8 @@ import pytest
 
 from conftest import missing_prerequisite, require_ebpf
 from test_agent_e2e import (JOB_ENV_ARGS, SLICE_ARGS, WINDOW_S, _empty_config, _private_worker,
-                            _report, _stop, _verdicts, _wait_for_port, hypertrace)
+                            _report, _verdicts, _wait_for_port, hypertrace)
+from test_agent_e2e import procs  # noqa: F401  (the fixture: started processes, stopped after)
 
 RANKS = 5
 HOGGED = 0
@@ -33,14 +34,6 @@ def _cpus() -> tuple[int, int]:
     if len(cpus) < 2:
         missing_prerequisite("needs two CPUs: one for the hog and worker 0, one for the rest")
     return cpus[0], cpus[-1]
-
-
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in reversed(started):
-        _stop(p)
 
 
 def test_a_cpu_hog_on_one_workers_core_is_convicted_as_cpu_contention(fakecuda, tmp_path,
