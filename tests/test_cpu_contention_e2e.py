@@ -17,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from conftest import missing_prerequisite, require_ebpf
 from test_agent_e2e import (JOB_ENV_ARGS, SLICE_ARGS, WINDOW_S, _empty_config, _private_worker,
