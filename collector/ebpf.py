@@ -705,6 +705,16 @@ class UprobeSession:
         """(key, record) of every entry of a cumulative map (keys are ctypes, not hashable)."""
         return [(k, np.frombuffer(bytes(v), dtype=dtype)[0].copy()) for k, v in table.items()]
 
+    def step_totals(self) -> dict[tuple[int, str], tuple[int, int]]:
+        """Cumulative (intervals, their sum in ns) of every periodic API of every process,
+        keyed by (pid, api). Read-only: :meth:`read_process_stats` is not disturbed. The agent
+        brackets a slice with two of these to tell the steps the slice touched from the rest
+        (collector/step_cost.py)."""
+        with self._read_lock:
+            return {(int(k.tgid), self._api_name(int(k.api))):
+                    (int(r["count"]), int(r["interval_sum_ns"]))
+                    for k, r in self._records(self._periods, PERIOD_DTYPE)}
+
     def read_process_stats(self) -> dict[int, ProcessStats]:
         """Per process, what the always-on counters gained since the previous call: scheduler
         evidence of tracked processes, and the step-boundary intervals of every periodic API.

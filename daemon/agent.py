@@ -52,7 +52,8 @@ from hypertrace.collector.discovery import DiscoveryDelta, Library, LibraryId, P
 from hypertrace.collector.governor import Governor, SlicePlan
 from hypertrace.collector.nvml import Nvml, PidGpuMap
 from hypertrace.collector.schedule import window_index
-from hypertrace.collector.steps import infer_steps
+from hypertrace.collector.step_cost import StepCostMeter, step_api
+from hypertrace.collector.steps import MARKER_API, StepInference, infer_steps
 from hypertrace.daemon.config import AgentConfig
 from hypertrace.daemon.systemd import SdNotifier, watchdog_interval
 from hypertrace.daemon.windows import (TIER_ALWAYS, TIER_SLICED, ProcessProbe, ProcessRecord,
@@ -116,6 +117,11 @@ class WindowState:
     slice_length_s: float = 0.0                   # from the attach to the detach request
     detach_s: float = 0.0
     exited: dict[int, Probed] = field(default_factory=dict)  # probed pids that exited
+    # Step counters just before the slice's attach and just after its detach, and the seconds
+    # between: the steps the slice touched (collector/step_cost.py).
+    touch_before: dict[tuple[int, str], tuple[int, int]] | None = None
+    touch_after: dict[tuple[int, str], tuple[int, int]] | None = None
+    touched_s: float = 0.0
 
 
 class Agent:
@@ -141,6 +147,7 @@ class Agent:
         self.records: dict[int, ProcessRecord] = {}
         self.probed: dict[int, Probed] = {}
         self.step_api: dict[int, str] = {}   # pid -> API its steps were last inferred from
+        self.step_cost: dict[int, StepCostMeter] = {}   # pid -> its probes' cost in step time
         self.windows_sent = 0
         self._slice_items: list[tuple[str, int, list[str]]] = []   # sliced tier now attached
         self._first_window: WindowState | None = None
@@ -351,12 +358,15 @@ class Agent:
         if not self.probed:
             win.slice_state = "empty"
             return
+        win.touch_before = self.session.step_totals()
         t0 = time.monotonic()
         started_ns = time.time_ns()
         self._attach_slice(win)
         stopped = not self._wait_until(on_at + int(plan.length_s * 1e9), win)
         t1 = time.monotonic()
         took = self._detach_slice()
+        win.touch_after = self.session.step_totals()
+        win.touched_s = time.monotonic() - t0
         # The probes go away together after about one grace period: half of it counts as
         # attached time (the firings themselves are counted exactly either way).
         win.attached_s = (t1 - t0) + took / 2
@@ -399,6 +409,7 @@ class Agent:
                 # must go before the new one's attach (same (file, pid) keys).
                 self._stop_probing({proc.pid: win.exited.pop(proc.pid)})
                 self.step_api.pop(proc.pid, None)
+                self.step_cost.pop(proc.pid, None)
             rec = ProcessRecord(pid=proc.pid, attribution=attribute_pid(
                 proc.pid, self.cfg.node, self.cfg.job_env, gpus))
             self.records[proc.pid] = rec
@@ -516,6 +527,9 @@ class Agent:
                 self.step_api[pid] = probes[pid].steps.next_prefer
             else:
                 self.step_api.pop(pid, None)
+            always_cpu = self.governor.cost_s(sum(n for a, n in own.items() if a in always)) / window_s
+            probes[pid].step_fraction, probes[pid].step_basis = self._step_cost(
+                win, pid, probes[pid].steps, window_s, always_cpu)
             cost_by_pid[pid] = self.governor.cost_s(sum(own.values()), p.ops)
             p.ops = 0
             if pid in win.slice_pids:
@@ -555,6 +569,26 @@ class Agent:
         self._forget_exited(win)
         return end_ns
 
+    def _step_cost(self, win: WindowState, pid: int, steps: StepInference, window_s: float,
+                   always_cpu: float) -> tuple[float, str]:
+        """(share of step time the probes cost the process, basis): measured from the steps
+        the slice touched (collector/step_cost.py) once enough are in, else "cpu" and the
+        CPU-time charge is all there is to say (Overhead.step_basis)."""
+        meter = self.step_cost.setdefault(pid, StepCostMeter())
+        api = step_api(steps.source, MARKER_API) if steps is not None else None
+        bracketed = win.touch_before is not None and win.touch_after is not None
+        if api is not None and steps.steps and (bracketed or win.touch_before is None):
+            touched, touched_s = (0, 0), 0.0
+            if bracketed:
+                a = win.touch_after.get((pid, api), (0, 0))
+                b = win.touch_before.get((pid, api), (0, 0))
+                touched, touched_s = (a[0] - b[0], a[1] - b[1]), win.touched_s
+            meter.observe(api, (steps.steps, steps.step_sum_ns), touched, touched_s, window_s)
+        sliced = meter.sliced_fraction()
+        if sliced is None:
+            return 0.0, "cpu"
+        return sliced + always_cpu, "steps"
+
     def _forget_exited(self, win: WindowState) -> None:
         """Remove the probes and records of processes that exited during ``win``. Runs once per
         window even when finishing it failed (``run`` calls it then): a skipped cleanup would
@@ -564,6 +598,7 @@ class Agent:
             self._stop_probing(exited)
             for pid in exited:
                 self.step_api.pop(pid, None)
+                self.step_cost.pop(pid, None)
         for pid in [p for p in self.records if p not in self.scanner.processes]:
             del self.records[pid]                    # unprobed processes that exited
 

@@ -78,6 +78,8 @@ class ProcessProbe:
     covered_s: float = 0.0           # seconds of the window it was tracked (0: all of it)
     sched: Any = None                # collector.ebpf.SchedSample, or None
     steps: StepInference | None = None
+    step_fraction: float = 0.0       # share of step time the probes cost it (step_basis says how)
+    step_basis: str = "cpu"          # "steps": measured in place; "cpu": not yet, see the charge
 
 
 def probe_hits(sample: SampleLike) -> int:
@@ -141,6 +143,9 @@ def build_window(agent_id: str, node: str, seq: int, start_ns: int, end_ns: int,
             call_rate_hz=rate, budget=overhead.budget, attached_s=own_attached,
             fixed_cost_s=fixed)
         if probe is not None:
+            ov.step_fraction = (probe.step_fraction if probe.step_basis == "steps"
+                                else ov.estimated_fraction)
+            ov.step_basis = probe.step_basis
             ov.sampled = probe.sampled
             ov.unsampled_reason = "" if probe.sampled else probe.unsampled_reason
             for api in sorted(tiers):

@@ -60,7 +60,7 @@ class NvmlContext(_message.Message):
     def __init__(self, sm_clock_mhz: _Optional[int] = ..., max_sm_clock_mhz: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., temperature_c: _Optional[float] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., xid_errors: _Optional[_Iterable[int]] = ..., pcie_replay_count: _Optional[int] = ..., pcie_link_width: _Optional[int] = ..., pcie_max_link_width: _Optional[int] = ...) -> None: ...
 
 class Overhead(_message.Message):
-    __slots__ = ("estimated_fraction", "duty", "probe_cost_ns", "call_rate_hz", "budget", "sampled", "unsampled_reason", "tiers", "attached_s", "fixed_cost_s")
+    __slots__ = ("estimated_fraction", "duty", "probe_cost_ns", "call_rate_hz", "budget", "sampled", "unsampled_reason", "tiers", "attached_s", "fixed_cost_s", "step_fraction", "step_basis")
     ESTIMATED_FRACTION_FIELD_NUMBER: _ClassVar[int]
     DUTY_FIELD_NUMBER: _ClassVar[int]
     PROBE_COST_NS_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,8 @@ class Overhead(_message.Message):
     TIERS_FIELD_NUMBER: _ClassVar[int]
     ATTACHED_S_FIELD_NUMBER: _ClassVar[int]
     FIXED_COST_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    STEP_BASIS_FIELD_NUMBER: _ClassVar[int]
     estimated_fraction: float
     duty: float
     probe_cost_ns: float
@@ -81,7 +83,9 @@ class Overhead(_message.Message):
     tiers: _containers.RepeatedCompositeFieldContainer[ApiTier]
     attached_s: float
     fixed_cost_s: float
-    def __init__(self, estimated_fraction: _Optional[float] = ..., duty: _Optional[float] = ..., probe_cost_ns: _Optional[float] = ..., call_rate_hz: _Optional[float] = ..., budget: _Optional[float] = ..., sampled: _Optional[bool] = ..., unsampled_reason: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[ApiTier, _Mapping]]] = ..., attached_s: _Optional[float] = ..., fixed_cost_s: _Optional[float] = ...) -> None: ...
+    step_fraction: float
+    step_basis: str
+    def __init__(self, estimated_fraction: _Optional[float] = ..., duty: _Optional[float] = ..., probe_cost_ns: _Optional[float] = ..., call_rate_hz: _Optional[float] = ..., budget: _Optional[float] = ..., sampled: _Optional[bool] = ..., unsampled_reason: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[ApiTier, _Mapping]]] = ..., attached_s: _Optional[float] = ..., fixed_cost_s: _Optional[float] = ..., step_fraction: _Optional[float] = ..., step_basis: _Optional[str] = ...) -> None: ...
 
 class ApiTier(_message.Message):
     __slots__ = ("api", "tier", "rate_hz")

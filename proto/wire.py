@@ -162,9 +162,10 @@ def _check_text(value: str, field: str) -> None:
 
 def _check_overhead(o: pb.Overhead, field: str) -> None:
     for stat in ("estimated_fraction", "duty", "probe_cost_ns", "call_rate_hz", "budget",
-                 "attached_s", "fixed_cost_s"):
+                 "attached_s", "fixed_cost_s", "step_fraction"):
         _check_finite_nonneg(getattr(o, stat), f"{field}.{stat}")
     _check_text(o.unsampled_reason, f"{field}.unsampled_reason")
+    _check_text(o.step_basis, f"{field}.step_basis")
     if len(o.tiers) > MAX_APIS_PER_PROCESS:
         raise WireError(f"{field}.tiers", f"has {len(o.tiers)} entries, over the limit of "
                         f"{MAX_APIS_PER_PROCESS}")

@@ -401,6 +401,7 @@ def test_default_budget_windows_carry_sched_and_steps_and_slices_follow_the_sche
     slices = [(int(i), float(at), float(planned), float(length), int(k))
               for i, at, planned, length, k in SLICE_LINE.findall(text)]
     inferred = {pid: 0 for pid in ranks}
+    measured_steps = {pid: 0 for pid in ranks}
     sampled_windows = 0
     for w in windows:
         job = [p for p in w.processes if p.job_id == "budget-e2e"]
@@ -414,6 +415,13 @@ def test_default_budget_windows_carry_sched_and_steps_and_slices_follow_the_sche
             tiers = {t.api: t.tier for t in p.overhead.tiers}
             assert tiers.get("cudaStreamSynchronize") == "always", tiers
             assert p.overhead.budget == 0.005
+            # What the probes cost its steps: measured in place once a slice has touched
+            # enough steps, until then the CPU-time charge (collector/step_cost.py).
+            assert p.overhead.step_basis in ("steps", "cpu"), p.overhead
+            if p.overhead.step_basis == "cpu":
+                assert p.overhead.step_fraction == pytest.approx(p.overhead.estimated_fraction)
+            else:
+                measured_steps[p.pid] += 1
             if p.steps.source == "inferred:cudaStreamSynchronize":
                 inferred[p.pid] += 1
                 assert int(unpack_histogram(p.step_time).sum()) == p.steps.steps > 0
@@ -429,6 +437,7 @@ def test_default_budget_windows_carry_sched_and_steps_and_slices_follow_the_sche
             assert any(start <= i * DEFAULT_WINDOW_S * 1e9 + planned * 1e9 < end
                        for i, _, planned, _, _ in slices), (start, end, slices)
     assert all(n >= 1 for n in inferred.values()), inferred     # steps seen for every worker
+    assert all(n >= 1 for n in measured_steps.values()), measured_steps
     assert slices and sampled_windows >= 1, text[-3000:]
     for i, at, planned, length, k in slices:
         # Every agent of a job would compute this same offset from the index alone.

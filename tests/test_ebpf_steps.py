@@ -113,6 +113,39 @@ def test_step_boundaries_split_the_interval_into_sync_offcpu_and_busy(uprobe_ses
     assert _p50_ns(s.busy) >= 8 * LAUNCH_NS * 0.85  # the launches are the busy part
 
 
+def test_step_totals_bracket_a_stretch_without_disturbing_the_window_read(uprobe_session, fakecuda,
+                                                                        run_worker):
+    """The agent reads the cumulative step counters just before a slice and just after it, to
+    tell the steps the slice touched from the rest; those reads must not eat into the window's
+    own read_process_stats, and the bracket holds only the steps that ended between them."""
+    import time
+    rate, steps = 50.0, 60
+    w = run_worker("--api", "step", "--rate", str(rate), "--calls", str(steps), wait=True)
+    uprobe_session.attach(str(fakecuda.cudart), pid=w.pid)
+    uprobe_session.track_pids([w.pid])
+    key = (w.pid, "cudaStreamSynchronize")
+    try:
+        uprobe_session.read_process_stats()
+        w.go()
+        time.sleep(0.3)
+        before = uprobe_session.step_totals().get(key, (0, 0))
+        time.sleep(0.4)
+        after = uprobe_session.step_totals()[key]
+        assert w.finish() == steps
+        final = uprobe_session.step_totals()[key]
+        stats = uprobe_session.read_process_stats()[w.pid].periodic["cudaStreamSynchronize"]
+    finally:
+        uprobe_session.forget_pids([w.pid])
+    assert stats.count == steps - 1 == final[0]                 # nothing lost to the brackets
+    assert stats.interval_sum_ns == final[1]
+    touched = after[0] - before[0]
+    assert 0 < touched < steps - 1                              # a stretch, not the whole run
+    assert before[0] <= after[0] <= final[0] and before[1] <= after[1] <= final[1]
+    # The bracket's steps are whole intervals of the same clock: their mean is the period.
+    period = 1e9 / rate
+    assert abs((after[1] - before[1]) / touched - period) <= 0.5 * period
+
+
 def test_graph_launch_is_a_periodic_api_counted_once(uprobe_session, fakecuda, run_worker):
     w = run_worker("--api", "graph", "--rate", "100", "--calls", "30", wait=True)
     uprobe_session.attach(str(fakecuda.cudart), pid=w.pid)

@@ -257,7 +257,8 @@ class Harness:
         master_port = getattr(a, "master_port", 0) or free_port()
         (self.work / "steps").mkdir(exist_ok=True)
         for i in range(ranks):
-            env = self.rank_env(i, ranks, {"CUDA_VISIBLE_DEVICES": str(a.gpu),
+            gpu = a.rank_gpus[i] if getattr(a, "rank_gpus", None) else a.gpu
+            env = self.rank_env(i, ranks, {"CUDA_VISIBLE_DEVICES": str(gpu),
                                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)})
             cmd = [self.py, str(a.loop), "--seconds", f"{seconds:.0f}",
                    "--log", str(self.work / "steps" / f"r{i}.log"), "--rank", str(i),

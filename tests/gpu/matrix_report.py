@@ -146,6 +146,7 @@ def extract_windows(db_path: str | Path) -> list[dict]:
                     "busy_p50_us": p50_us(st.busy_time), "gpu_wait_us": st.gpu_wait_us,
                     "peer_wait_us": st.peer_wait_us, "sampled": bool(ov.sampled),
                     "unsampled_reason": ov.unsampled_reason, "est_fraction": ov.estimated_fraction,
+                    "step_fraction": ov.step_fraction, "step_basis": ov.step_basis,
                     "duty": ov.duty, "attached_s": ov.attached_s, "fixed_cost_s": ov.fixed_cost_s,
                     "probe_cost_ns": ov.probe_cost_ns, "budget": ov.budget,
                     "tiers": {t.api: t.tier for t in ov.tiers}, "launch_calls": launch,

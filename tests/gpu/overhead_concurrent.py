@@ -2,11 +2,12 @@
 
 Usage (GPU box, root, repo root, after `source tests/gpu/device_env.sh`):
     python3 tests/gpu/overhead_concurrent.py --gpu 0 --cores 0-7 --agent-cores 8-15 \
-        --out /tmp/ovh [--a-s 60 --b-s 240]
+        --out /tmp/ovh [--a-s 60 --b-s 240] [--control-gpu 1]
 Wall time: ~1 min start-up + --a-s + --b-s + ~30 s teardown. Prints a table; writes
 overhead.json and the gzipped data (steps/, logs/, windows.jsonl.gz) into --out.
 Exit 0 when the overhead's upper CI bound is <= --max-overhead (default 0.005, the default budget)
-and the agents' own estimate lies within 25% of the measured CI; 1 otherwise; 3 if the run broke.
+and the agents' step-time estimate lies within 25% of the measured CI; 1 otherwise; 3 if the run
+broke.
 
 Design. 8 independent ranks of launch_bound_loop.py share one GPU, each pinned to its own core.
   phase A (--a-s, >= 60 s): no agent.
@@ -15,13 +16,16 @@ Design. 8 independent ranks of launch_bound_loop.py share one GPU, each pinned t
 Per 10-s block, r = (mean step of ranks 0-3) / (mean step of ranks 4-7). The overhead is
     mean(r over B's blocks) / mean(r over A's blocks) - 1
     = (probed B / probed A) / (unprobed B / unprobed A) - 1,
-with a 95% bootstrap CI that resamples the blocks of each phase. The agents' own estimate is the
-mean Overhead.estimated_fraction of the probed ranks' windows in B (from the analyzer's DB).
+with a 95% bootstrap CI that resamples the blocks of each phase. The agents' own estimate is
+Overhead.step_fraction, the step time the probes cost as each agent measured it in place (the
+steps its slices touched against the rest, collector/step_cost.py), from each probed rank's last
+window in B, averaged. The CPU-time charge (Overhead.estimated_fraction, the budget's account) is
+printed beside it: it is what a rank whose CPU is the critical path would lose, an upper bound.
 
 Why a concurrent control and not alternation (agent on, off, on, ... on one loop): on these VMs the
 step time of the same loop drifts 10-22% between "off" phases minutes apart (neighbours, clocks,
 the GPU's time-slicing among 8 contexts), so arm medians cannot resolve 0.5% without very many
-long alternations. Ranks 4-7 run at the same moments, on the same GPU and host, so every common
+long alternations. Ranks 4-7 run at the same moments, on the same host (and GPU), so every common
 disturbance moves both groups alike and cancels in the ratio r, block by block; phase A measures
 the groups' standing difference (cores, GPU scheduling order), which the ratio of ratios removes.
 
@@ -30,8 +34,9 @@ What this does not see, and why it errs on the safe side:
     switch of the machine, probed or not, and the agents' own CPU is on --agent-cores. Printed
     separately as the common-mode change (unprobed B / unprobed A - 1), which also holds the drift,
     so it bounds that part only loosely.
-  * GPU sharing: when probes slow ranks 0-3, ranks 4-7 get a little more of the GPU and speed up,
-    which inflates the measured overhead (conservative).
+  * GPU sharing: when probes slow ranks 0-3, ranks 4-7 on the same GPU get a little more of it
+    and speed up, which inflates the measured overhead (conservative). --control-gpu puts them
+    on a GPU of their own.
 """
 from __future__ import annotations
 
@@ -68,8 +73,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="fail when the agents' estimate is off the measured CI by more than this")
     ap.add_argument("--settle-s", type=float, default=0.0,
                     help="seconds of B dropped at its start (default 0: start-up cost counts)")
+    ap.add_argument("--control-gpu", type=int, default=None,
+                    help="run the unprobed ranks 4-7 on this GPU (default: --gpu, shared with the "
+                         "probed ranks). On a GPU of their own they cannot win GPU time that the "
+                         "probes cost ranks 0-3, which inflates the measured overhead")
     args = ap.parse_args(argv)
     fault_matrix.check_placement(ap, args, RANKS)
+    if args.control_gpu is not None:
+        args.rank_gpus = [args.gpu if r in PROBED else args.control_gpu for r in range(RANKS)]
     return args
 
 
@@ -117,27 +128,42 @@ def analyze(steps: dict[int, list[tuple[float, float]]], windows: list[dict], a:
     ws = [w for w in windows if w["node"] in probed_nodes and w.get("job") == job
           and w["start"] >= b[0] + args.settle_s and w["end"] <= b[1] + 1]
     est = statistics.fmean(w["est_fraction"] for w in ws) if ws else None
+    # The step-time estimate: each probed process's latest in-place figure (the meter carries
+    # its history), averaged over the probed ranks; "cpu" windows fall back to the charge.
+    latest: dict[str, dict] = {}
+    for w in sorted(ws, key=lambda w: w["end"]):
+        latest[w["node"]] = w
+    step_est = (statistics.fmean(w.get("step_fraction", w["est_fraction"]) for w in latest.values())
+                if latest else None)
+    bases = sorted({w.get("step_basis", "") for w in latest.values()})
     res.update({"overhead": point, "ci": [lo, hi], "probed_a_ms": pa, "probed_b_ms": pb,
                 "unprobed_a_ms": ua, "unprobed_b_ms": ub, "common_mode": ub / ua - 1,
                 "per_rank_b_over_a": per_rank, "estimate": est, "est_windows": len(ws),
                 "sampled_windows": sum(1 for w in ws if w.get("sampled")),
                 "step_sources": sorted({w.get("step_source", "") for w in ws}),
                 "probe_cost_ns": statistics.median(w["probe_cost_ns"] for w in ws) if ws else None,
-                "estimate_over_measured": (est / point) if est is not None and point > 0 else None})
+                "estimate_over_measured": (est / point) if est is not None and point > 0 else None,
+                "step_estimate": step_est, "step_bases": bases,
+                "step_estimate_over_measured": (step_est / point)
+                if step_est is not None and point > 0 else None})
     checks = [("overhead upper CI <= %.2f%%" % (100 * args.max_overhead), hi <= args.max_overhead,
                f"{point:+.3%} [{lo:+.3%}, {hi:+.3%}]")]
-    if est is None:
+    if step_est is None:
         checks.append(("agents' estimate present", False, "no windows of the probed ranks in B"))
     else:
-        lo_ok, hi_ok = lo / (1 + args.est_tol), hi * (1 + args.est_tol)
-        checks.append((f"estimate within {args.est_tol:.0%} of the measured CI",
-                       lo_ok <= est <= hi_ok, f"estimate {est:.3%} vs allowed [{lo_ok:+.3%}, {hi_ok:+.3%}]"))
+        # Within the tolerance of some value the measurement allows (its 95% CI): a 0.05%
+        # effect is measured to about +-0.04%, so the point alone cannot judge 25%.
+        lo_ok, hi_ok = lo * (1 - args.est_tol), hi * (1 + args.est_tol)
+        checks.append((f"step-time estimate within {args.est_tol:.0%} of the measured CI",
+                       lo_ok <= step_est <= hi_ok and bases == ["steps"],
+                       f"estimate {step_est:.3%} (basis {'/'.join(bases)}) vs allowed "
+                       f"[{lo_ok:+.3%}, {hi_ok:+.3%}]"))
     res["checks"] = [{"name": n, "ok": ok, "detail": d} for n, ok, d in checks]
     return res, all(ok for _, ok, _ in checks)
 
 
 def render(res: dict) -> str:
-    L = ["overhead by concurrent control (probed ranks 0-3 vs unprobed 4-7, same GPU, same time)"]
+    L = ["overhead by concurrent control (probed ranks 0-3 vs unprobed 4-7, same time)"]
     if "error" in res:
         return "\n".join(L + [f"  cannot measure: {res['error']}"]) + "\n"
     L.append(f"{'group':<10}{'A mean ms':>11}{'B mean ms':>11}{'B/A':>9}")
@@ -151,12 +177,18 @@ def render(res: dict) -> str:
     L.append(f"blocks: A {res['blocks_a']}, B {res['blocks_b']}")
     L.append(f"measured overhead   {res['overhead']:+.3%}  95% CI [{res['ci'][0]:+.3%}, {res['ci'][1]:+.3%}]")
     L.append(f"common-mode change  {res['common_mode']:+.3%}  (unprobed B/A - 1: drift + host-wide costs)")
-    est = res["estimate"]
-    L.append(f"agents' estimate    {'n/a' if est is None else format(est, '.3%')}  (mean estimated_fraction, "
-             f"{res['est_windows']} windows, {res['sampled_windows']} sampled, probe cost "
-             f"{res['probe_cost_ns'] or 0:.0f} ns, steps {res['step_sources']})")
-    ratio = res["estimate_over_measured"]
-    L.append(f"estimate / measured {'n/a (measured <= 0)' if ratio is None else format(ratio, '.2f')}")
+    def pct(v: float | None) -> str:
+        return "n/a" if v is None else format(v, ".3%")
+
+    def ratio(v: float | None) -> str:
+        return "n/a (measured <= 0)" if v is None else format(v, ".2f")
+    L.append(f"agents' step-time estimate  {pct(res['step_estimate'])}  (Overhead.step_fraction, "
+             f"latest per probed rank, basis {'/'.join(res['step_bases'])}); "
+             f"/ measured {ratio(res['step_estimate_over_measured'])}")
+    L.append(f"agents' CPU-time charge     {pct(res['estimate'])}  (mean estimated_fraction: the "
+             f"budget's account, an upper bound; {res['est_windows']} windows, "
+             f"{res['sampled_windows']} sampled, probe cost {res['probe_cost_ns'] or 0:.0f} ns, "
+             f"steps {res['step_sources']}); / measured {ratio(res['estimate_over_measured'])}")
     L.append("checks")
     for c in res["checks"]:
         L.append(f"  {'PASS' if c['ok'] else 'FAIL'}  {c['name']}: {c['detail']}")
