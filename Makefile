@@ -49,7 +49,7 @@ bench-agent: venv ebpf-setup
 	$(PY) -c "import sys; sys.path.insert(0, 'tests'); import fakecuda_build; fakecuda_build.build()"
 	$(PY) tests/gpu/overhead_concurrent.py --loop tests/gpu/standin_loop.py --shared-cores \
 	  --cores 0-$$(($$(nproc) - 1)) --agent-cores 0-$$(($$(nproc) - 1)) --out .bench/agent \
-	  --a-s 60 --b-s 120 $(ARGS)
+	  --phases 8 --phase-s 30 --settle-s 10 $(ARGS)
 
 proto: venv
 	$(PY) proto/generate.py

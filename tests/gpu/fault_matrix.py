@@ -257,8 +257,7 @@ class Harness:
         master_port = getattr(a, "master_port", 0) or free_port()
         (self.work / "steps").mkdir(exist_ok=True)
         for i in range(ranks):
-            gpu = a.rank_gpus[i] if getattr(a, "rank_gpus", None) else a.gpu
-            env = self.rank_env(i, ranks, {"CUDA_VISIBLE_DEVICES": str(gpu),
+            env = self.rank_env(i, ranks, {"CUDA_VISIBLE_DEVICES": str(a.gpu),
                                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)})
             cmd = [self.py, str(a.loop), "--seconds", f"{seconds:.0f}",
                    "--log", str(self.work / "steps" / f"r{i}.log"), "--rank", str(i),
@@ -282,15 +281,16 @@ class Harness:
             time.sleep(0.5)
         raise RuntimeError(f"ranks not ready within {timeout:.0f} s")
 
-    def start_agents(self, target: str, ranks) -> None:
-        """Agent i (node-i) attributes only rank i, at the default budget."""
+    def start_agents(self, target: str, ranks, suffix: str = "") -> None:
+        """Agent i (node-i) attributes only rank i, at the default budget. ``suffix`` names a
+        later set of agents apart (its own process names and logs)."""
         a = self.args
         for i in ranks:
             cmd = [self.py, "-m", "hypertrace.cli.main"] + (["-vv"] if getattr(a, "agent_verbose", False) else []) + [
                 "agent", "--node", f"node-{i}", "--job-env", self.job_var(i),
                 "--analyzer", target, "--window", f"{a.window:g}",
                 "--spool-dir", str(self.work / f"spool-{i}")]
-            self.start(f"agent-{i}", cmd, a.agent_core_list)
+            self.start(f"agent-{i}{suffix}", cmd, a.agent_core_list)
 
     def begin(self, name: str) -> None:
         now = time.time()
