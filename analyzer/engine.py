@@ -37,6 +37,7 @@ import numpy as np
 
 from hypertrace.analyzer import causes, signals, theory
 from hypertrace.analyzer.config import KNOWN_STATS, ScoringConfig
+from hypertrace.analyzer.imbalance import ImbalanceTracker, group_deviations, peer_classes
 from hypertrace.analyzer.cross_section import (CrossSection, EpochAccumulator, GpuKey, Hists,
                                               OrderKey, gpu_label)
 from hypertrace.analyzer.persistence import (STRAGGLER, SUSPECT, VERDICT_NAMES,
@@ -110,6 +111,11 @@ class _Job:
     kinds: list[str] = field(default_factory=list)
     kind_codes: list[int] = field(default_factory=list)
     kind_names: dict[str, int] = field(default_factory=dict)
+    #: workload group per GPU (a pipeline stage; analyzer/imbalance.py), as codes into names
+    group_codes: list[int] = field(default_factory=list)
+    group_index: dict[str, int] = field(default_factory=dict)
+    group_names: list[str] = field(default_factory=list)
+    imbalance: ImbalanceTracker = field(default_factory=ImbalanceTracker.empty)
     host_codes: list[int] = field(default_factory=list)
     host_names: dict[str, int] = field(default_factory=dict)
     nvml: list[pb.NvmlContext | None] = field(default_factory=list)
@@ -143,7 +149,7 @@ class _Job:
     last_window_ns: int = 0
     _keys_cache: tuple[np.ndarray, list[GpuKey]] | None = None
     _verdict_cache: tuple[list[GpuKey], np.ndarray, dict[GpuKey, str]] | None = None
-    _layout_cache: tuple[np.ndarray, list[HostLayout]] | None = None
+    _layout_cache: tuple[np.ndarray, list[np.ndarray], list[HostLayout]] | None = None
 
     def register(self, node: str, p: pb.ProcessWindow, order: OrderKey) -> int:
         """Row of this process's GPU (new GPUs get the next row); the latest window by its own
@@ -156,6 +162,7 @@ class _Job:
             self.ranks.append(p.rank)
             self.kinds.append(p.gpu_kind)
             self.kind_codes.append(self.kind_names.setdefault(p.gpu_kind, len(self.kind_names)))
+            self.group_codes.append(self._group_code(p.group))
             self.host_codes.append(self.host_names.setdefault(node, len(self.host_names)))
             self.nvml.append(p.nvml if p.HasField("nvml") else None)
             self.nvml_prev.append(None)
@@ -171,10 +178,18 @@ class _Job:
                 self.kinds[row] = p.gpu_kind
                 self.kind_codes[row] = self.kind_names.setdefault(p.gpu_kind,
                                                                   len(self.kind_names))
+            self.group_codes[row] = self._group_code(p.group)
             if p.HasField("nvml"):
                 self.nvml_prev[row] = self.nvml[row]
                 self.nvml[row] = p.nvml
         return row
+
+    def _group_code(self, group: str) -> int:
+        code = self.group_index.get(group)
+        if code is None:
+            code = self.group_index[group] = len(self.group_names)
+            self.group_names.append(group)
+        return code
 
     def replay_bases(self) -> list[float | None]:
         """Per GPU, what its PCIe replay counter must exceed to be named in a cause
@@ -234,21 +249,24 @@ class _Job:
         return out
 
     def host_layouts(self, rows: np.ndarray, groups: list[np.ndarray]) -> list[HostLayout]:
-        """The host grid of each kind group's GPUs; cached while the job's GPUs do not change."""
+        """The host grid of each peer class's GPUs; cached while the classes do not change."""
         cached = self._layout_cache
-        if cached is not None and np.array_equal(cached[0], rows):
-            return cached[1]
+        if (cached is not None and np.array_equal(cached[0], rows) and len(cached[1]) == len(groups)
+                and all(np.array_equal(a, b) for a, b in zip(cached[1], groups))):
+            return cached[2]
         codes = np.asarray(self.host_codes, dtype=np.int64)[rows]
         layouts = [HostLayout.of(codes[sel]) for sel in groups]
-        self._layout_cache = (rows.copy(), layouts)
+        self._layout_cache = (rows.copy(), [g.copy() for g in groups], layouts)
         return layouts
 
-    def kind_groups(self, rows: np.ndarray) -> list[np.ndarray]:
-        """Local indices of ``rows`` per GPU kind (GPUs are compared only within a kind)."""
-        if len(self.kind_names) <= 1:
-            return [np.arange(rows.size)]
-        codes = np.asarray(self.kind_codes, dtype=np.int64)[rows]
-        return [np.flatnonzero(codes == k) for k in np.unique(codes)]
+    def peer_groups(self, rows: np.ndarray, min_gpus: int) -> tuple[list[np.ndarray], list[str]]:
+        """Local indices of ``rows`` per peer class (GPU kind x workload group, small groups
+        folded into their kind), and each class's group label (analyzer/imbalance.py)."""
+        if len(self.kind_names) <= 1 and len(self.group_names) <= 1:
+            return [np.arange(rows.size)], [self.group_names[0] if self.group_names else ""]
+        return peer_classes(np.asarray(self.kind_codes, dtype=np.int64)[rows],
+                            np.asarray(self.group_codes, dtype=np.int64)[rows],
+                            self.group_names, min_gpus)
 
 
 @dataclass
@@ -337,7 +355,7 @@ class Engine:
         job.grow()
         rows = cs.rows
         g, s = cs.size, len(cfg.stats)
-        groups = job.kind_groups(rows)
+        groups, labels = job.peer_groups(rows, cfg.min_gpus)
         sufficient = np.zeros(g, dtype=bool)
         flagged = np.zeros(g, dtype=bool)
         found: list[ScoreRow] = []
@@ -422,10 +440,31 @@ class Engine:
         # a GPU's findings are those of the latest epoch that implicated it (what convicted it)
         job.findings.update({r: fs for r, fs in by_row.items() if any(f.implicates for f in fs)})
         self._accumulate_theory(job, cs, groups, quantiles)
+        self._find_imbalance(job, groups, labels, sig, quantiles)
         job.epochs_scored += 1
         job.last_scored_epoch = cs.epoch if job.last_scored_epoch is None else max(
             job.last_scored_epoch, cs.epoch)
         return EpochResult(job.job_id, cs.epoch, found, job.verdict_dict(rows, codes))
+
+    def _find_imbalance(self, job: _Job, groups: list[np.ndarray], labels: list[str],
+                        sig: signals.SignalEpoch, quantiles: dict[str, np.ndarray]) -> None:
+        """Whole workload groups that deviate this epoch (analyzer/imbalance.py)."""
+        if sum(1 for label in labels if label) == 0:
+            job.imbalance.update([])
+            return
+        cfg = self.config
+        found = []
+        own = sig.by_name.get("step.own")
+        if own is not None:
+            found += group_deviations(np.where(own.scored, own.value, np.nan), groups, labels,
+                                      "step.own", "us", cfg.min_gpus, cfg.min_effect)
+        if "p50" in cfg.stats:
+            j = cfg.stats.index("p50")
+            for api, q in quantiles.items():
+                if cfg.api_kind(api) == "launch":
+                    found += group_deviations(q[:, j], groups, labels, f"{api} p50", "us",
+                                              cfg.min_gpus, cfg.min_effect)
+        job.imbalance.update(found)
 
     @staticmethod
     def _signal_rows(job: _Job, cs: CrossSection, sig: signals.SignalEpoch) -> list[ScoreRow]:
@@ -579,6 +618,9 @@ class Engine:
                                              bad_findings, [bases[r] for r in rws]))
         node_reports.sort(key=lambda n: (_SEVERITY[n.verdict], -_worst_z(n), n.node))
         jr.nodes.extend(node_reports)
+        for d in job.imbalance.persistent(cfg.persist_k):
+            jr.imbalance.add(group=d.group, gpus=d.gpus, signal=d.signal, unit=d.unit,
+                             value=d.value, reference=d.reference, ratio=d.ratio)
         jr.cluster.CopyFrom(self._prediction(job, rates, node_reports))
         return jr
 

@@ -7,7 +7,8 @@ even when it has its default value, so consumers never have to guess whether a m
 "spike_rate", "findings": [{"api", "stat", "value_us", "job_median_us", "ratio", "robust_z",
 "direction", "meaning", "basis", "unit"}], "probable_cause", "gpu_kind"}]}], "cluster":
 {"spike_probability", "basis", "step_time_now_us", "step_time_after_eviction_us",
-"predicted_gain", "evicted_nodes"}, "windows_sampled", "mode"}]}``. Nodes and GPUs come worst
+"predicted_gain", "evicted_nodes"}, "windows_sampled", "mode", "imbalance": [{"group", "gpus",
+"signal", "unit", "value", "reference", "ratio"}]}]}``. Nodes and GPUs come worst
 first. A finding's ``basis`` is "gpu" (the GPU's own value) or "host" (the median GPU of its host
 against the job's hosts; the table marks it ``[host]``). A finding's ``unit`` says what
 ``value_us`` and ``job_median_us`` hold (named for latencies, the first findings): "" or "us"
@@ -135,6 +136,16 @@ def report_to_table(report: pb.Report) -> str:
                 out.append(f"  {api} {direction}: {text}")
         else:
             out.append("  no suspect or straggler GPU")
+        by_group: dict[str, list[pb.GroupImbalance]] = {}
+        for d in job.imbalance:
+            by_group.setdefault(d.group, []).append(d)
+        for group, ds in by_group.items():
+            d = ds[0]
+            also = f" (also {', '.join(x.signal for x in ds[1:])})" if ds[1:] else ""
+            out.append(f"  imbalance: group {group} ({d.gpus} GPUs) {d.signal} "
+                       f"{_fmt_value(d.value, d.unit)} vs {_fmt_value(d.reference, d.unit)} across "
+                       f"groups ({d.ratio - 1:+.1%}){also}: the group does more work; rebalance "
+                       "it, evicting its nodes would not help")
         c = job.cluster
         if c.basis:
             out.append(_cluster_line(c))

@@ -184,6 +184,15 @@ _CATALOG: tuple[Scenario, ...] = (
              "straggler", 0.30, _gpu_slow),
 )
 
+#: Scenarios of workload structure: no straggler, but a group that differs by design.
+_STRUCTURE = (
+    Scenario("pipeline-8", "8 pipeline stages of whole nodes; the last stage does 13% more work "
+             "(launch latency and compute) by design, and the windows name each rank's stage: "
+             "imbalance, never a straggler", "clean", None,
+             lambda c: replace(c, pipeline_stages=8)),
+)
+_CATALOG = _CATALOG + _STRUCTURE
+
 #: name -> Scenario, in catalog order.
 CATALOG: dict[str, Scenario] = {s.name: s for s in _CATALOG}
 

@@ -236,6 +236,9 @@ class SimConfig:
     runq_burst_sigma: float = 0.6
     hog_runq: tuple[float, float] = (0.30, 0.50)   # share range of a CPU-hogged rank
     cadence: int = 1                    # launch tier sampled in windows i with i % cadence == 0
+    pipeline_stages: int = 1            # > 1: contiguous nodes form this many pipeline stages
+    stage_load: float = 0.13            # the last stage's extra work (launch latency and compute)
+    stage_labels: bool = True           # windows name each rank's stage (ProcessWindow.group)
     probe_cost_ns: float = 3_500.0      # per firing (measured 3-4 us in a torch loop on an H200)
 
     def __post_init__(self) -> None:
@@ -279,6 +282,11 @@ class SimConfig:
                 and 0 <= lo <= hi < 1):
             raise ValueError("run-queue shares must be in [0, 1) (hog_runq as (low, high)) and "
                              "runq_burst_prob in [0, 1]")
+        if self.pipeline_stages < 1 or self.n_nodes % self.pipeline_stages:
+            raise ValueError(f"--pipeline-stages {self.pipeline_stages}: must be >= 1 and divide "
+                             f"the {self.n_nodes} nodes (each stage is whole nodes)")
+        if not self.stage_load >= 0:
+            raise ValueError("stage_load must be >= 0 (0.13 = the last stage does 13% more work)")
         if not (isinstance(self.cadence, int) and self.cadence >= 1):
             raise ValueError(f"--cadence {self.cadence!r}: the launch tier is sampled every k-th "
                              "window; k must be an integer >= 1")
@@ -290,6 +298,10 @@ class SimConfig:
     @property
     def nodes(self) -> tuple[str, ...]:
         return self.node_names or tuple(f"node-{i:04d}" for i in range(self.n_nodes))
+
+    def stage_of(self, gpu: int) -> int:
+        """Pipeline stage of GPU ``gpu`` (contiguous blocks of nodes; 0 without a pipeline)."""
+        return gpu * self.pipeline_stages // self.gpus
 
     @property
     def first_start_ns(self) -> int:
@@ -333,6 +345,9 @@ def slowdown_matrix(cfg: SimConfig, side: str = "host") -> np.ndarray:
     if cfg.kinds and side != "cpu":
         speed = np.array([cfg.kinds[i % len(cfg.kinds)][1] for i in range(cfg.n_nodes)])
         f *= np.repeat(speed, cfg.gpus_per_node)[None, :]
+    if cfg.pipeline_stages > 1 and side != "cpu":
+        # the last stage carries more layers (and the loss): more work, by design, on every GPU
+        f[:, cfg.gpus - cfg.gpus // cfg.pipeline_stages:] *= 1.0 + cfg.stage_load
     return f
 
 
@@ -687,6 +702,8 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
                     job_id=cfg.job_id, rank=g, local_rank=local, gpu_index=local,
                     gpu_uuid=f"GPU-sim-{ni:04d}-{local}", pid=10_000 + local,
                     gpu_kind=kind_of_node(cfg, ni))
+                if cfg.pipeline_stages > 1 and cfg.stage_labels:
+                    proc.group = f"stage{cfg.stage_of(g)}"
                 proc.overhead.CopyFrom(overhead)
                 proc.apis.extend(arrays[api].stats(api, w, g) for api in apis)
                 sc = proc.sched

@@ -41,6 +41,12 @@ def register(subparsers) -> None:
     p.add_argument("--cadence", type=int, default=None, metavar="K",
                    help="launch tier sampled every K-th window, the same windows on every agent "
                         "(default 1: every window, as at the default budget)")
+    p.add_argument("--pipeline-stages", type=int, default=None, metavar="N",
+                   help="N pipeline stages of whole nodes whose last stage does --stage-load more "
+                        "work by design; windows name each rank's stage (ProcessWindow.group), "
+                        "as an agent does with HYPERTRACE_PIPELINE_STAGES (default 1: none)")
+    p.add_argument("--stage-load", type=float, default=None, metavar="F",
+                   help="the last stage's extra work with --pipeline-stages (default 0.13)")
     p.add_argument("--list-scenarios", action="store_true",
                    help="print the scenario catalog and exit")
     out = p.add_mutually_exclusive_group()
@@ -78,8 +84,9 @@ def run(args: argparse.Namespace) -> int:
                             windows=args.windows, seed=args.seed,
                             window_seconds=args.window_seconds, job_id=args.job or "sim-job",
                             stragglers=extra)
-        over = {k: v for k, v in (("mode", args.mode), ("cadence", args.cadence))
-                if v is not None}
+        over = {k: v for k, v in (("mode", args.mode), ("cadence", args.cadence),
+                                  ("pipeline_stages", args.pipeline_stages),
+                                  ("stage_load", args.stage_load)) if v is not None}
         cfg = dataclasses.replace(cfg, **over) if over else cfg
     except ValueError as exc:
         print(f"hypertrace simulate: {exc}", file=sys.stderr)

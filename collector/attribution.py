@@ -17,6 +17,15 @@ GPU: NVML's running-process list where a driver exists (the truth: it is what th
 actually opened). Otherwise ``CUDA_VISIBLE_DEVICES`` and the local rank: with one visible
 device that device; with several, entry ``local_rank``; unset, device ``local_rank``.
 An entry that is a UUID (``GPU-...``, ``MIG-...``) fills ``gpu_uuid`` instead of the index.
+
+Workload group (ranks that do the same work, such as one pipeline stage): the analyzer compares
+a GPU only with the GPUs of its own group, and reports a whole group that deviates as
+*imbalance*, never as a straggler (a pipeline's last stage often does more work). No launcher
+exports a pipeline stage, so the job says it, one of two ways:
+``HYPERTRACE_GROUP`` (any label, per rank), or ``HYPERTRACE_PIPELINE_STAGES=N`` (the same for
+every rank: the pipeline-parallel size). With the latter the stage is ``rank // (world / N)``,
+Megatron-LM's layout, where the pipeline is the outermost dimension of the rank grid; the world
+size comes from ``WORLD_SIZE``, ``SLURM_NTASKS`` or ``OMPI_COMM_WORLD_SIZE``.
 """
 from __future__ import annotations
 
@@ -30,6 +39,11 @@ DEFAULT_JOB_ENV: tuple[str, ...] = (
     "HYPERTRACE_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "MASTER_ADDR:MASTER_PORT")
 RANK_ENV: tuple[str, ...] = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
 LOCAL_RANK_ENV: tuple[str, ...] = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+WORLD_SIZE_ENV: tuple[str, ...] = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+GROUP_ENV = "HYPERTRACE_GROUP"
+PIPELINE_STAGES_ENV = "HYPERTRACE_PIPELINE_STAGES"
+#: A longer group label is cut (the wire's id limit is 256; a label is a short name).
+MAX_GROUP_LEN = 64
 #: An environ file larger than this is not a launcher's (and reading it would cost).
 MAX_ENVIRON_BYTES = 1 << 20
 
@@ -55,6 +69,7 @@ class Attribution:
     gpu_uuid: str = ""
     job_source: str = ""    # which variable(s) gave the job id; "" = unattributed
     gpu_source: str = ""    # "nvml" | "CUDA_VISIBLE_DEVICES" | "local_rank" | ""
+    group: str = ""         # workload group (a pipeline stage); "" = the whole job
 
 
 def read_environ(pid: int, proc_root: str = "/proc") -> dict[str, str] | None:
@@ -101,6 +116,21 @@ def _int_from_env(env: Mapping[str, str], names: Sequence[str]) -> int:
     return -1
 
 
+def group_from_env(env: Mapping[str, str], rank: int) -> str:
+    """The process's workload group (module docstring), or "" when the job does not say."""
+    label = env.get(GROUP_ENV, "").strip()
+    if label:
+        return label[:MAX_GROUP_LEN]
+    stages = _int_from_env(env, (PIPELINE_STAGES_ENV,))
+    world = _int_from_env(env, WORLD_SIZE_ENV)
+    if stages > 1 and rank >= 0 and world > 0 and world % stages == 0 and rank < world:
+        return f"stage{rank // (world // stages)}"
+    if stages > 1:
+        log.debug("%s=%d ignored: rank %d, world size %d (needs a world size it divides)",
+                  PIPELINE_STAGES_ENV, stages, rank, world)
+    return ""
+
+
 def gpu_from_visible_devices(env: Mapping[str, str], local_rank: int
                              ) -> tuple[int, str, str]:
     """(gpu index, gpu uuid, source) without a driver: CUDA_VISIBLE_DEVICES + local rank."""
@@ -141,7 +171,8 @@ def attribute(pid: int, env: Mapping[str, str] | None, node: str,
     else:
         index, uuid, gpu_source = gpu_from_visible_devices(env, local_rank)
     return Attribution(job_id=job_id, rank=rank, local_rank=local_rank, gpu_index=index,
-                       gpu_uuid=uuid, job_source=job_source, gpu_source=gpu_source)
+                       gpu_uuid=uuid, job_source=job_source, gpu_source=gpu_source,
+                       group=group_from_env(env, rank))
 
 
 def attribute_pid(pid: int, node: str, job_env: Sequence[str] = DEFAULT_JOB_ENV,

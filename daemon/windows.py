@@ -122,7 +122,7 @@ def build_window(agent_id: str, node: str, seq: int, start_ns: int, end_ns: int,
         probe = (probes or {}).get(pid)
         pw = w.processes.add(job_id=a.job_id, rank=a.rank, local_rank=a.local_rank,
                              gpu_index=a.gpu_index, gpu_uuid=a.gpu_uuid, pid=pid,
-                             gpu_kind=rec.gpu_kind)
+                             gpu_kind=rec.gpu_kind, group=a.group)
         tiers = probe.tiers if probe is not None else {}
         own_attached = min(max(probe.attached_s, 0.0), window_s) if probe is not None else attached
         calls: dict[str, int] = {}

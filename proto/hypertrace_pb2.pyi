@@ -132,7 +132,7 @@ class StepStats(_message.Message):
     def __init__(self, source: _Optional[str] = ..., refused: _Optional[str] = ..., steps: _Optional[int] = ..., busy_time: _Optional[_Union[Histogram, _Mapping]] = ..., gpu_wait_us: _Optional[float] = ..., peer_wait_us: _Optional[float] = ..., step_sum_us: _Optional[float] = ...) -> None: ...
 
 class ProcessWindow(_message.Message):
-    __slots__ = ("job_id", "rank", "local_rank", "gpu_index", "gpu_uuid", "pid", "gpu_kind", "apis", "step_time", "nvml", "overhead", "sched", "steps")
+    __slots__ = ("job_id", "rank", "local_rank", "gpu_index", "gpu_uuid", "pid", "gpu_kind", "apis", "step_time", "nvml", "overhead", "sched", "steps", "group")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +146,7 @@ class ProcessWindow(_message.Message):
     OVERHEAD_FIELD_NUMBER: _ClassVar[int]
     SCHED_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     local_rank: int
@@ -159,7 +160,8 @@ class ProcessWindow(_message.Message):
     overhead: Overhead
     sched: SchedStats
     steps: StepStats
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., pid: _Optional[int] = ..., gpu_kind: _Optional[str] = ..., apis: _Optional[_Iterable[_Union[ApiStats, _Mapping]]] = ..., step_time: _Optional[_Union[Histogram, _Mapping]] = ..., nvml: _Optional[_Union[NvmlContext, _Mapping]] = ..., overhead: _Optional[_Union[Overhead, _Mapping]] = ..., sched: _Optional[_Union[SchedStats, _Mapping]] = ..., steps: _Optional[_Union[StepStats, _Mapping]] = ...) -> None: ...
+    group: str
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., pid: _Optional[int] = ..., gpu_kind: _Optional[str] = ..., apis: _Optional[_Iterable[_Union[ApiStats, _Mapping]]] = ..., step_time: _Optional[_Union[Histogram, _Mapping]] = ..., nvml: _Optional[_Union[NvmlContext, _Mapping]] = ..., overhead: _Optional[_Union[Overhead, _Mapping]] = ..., sched: _Optional[_Union[SchedStats, _Mapping]] = ..., steps: _Optional[_Union[StepStats, _Mapping]] = ..., group: _Optional[str] = ...) -> None: ...
 
 class NodeWindow(_message.Message):
     __slots__ = ("version", "agent_id", "node", "seq", "start", "end", "processes")
@@ -266,7 +268,7 @@ class ClusterPrediction(_message.Message):
     def __init__(self, spike_probability: _Optional[float] = ..., basis: _Optional[str] = ..., step_time_now_us: _Optional[float] = ..., step_time_after_eviction_us: _Optional[float] = ..., predicted_gain: _Optional[float] = ..., evicted_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobReport(_message.Message):
-    __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster", "windows_sampled", "mode")
+    __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster", "windows_sampled", "mode", "imbalance")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +276,7 @@ class JobReport(_message.Message):
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_SAMPLED_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    IMBALANCE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     windows: int
     gpus: int
@@ -281,7 +284,26 @@ class JobReport(_message.Message):
     cluster: ClusterPrediction
     windows_sampled: int
     mode: str
-    def __init__(self, job_id: _Optional[str] = ..., windows: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeReport, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterPrediction, _Mapping]] = ..., windows_sampled: _Optional[int] = ..., mode: _Optional[str] = ...) -> None: ...
+    imbalance: _containers.RepeatedCompositeFieldContainer[GroupImbalance]
+    def __init__(self, job_id: _Optional[str] = ..., windows: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeReport, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterPrediction, _Mapping]] = ..., windows_sampled: _Optional[int] = ..., mode: _Optional[str] = ..., imbalance: _Optional[_Iterable[_Union[GroupImbalance, _Mapping]]] = ...) -> None: ...
+
+class GroupImbalance(_message.Message):
+    __slots__ = ("group", "gpus", "signal", "unit", "value", "reference", "ratio")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    RATIO_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    gpus: int
+    signal: str
+    unit: str
+    value: float
+    reference: float
+    ratio: float
+    def __init__(self, group: _Optional[str] = ..., gpus: _Optional[int] = ..., signal: _Optional[str] = ..., unit: _Optional[str] = ..., value: _Optional[float] = ..., reference: _Optional[float] = ..., ratio: _Optional[float] = ...) -> None: ...
 
 class Report(_message.Message):
     __slots__ = ("version", "generated", "jobs")

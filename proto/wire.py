@@ -124,6 +124,8 @@ def validate_window(w: pb.NodeWindow, encoded_size: int | None = None) -> None:
             raise WireError(f"{pf}.job_id", "is empty")
         if len(p.job_id) > MAX_ID_LEN:
             raise WireError(f"{pf}.job_id", f"is longer than {MAX_ID_LEN} characters")
+        if len(p.group) > MAX_ID_LEN:
+            raise WireError(f"{pf}.group", f"is longer than {MAX_ID_LEN} characters")
         if len(p.apis) > MAX_APIS_PER_PROCESS:
             raise WireError(f"{pf}.apis", f"has {len(p.apis)} entries, over the limit of "
                             f"{MAX_APIS_PER_PROCESS}")

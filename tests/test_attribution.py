@@ -104,3 +104,33 @@ def test_job_id_rules():
     assert job_id_from_env({"HYPERTRACE_JOB": "  "}, DEFAULT_JOB_ENV) is None
     a = attribute(1, {"HYPERTRACE_JOB": "j", "RANK": "x", "SLURM_PROCID": "4"}, "n")
     assert a.rank == 4                                   # a garbage RANK falls through
+
+
+def test_workload_group_from_the_real_environment(spawn):
+    """A pipeline stage named by the job: HYPERTRACE_GROUP as given, or the stage that
+    HYPERTRACE_PIPELINE_STAGES and the rank imply (Megatron's layout: pipeline outermost)."""
+    labelled = spawn({"HYPERTRACE_JOB": "j", "RANK": "5", "HYPERTRACE_GROUP": "decoder-tail"})
+    assert attribute_pid(labelled, "n").group == "decoder-tail"
+    staged = spawn({"HYPERTRACE_JOB": "j", "RANK": "13", "WORLD_SIZE": "16",
+                    "HYPERTRACE_PIPELINE_STAGES": "4"})
+    assert attribute_pid(staged, "n").group == "stage3"
+    plain = spawn({"HYPERTRACE_JOB": "j", "RANK": "1"})
+    assert attribute_pid(plain, "n").group == ""
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"RANK": "0", "WORLD_SIZE": "64", "HYPERTRACE_PIPELINE_STAGES": "8"}, "stage0"),
+    ({"RANK": "63", "WORLD_SIZE": "64", "HYPERTRACE_PIPELINE_STAGES": "8"}, "stage7"),
+    ({"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "HYPERTRACE_PIPELINE_STAGES": "2"}, "stage1"),
+    # a size the world does not divide, no world size, no rank, one stage: no group
+    ({"RANK": "3", "WORLD_SIZE": "10", "HYPERTRACE_PIPELINE_STAGES": "4"}, ""),
+    ({"RANK": "3", "HYPERTRACE_PIPELINE_STAGES": "4"}, ""),
+    ({"WORLD_SIZE": "8", "HYPERTRACE_PIPELINE_STAGES": "4"}, ""),
+    ({"RANK": "3", "WORLD_SIZE": "8", "HYPERTRACE_PIPELINE_STAGES": "1"}, ""),
+    ({"RANK": "3", "WORLD_SIZE": "8", "HYPERTRACE_PIPELINE_STAGES": "x"}, ""),
+    # an explicit label wins; a long one is cut to a short name
+    ({"RANK": "3", "WORLD_SIZE": "8", "HYPERTRACE_PIPELINE_STAGES": "4",
+      "HYPERTRACE_GROUP": "g" * 300}, "g" * 64),
+])
+def test_workload_group_rules(env, expected):
+    assert attribute(1, {"HYPERTRACE_JOB": "j", **env}, "n").group == expected

@@ -80,6 +80,9 @@ def test_valid_window_with_signals_passes():
     (lambda p: setattr(p.overhead.tiers[0], "rate_hz", math.nan),
      "processes[0].overhead.tiers[0].rate_hz"),
     (lambda p: setattr(p.overhead.tiers[0], "api", ""), "processes[0].overhead.tiers[0].api"),
+    (lambda p: setattr(p.overhead, "step_fraction", -0.1), "processes[0].overhead.step_fraction"),
+    (lambda p: setattr(p.overhead, "step_basis", "z" * 2000), "processes[0].overhead.step_basis"),
+    (lambda p: setattr(p, "group", "g" * 300), "processes[0].group"),
 ])
 def test_invalid_signal_fields_name_the_field(mutate, field):
     w = _with_signals()

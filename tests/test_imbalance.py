@@ -1,0 +1,81 @@
+"""Workload groups: peer classes and whole-group deviations (analyzer/imbalance.py), and the
+engine end to end on a simulated pipeline job."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from hypertrace.analyzer import scenarios, simulate
+from hypertrace.analyzer.config import ScoringConfig
+from hypertrace.analyzer.engine import Engine
+from hypertrace.analyzer.imbalance import ImbalanceTracker, group_deviations, peer_classes
+from hypertrace.analyzer.report_format import exit_status, report_to_table
+
+
+def test_peer_classes_split_by_kind_and_group_and_fold_small_groups():
+    kinds = np.array([0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1])
+    names = ["", "stage0", "stage1"]
+    groups = np.array([1, 1, 1, 1, 2, 2, 2, 0, 1, 1, 1, 1])
+    classes, labels = peer_classes(kinds, groups, names, min_gpus=4)
+    got = {lab + f"@{kinds[c[0]]}": c.tolist() for c, lab in zip(classes, labels)}
+    # stage1 has only 3 GPUs of kind 0: it joins kind 0's ungrouped rest (GPU 7)
+    assert got == {"stage0@0": [0, 1, 2, 3], "@0": [4, 5, 6, 7], "stage0@1": [8, 9, 10, 11]}
+
+
+def test_no_groups_is_one_class():
+    classes, labels = peer_classes(np.zeros(5, int), np.zeros(5, int), [""], min_gpus=4)
+    assert [c.tolist() for c in classes] == [[0, 1, 2, 3, 4]] and labels == [""]
+
+
+def test_group_deviation_against_the_median_of_group_medians():
+    values = np.array([100.0] * 12 + [113.0] * 4)
+    classes = [np.arange(0, 4), np.arange(4, 8), np.arange(8, 12), np.arange(12, 16)]
+    labels = ["s0", "s1", "s2", "s3"]
+    found = group_deviations(values, classes, labels, "step.own", "us", 4, 0.05)
+    assert [(d.group, d.gpus, round(d.ratio, 3)) for d in found] == [("s3", 4, 1.13)]
+    # below the minimum effect, or an ungrouped class: nothing reported
+    assert group_deviations(np.array([100.0] * 12 + [104.0] * 4), classes, labels,
+                            "x", "us", 4, 0.05) == []
+    assert group_deviations(values, classes, ["s0", "s1", "s2", ""], "x", "us", 4, 0.05) == []
+
+
+def test_imbalance_is_reported_only_after_consecutive_epochs():
+    t = ImbalanceTracker.empty()
+    v = np.array([100.0] * 4 + [120.0] * 4)
+    d = group_deviations(v, [np.arange(4), np.arange(4, 8)], ["a", "b"], "s", "us", 4, 0.05)
+    t.update(d)
+    t.update(d)
+    assert t.persistent(3) == []
+    t.update(d)
+    assert [x.group for x in t.persistent(3)] == ["b"]
+    t.update([])
+    assert t.persistent(1) == []
+
+
+def _report(cfg):
+    e = Engine(ScoringConfig())
+    for w in simulate.generate(cfg):
+        e.ingest(w)
+    e.flush(now_ns=2**62)
+    return e.report()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_pipeline_stage_that_does_more_work_is_imbalance_not_a_straggler(seed):
+    """8 stages of 4 nodes; the last does 13% more work. With the stages named, no GPU is a
+    straggler and the last stage is reported as imbalance; unnamed, its nodes are convicted
+    (which is why the agent reads the stage from the job's environment)."""
+    cfg = scenarios.get("pipeline-8").config(gpus=256, seed=seed, windows=10)
+    report = _report(cfg)
+    job = report.jobs[0]
+    assert all(g.verdict != "straggler" for n in job.nodes for g in n.gpus)
+    assert exit_status(report) == 0
+    last = {d.signal: d for d in job.imbalance if d.group == "stage7"}
+    assert "step.own" in last and 1.10 <= last["step.own"].ratio <= 1.16, job.imbalance
+    assert {d.group for d in job.imbalance} == {"stage7"}
+    assert "imbalance: group stage7 (32 GPUs)" in report_to_table(report)
+
+    unnamed = _report(replace(cfg, stage_labels=False)).jobs[0]
+    convicted = {n.node for n in unnamed.nodes if n.verdict == "straggler"}
+    assert convicted == {"node-0028", "node-0029", "node-0030", "node-0031"}
+    assert not unnamed.imbalance
