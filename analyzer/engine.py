@@ -38,6 +38,7 @@ import numpy as np
 from hypertrace.analyzer import causes, signals, theory
 from hypertrace.analyzer.config import KNOWN_STATS, ScoringConfig
 from hypertrace.analyzer.imbalance import ImbalanceTracker, group_deviations, peer_classes
+from hypertrace.analyzer.shift import MIN_HOST_SHIFT, shift_ratios
 from hypertrace.analyzer.cross_section import (CrossSection, EpochAccumulator, GpuKey, Hists,
                                               OrderKey, gpu_label)
 from hypertrace.analyzer.persistence import (STRAGGLER, SUSPECT, VERDICT_NAMES,
@@ -395,12 +396,16 @@ class Engine:
                     host_high[sel] = hs.high[of_gpu] & mine
                     host_low[sel] = hs.low[of_gpu] & mine
                 parts.append(_Part(sel, sc, hs, of_gpu))
+            # one quantile never convicts alone: the whole distribution must have shifted
+            shift_gpu, shift_host = _shift_checks(hists, parts, gpu_high, host_high,
+                                                  verdict_cols, cfg, g)
             if kind == "sync":                   # arrives last: supporting evidence only
                 bad = np.zeros((g, s), dtype=bool)
             elif kind == "launch":
-                bad = (gpu_high & gpu_ok[:, None]) | (host_high & host_ok[:, None])
+                bad = ((gpu_high & (gpu_ok & shift_gpu)[:, None])
+                       | (host_high & (host_ok & shift_host)[:, None]))
             else:
-                bad = gpu_high | host_high
+                bad = (gpu_high & shift_gpu[:, None]) | (host_high & shift_host[:, None])
             for j in np.flatnonzero(verdict_cols):      # column by column: G x 1 reductions
                 flagged |= bad[:, j]                      # along a short axis are slow
             gpu_cells = gpu_high | gpu_low
@@ -422,7 +427,8 @@ class Engine:
                         robust_z=float(sc_.robust_z[r, si]), flagged=True, direction=direction,
                         implicates=bool(verdict_cols[si]) and implicates(kind, direction)
                         and (kind != "launch" or bool((gpu_ok if basis == "gpu"
-                                                       else host_ok)[gi])),
+                                                       else host_ok)[gi]))
+                        and bool((shift_gpu if basis == "gpu" else shift_host)[gi]),
                         basis=basis))
         sufficient |= sig.sufficient
         flagged |= sig.flagged
@@ -658,6 +664,35 @@ class Engine:
                           + ("share of steps" if step_spikes else "share of epochs whose p99 is")
                           + f" > {1 + self.config.spike_threshold:g} x the job median")
         return pred
+
+
+def _shift_checks(hists: Hists, parts: list[_Part], gpu_high: np.ndarray, host_high: np.ndarray,
+                  verdict_cols: np.ndarray, cfg: ScoringConfig, g: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(G,) bools: whether each GPU's whole distribution shifted (analyzer/shift.py) enough to
+    back a verdict-stat high tail, on the GPU basis and on its host's basis. Computed only for
+    the GPUs and hosts a verdict stat flagged high; True elsewhere (nothing to back)."""
+    ok_gpu, ok_host = np.ones(g, dtype=bool), np.ones(g, dtype=bool)
+    vcols = np.flatnonzero(verdict_cols)
+    if vcols.size == 0:
+        return ok_gpu, ok_host
+    gh = gpu_high[:, vcols].any(axis=1)
+    hh = host_high[:, vcols].any(axis=1)
+    if not (gh.any() or hh.any()):
+        return ok_gpu, ok_host
+    j = int(vcols[0])
+    for part in parts:
+        sel = part.sel
+        loc = np.flatnonzero(gh[sel])
+        if loc.size:
+            ok_gpu[sel[loc]] = shift_ratios(hists, sel[loc], sel) >= 1.0 + cfg.min_effect
+        for h in np.unique(part.of_gpu[np.flatnonzero(hh[sel])]).tolist():
+            on_host = np.flatnonzero(part.of_gpu == h)
+            r = shift_ratios(hists, sel[on_host], sel)
+            med = float(np.median(r[np.isfinite(r)])) if np.isfinite(r).any() else np.nan
+            gate = max(float(part.hosts.effect_gate[j]), MIN_HOST_SHIFT)
+            ok_host[sel[on_host]] = med >= 1.0 + gate
+    return ok_gpu, ok_host
 
 
 def _add_rows(acc: np.ndarray, rows: np.ndarray, h: Hists) -> None:

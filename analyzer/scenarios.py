@@ -186,10 +186,17 @@ _CATALOG: tuple[Scenario, ...] = (
 
 #: Scenarios of workload structure: no straggler, but a group that differs by design.
 _STRUCTURE = (
-    Scenario("pipeline-8", "8 pipeline stages of whole nodes; the last stage does 13% more work "
+    Scenario("pipeline-8", "8 pipeline stages of whole nodes (fewer in a job of fewer nodes); the "
+             "last stage does 13% more work "
              "(launch latency and compute) by design, and the windows name each rank's stage: "
              "imbalance, never a straggler", "clean", None,
-             lambda c: replace(c, pipeline_stages=8)),
+             lambda c: replace(c, pipeline_stages=max(
+                 d for d in range(1, 9) if c.n_nodes % d == 0))),
+    Scenario("kernel-mix", "two kernel kinds (launch latency 1x and 3x); 40-47% of the calls "
+             "are the long kind (drawn per seed), +-3 points per GPU: the p50 sits between the "
+             "modes and jumps; no straggler", "clean", None,
+             lambda c: replace(c, mix_share=float(np.random.default_rng([c.seed, 29]).uniform(
+                 0.40, 0.47)))),
 )
 _CATALOG = _CATALOG + _STRUCTURE
 

@@ -236,6 +236,10 @@ class SimConfig:
     runq_burst_sigma: float = 0.6
     hog_runq: tuple[float, float] = (0.30, 0.50)   # share range of a CPU-hogged rank
     cadence: int = 1                    # launch tier sampled in windows i with i % cadence == 0
+    mix_share: float = 0.0              # > 0: launch calls are a mix of two kernel kinds; this
+                                        # share of them is the long kind (MoE, data-dependent)
+    mix_spread: float = 0.03            # each GPU's share: mix_share +- this (uniform, persistent)
+    mix_scale: float = 3.0              # the long kind's latency over the short kind's
     pipeline_stages: int = 1            # > 1: contiguous nodes form this many pipeline stages
     stage_load: float = 0.13            # the last stage's extra work (launch latency and compute)
     stage_labels: bool = True           # windows name each rank's stage (ProcessWindow.group)
@@ -282,6 +286,11 @@ class SimConfig:
                 and 0 <= lo <= hi < 1):
             raise ValueError("run-queue shares must be in [0, 1) (hog_runq as (low, high)) and "
                              "runq_burst_prob in [0, 1]")
+        if not (0 <= self.mix_share < 1 and 0 <= self.mix_spread and self.mix_scale > 0
+                and (self.mix_share == 0 or self.mix_spread <= min(self.mix_share,
+                                                                    1 - self.mix_share))):
+            raise ValueError("kernel mix: mix_share in [0, 1), mix_spread >= 0 and within the "
+                             "share's room, mix_scale > 0")
         if self.pipeline_stages < 1 or self.n_nodes % self.pipeline_stages:
             raise ValueError(f"--pipeline-stages {self.pipeline_stages}: must be >= 1 and divide "
                              f"the {self.n_nodes} nodes (each stage is whole nodes)")
@@ -385,14 +394,21 @@ def burst_matrices(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def _mixture_bucket_probs(median_us: np.ndarray, m: ApiModel,
-                          burst: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+                          burst: tuple[np.ndarray, np.ndarray] | None = None,
+                          mix: tuple[np.ndarray, float] | None = None) -> np.ndarray:
     """Bucket probabilities (rows x NUM_BUCKETS) of lognormal body + Pareto tail per row, plus,
-    with ``burst`` = (frac, scale) per row, a second lognormal mode at scale x the median."""
+    with ``burst`` = (frac, scale) per row, a second lognormal mode at scale x the median. With
+    ``mix`` = (share per row, scale), the body itself is two kernel kinds: ``1 - share`` of the
+    calls at the median, ``share`` at scale x the median."""
     edges_ns = buckets.UPPER_NS[:-1]                      # inner edges between buckets
     med_ns = (median_us * 1e3)[:, None]
     log_edges = np.log(edges_ns)[None, :]
     with np.errstate(divide="ignore"):
         body = ndtr((log_edges - np.log(med_ns)) / m.sigma)
+        if mix is not None:
+            share = np.asarray(mix[0], dtype=np.float64)[:, None]
+            body = (1.0 - share) * body + share * ndtr(
+                (log_edges - np.log(med_ns * mix[1])) / m.sigma)
     xm = m.tail_scale * med_ns
     tail = np.where(edges_ns[None, :] >= xm, 1.0 - (xm / edges_ns[None, :]) ** m.tail_alpha, 0.0)
     cdf = (1.0 - m.tail_prob) * body + m.tail_prob * tail
@@ -422,6 +438,11 @@ def _simulate(cfg: SimConfig) -> tuple[dict[str, np.ndarray], np.ndarray, np.nda
     injected = slowdown_matrix(cfg, "host")
     injected_compute = slowdown_matrix(cfg, "compute")
     bursts = burst_matrices(cfg)
+    mix = None
+    if cfg.mix_share > 0:                  # its own stream: the other draws do not move
+        share = cfg.mix_share + np.random.default_rng([cfg.seed, 23]).uniform(
+            -cfg.mix_spread, cfg.mix_spread, cfg.gpus)
+        mix = (share, cfg.mix_scale)
     out = {m.api: np.zeros((cfg.windows, cfg.gpus, buckets.NUM_BUCKETS), np.uint64)
            for m in cfg.apis}
     compute_all = np.empty((cfg.windows, cfg.gpus))
@@ -438,7 +459,8 @@ def _simulate(cfg: SimConfig) -> tuple[dict[str, np.ndarray], np.ndarray, np.nda
             else:
                 median = m.median_us * slowdown
             probs = _mixture_bucket_probs(
-                median, m, None if bursts is None else (bursts[0][w], bursts[1][w]))
+                median, m, None if bursts is None else (bursts[0][w], bursts[1][w]),
+                mix if m.kind == "launch" else None)
             n = rng.poisson(m.calls_per_second * cfg.window_seconds * cfg.duty, cfg.gpus)
             out[m.api][w] = rng.multinomial(n, probs).astype(np.uint64)
     return out, compute_all, host_all

@@ -1,0 +1,70 @@
+"""One quantile never convicts alone: the whole-distribution shift (analyzer/shift.py)."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from hypertrace.analyzer import scenarios, simulate
+from hypertrace.analyzer.config import ScoringConfig
+from hypertrace.analyzer.cross_section import Hists
+from hypertrace.analyzer.engine import Engine
+from hypertrace.analyzer.shift import shift_ratios
+from hypertrace.analyzer.simulate import SimConfig, Straggler
+
+
+def _hists(cfg: SimConfig, api: str = "cudaLaunchKernel") -> Hists:
+    counts = simulate.simulate_counts(cfg)[api].sum(axis=0).astype(np.float64)   # (G, B)
+    return Hists(np.ascontiguousarray(counts.T), 0)
+
+
+def test_a_slow_host_shifts_its_whole_distribution_by_its_factor():
+    cfg = SimConfig(gpus=64, windows=4, seed=3, step_ms=0,
+                    stragglers=(Straggler("node-0002", 1.10, where="host"),))
+    r = shift_ratios(_hists(cfg), np.arange(64), np.arange(64))
+    slow, rest = r[16:24], np.delete(r, np.arange(16, 24))
+    # (the pooled reference holds the slow host too, an eighth of it: ~1% of bias, plus each
+    # node's own jitter)
+    assert np.all(np.abs(slow - 1.10) < 0.03), slow
+    assert np.all(np.abs(rest - 1.0) < 0.03), rest
+    assert slow.min() > rest.max() + 0.05
+
+
+def test_a_different_kernel_mix_moves_the_p50_not_the_shift():
+    cfg = SimConfig(gpus=64, windows=4, seed=3, step_ms=0, mix_share=0.47)
+    h = _hists(cfg)
+    p50 = h.quantiles_us([0.5])[:, 0]
+    pooled = Hists(h.counts_t.sum(axis=1, keepdims=True), 0).quantiles_us([0.5])[0, 0]
+    ratio = p50 / pooled
+    assert ratio.max() / ratio.min() > 1.3               # the p50s spread between the modes
+    shift = shift_ratios(h, np.arange(64), np.arange(64))
+    assert shift.max() / shift.min() < 1.06 and np.all(np.abs(shift - 1.0) < 0.04)
+
+
+def test_a_gpu_without_samples_has_no_shift():
+    h = Hists(np.zeros((5, 3)), 40)
+    h.counts_t[2, :2] = 100
+    r = shift_ratios(h, np.arange(3), np.arange(3))
+    assert np.isfinite(r[:2]).all() and np.isnan(r[2])
+
+
+def _stragglers(cfg: SimConfig) -> set[str]:
+    e = Engine(ScoringConfig())
+    for w in simulate.generate(cfg):
+        e.ingest(w)
+    e.flush(now_ns=2**62)
+    return {n.node for n in e.report().jobs[0].nodes if n.verdict == "straggler"}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kernel_mix_jobs_convict_nobody_even_without_step_data(seed):
+    """Without steps, launch latency convicts on its own: that is where a p50 between two modes
+    used to convict 5-11 healthy GPUs per job."""
+    cfg = replace(scenarios.get("kernel-mix").config(gpus=256, seed=seed, windows=10),
+                  step_ms=0, mix_share=0.47)
+    assert _stragglers(cfg) == set()
+
+
+def test_a_slow_host_is_still_convicted_when_its_shift_backs_the_p50():
+    cfg = SimConfig(gpus=128, windows=10, seed=4, step_ms=0,
+                    stragglers=(Straggler("node-0005", 1.05, where="host"),))
+    assert _stragglers(cfg) == {"node-0005"}
