@@ -38,7 +38,7 @@ import numpy as np
 from hypertrace.analyzer import causes, signals, theory
 from hypertrace.analyzer.config import KNOWN_STATS, ScoringConfig
 from hypertrace.analyzer.imbalance import ImbalanceTracker, group_deviations, peer_classes
-from hypertrace.analyzer.shift import MIN_HOST_SHIFT, shift_ratios
+from hypertrace.analyzer.shift import MIN_HOST_SHIFT, pooled_deciles, shift_ratios
 from hypertrace.analyzer.cross_section import (CrossSection, EpochAccumulator, GpuKey, Hists,
                                               OrderKey, gpu_label)
 from hypertrace.analyzer.persistence import (STRAGGLER, SUSPECT, VERDICT_NAMES,
@@ -684,11 +684,15 @@ def _shift_checks(hists: Hists, parts: list[_Part], gpu_high: np.ndarray, host_h
     for part in parts:
         sel = part.sel
         loc = np.flatnonzero(gh[sel])
+        hosts = np.unique(part.of_gpu[np.flatnonzero(hh[sel])]).tolist()
+        if loc.size == 0 and not hosts:
+            continue
+        ref = pooled_deciles(hists, None if len(parts) == 1 else sel)
         if loc.size:
-            ok_gpu[sel[loc]] = shift_ratios(hists, sel[loc], sel) >= 1.0 + cfg.min_effect
-        for h in np.unique(part.of_gpu[np.flatnonzero(hh[sel])]).tolist():
+            ok_gpu[sel[loc]] = shift_ratios(hists, sel[loc], ref) >= 1.0 + cfg.min_effect
+        for h in hosts:
             on_host = np.flatnonzero(part.of_gpu == h)
-            r = shift_ratios(hists, sel[on_host], sel)
+            r = shift_ratios(hists, sel[on_host], ref)
             med = float(np.median(r[np.isfinite(r)])) if np.isfinite(r).any() else np.nan
             gate = max(float(part.hosts.effect_gate[j]), MIN_HOST_SHIFT)
             ok_host[sel[on_host]] = med >= 1.0 + gate

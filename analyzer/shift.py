@@ -44,15 +44,19 @@ MIN_HOST_SHIFT = 0.03
 DECILES: tuple[float, ...] = (0.1, 0.2, 0.8, 0.9)
 
 
-def shift_ratios(hists: Hists, cols: np.ndarray, peers: np.ndarray) -> np.ndarray:
-    """exp(median over deciles of log(decile of GPU / decile of the peers' pooled histogram))
-    for each GPU column in ``cols`` (local indices into ``hists``); ``peers`` are the columns of
-    the class. NaN for a GPU without samples."""
+def pooled_deciles(hists: Hists, peers: np.ndarray | None = None) -> np.ndarray:
+    """(len(DECILES),) deciles (µs) of the pooled histogram of the ``peers`` columns (None: all
+    of them, without copying the matrix)."""
+    counts = hists.counts_t if peers is None else hists.counts_t[:, peers]
+    return Hists(counts.sum(axis=1, keepdims=True), hists.first).quantiles_us(list(DECILES))[0]
+
+
+def shift_ratios(hists: Hists, cols: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """exp(median over deciles of log(decile of the GPU / ``ref``, the peers' pooled deciles))
+    for each GPU column in ``cols`` (indices into ``hists``). NaN for a GPU without samples."""
     cols = np.asarray(cols, dtype=np.int64)
     if cols.size == 0:
         return np.zeros(0)
-    pooled = Hists(hists.counts_t[:, peers].sum(axis=1, keepdims=True), hists.first)
-    ref = pooled.quantiles_us(list(DECILES))[0]
     mine = Hists(hists.counts_t[:, cols], hists.first).quantiles_us(list(DECILES))
     with np.errstate(invalid="ignore", divide="ignore"):
         logs = np.log(mine / ref[None, :])

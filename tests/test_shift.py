@@ -8,7 +8,7 @@ from hypertrace.analyzer import scenarios, simulate
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.cross_section import Hists
 from hypertrace.analyzer.engine import Engine
-from hypertrace.analyzer.shift import shift_ratios
+from hypertrace.analyzer.shift import pooled_deciles, shift_ratios
 from hypertrace.analyzer.simulate import SimConfig, Straggler
 
 
@@ -20,7 +20,7 @@ def _hists(cfg: SimConfig, api: str = "cudaLaunchKernel") -> Hists:
 def test_a_slow_host_shifts_its_whole_distribution_by_its_factor():
     cfg = SimConfig(gpus=64, windows=4, seed=3, step_ms=0,
                     stragglers=(Straggler("node-0002", 1.10, where="host"),))
-    r = shift_ratios(_hists(cfg), np.arange(64), np.arange(64))
+    r = shift_ratios(_hists(cfg), np.arange(64), pooled_deciles(_hists(cfg)))
     slow, rest = r[16:24], np.delete(r, np.arange(16, 24))
     # (the pooled reference holds the slow host too, an eighth of it: ~1% of bias, plus each
     # node's own jitter)
@@ -36,14 +36,14 @@ def test_a_different_kernel_mix_moves_the_p50_not_the_shift():
     pooled = Hists(h.counts_t.sum(axis=1, keepdims=True), 0).quantiles_us([0.5])[0, 0]
     ratio = p50 / pooled
     assert ratio.max() / ratio.min() > 1.3               # the p50s spread between the modes
-    shift = shift_ratios(h, np.arange(64), np.arange(64))
+    shift = shift_ratios(h, np.arange(64), pooled_deciles(h, np.arange(64)))
     assert shift.max() / shift.min() < 1.06 and np.all(np.abs(shift - 1.0) < 0.04)
 
 
 def test_a_gpu_without_samples_has_no_shift():
     h = Hists(np.zeros((5, 3)), 40)
     h.counts_t[2, :2] = 100
-    r = shift_ratios(h, np.arange(3), np.arange(3))
+    r = shift_ratios(h, np.arange(3), pooled_deciles(h))
     assert np.isfinite(r[:2]).all() and np.isnan(r[2])
 
 
