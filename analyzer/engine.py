@@ -633,6 +633,12 @@ class Engine:
     def _prediction(self, job: _Job, rates: np.ndarray,
                     node_reports: list[pb.NodeReport]) -> pb.ClusterPrediction:
         evicted = [n.node for n in node_reports if n.verdict == "straggler"]
+        note = ""
+        if evicted and len(evicted) >= len(node_reports):
+            # a 1-node job, or every node convicted: there is nobody left to compare with
+            note = (f"; no eviction predicted: evicting {', '.join(sorted(evicted))} would leave "
+                    "no node of the job")
+            evicted = []
         # rows in (node, gpu) order, so float sums do not depend on the order windows arrived in
         order = np.asarray(sorted(range(len(job.keys)), key=job.keys.__getitem__), dtype=np.int64)
         rates = rates[order]
@@ -662,7 +668,8 @@ class Engine:
             pred.basis = (f"{basis}: E[max over {int((counts.sum(axis=0) > 0).sum())} ranks] of "
                           f"{what}, from each rank's histogram of recent windows (older ones fade); spike rate: "
                           + ("share of steps" if step_spikes else "share of epochs whose p99 is")
-                          + f" > {1 + self.config.spike_threshold:g} x the job median")
+                          + f" > {1 + self.config.spike_threshold:g} x the job median"
+                          + note)
         return pred
 
 

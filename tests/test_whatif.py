@@ -115,3 +115,23 @@ def test_predict_uses_step_times_of_simulated_windows(tmp_path, capsys):
     assert emax == sorted(emax) and emax[-1] > 2 * emax[0]   # GC spikes dominate large jobs
     p = [r["p_cluster_spike"] for r in h["predictions"]]
     assert p == sorted(p) and p[-1] > 0.9
+
+
+def test_a_one_node_job_never_gets_an_eviction_prediction():
+    """Evicting the only node leaves no job to predict a step time for (it used to say NaN)."""
+    from hypertrace.analyzer import simulate
+    from hypertrace.analyzer.config import ScoringConfig
+    from hypertrace.analyzer.engine import Engine
+    from hypertrace.analyzer.simulate import SimConfig, Straggler
+    cfg = SimConfig(gpus=8, windows=8, seed=2,
+                    stragglers=(Straggler("node-0000", 1.3, where="cpu", gpus=(5,)),))
+    e = Engine(ScoringConfig())
+    for w in simulate.generate(cfg):
+        e.ingest(w)
+    e.flush(now_ns=2**62)
+    job = e.report().jobs[0]
+    assert job.nodes[0].verdict == "straggler"          # the slow GPU is still named
+    c = job.cluster
+    assert list(c.evicted_nodes) == []
+    assert c.predicted_gain == 0.0 and c.step_time_after_eviction_us == c.step_time_now_us > 0
+    assert "no eviction predicted" in c.basis
