@@ -115,6 +115,8 @@ class ScoringConfig:
     persist_k: int = 3
     persist_n: int = 5
     clear_m: int = 3
+    intermittent_k: int = 6
+    intermittent_n: int = 20
     spike_threshold: float = 0.5
     host_fraction: float = 0.5
     stats: tuple[str, ...] = ("p50", "p99")
@@ -145,6 +147,10 @@ class ScoringConfig:
         need(1 <= self.persist_n <= 32, "persist_n", "must be between 1 and 32")
         need(1 <= self.persist_k <= self.persist_n, "persist_k", "must be between 1 and persist_n")
         need(self.clear_m >= 1, "clear_m", "must be >= 1")
+        need(self.persist_n <= self.intermittent_n <= 64, "intermittent_n",
+             "must be between persist_n and 64 windows")
+        need(self.persist_k <= self.intermittent_k <= self.intermittent_n, "intermittent_k",
+             "must be between persist_k and intermittent_n")
         need(self.spike_threshold > 0, "spike_threshold", "must be > 0, e.g. 0.5 for +50%")
         need(0 < self.host_fraction < 1, "host_fraction", "must be in (0, 1)")
         need(self.job_mode in JOB_MODES, "job_mode", f"must be one of {list(JOB_MODES)}")

@@ -617,11 +617,17 @@ class Engine:
                                     basis=f.basis, unit=f.unit)
                 if codes[r] in (SUSPECT, STRAGGLER):
                     gr.probable_cause = causes.gpu_cause(job.nvml[r], fs, bases[r])
+                if codes[r] == STRAGGLER and job.persistence.intermittent[r]:
+                    gr.probable_cause = _intermittent(job, r, cfg) + gr.probable_cause
                 gpu_reports.append(gr)
             gpu_reports.sort(key=_gpu_sort_key)
             bad_findings = [job.findings.get(r, []) for r in rws if codes[r] in (SUSPECT, STRAGGLER)]
-            node_reports.append(_node_report(cfg, node, gpu_reports, [job.nvml[r] for r in rws],
-                                             bad_findings, [bases[r] for r in rws]))
+            nr = _node_report(cfg, node, gpu_reports, [job.nvml[r] for r in rws],
+                              bad_findings, [bases[r] for r in rws])
+            flapping = [r for r in rws if codes[r] == STRAGGLER and job.persistence.intermittent[r]]
+            if nr.scope != "gpu" and flapping and not nr.probable_cause.startswith("intermittent"):
+                nr.probable_cause = _intermittent(job, flapping[0], cfg) + nr.probable_cause
+            node_reports.append(nr)
         node_reports.sort(key=lambda n: (_SEVERITY[n.verdict], -_worst_z(n), n.node))
         jr.nodes.extend(node_reports)
         for d in job.imbalance.persistent(cfg.persist_k):
@@ -671,6 +677,13 @@ class Engine:
                           + f" > {1 + self.config.spike_threshold:g} x the job median"
                           + note)
         return pred
+
+
+def _intermittent(job: _Job, row: int, cfg: ScoringConfig) -> str:
+    """The prefix of an intermittent straggler's cause: how often it was slow."""
+    n = min(int(job.persistence.windows_seen[row]), cfg.intermittent_n)
+    flags = bin(int(job.persistence.long_history[row])).count("1")
+    return f"intermittent (flagged in {flags} of its last {n} scored windows): "
 
 
 def _shift_checks(hists: Hists, parts: list[_Part], gpu_high: np.ndarray, host_high: np.ndarray,

@@ -3,7 +3,14 @@
 Why: a single bad window is a spike, not a straggler. A GPU flagged in the current epoch is
 ``suspect``; flagged in ``persist_k`` of its last ``persist_n`` *scored* epochs it is a
 ``straggler``; a straggler stays one until it has ``clear_m`` consecutive clean epochs *and* its
-window of the last n no longer holds k flags. Epochs in which a GPU had no data or too few samples
+window of the last n no longer holds k flags.
+
+**Intermittent slowness.** A node slow in 30% of the windows (a flapping link, a periodic
+neighbour) rarely shows 3 flags in 5 windows. So a second, longer rule: flagged in
+``intermittent_k`` of the last ``intermittent_n`` scored epochs (6 of 20) also makes a straggler,
+marked *intermittent* (:attr:`PersistenceState.intermittent`). It stays one while that holds or
+until ``clear_m`` clean epochs. A healthy GPU would need 6 chance flags in 20 windows: with a
+per-window false flag rate p that is about C(20,6) p^6, 4e-8 per GPU-window at p = 1%. Epochs in which a GPU had no data or too few samples
 do not count either way (its history does not move), so a sparse or absent agent neither convicts
 nor clears a node.
 
@@ -23,7 +30,10 @@ VERDICT_NAMES = ("healthy", "suspect", "straggler", "insufficient_data")
 
 
 def _popcount(x: np.ndarray) -> np.ndarray:
+    """Set bits per element (numpy's own where it has one: no loop over the bits)."""
     x = x.astype(np.uint64)
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(x).astype(np.int64)
     n = np.zeros(x.shape, dtype=np.int64)
     while np.any(x):
         n += (x & np.uint64(1)).astype(np.int64)
@@ -41,6 +51,9 @@ class PersistenceState:
     windows_flagged: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     windows_seen: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     last_sufficient: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    #: the last intermittent_n flags (bits), and whether the straggler verdict came from them only
+    long_history: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+    intermittent: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     @property
     def size(self) -> int:
@@ -57,6 +70,8 @@ class PersistenceState:
         self.windows_flagged = np.concatenate((self.windows_flagged, np.zeros(extra, np.int64)))
         self.windows_seen = np.concatenate((self.windows_seen, np.zeros(extra, np.int64)))
         self.last_sufficient = np.concatenate((self.last_sufficient, np.zeros(extra, bool)))
+        self.long_history = np.concatenate((self.long_history, np.zeros(extra, np.uint64)))
+        self.intermittent = np.concatenate((self.intermittent, np.zeros(extra, bool)))
 
     def update(self, rows: np.ndarray, sufficient: np.ndarray, flagged: np.ndarray,
                cfg: ScoringConfig) -> np.ndarray:
@@ -78,11 +93,18 @@ class PersistenceState:
         self.clean_streak[r] = streak
         self.windows_seen[r] += 1
         self.windows_flagged[r] += f
+        long_mask = np.uint64((1 << cfg.intermittent_n) - 1)
+        long_hist = ((self.long_history[r] << np.uint64(1)) | f.astype(np.uint64)) & long_mask
+        self.long_history[r] = long_hist
         persistent = _popcount(hist) >= cfg.persist_k
+        recurring = _popcount(long_hist) >= cfg.intermittent_k
         was = self.state[r] == STRAGGLER
-        keep = was & ((streak < cfg.clear_m) | persistent)
-        new = np.where(persistent | keep, STRAGGLER, np.where(f, SUSPECT, HEALTHY))
+        keep = was & ((streak < cfg.clear_m) | persistent | recurring)
+        convicted = persistent | recurring | keep
+        new = np.where(convicted, STRAGGLER, np.where(f, SUSPECT, HEALTHY))
         self.state[r] = new.astype(np.int8)
+        # intermittent: convicted by the long rule and never (or no longer) by the short one
+        self.intermittent[r] = convicted & ~persistent & (recurring | self.intermittent[r])
         self.last_sufficient[rows] = suff
         return self.verdicts(rows)
 

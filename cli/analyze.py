@@ -22,6 +22,9 @@ FLAG_SETTINGS = (
     ("persist_k", int, "flagged windows (of persist_n) that make a straggler (default 3)"),
     ("persist_n", int, "windows remembered for persistence (default 5)"),
     ("clear_m", int, "clean windows that clear a straggler (default 3)"),
+    ("intermittent_k", int, "flagged windows (of intermittent_n) that make an intermittent "
+                            "straggler: slow in some windows only (default 6)"),
+    ("intermittent_n", int, "windows remembered for intermittent slowness (default 20)"),
     ("job_mode", str, "how ranks are read: auto (inferred from step times), collective (ranks "
                       "meet every step) or independent (default auto)"),
 )

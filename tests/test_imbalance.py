@@ -79,3 +79,4 @@ def test_a_pipeline_stage_that_does_more_work_is_imbalance_not_a_straggler(seed)
     convicted = {n.node for n in unnamed.nodes if n.verdict == "straggler"}
     assert convicted == {"node-0028", "node-0029", "node-0030", "node-0031"}
     assert not unnamed.imbalance
+

@@ -65,3 +65,63 @@ def test_engine_onset_and_recovery():
     assert history[2] == {"straggler"} and history[3] == {"straggler"}
     assert history[4] == {"straggler"} and history[5] == {"straggler"}
     assert history[6] == {"healthy"} and history[7] == {"healthy"}
+
+
+def _run_state(flags: list[bool]) -> tuple[list[int], PersistenceState]:
+    st = PersistenceState()
+    st.grow(1)
+    out = [int(st.update(np.array([0]), np.array([True]), np.array([f]), CFG)[0]) for f in flags]
+    return out, st
+
+
+def test_recurring_flags_make_an_intermittent_straggler():
+    """Slow in every 3rd window: never 3 of 5, but 6 of the last 20 by the 16th window."""
+    v, st = _run_state([True, False, False] * 8)
+    assert STRAGGLER not in v[:15]
+    assert v[15] == STRAGGLER and bool(st.intermittent[0])
+    assert all(x == STRAGGLER for x in v[15:])          # held while it keeps recurring
+
+
+def test_an_intermittent_straggler_clears_once_it_stops_recurring():
+    v, st = _run_state([True, False, False] * 6 + [False] * 20)
+    assert v[15] == STRAGGLER
+    assert v[-1] == HEALTHY and not st.intermittent[0]
+    # it clears when fewer than 6 of the last 20 are flags (and 3 clean in a row)
+    first_healthy = v.index(HEALTHY, 16)
+    assert first_healthy <= 18 + 6
+
+
+def test_a_short_burst_is_a_straggler_not_intermittent():
+    v, st = _run_state([True, True, True])
+    assert v[-1] == STRAGGLER and not st.intermittent[0]
+
+
+def test_intermittent_settings_are_checked():
+    import pytest
+
+    from hypertrace.analyzer.config import ConfigError
+    with pytest.raises(ConfigError, match="intermittent_n"):
+        ScoringConfig(intermittent_n=4)                 # below persist_n
+    with pytest.raises(ConfigError, match="intermittent_k"):
+        ScoringConfig(intermittent_k=30)
+    with pytest.raises(ConfigError, match="intermittent_n"):
+        ScoringConfig(intermittent_n=65)
+
+
+def test_a_node_slow_in_a_third_of_the_windows_is_convicted_as_intermittent():
+    """Slow in every 3rd window (never 3 of 5): convicted within 20 windows, and said so."""
+    from hypertrace.analyzer import simulate
+    from hypertrace.analyzer.simulate import Straggler
+    cfg = simulate.SimConfig(gpus=128, windows=22, seed=1, stragglers=(
+        Straggler("node-0003", 1.30, flap_on=1, flap_off=2),))
+    e = Engine(ScoringConfig())
+    for w in simulate.generate(cfg):
+        e.ingest(w)
+    results = sorted(e.flush(now_ns=2**62), key=lambda r: r.epoch)
+    convicted = [i for i, r in enumerate(results)
+                 if any(v == "straggler" for (n, _), v in r.verdicts.items() if n == "node-0003")]
+    assert convicted and convicted[0] < 20
+    assert not any(v == "straggler" for r in results for (n, _), v in r.verdicts.items()
+                   if n != "node-0003")
+    node = next(n for n in e.report().jobs[0].nodes if n.node == "node-0003")
+    assert node.verdict == "straggler" and node.probable_cause.startswith("intermittent")
