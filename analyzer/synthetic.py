@@ -23,6 +23,14 @@ from hypertrace.proto import hypertrace_pb2 as pb
 
 LAUNCH_API = "cudaLaunchKernel"
 SYNC_API = "cudaStreamSynchronize"
+#: Every other API an agent probes and sends, as (api, "launch" | "sync", median µs): with
+#: ``all_apis=True`` a window carries these too (``make bench`` times scoring on what agents
+#: really send). Graph launches are launch-like (slow host = high).
+MORE_APIS: tuple[tuple[str, str, float], ...] = (
+    ("cuLaunchKernel", "launch", 6.0), ("cuLaunchKernelEx", "launch", 7.0),
+    ("cudaLaunchKernelExC", "launch", 11.0), ("cudaGraphLaunch", "launch", 25.0),
+    ("cuGraphLaunch", "launch", 20.0), ("cudaDeviceSynchronize", "sync", 3000.0),
+    ("cudaEventSynchronize", "sync", 1500.0), ("cuStreamSynchronize", "sync", 1800.0))
 
 
 def node_name(i: int) -> str:
@@ -63,8 +71,10 @@ def job_windows(nodes: int, gpus_per_node: int, windows: int, *,
                 job_id: str = "job-1", launch_us: float = 10.0, sync_us: float = 2000.0, sigma: float = 0.3, node_jitter: float = 0.01,
                 window_seconds: float = 10.0, t0_s: float = 1_700_000_000.0,
                 gpu_kind: str = "NVIDIA H200", exact: bool = False,
-                samples_by_node: dict[str, int] | None = None) -> list[pb.NodeWindow]:
-    """Windows of one job, ``windows`` epochs x ``nodes`` nodes, in (epoch, node) order."""
+                samples_by_node: dict[str, int] | None = None,
+                all_apis: bool = False) -> list[pb.NodeWindow]:
+    """Windows of one job, ``windows`` epochs x ``nodes`` nodes, in (epoch, node) order.
+    ``all_apis``: every API of :data:`MORE_APIS` too, besides the launch and sync pair."""
     rng = np.random.default_rng(seed)
     slow = slow or {}
     samples_by_node = samples_by_node or {}
@@ -89,6 +99,11 @@ def job_windows(nodes: int, gpus_per_node: int, windows: int, *,
             ds = rng.multinomial(n_per_gpu, p_sync)
             launch = [_stats_from_dense(LAUNCH_API, dl[i]) for i in range(g)]
             sync = [_stats_from_dense(SYNC_API, ds[i]) for i in range(g)]
+        more: list[list[pb.ApiStats]] = []
+        for api, kind, median in (MORE_APIS if all_apis else ()):
+            scale = jitter * (factor if kind == "launch" else 1.0 / factor)
+            d = rng.multinomial(n_per_gpu, _bucket_probs(median * scale, sigma))
+            more.append([_stats_from_dense(api, d[i]) for i in range(g)])
         start_ns = int((t0_s + w * window_seconds) * 1e9)
         for n in range(nodes):
             win = pb.NodeWindow(version=1, agent_id=f"agent-{n:04d}", node=node_name(n), seq=w + 1)
@@ -100,5 +115,6 @@ def job_windows(nodes: int, gpus_per_node: int, windows: int, *,
                                       pid=1000 + k, gpu_kind=gpu_kind)
                 p.apis.append(launch[i])
                 p.apis.append(sync[i])
+                p.apis.extend(m[i] for m in more)
             out.append(win)
     return out
