@@ -82,7 +82,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from hypertrace.collector.apis import PROBED_APIS
+from hypertrace.proto.apis import PROBED_APIS
 
 DEFAULT_LAUNCH_APIS: tuple[str, ...] = tuple(a.name for a in PROBED_APIS
                                              if a.kind in ("launch", "graph"))

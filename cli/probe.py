@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     import os
     import time
 
-    from hypertrace.collector.apis import ProbedApi
+    from hypertrace.proto.apis import ProbedApi
     from hypertrace.collector.ebpf import ProbeError, ProbeUnavailable, UprobeSession
 
     if args.duration <= 0:

@@ -1,56 +1,18 @@
-"""The table of CUDA APIs the agent probes, and which library file each lives in.
+"""Which library file holds each probed CUDA API, and how the agent recognizes those files.
 
-Why these: launch latency (``cudaLaunchKernel`` and the driver calls it and cuBLAS/cuDNN use) is
-where a slow host shows up as *high* values; synchronize waits are where the rank everybody waits
-for shows up as *low* values (see the brief's "Direction"). ``kind`` carries that meaning to the
-analyzer. The runtime launch calls the driver launch inside; the BPF program counts a driver call
-made inside a probed runtime call once (as the runtime call), so each launch is paid for and
-counted once in the histograms.
-
-Periodic kinds (sync, graph launch, the step marker): a training step ends in one of them, so the
-time from one such call to the next of the same API is a step (or a regular sub-step), and the BPF
-program measures those intervals and what they were made of. Launch calls are many per step and
-irregular; they carry no boundary and pay nothing for it.
-
-The ``index`` of an API (its position in :data:`PROBED_APIS`) is the id the BPF program uses as a
-map key; the program is generated from this table, so the two cannot drift apart.
+The table of APIs itself (names, kinds, periodic kinds) is part of the wire contract and lives in
+proto/apis.py. The BPF program measures the
+intervals between periodic calls and what they were made of; launch calls carry no boundary and
+pay nothing for it.
 """
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+
+from hypertrace.proto.apis import PERIODIC_KINDS, PROBED_APIS, ProbedApi
 
 
-@dataclass(frozen=True)
-class ProbedApi:
-    """One probed symbol: its exported name, its library kind and what it measures."""
-
-    name: str
-    library: str   # "cudart" (libcudart.so*) | "cuda" (libcuda.so*) | "marker" (step marker)
-    kind: str      # "launch" | "sync" | "graph" | "marker"
-
-
-PROBED_APIS: tuple[ProbedApi, ...] = (
-    ProbedApi("cudaLaunchKernel", "cudart", "launch"),
-    ProbedApi("cudaLaunchKernelExC", "cudart", "launch"),
-    ProbedApi("cudaStreamSynchronize", "cudart", "sync"),
-    ProbedApi("cudaDeviceSynchronize", "cudart", "sync"),
-    ProbedApi("cudaEventSynchronize", "cudart", "sync"),
-    ProbedApi("cuLaunchKernel", "cuda", "launch"),
-    ProbedApi("cuLaunchKernelEx", "cuda", "launch"),
-    ProbedApi("cuStreamSynchronize", "cuda", "sync"),
-    ProbedApi("cudaGraphLaunch", "cudart", "graph"),
-    ProbedApi("cuGraphLaunch", "cuda", "graph"),
-    # The step marker (collector/marker.py): probed at entry only, an explicit step boundary.
-    ProbedApi("hypertrace_step", "marker", "marker"),
-)
-
-API_KINDS = ("launch", "sync", "graph", "marker")
-#: Kinds whose calls are potential step boundaries (and candidates for the always-on tier).
-PERIODIC_KINDS = ("sync", "graph", "marker")
-#: Kinds probed at entry only: no latency, the call itself is the event.
-ENTRY_ONLY_KINDS = ("marker",)
 LIBRARY_KINDS = ("cudart", "cuda", "marker")
 
 _LIB_PATTERNS = (

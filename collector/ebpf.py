@@ -54,8 +54,8 @@ from typing import Iterable
 import numpy as np
 
 from hypertrace.collector import prereqs
-from hypertrace.collector.apis import (ENTRY_ONLY_KINDS, PERIODIC_KINDS, PROBED_APIS, ProbedApi,
-                                       library_kind)
+from hypertrace.collector.apis import library_kind
+from hypertrace.proto.apis import ENTRY_ONLY_KINDS, PERIODIC_KINDS, PROBED_APIS, ProbedApi
 from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import pack_histogram

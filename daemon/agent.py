@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from hypertrace.collector.apis import ENTRY_ONLY_KINDS, PERIODIC_KINDS, PROBED_APIS
+from hypertrace.proto.apis import ENTRY_ONLY_KINDS, PERIODIC_KINDS, PROBED_APIS
 from hypertrace.collector.attribution import attribute_pid
 from hypertrace.collector.discovery import DiscoveryDelta, Library, LibraryId, ProcessScanner
 from hypertrace.collector.governor import Governor, SlicePlan

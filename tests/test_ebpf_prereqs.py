@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from hypertrace.collector import prereqs
-from hypertrace.collector.apis import PROBED_APIS, apis_for_library, library_kind
+from hypertrace.collector.apis import apis_for_library, library_kind
+from hypertrace.proto.apis import PROBED_APIS
 
 
 def test_missing_kernel_headers_names_the_package_and_the_installer():

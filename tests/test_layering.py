@@ -1,0 +1,17 @@
+"""The runtime keeps its layers: the analyzer runs without the agent's code (daemon, collector),
+so a central analyzer host never needs bcc or the agent's dependencies."""
+import subprocess
+import sys
+
+RUNTIME_ANALYZER = ("engine", "server", "storage", "scoring", "signals", "causes", "imbalance",
+                    "shift", "report_format", "config", "theory", "persistence", "cross_section")
+
+
+def test_the_runtime_analyzer_imports_neither_daemon_nor_collector():
+    code = ("import sys\n"
+            + "".join(f"import hypertrace.analyzer.{m}\n" for m in RUNTIME_ANALYZER)
+            + "bad = sorted(m for m in sys.modules if m.startswith(('hypertrace.daemon', "
+              "'hypertrace.collector')))\n"
+              "print(','.join(bad))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"the analyzer imports the agent's modules: {out.stdout}"
