@@ -30,18 +30,18 @@ test: venv ebpf-setup
 	$(PY) -m pytest -q tests
 
 demo: venv
-	$(PY) -m hypertrace.analyzer.demo
+	$(PY) -m hypertrace.sim.demo
 
 bench: venv
-	$(PY) -m hypertrace.analyzer.bench_scoring
+	$(PY) -m hypertrace.sim.bench_scoring
 
 # scenario catalog x 64..16,384 GPUs, hypertrace vs mean±3σ vs NVRx (~20 min; ARGS=--quick: ~30 s)
 bench-detect: venv
-	$(PY) -m hypertrace.analyzer.bench_detect $(ARGS)
+	$(PY) -m hypertrace.sim.bench_detect $(ARGS)
 
 # one analyzer ingesting a 16,384-GPU job over real gRPC, then a ramp (~4-6 min; ARGS=--quick: ~15 s)
 bench-scale: venv
-	$(PY) -m hypertrace.analyzer.bench_scale $(ARGS)
+	$(PY) -m hypertrace.sim.bench_scale $(ARGS)
 
 # the agent's coverage and cost at the default budget on this machine's CPUs (root): 8 stand-in
 # ranks (tests/gpu/standin_loop.py), agents on ranks 0-3, ranks 4-7 the concurrent control (~4 min)

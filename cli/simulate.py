@@ -3,7 +3,7 @@
 Writes proto3-JSON lines (``--output``, ``-`` for stdout) or streams them to an analyzer as real
 agents would (``--analyzer``: one uplink with its own spool per node). The model (lognormal body,
 Pareto tail, per-node jitter, collective synchronize waits) is documented in
-``hypertrace.analyzer.simulate``. Same ``--seed``, same windows.
+``hypertrace.sim.simulate``. Same ``--seed``, same windows.
 
 Example: hypertrace simulate --gpus 2048 --gpus-per-node 8 --straggler node-0042:1.10 \\
              --windows 8 --seed 7 --output w.jsonl
@@ -13,7 +13,7 @@ Example: hypertrace simulate --gpus 2048 --gpus-per-node 8 --straggler node-0042
 Every window carries the always-on signals (scheduler evidence, steps); the launch APIs only
 in the windows the coordinated slice schedule samples (``--cadence``).
 
-``--scenario NAME`` builds the job from the catalog (``hypertrace.analyzer.scenarios``; the seed
+``--scenario NAME`` builds the job from the catalog (``hypertrace.sim.scenarios``; the seed
 also picks which node is slow); ``--straggler`` adds more slow nodes on top.
 """
 from __future__ import annotations
@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
     import time
 
-    from hypertrace.analyzer import scenarios
-    from hypertrace.analyzer.simulate import SimConfig, generate, live_start_ns, parse_straggler
+    from hypertrace.sim import scenarios
+    from hypertrace.sim.simulate import SimConfig, generate, live_start_ns, parse_straggler
 
     if args.list_scenarios:
         print(scenarios.describe())
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
     import tempfile
 
-    from hypertrace.analyzer.simulate import stream_windows
+    from hypertrace.sim.simulate import stream_windows
 
     cfg = dataclasses.replace(cfg, start_ns=live_start_ns(cfg, time.time_ns()))
     with tempfile.TemporaryDirectory(prefix="hypertrace-sim-spool-") as spool_root:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hypertrace.analyzer.synthetic import job_windows
+from hypertrace.sim.synthetic import job_windows
 from hypertrace.cli.main import main
 from hypertrace.proto import wire
 

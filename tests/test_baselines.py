@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from hypertrace.analyzer.baselines import NVRX_THRESHOLD, BaselineDetector, flag_rule
-from hypertrace.analyzer.simulate import SimConfig, Straggler, generate
+from hypertrace.sim.baselines import NVRX_THRESHOLD, BaselineDetector, flag_rule
+from hypertrace.sim.simulate import SimConfig, Straggler, generate
 
 
 def test_mean3sigma_rule_uses_the_tail_that_means_slow():

@@ -1,5 +1,5 @@
 """bench-detect on small jobs: metrics, acceptance checks and the CLI, end to end."""
-from hypertrace.analyzer import bench_detect as bd
+from hypertrace.sim import bench_detect as bd
 
 
 def test_run_one_scores_the_same_windows_with_every_method():
@@ -78,7 +78,7 @@ def test_new_faults_are_convicted_in_three_windows_from_the_always_on_signals():
 
 
 def test_launch_tier_is_sampled_in_every_window_at_the_default_cadence():
-    from hypertrace.analyzer import scenarios
-    from hypertrace.analyzer.simulate import sampled_windows
+    from hypertrace.sim import scenarios
+    from hypertrace.sim.simulate import sampled_windows
     for name in scenarios.CATALOG:
         assert sampled_windows(scenarios.get(name).config(gpus=64, windows=6, seed=3)).all()

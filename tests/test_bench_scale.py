@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from hypertrace.analyzer.bench_scale import (SLOW_NODE, ScaleConfig, read_proc, run_scale,
+from hypertrace.sim.bench_scale import (SLOW_NODE, ScaleConfig, read_proc, run_scale,
                                              server_workers, table_row)
 
 

@@ -6,7 +6,7 @@ import sys
 
 
 def test_demo_names_exactly_the_slow_node_and_cleans_up():
-    proc = subprocess.run([sys.executable, "-m", "hypertrace.analyzer.demo", "--nodes", "8",
+    proc = subprocess.run([sys.executable, "-m", "hypertrace.sim.demo", "--nodes", "8",
                            "--slow-node", "node-0005"],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -19,7 +19,7 @@ def test_demo_names_exactly_the_slow_node_and_cleans_up():
 
 
 def test_simulate_streams_to_analyzer_like_agents(tmp_path):
-    from hypertrace.analyzer.demo import start_analyzer, stop_process
+    from hypertrace.sim.demo import start_analyzer, stop_process
     from hypertrace.cli.main import main
     proc, target = start_analyzer(str(tmp_path / "a.db"))
     try:

@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hypertrace.analyzer import scenarios, simulate
+from hypertrace.sim import scenarios, simulate
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.engine import Engine
 from hypertrace.analyzer.imbalance import ImbalanceTracker, group_deviations, peer_classes

@@ -1,5 +1,6 @@
 """The runtime keeps its layers: the analyzer runs without the agent's code (daemon, collector),
-so a central analyzer host never needs bcc or the agent's dependencies."""
+so a central analyzer host never needs bcc or the agent's dependencies; and nothing users run
+imports the simulators and benchmarks (hypertrace.sim)."""
 import subprocess
 import sys
 
@@ -11,7 +12,16 @@ def test_the_runtime_analyzer_imports_neither_daemon_nor_collector():
     code = ("import sys\n"
             + "".join(f"import hypertrace.analyzer.{m}\n" for m in RUNTIME_ANALYZER)
             + "bad = sorted(m for m in sys.modules if m.startswith(('hypertrace.daemon', "
-              "'hypertrace.collector')))\n"
+              "'hypertrace.collector', 'hypertrace.sim')))\n"
               "print(','.join(bad))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"the analyzer imports the agent's modules: {out.stdout}"
+
+
+def test_the_agent_and_the_cli_do_not_import_the_simulators():
+    code = ("import sys\n"
+            "import hypertrace.cli.main, hypertrace.daemon.agent, hypertrace.daemon.uplink\n"
+            "import hypertrace.collector.governor, hypertrace.collector.steps\n"
+            "print(','.join(sorted(m for m in sys.modules if m.startswith('hypertrace.sim'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"runtime code imports hypertrace.sim: {out.stdout}"

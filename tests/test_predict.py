@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hypertrace.analyzer import theory
-from hypertrace.analyzer.synthetic import job_windows
+from hypertrace.sim.synthetic import job_windows
 from hypertrace.cli.main import main
 from hypertrace.proto import wire
 

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from hypertrace.analyzer import scenarios
-from hypertrace.analyzer.simulate import burst_matrices, generate, simulate_counts, slowdown_matrix
+from hypertrace.sim import scenarios
+from hypertrace.sim.simulate import burst_matrices, generate, simulate_counts, slowdown_matrix
 from hypertrace.cli.main import main
 from hypertrace.proto import buckets
 from hypertrace.proto.wire import read_jsonl, validate_window

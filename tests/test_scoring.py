@@ -12,7 +12,7 @@ from hypertrace.analyzer.cross_section import Hists
 from hypertrace.analyzer.engine import Engine
 from hypertrace.analyzer.scoring import (HostLayout, effect_gate, host_medians, implicates,
                                          sampling_se_us, score_hosts, score_values)
-from hypertrace.analyzer.synthetic import job_windows
+from hypertrace.sim.synthetic import job_windows
 from hypertrace.proto import buckets, wire
 from hypertrace.proto import hypertrace_pb2 as pb
 

@@ -11,7 +11,7 @@ from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.engine import Engine, UnknownJobError
 from hypertrace.analyzer.scoring import meaning
 from hypertrace.analyzer.report_format import (exit_status, report_to_json, report_to_table)
-from hypertrace.analyzer.synthetic import job_windows
+from hypertrace.sim.synthetic import job_windows
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import wire
 
@@ -184,8 +184,8 @@ def test_a_slow_host_measured_under_5pct_is_convicted_through_its_host_median():
     # Held-out launch-5, 64 GPUs, seed 1006: node-0007 launches 5% slower, but its own host
     # jitter puts it 3.1-4.4% above the job (mean 3.6%). Single GPUs rarely pass the 5% gate;
     # the host median with its allowance convicts it, as a host, with host-basis findings.
-    from hypertrace.analyzer import scenarios
-    from hypertrace.analyzer.simulate import generate
+    from hypertrace.sim import scenarios
+    from hypertrace.sim.simulate import generate
 
     cfg = scenarios.get("launch-5").config(64, 8, 16, 1006)
     assert scenarios.truth(cfg) == {"node-0007": 0}

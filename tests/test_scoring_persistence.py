@@ -7,7 +7,7 @@ from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.engine import Engine
 from hypertrace.analyzer.persistence import (HEALTHY, INSUFFICIENT, STRAGGLER, SUSPECT,
                                              PersistenceState)
-from hypertrace.analyzer.synthetic import job_windows
+from hypertrace.sim.synthetic import job_windows
 
 CFG = ScoringConfig(persist_k=3, persist_n=5, clear_m=3)
 
@@ -110,8 +110,8 @@ def test_intermittent_settings_are_checked():
 
 def test_a_node_slow_in_a_third_of_the_windows_is_convicted_as_intermittent():
     """Slow in every 3rd window (never 3 of 5): convicted within 20 windows, and said so."""
-    from hypertrace.analyzer import simulate
-    from hypertrace.analyzer.simulate import Straggler
+    from hypertrace.sim import simulate
+    from hypertrace.sim.simulate import Straggler
     cfg = simulate.SimConfig(gpus=128, windows=22, seed=1, stragglers=(
         Straggler("node-0003", 1.30, flap_on=1, flap_off=2),))
     e = Engine(ScoringConfig())

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.server import Analyzer, AnalyzerServer, ServerError, ServerOptions
-from hypertrace.analyzer.simulate import SimConfig, Straggler, generate
+from hypertrace.sim.simulate import SimConfig, Straggler, generate
 from hypertrace.analyzer.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc

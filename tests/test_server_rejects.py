@@ -11,7 +11,7 @@ import math
 import grpc
 import pytest
 
-from hypertrace.analyzer.simulate import SimConfig, generate
+from hypertrace.sim.simulate import SimConfig, generate
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import MAX_WINDOW_BYTES
 

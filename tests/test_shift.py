@@ -4,12 +4,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hypertrace.analyzer import scenarios, simulate
+from hypertrace.sim import scenarios, simulate
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.cross_section import Hists
 from hypertrace.analyzer.engine import Engine
 from hypertrace.analyzer.shift import pooled_deciles, shift_ratios
-from hypertrace.analyzer.simulate import SimConfig, Straggler
+from hypertrace.sim.simulate import SimConfig, Straggler
 
 
 def _hists(cfg: SimConfig, api: str = "cudaLaunchKernel") -> Hists:

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from hypertrace.analyzer.simulate import (SimConfig, Straggler, generate, live_start_ns,
+from hypertrace.sim.simulate import (SimConfig, Straggler, generate, live_start_ns,
                                           parse_straggler, simulate_counts)
 from hypertrace.proto import buckets
 from hypertrace.proto.wire import read_jsonl, validate_window, write_jsonl
@@ -186,7 +186,7 @@ def test_independent_mode_gives_each_rank_its_own_step():
 
 
 def test_healthy_run_queue_share_is_small_with_rare_bursts_past_the_gate():
-    from hypertrace.analyzer.simulate import simulate_sched
+    from hypertrace.sim.simulate import simulate_sched
     share = simulate_sched(SimConfig(gpus=2048, windows=8, seed=3)).runq_share
     assert np.mean(share < 0.01) > 0.9                            # mostly 0-1%
     burst = share - np.median(share) >= 0.05                      # one window over the 5% gate

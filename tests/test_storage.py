@@ -7,7 +7,7 @@ import pytest
 
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.engine import Engine
-from hypertrace.analyzer.simulate import SimConfig, Straggler, generate
+from hypertrace.sim.simulate import SimConfig, Straggler, generate
 from hypertrace.analyzer.storage import Storage, StorageError
 
 CFG = SimConfig(gpus=32, gpus_per_node=8, windows=4, seed=5,

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hypertrace.analyzer.simulate import SimConfig, generate
+from hypertrace.sim.simulate import SimConfig, generate
 from hypertrace.analyzer.storage import Storage
 
 CFG = SimConfig(gpus=64, gpus_per_node=8, windows=2, seed=3)

@@ -10,7 +10,7 @@ import logging
 import math
 import time
 
-from hypertrace.analyzer.simulate import SimConfig, generate
+from hypertrace.sim.simulate import SimConfig, generate
 from hypertrace.daemon.uplink import Backoff, Spool, Uplink
 
 from test_server import free_port, start_server, stop_server

@@ -10,11 +10,11 @@ import json
 
 import pytest
 
-from hypertrace.analyzer import scenarios
+from hypertrace.sim import scenarios
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.engine import Engine
 from hypertrace.analyzer.report_format import report_to_table
-from hypertrace.analyzer.simulate import SimConfig, Straggler, generate
+from hypertrace.sim.simulate import SimConfig, Straggler, generate
 from hypertrace.cli.main import main
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import write_jsonl
@@ -119,10 +119,10 @@ def test_predict_uses_step_times_of_simulated_windows(tmp_path, capsys):
 
 def test_a_one_node_job_never_gets_an_eviction_prediction():
     """Evicting the only node leaves no job to predict a step time for (it used to say NaN)."""
-    from hypertrace.analyzer import simulate
+    from hypertrace.sim import simulate
     from hypertrace.analyzer.config import ScoringConfig
     from hypertrace.analyzer.engine import Engine
-    from hypertrace.analyzer.simulate import SimConfig, Straggler
+    from hypertrace.sim.simulate import SimConfig, Straggler
     cfg = SimConfig(gpus=8, windows=8, seed=2,
                     stragglers=(Straggler("node-0000", 1.3, where="cpu", gpus=(5,)),))
     e = Engine(ScoringConfig())

@@ -1,9 +1,9 @@
 """``make bench-detect``: detection quality of hypertrace vs two baselines over the scenario catalog.
 
 Why: "catches real slow nodes fast, never convicts a healthy one" needs numbers anyone can
-re-run. For every scenario (:mod:`hypertrace.analyzer.scenarios`) and job size, windows are
+re-run. For every scenario (:mod:`hypertrace.sim.scenarios`) and job size, windows are
 simulated once and fed, the same messages, to hypertrace's :class:`Engine` and to the two
-baselines of :mod:`hypertrace.analyzer.baselines` (same persistence, same grouping).
+baselines of :mod:`hypertrace.sim.baselines` (same persistence, same grouping).
 
 Metrics, per (scenario, size, method), pooled over seeds. A node is *flagged* when any of its
 GPUs gets a ``straggler`` verdict in any epoch; truth comes from :func:`scenarios.truth`.
@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from hypertrace.analyzer import scenarios
+from hypertrace.sim import scenarios
 from hypertrace.analyzer.config import ScoringConfig
 
 METHODS = ("hypertrace", "mean3sigma", "nvrx")
@@ -83,9 +83,9 @@ def run_one(scenario: str, gpus: int, windows: int, seed: int,
             config: ScoringConfig = ScoringConfig(), gpus_per_node: int = 8,
             methods: tuple[str, ...] = METHODS) -> RunResult:
     """Simulate one job and score it with every method, on the same windows."""
-    from hypertrace.analyzer.baselines import BaselineDetector
+    from hypertrace.sim.baselines import BaselineDetector
     from hypertrace.analyzer.engine import Engine
-    from hypertrace.analyzer.simulate import generate
+    from hypertrace.sim.simulate import generate
 
     cfg = scenarios.get(scenario).config(gpus, gpus_per_node, windows, seed,
                                          config.window_seconds)
@@ -319,7 +319,7 @@ def tune(workers: int) -> list[tuple[dict, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hypertrace.analyzer.bench_detect",
+    ap = argparse.ArgumentParser(prog="python -m hypertrace.sim.bench_detect",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small run (64 and 512 GPUs, 1-2 seeds)")
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{cand or 'defaults'}: {text}")
         print(f"tuning took {time.monotonic() - t0:.0f} s")
         return 0
-    from hypertrace.analyzer.machine import cpu_model
+    from hypertrace.sim.machine import cpu_model
 
     cfg = ScoringConfig()
     groups = run_plan(plan, names, HELD_OUT_SEEDS, cfg, args.workers)

@@ -1,6 +1,6 @@
 """Synthetic windows for the scoring tests and ``make bench``: a job with optional slow nodes.
 
-Why here and not the simulator (:mod:`hypertrace.analyzer.simulate`, a richer scenario model):
+Why here and not the simulator (:mod:`hypertrace.sim.simulate`, a richer scenario model):
 the scoring tests and the benchmark need one small, fixed, fast model that does not move when the
 simulator is tuned.
 

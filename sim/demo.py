@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-from hypertrace.analyzer.simulate import (SimConfig, Straggler, generate, live_start_ns,
+from hypertrace.sim.simulate import (SimConfig, Straggler, generate, live_start_ns,
                                           stream_windows)
 
 CLI = [sys.executable, "-m", "hypertrace.cli.main"]
@@ -68,7 +68,7 @@ def flagged_nodes(report_json: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hypertrace.analyzer.demo", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m hypertrace.sim.demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--gpus-per-node", type=int, default=8)

@@ -9,7 +9,7 @@ demand) are timed separately and printed too.
 
 Histograms are realistic: lognormal latencies (launch median 10 µs, sync 2 ms, sigma 0.3),
 1,000 calls per GPU per API per window, 1% per-node jitter, one node 10% slow
-(:mod:`hypertrace.analyzer.synthetic`). To keep memory and set-up time small at 131,072 GPUs, a
+(:mod:`hypertrace.sim.synthetic`). To keep memory and set-up time small at 131,072 GPUs, a
 pool of 4,096 GPUs' windows is drawn per epoch and re-used under new node names; scoring cost does
 not depend on which histogram a row holds.
 
@@ -33,8 +33,8 @@ import numpy as np  # noqa: E402
 
 from hypertrace.analyzer.config import ScoringConfig  # noqa: E402
 from hypertrace.analyzer.engine import Engine  # noqa: E402
-from hypertrace.analyzer.machine import cpu_model  # noqa: E402
-from hypertrace.analyzer.synthetic import job_windows, node_name  # noqa: E402
+from hypertrace.sim.machine import cpu_model  # noqa: E402
+from hypertrace.sim.synthetic import job_windows, node_name  # noqa: E402
 
 GPUS_PER_NODE = 8
 POOL_NODES = 2048

@@ -2,9 +2,9 @@
 
 Why a catalog: detection quality is only meaningful against cases whose truth is known, and every
 claim in BENCHMARKS.md must be re-runnable. Each :class:`Scenario` turns ``(gpus, gpus_per_node,
-windows, seed)`` into a :class:`~hypertrace.analyzer.simulate.SimConfig`; the latency model
+windows, seed)`` into a :class:`~hypertrace.sim.simulate.SimConfig`; the latency model
 (lognormal body, Pareto tail, node/GPU/window jitter, collective synchronize waits, second modes,
-GPU kinds, dropouts) is documented in :mod:`hypertrace.analyzer.simulate`. The truth is read off
+GPU kinds, dropouts) is documented in :mod:`hypertrace.sim.simulate`. The truth is read off
 the config itself (:func:`truth`): a node is a straggler when an injected ``Straggler`` slows it
 (factor > 1), from the first window in which it is slow. Spikes (GC, cold reads, heavy tails) are
 *not* stragglers, by definition of the brief.
@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from hypertrace.analyzer.simulate import (DEFAULT_APIS, Dropout, SimConfig, Straggler)
+from hypertrace.sim.simulate import (DEFAULT_APIS, Dropout, SimConfig, Straggler)
 
 Builder = Callable[[SimConfig], SimConfig]
 

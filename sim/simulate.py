@@ -749,7 +749,7 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
 
 # ---- scenario catalog hook -------------------------------------------------------------------
 #: name -> builder(gpus, gpus_per_node, windows, seed) -> SimConfig. The catalog with ground truth
-#: and documentation is :mod:`hypertrace.analyzer.scenarios`; these two stay for old callers.
+#: and documentation is :mod:`hypertrace.sim.scenarios`; these two stay for old callers.
 SCENARIOS: dict[str, Callable[..., SimConfig]] = {
     "clean": lambda **kw: SimConfig(**kw),
     "host-straggler-10": lambda **kw: replace(

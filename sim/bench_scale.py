@@ -8,7 +8,7 @@ What runs:
    cores used = CPU seconds / wall seconds over the measured epochs (ingest, storage, scoring and
    storing verdicts, everything the analyzer does).
 2. A cheap load generator in this process. Node windows come from the simulator
-   (:mod:`hypertrace.analyzer.simulate`, one node 30% slow), generated **once** for a pool of at
+   (:mod:`hypertrace.sim.simulate`, one node 30% slow), generated **once** for a pool of at
    most 2,048 nodes x a few windows and serialized without their header. Per send only the header
    (agent id, node, seq, start, end: a few dozen bytes) is serialized and prepended: protobuf
    concatenation is field merge, so ``header + body`` is exactly the bytes of the whole window.
@@ -63,9 +63,9 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from hypertrace.analyzer.demo import stop_process
-from hypertrace.analyzer.machine import cpu_model
-from hypertrace.analyzer.simulate import SimConfig, Straggler, generate
+from hypertrace.sim.demo import stop_process
+from hypertrace.sim.machine import cpu_model
+from hypertrace.sim.simulate import SimConfig, Straggler, generate
 from hypertrace.daemon.uplink import IDLE_CLOSE_S
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import STREAM_METHOD, WIRE_VERSION
@@ -589,7 +589,7 @@ TABLE_HEAD = ("| GPUs | nodes | windows/s sustained | windows/s max | analyzer c
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hypertrace.analyzer.bench_scale",
+    ap = argparse.ArgumentParser(prog="python -m hypertrace.sim.bench_scale",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=2048, help="main run (default 2048 = 16,384 GPUs)")
