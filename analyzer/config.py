@@ -149,8 +149,9 @@ class ScoringConfig:
         need(self.clear_m >= 1, "clear_m", "must be >= 1")
         need(self.persist_n <= self.intermittent_n <= 64, "intermittent_n",
              "must be between persist_n and 64 windows")
-        need(self.persist_k <= self.intermittent_k <= self.intermittent_n, "intermittent_k",
-             "must be between persist_k and intermittent_n")
+        need(1 <= self.intermittent_k <= self.intermittent_n, "intermittent_k",
+             "must be between 1 and intermittent_n (it never convicts on fewer flags than "
+             "persist_k)")
         need(self.spike_threshold > 0, "spike_threshold", "must be > 0, e.g. 0.5 for +50%")
         need(0 < self.host_fraction < 1, "host_fraction", "must be in (0, 1)")
         need(self.job_mode in JOB_MODES, "job_mode", f"must be one of {list(JOB_MODES)}")

@@ -8,8 +8,9 @@ window of the last n no longer holds k flags.
 **Intermittent slowness.** A node slow in 30% of the windows (a flapping link, a periodic
 neighbour) rarely shows 3 flags in 5 windows. So a second, longer rule: flagged in
 ``intermittent_k`` of the last ``intermittent_n`` scored epochs (6 of 20) also makes a straggler,
-marked *intermittent* (:attr:`PersistenceState.intermittent`). It stays one while that holds or
-until ``clear_m`` clean epochs. A healthy GPU would need 6 chance flags in 20 windows: with a
+marked *intermittent* (:attr:`PersistenceState.intermittent`), never on fewer flags than
+``persist_k`` (a stricter short rule stays stricter). It stays one while that holds or until
+``clear_m`` clean epochs. A healthy GPU would need 6 chance flags in 20 windows: with a
 per-window false flag rate p that is about C(20,6) p^6, 4e-8 per GPU-window at p = 1%. Epochs in which a GPU had no data or too few samples
 do not count either way (its history does not move), so a sparse or absent agent neither convicts
 nor clears a node.
@@ -97,7 +98,7 @@ class PersistenceState:
         long_hist = ((self.long_history[r] << np.uint64(1)) | f.astype(np.uint64)) & long_mask
         self.long_history[r] = long_hist
         persistent = _popcount(hist) >= cfg.persist_k
-        recurring = _popcount(long_hist) >= cfg.intermittent_k
+        recurring = _popcount(long_hist) >= max(cfg.intermittent_k, cfg.persist_k)
         was = self.state[r] == STRAGGLER
         keep = was & ((streak < cfg.clear_m) | persistent | recurring)
         convicted = persistent | recurring | keep

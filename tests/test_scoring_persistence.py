@@ -104,6 +104,8 @@ def test_intermittent_settings_are_checked():
         ScoringConfig(intermittent_n=4)                 # below persist_n
     with pytest.raises(ConfigError, match="intermittent_k"):
         ScoringConfig(intermittent_k=30)
+    with pytest.raises(ConfigError, match="intermittent_k"):
+        ScoringConfig(intermittent_k=0)
     with pytest.raises(ConfigError, match="intermittent_n"):
         ScoringConfig(intermittent_n=65)
 
@@ -125,3 +127,12 @@ def test_a_node_slow_in_a_third_of_the_windows_is_convicted_as_intermittent():
                    if n != "node-0003")
     node = next(n for n in e.report().jobs[0].nodes if n.node == "node-0003")
     assert node.verdict == "straggler" and node.probable_cause.startswith("intermittent")
+
+
+def test_the_long_rule_never_convicts_on_fewer_flags_than_persist_k():
+    strict = ScoringConfig(persist_k=8, persist_n=8, clear_m=3)
+    st = PersistenceState()
+    st.grow(1)
+    codes = [int(st.update(np.array([0]), np.array([True]), np.array([True]), strict)[0])
+             for _ in range(7)]
+    assert STRAGGLER not in codes           # 7 flags: neither 8 of 8 nor (at least 8) of 20
