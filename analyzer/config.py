@@ -72,17 +72,12 @@ Defaults and why:
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 from hypertrace.proto.apis import PROBED_APIS
+from hypertrace.proto.settings import ConfigError, read_toml
 
 DEFAULT_LAUNCH_APIS: tuple[str, ...] = tuple(a.name for a in PROBED_APIS
                                              if a.kind in ("launch", "graph"))
@@ -92,10 +87,6 @@ MARKER_APIS: frozenset[str] = frozenset(
     {a.name for a in PROBED_APIS if a.kind == "marker"} | {"hypertrace_step"})
 KNOWN_STATS = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 JOB_MODES = ("auto", "collective", "independent")
-
-
-class ConfigError(ValueError):
-    """A scoring setting that is out of range or unknown; the message says which and why."""
 
 
 @dataclass(frozen=True)
@@ -204,15 +195,7 @@ class ScoringConfig:
 def read_analyzer_toml(path: str | Path) -> dict[str, Any]:
     """One analyzer TOML file as a flat dict: scoring keys may sit at the top level or in a
     ``[scoring]`` table (so one analyzer.toml serves `analyzer` and `analyze` alike)."""
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{path}: no such file; pass an existing TOML file") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from exc
+    data = read_toml(path)
     scoring = data.pop("scoring", None)
     if isinstance(scoring, dict):
         data.update(scoring)

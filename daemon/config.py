@@ -56,23 +56,15 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from hypertrace.collector.attribution import DEFAULT_JOB_ENV
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from hypertrace.proto.settings import ConfigError, read_toml
 
 DEFAULT_CONFIG_PATH = "/etc/hypertrace/agent.toml"
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the key and how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -177,19 +169,6 @@ def _check(cfg: AgentConfig) -> None:
         raise ConfigError("spool_dir is empty; give a writable directory")
 
 
-def read_toml(path: str | Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist; create it (see "
-                          "deploy/agent.toml.example) or drop --config") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
-
-
 def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
                 default_path: str | Path = DEFAULT_CONFIG_PATH) -> AgentConfig:
     """Defaults < TOML file < ``overrides`` (CLI flags; None values mean "not given").
@@ -200,7 +179,7 @@ def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | N
     if path is None and Path(default_path).is_file():
         path = default_path
     if path is not None:
-        for key, value in read_toml(path).items():
+        for key, value in read_toml(path, "deploy/agent.toml.example").items():
             if key in _REMOVED:
                 raise ConfigError(f"{key} (in {path}) is no longer a setting: {_REMOVED[key]}")
             if key not in _FIELDS:

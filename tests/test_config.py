@@ -120,3 +120,27 @@ def test_cli_flags_have_the_key_names_and_help_teaches_them(capsys):
         assert "--" + name.replace("_", "-") in text, name
     for phrase in ("same wall-clock moment", "power of two", "clock", "budget"):
         assert phrase in " ".join(text.split()), phrase
+
+
+def test_agent_and_analyzer_share_one_loader_and_one_error(tmp_path):
+    """A broken file reads the same to the agent and the analyzer: one TOML reader, one error."""
+    from hypertrace.analyzer import config as analyzer_config
+    from hypertrace.daemon import config as agent_config
+    from hypertrace.proto.settings import ConfigError as Shared
+    assert analyzer_config.ConfigError is agent_config.ConfigError is Shared
+    bad = tmp_path / "bad.toml"
+    bad.write_text("window = [\n")
+    msgs = []
+    for load in (lambda: agent_config.load_config(bad),
+                 lambda: analyzer_config.load_scoring_config(bad)):
+        with pytest.raises(Shared) as err:
+            load()
+        msgs.append(str(err.value))
+    assert all(f"config file {bad} is not valid TOML" in m for m in msgs), msgs
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(Shared, match="does not exist.*agent.toml.example"):
+        agent_config.load_config(missing)
+    with pytest.raises(Shared, match="does not exist"):
+        analyzer_config.load_scoring_config(missing)
+    with pytest.raises(Shared, match="is a directory"):
+        analyzer_config.load_scoring_config(tmp_path)

@@ -1,0 +1,38 @@
+"""Settings files: one TOML reader and one ConfigError for every component (agent, analyzer,
+CLI), so a bad file reads the same wherever it is given.
+
+Why here: the agent and the analyzer must not import each other (the analyzer runs on hosts
+without the agent's dependencies), and both already depend on the wire package.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the file or key and how to fix it."""
+
+
+def read_toml(path: str | Path, example: str = "") -> dict[str, Any]:
+    """The TOML file at ``path`` as a dict; ConfigError naming the problem otherwise.
+    ``example`` names a file to start from, quoted when the file does not exist."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        hint = f" (start from {example})" if example else ""
+        raise ConfigError(f"config file {path} does not exist; create it{hint} or drop "
+                          "--config") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory; give a TOML file") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
