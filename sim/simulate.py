@@ -33,6 +33,13 @@ The model (all latencies per GPU, per window, per API):
   (GPU work only: visible only as the short synchronize waits of that rank) or ``"cpu"`` (CPU
   contention: more busy time per step and a high run-queue share, nothing else). ``flap_on`` /
   ``flap_off`` make it intermittent: slow for ``flap_on`` windows, normal for ``flap_off``.
+* **Kernel mixes (not stragglers).** With ``mix_share`` > 0 every launch API's body is two kernel
+  kinds: ``1 - s`` of the calls at the median and ``s`` at ``mix_scale`` x the median, where each
+  GPU's share ``s`` is ``mix_share`` +- ``mix_spread`` (uniform, persistent): MoE and
+  data-dependent kernels. The p50 then sits between the modes and moves with the share.
+* **Pipeline stages (not stragglers).** With ``pipeline_stages`` N > 1 the nodes form N contiguous
+  stages; the last one does ``stage_load`` more work on the host and GPU side by design, and the
+  windows name each rank's stage (``ProcessWindow.group``) unless ``stage_labels`` is False.
 * **Second modes (spikes that are not stragglers).** ``Burst`` adds, in given windows of given
   nodes, a share ``frac`` of calls drawn from the same lognormal at ``scale`` x the median (a GC
   pause, a cold storage read). :func:`burst_matrices` turns periodic GC (``gc_period`` windows, each
