@@ -4,7 +4,8 @@ imports the simulators and benchmarks (hypertrace.sim)."""
 import subprocess
 import sys
 
-RUNTIME_ANALYZER = ("engine", "server", "storage", "scoring", "signals", "causes", "imbalance",
+RUNTIME_ANALYZER = ("engine", "jobs", "epoch_scoring", "job_report", "server", "storage",
+                    "scoring", "signals", "causes", "imbalance",
                     "shift", "report_format", "config", "theory", "persistence", "cross_section")
 
 

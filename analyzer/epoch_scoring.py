@@ -1,0 +1,341 @@
+"""Scoring one epoch of one job: the cross-section in, flagged rows and verdicts out.
+
+Per peer class (GPU kind x workload group, analyzer/imbalance.py): quantiles of every API
+(vectorized), robust z / IQR / effect / sample rules (analyzer/scoring.py) on every GPU and on
+every host's median GPU (a host flag flags the host's GPUs), the tail that implicates the GPU per
+API kind, a p50 backed by the whole distribution's shift (analyzer/shift.py); the signals beside
+the latencies (analyzer/signals.py) read in the job's mode; then persistence
+(analyzer/persistence.py), whole-group imbalance, and the sums the what-if and the spike rates
+read (analyzer/theory.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hypertrace.analyzer import signals
+from hypertrace.analyzer.config import KNOWN_STATS, ScoringConfig
+from hypertrace.analyzer.cross_section import CrossSection, GpuKey, Hists
+from hypertrace.analyzer.imbalance import group_deviations
+from hypertrace.analyzer.jobs import JobState
+from hypertrace.analyzer.scoring import (StatScores, implicates, sampling_se_us, score_hosts,
+                                         score_values)
+from hypertrace.analyzer.shift import MIN_HOST_SHIFT, pooled_deciles, shift_ratios
+from hypertrace.proto import buckets
+
+#: Weight an epoch's own-time histograms keep per later epoch in the what-if (half-life one
+#: window). Chosen on the first H200 fault run (collective, CPU hog: 0.8 predicted +10% against
+#: a measured +19%; 0.5 gave +15%; the latest window alone was noisy, +16..26%).
+WHATIF_KEEP = 0.5
+
+
+@dataclass
+class ScoreRow:
+    """One scored (GPU, API, stat) in one epoch. Only flagged rows are kept (either tail)."""
+
+    job_id: str
+    epoch: int
+    node: str
+    gpu: str
+    rank: int
+    api: str
+    stat: str
+    value_us: float
+    job_median_us: float
+    ratio: float
+    robust_z: float
+    flagged: bool
+    direction: str                 # "high" | "low"
+    implicates: bool = False       # this tail makes the GPU suspect (scoring.implicates; a
+                                   # launch high tail only where the steps corroborate it)
+    basis: str = "gpu"             # "gpu": this GPU's value; "host": its host's median GPU
+    unit: str = ""                 # "" (µs latency) | "us" | "share" | "hz" | "ratio"
+    #: a signal finding's evidence: {signal: (this GPU's value, job median)} (see signals.py)
+    evidence: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: a signal finding's deviation over its gate (signals.SignalScore.strength); NaN for APIs
+    strength: float = float("nan")
+
+
+@dataclass
+class EpochResult:
+    """What scoring one epoch of one job produced: flagged rows and every GPU's verdict after it."""
+
+    job_id: str
+    epoch: int
+    rows: list[ScoreRow]
+    verdicts: dict[GpuKey, str]
+
+
+@dataclass
+class _Part:
+    """One kind group's scores of one API: its GPUs' own and its hosts' (``of_gpu`` maps each
+    GPU of the group to its host's row in ``hosts``)."""
+
+    sel: np.ndarray
+    gpus: StatScores
+    hosts: StatScores
+    of_gpu: np.ndarray
+
+    def row(self, basis: str, local: int) -> tuple[StatScores, int]:
+        """The scores and row behind GPU ``local`` of this group, on the given basis."""
+        return (self.gpus, local) if basis == "gpu" else (self.hosts, int(self.of_gpu[local]))
+
+
+def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochResult:
+    """Score one epoch of one job and update the job's state (module docstring)."""
+    job.grow()
+    rows = cs.rows
+    g, s = cs.size, len(cfg.stats)
+    groups, labels = job.peer_groups(rows, cfg.min_gpus)
+    sufficient = np.zeros(g, dtype=bool)
+    flagged = np.zeros(g, dtype=bool)
+    found: list[ScoreRow] = []
+    verdict_cols = np.asarray(cfg.verdict_mask(), dtype=bool)
+    quantiles: dict[str, np.ndarray] = {}
+    layouts = job.host_layouts(rows, groups)
+    launch_calls = np.zeros(g)
+    for api, hists in cs.apis.items():
+        if cfg.api_kind(api) == "launch":
+            launch_calls += hists.total()
+    # the signals first: a launch tail convicts only where the steps corroborate it
+    sig = signals.score_signals(cs, cfg, groups, launch_calls)
+    gpu_ok, host_ok = signals.launch_corroboration(sig, cfg, groups, layouts)
+    for api, hists in cs.apis.items():
+        kind = cfg.api_kind(api)
+        if kind == "marker":                 # a step boundary, not a latency
+            continue
+        q = quantiles[api] = hists.quantiles_us([KNOWN_STATS[x] for x in cfg.stats])
+        cnt = hists.total()
+        se = sampling_se_us(hists, q, cfg.stats)
+        gpu_high, gpu_low, host_high, host_low = (np.zeros((g, s), dtype=bool)
+                                                  for _ in range(4))
+        parts: list[_Part] = []
+        for sel, layout in zip(groups, layouts):
+            one = len(groups) == 1           # no copies for the common single-kind job
+            sc = score_values(q if one else q[sel], cnt if one else cnt[sel], cfg,
+                              cfg.stats, se if one else se[sel])
+            hs, of_gpu = score_hosts(sc.value_us, sc.scored, layout, cfg, cfg.stats)
+            mine = sc.scored[:, None]        # a host flag never lands on a GPU without data
+            if one:
+                sufficient |= sc.scored
+                gpu_high, gpu_low = sc.high, sc.low
+                host_high, host_low = hs.high[of_gpu] & mine, hs.low[of_gpu] & mine
+            else:
+                sufficient[sel] |= sc.scored
+                gpu_high[sel], gpu_low[sel] = sc.high, sc.low
+                host_high[sel] = hs.high[of_gpu] & mine
+                host_low[sel] = hs.low[of_gpu] & mine
+            parts.append(_Part(sel, sc, hs, of_gpu))
+        # one quantile never convicts alone: the whole distribution must have shifted
+        shift_gpu, shift_host = _shift_checks(hists, parts, gpu_high, host_high,
+                                              verdict_cols, cfg, g)
+        if kind == "sync":                   # arrives last: supporting evidence only
+            bad = np.zeros((g, s), dtype=bool)
+        elif kind == "launch":
+            bad = ((gpu_high & (gpu_ok & shift_gpu)[:, None])
+                   | (host_high & (host_ok & shift_host)[:, None]))
+        else:
+            bad = (gpu_high & shift_gpu[:, None]) | (host_high & shift_host[:, None])
+        for j in np.flatnonzero(verdict_cols):      # column by column: G x 1 reductions
+            flagged |= bad[:, j]                      # along a short axis are slow
+        gpu_cells = gpu_high | gpu_low
+        for basis, hi, cells in (("gpu", gpu_high, gpu_cells),
+                                 ("host", host_high, (host_high | host_low) & ~gpu_cells)):
+            for gi, si in zip(*np.nonzero(cells)):      # flagged cells only: a handful
+                direction = "high" if hi[gi, si] else "low"
+                part = next(p for p in parts if p.sel.size and gi in p.sel) \
+                    if len(parts) > 1 else parts[0]
+                local = int(np.searchsorted(part.sel, gi)) if len(parts) > 1 else int(gi)
+                sc_, r = part.row(basis, local)
+                row = int(rows[gi])
+                node, gpu_name = job.keys[row]
+                found.append(ScoreRow(
+                    job_id=job.job_id, epoch=cs.epoch, node=node, gpu=gpu_name,
+                    rank=job.ranks[row], api=api, stat=cfg.stats[si],
+                    value_us=float(sc_.value_us[r, si]),
+                    job_median_us=float(sc_.median_us[si]), ratio=float(sc_.ratio[r, si]),
+                    robust_z=float(sc_.robust_z[r, si]), flagged=True, direction=direction,
+                    implicates=bool(verdict_cols[si]) and implicates(kind, direction)
+                    and (kind != "launch" or bool((gpu_ok if basis == "gpu"
+                                                   else host_ok)[gi]))
+                    and bool((shift_gpu if basis == "gpu" else shift_host)[gi]),
+                    basis=basis))
+    sufficient |= sig.sufficient
+    flagged |= sig.flagged
+    found.extend(_signal_rows(job, cs, sig))
+    if sig.mode:
+        job.mode = sig.mode
+    covered = launch_calls >= cfg.min_samples
+    if cs.signals is not None:
+        covered |= cs.signals.sampled
+    job.windows_sampled += int(covered.sum() >= cfg.min_gpus)
+    codes = job.persistence.update(rows, sufficient, flagged, cfg)
+    by_row: dict[int, list[ScoreRow]] = {}
+    for r in found:
+        by_row.setdefault(job.index[(r.node, r.gpu)], []).append(r)
+    # a GPU's findings are those of the latest epoch that implicated it (what convicted it)
+    job.findings.update({r: fs for r, fs in by_row.items() if any(f.implicates for f in fs)})
+    _accumulate_theory(job, cs, groups, quantiles, cfg)
+    _find_imbalance(job, groups, labels, sig, quantiles, cfg)
+    job.epochs_scored += 1
+    job.last_scored_epoch = cs.epoch if job.last_scored_epoch is None else max(
+        job.last_scored_epoch, cs.epoch)
+    return EpochResult(job.job_id, cs.epoch, found, job.verdict_dict(rows, codes))
+
+def _find_imbalance(job: JobState, groups: list[np.ndarray], labels: list[str],
+                    sig: signals.SignalEpoch, quantiles: dict[str, np.ndarray],
+                    cfg: ScoringConfig) -> None:
+    """Whole workload groups that deviate this epoch (analyzer/imbalance.py)."""
+    if sum(1 for label in labels if label) == 0:
+        job.imbalance.update([])
+        return
+    found = []
+    own = sig.by_name.get("step.own")
+    if own is not None:
+        found += group_deviations(np.where(own.scored, own.value, np.nan), groups, labels,
+                                  "step.own", "us", cfg.min_gpus, cfg.min_effect)
+    if "p50" in cfg.stats:
+        j = cfg.stats.index("p50")
+        for api, q in quantiles.items():
+            if cfg.api_kind(api) == "launch":
+                found += group_deviations(q[:, j], groups, labels, f"{api} p50", "us",
+                                          cfg.min_gpus, cfg.min_effect)
+    job.imbalance.update(found)
+
+def _signal_rows(job: JobState, cs: CrossSection, sig: signals.SignalEpoch) -> list[ScoreRow]:
+    """ScoreRows of the flagged cells (either tail) of every signal: a handful per epoch."""
+    out = []
+    for s in sig.scores:
+        for i in np.flatnonzero(s.high | s.low).tolist():
+            row = int(cs.rows[i])
+            node, gpu_name = job.keys[row]
+            imp = bool(s.implicating[i])
+            out.append(ScoreRow(
+                job_id=job.job_id, epoch=cs.epoch, node=node, gpu=gpu_name,
+                rank=job.ranks[row], api=s.name, stat=s.stat, value_us=float(s.value[i]),
+                job_median_us=float(s.median[i]), ratio=float(s.ratio[i]),
+                robust_z=float(s.robust_z[i]), flagged=True,
+                direction="high" if s.high[i] else "low", implicates=imp, basis="gpu",
+                unit=s.unit, evidence=sig.evidence(i) if (imp or s.high[i]) else {},
+                strength=float(s.strength[i])))
+    return out
+
+def _accumulate_theory(job: JobState, cs: CrossSection, groups: list[np.ndarray],
+                       quantiles: dict[str, np.ndarray], cfg: ScoringConfig) -> None:
+    """Spike rates (window- and step-based) and the histograms behind E[max]."""
+    rows = cs.rows
+    job.basis_api = _choose_basis(cfg, cs.apis, job.basis_api)
+    if job.basis_api is not None and job.basis_api in cs.apis:
+        h = cs.apis[job.basis_api]
+        if "p99" in cfg.stats:
+            p99 = quantiles[job.basis_api][:, cfg.stats.index("p99")]
+        else:
+            p99 = h.quantiles_us([0.99])[:, 0]
+        ok = (h.total() >= cfg.min_samples) & np.isfinite(p99)
+        hit = np.zeros(cs.size, dtype=bool)
+        for sel in groups:
+            o = sel[ok[sel]]
+            if o.size >= cfg.min_gpus:
+                typical = np.median(p99[o])
+                hit[o] = p99[o] > (1.0 + cfg.spike_threshold) * typical
+            else:
+                ok[sel] = False
+        job.spike_hits[rows] += hit
+        job.spike_seen[rows] += ok
+        _add_rows(job.basis_counts, rows, h)
+    if cs.step_time is not None:
+        h = cs.step_time
+        total = h.total()
+        has = total > 0
+        if has.any():
+            typical_us = np.median(h.quantiles_us([0.5])[has, 0])
+            threshold_ns = (1.0 + cfg.spike_threshold) * typical_us * 1e3
+            # a spike is a step *certainly* above the threshold: buckets whose lower edge is
+            # >= it (the effective threshold rounds up by < one 12.5% bucket). Interpolating
+            # inside the bucket that straddles the threshold would hand a steady 30%-slow
+            # rank, whose steps never pass +50%, a spike rate made of bucket width alone.
+            first = int(np.searchsorted(buckets.LOWER_NS, threshold_ns, side="left"))
+            above = h.counts_t[max(0, first - h.first):].sum(axis=0, dtype=np.float64)
+            job.step_above[rows[has]] += above[has]
+            job.step_total[rows[has]] += total[has]
+            if job.step_counts is None:
+                job.step_counts = np.zeros(job.basis_counts.shape, np.float32)
+            _add_rows(job.step_counts, rows, h)
+    if cs.signals is not None and cs.signals.busy is not None:
+        if job.busy_counts is None:
+            job.busy_counts = np.zeros(job.basis_counts.shape, np.float32)
+        # The what-if is about the job as it is now: older epochs fade (half-life one
+        # window), so a rank slow for the last few windows is predicted as slow and not
+        # averaged with the hours it was healthy (docs/design.md).
+        _scale_rows(job.busy_counts, rows, WHATIF_KEEP)
+        job.gpu_wait_us[rows] *= WHATIF_KEEP
+        job.steps_seen[rows] *= WHATIF_KEEP
+        _add_rows(job.busy_counts, rows, cs.signals.busy)
+        job.gpu_wait_us[rows] += cs.signals.gpu_wait_us
+        job.steps_seen[rows] += cs.signals.steps
+
+# ---- queries ---------------------------------------------------------------------------
+
+
+
+def _shift_checks(hists: Hists, parts: list[_Part], gpu_high: np.ndarray, host_high: np.ndarray,
+                  verdict_cols: np.ndarray, cfg: ScoringConfig, g: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(G,) bools: whether each GPU's whole distribution shifted (analyzer/shift.py) enough to
+    back a verdict-stat high tail, on the GPU basis and on its host's basis. Computed only for
+    the GPUs and hosts a verdict stat flagged high; True elsewhere (nothing to back)."""
+    ok_gpu, ok_host = np.ones(g, dtype=bool), np.ones(g, dtype=bool)
+    vcols = np.flatnonzero(verdict_cols)
+    if vcols.size == 0:
+        return ok_gpu, ok_host
+    gh = gpu_high[:, vcols].any(axis=1)
+    hh = host_high[:, vcols].any(axis=1)
+    if not (gh.any() or hh.any()):
+        return ok_gpu, ok_host
+    j = int(vcols[0])
+    for part in parts:
+        sel = part.sel
+        loc = np.flatnonzero(gh[sel])
+        hosts = np.unique(part.of_gpu[np.flatnonzero(hh[sel])]).tolist()
+        if loc.size == 0 and not hosts:
+            continue
+        ref = pooled_deciles(hists, None if len(parts) == 1 else sel)
+        if loc.size:
+            ok_gpu[sel[loc]] = shift_ratios(hists, sel[loc], ref) >= 1.0 + cfg.min_effect
+        for h in hosts:
+            on_host = np.flatnonzero(part.of_gpu == h)
+            r = shift_ratios(hists, sel[on_host], ref)
+            med = float(np.median(r[np.isfinite(r)])) if np.isfinite(r).any() else np.nan
+            gate = max(float(part.hosts.effect_gate[j]), MIN_HOST_SHIFT)
+            ok_host[sel[on_host]] = med >= 1.0 + gate
+    return ok_gpu, ok_host
+
+
+def _add_rows(acc: np.ndarray, rows: np.ndarray, h: Hists) -> None:
+    """acc[h's buckets, rows] += h.counts_t (both bucket-major); a slice when rows are 0..G-1."""
+    k = h.counts_t.shape[0]
+    if rows.size and rows[0] == 0 and rows[-1] == rows.size - 1:   # sorted unique: contiguous
+        view = acc[h.first:h.first + k, :rows.size]
+        np.add(view, h.counts_t, out=view, casting="unsafe")
+    else:
+        acc[h.first:h.first + k, rows] += h.counts_t.astype(np.float32)
+
+
+def _scale_rows(acc: np.ndarray, rows: np.ndarray, factor: float) -> None:
+    """acc[:, rows] *= factor (bucket-major); a slice when rows are 0..G-1."""
+    if rows.size and rows[0] == 0 and rows[-1] == rows.size - 1:
+        acc[:, :rows.size] *= factor
+    else:
+        acc[:, rows] *= factor
+
+
+def _choose_basis(cfg: ScoringConfig, apis: dict, current: str | None) -> str | None:
+    """API whose latency the what-if uses: keep the current one, else the first launch API
+    present (in the probe table's order), else the first sync API, else any."""
+    if current is not None:
+        return current
+    for name in cfg.launch_apis + cfg.sync_apis:
+        if name in apis:
+            return name
+    return sorted(apis)[0] if apis else None

@@ -1,0 +1,164 @@
+"""A job's report from its state: verdicts, findings and their meaning, probable causes,
+workload imbalance, and the cluster prediction (spike probability, the what-if of evicting the
+stragglers: analyzer/theory.py)."""
+from __future__ import annotations
+
+import numpy as np
+
+from hypertrace.analyzer import causes, theory
+from hypertrace.analyzer.config import ScoringConfig
+from hypertrace.analyzer.jobs import _VERDICTS, JobState
+from hypertrace.analyzer.persistence import STRAGGLER, SUSPECT
+from hypertrace.proto import hypertrace_pb2 as pb
+
+#: Sort order of verdicts in reports: worst first.
+_SEVERITY = {"straggler": 0, "suspect": 1, "insufficient_data": 2, "healthy": 3}
+
+
+def job_report(job: JobState, cfg: ScoringConfig) -> pb.JobReport:
+    """The report of one job: node and GPU verdicts worst first, findings, causes,
+    imbalance and the cluster prediction."""
+    jr = pb.JobReport(job_id=job.job_id, windows=job.epochs_scored, gpus=len(job.keys),
+                      windows_sampled=job.windows_sampled, mode=job.mode)
+    if not job.keys:
+        return jr
+    job.grow()
+    codes = job.persistence.verdicts()
+    names = _VERDICTS[codes].tolist()
+    step_based = job.step_total > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rates = np.where(step_based, job.step_above / np.maximum(job.step_total, 1e-300),
+                         job.spike_hits / np.maximum(job.spike_seen, 1e-300))
+    rates = np.where((job.step_total > 0) | (job.spike_seen > 0), rates, np.nan)
+    bases = job.replay_bases()
+    by_node: dict[str, list[int]] = {}
+    for r, (node, _) in enumerate(job.keys):
+        by_node.setdefault(node, []).append(r)
+    node_reports = []
+    for node, rws in by_node.items():
+        gpu_reports = []
+        for r in rws:
+            verdict = names[r]
+            fs = job.findings.get(r, []) if codes[r] in (SUSPECT, STRAGGLER) else []
+            gr = pb.GpuReport(
+                gpu=job.keys[r][1], rank=job.ranks[r], verdict=verdict, gpu_kind=job.kinds[r],
+                windows_flagged=int(job.persistence.windows_flagged[r]),
+                windows_seen=int(job.persistence.windows_seen[r]),
+                spike_rate=float(rates[r]) if np.isfinite(rates[r]) else 0.0)
+            for f in sorted(fs, key=lambda f: (not f.implicates, -abs(f.robust_z))):
+                gr.findings.add(api=f.api, stat=f.stat, value_us=f.value_us,
+                                job_median_us=f.job_median_us, ratio=f.ratio,
+                                robust_z=f.robust_z, direction=f.direction,
+                                meaning=causes.finding_meaning(cfg, f.api, f.direction),
+                                basis=f.basis, unit=f.unit)
+            if codes[r] in (SUSPECT, STRAGGLER):
+                gr.probable_cause = causes.gpu_cause(job.nvml[r], fs, bases[r])
+            if codes[r] == STRAGGLER and job.persistence.intermittent[r]:
+                gr.probable_cause = _intermittent(job, r, cfg) + gr.probable_cause
+            gpu_reports.append(gr)
+        gpu_reports.sort(key=_gpu_sort_key)
+        bad_findings = [job.findings.get(r, []) for r in rws if codes[r] in (SUSPECT, STRAGGLER)]
+        nr = _node_report(cfg, node, gpu_reports, [job.nvml[r] for r in rws],
+                          bad_findings, [bases[r] for r in rws])
+        flapping = [r for r in rws if codes[r] == STRAGGLER and job.persistence.intermittent[r]]
+        if nr.scope != "gpu" and flapping and not nr.probable_cause.startswith("intermittent"):
+            nr.probable_cause = _intermittent(job, flapping[0], cfg) + nr.probable_cause
+        node_reports.append(nr)
+    node_reports.sort(key=lambda n: (_SEVERITY[n.verdict], -_worst_z(n), n.node))
+    jr.nodes.extend(node_reports)
+    for d in job.imbalance.persistent(cfg.persist_k):
+        jr.imbalance.add(group=d.group, gpus=d.gpus, signal=d.signal, unit=d.unit,
+                         value=d.value, reference=d.reference, ratio=d.ratio)
+    jr.cluster.CopyFrom(_prediction(job, rates, node_reports, cfg))
+    return jr
+
+def _prediction(job: JobState, rates: np.ndarray, node_reports: list[pb.NodeReport],
+                cfg: ScoringConfig) -> pb.ClusterPrediction:
+    evicted = [n.node for n in node_reports if n.verdict == "straggler"]
+    note = ""
+    if evicted and len(evicted) >= len(node_reports):
+        # a 1-node job, or every node convicted: there is nobody left to compare with
+        note = (f"; no eviction predicted: evicting {', '.join(sorted(evicted))} would leave "
+                "no node of the job")
+        evicted = []
+    # rows in (node, gpu) order, so float sums do not depend on the order windows arrived in
+    order = np.asarray(sorted(range(len(job.keys)), key=job.keys.__getitem__), dtype=np.int64)
+    rates = rates[order]
+    use_busy = job.busy_counts is not None and bool(job.busy_counts.sum() > 0)
+    use_steps = use_busy or (job.step_counts is not None and bool(job.step_counts.sum() > 0))
+    counts = (job.busy_counts if use_busy else job.step_counts if use_steps
+              else job.basis_counts)
+    basis = ("step.busy" if use_busy else "step_time" if use_steps else job.basis_api or "")
+    pred = pb.ClusterPrediction(
+        spike_probability=theory.job_spike_probability(rates), evicted_nodes=evicted)
+    if basis and counts.shape[1] and counts.sum() > 0:
+        evict_set = set(evicted)
+        evict = np.fromiter((job.keys[r][0] in evict_set for r in order), dtype=bool,
+                            count=order.size)
+        shift = None
+        if use_busy:   # a rank's own time to the step's end: busy plus waits on its own GPU
+            shift = np.where(job.steps_seen > 0, 1e3 * job.gpu_wait_us
+                             / np.maximum(job.steps_seen, 1), 0.0)[order]
+        now, after = theory.what_if(counts.T[order], evict, shift)
+        pred.step_time_now_us = now
+        pred.step_time_after_eviction_us = after
+        pred.predicted_gain = now / after - 1.0 if after > 0 else 0.0
+        what = ("own time per step (busy time plus the mean wait on its own GPU: when "
+                "the rank reaches the step's end)" if use_busy else "step time" if use_steps
+                else f"{basis} latency per call")
+        step_spikes = job.step_counts is not None and bool(job.step_counts.sum() > 0)
+        pred.basis = (f"{basis}: E[max over {int((counts.sum(axis=0) > 0).sum())} ranks] of "
+                      f"{what}, from each rank's histogram of recent windows (older ones fade); spike rate: "
+                      + ("share of steps" if step_spikes else "share of epochs whose p99 is")
+                      + f" > {1 + cfg.spike_threshold:g} x the job median"
+                      + note)
+    return pred
+
+
+
+
+def _intermittent(job: JobState, row: int, cfg: ScoringConfig) -> str:
+    """The prefix of an intermittent straggler's cause: how often it was slow."""
+    n = min(int(job.persistence.windows_seen[row]), cfg.intermittent_n)
+    flags = bin(int(job.persistence.long_history[row])).count("1")
+    return f"intermittent (flagged in {flags} of its last {n} scored windows): "
+
+
+def _worst_z(n: pb.NodeReport) -> float:
+    return max((abs(f.robust_z) for g in n.gpus for f in g.findings), default=0.0)
+
+
+def _gpu_sort_key(g: pb.GpuReport) -> tuple:
+    return (_SEVERITY[g.verdict], -max((abs(f.robust_z) for f in g.findings), default=0.0),
+            g.rank, g.gpu)
+
+
+def _node_report(cfg: ScoringConfig, node: str, gpus: list[pb.GpuReport],
+                 nvml: list[pb.NvmlContext | None],
+                 bad_findings: list[list[ScoreRow]] = (),
+                 replay_bases: list[float | None] | None = None) -> pb.NodeReport:
+    verdicts = [g.verdict for g in gpus]
+    bad = [g for g in gpus if g.verdict in ("suspect", "straggler")]
+    if "straggler" in verdicts:
+        verdict = "straggler"
+    elif "suspect" in verdicts:
+        verdict = "suspect"
+    elif all(v == "insufficient_data" for v in verdicts):
+        verdict = "insufficient_data"
+    else:
+        verdict = "healthy"
+    scope = ""
+    if bad:
+        scope = "host" if len(gpus) >= 2 and len(bad) / len(gpus) > cfg.host_fraction else "gpu"
+    nr = pb.NodeReport(node=node, verdict=verdict, scope=scope)
+    nr.gpus.extend(gpus)
+    if scope == "host":
+        nr.probable_cause = causes.host_cause(len(bad), len(gpus), nvml, bad_findings,
+                                              replay_bases)
+    elif scope == "gpu":
+        nr.probable_cause = "GPU-level: " + "; ".join(
+            f"GPU {g.gpu}: {g.probable_cause}" for g in bad)
+    return nr
+
+
+__all__ = ["Engine", "EpochResult", "ScoreRow", "UnknownJobError"]

@@ -1,0 +1,199 @@
+"""The job registry: what the analyzer remembers about each job between epochs.
+
+One :class:`JobState` per job: its GPUs (one row each, in order of first sight) with their rank,
+kind, workload group, host and latest NVML context; the persistence state; the findings behind
+each verdict; the accumulators of epochs not yet scored; and the sums the what-if and the spike
+rates read. Rows only grow: a GPU keeps its row for the job's life, so per-GPU arrays index by
+row without lookups.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hypertrace.analyzer import causes
+from hypertrace.analyzer.cross_section import EpochAccumulator, GpuKey, OrderKey, gpu_label
+from hypertrace.analyzer.imbalance import ImbalanceTracker, peer_classes
+from hypertrace.analyzer.persistence import VERDICT_NAMES, PersistenceState
+from hypertrace.analyzer.scoring import HostLayout
+from hypertrace.proto import buckets
+from hypertrace.proto import hypertrace_pb2 as pb
+
+_VERDICTS = np.array(VERDICT_NAMES, dtype=object)
+
+
+class UnknownJobError(KeyError):
+    """A report was asked for a job the analyzer has never seen."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; say it plainly
+        return str(self.args[0])
+
+
+@dataclass
+class JobState:
+    """Everything the analyzer remembers about one job. GPU metadata is indexed by job-wide row."""
+
+    job_id: str
+    index: dict[GpuKey, int] = field(default_factory=dict)
+    keys: list[GpuKey] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+    kind_codes: list[int] = field(default_factory=list)
+    kind_names: dict[str, int] = field(default_factory=dict)
+    #: workload group per GPU (a pipeline stage; analyzer/imbalance.py), as codes into names
+    group_codes: list[int] = field(default_factory=list)
+    group_index: dict[str, int] = field(default_factory=dict)
+    group_names: list[str] = field(default_factory=list)
+    imbalance: ImbalanceTracker = field(default_factory=ImbalanceTracker.empty)
+    host_codes: list[int] = field(default_factory=list)
+    host_names: dict[str, int] = field(default_factory=dict)
+    nvml: list[pb.NvmlContext | None] = field(default_factory=list)
+    #: the NVML context each GPU's latest one replaced (a cumulative counter grew if they differ)
+    nvml_prev: list[pb.NvmlContext | None] = field(default_factory=list)
+    order: list[OrderKey | None] = field(default_factory=list)
+    persistence: PersistenceState = field(default_factory=PersistenceState)
+    findings: dict[int, list] = field(default_factory=dict)
+    spike_hits: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    spike_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    step_above: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    step_total: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    basis_api: str | None = None
+    #: merged histograms per GPU for E[max], bucket-major (NUM_BUCKETS, GPUs) like Hists
+    basis_counts: np.ndarray = field(
+        default_factory=lambda: np.zeros((buckets.NUM_BUCKETS, 0), np.float32))
+    step_counts: np.ndarray | None = None
+    busy_counts: np.ndarray | None = None
+    #: per GPU, over every scored epoch: time waiting on its own GPU, and steps (for the mean
+    #: own-GPU wait per step the what-if adds to the busy time)
+    gpu_wait_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    steps_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    mode: str = ""
+    windows_sampled: int = 0
+    pending: dict[int, EpochAccumulator] = field(default_factory=dict)
+    seen_nodes: set[str] = field(default_factory=set)
+    epochs_scored: int = 0
+    last_scored_epoch: int | None = None
+    windows: int = 0
+    late_windows: int = 0
+    last_window_ns: int = 0
+    _keys_cache: tuple[np.ndarray, list[GpuKey]] | None = None
+    _verdict_cache: tuple[list[GpuKey], np.ndarray, dict[GpuKey, str]] | None = None
+    _layout_cache: tuple[np.ndarray, list[np.ndarray], list[HostLayout]] | None = None
+
+    def register(self, node: str, p: pb.ProcessWindow, order: OrderKey) -> int:
+        """Row of this process's GPU (new GPUs get the next row); the latest window by its own
+        timestamps names the GPU's rank, kind and NVML context."""
+        key = (node, gpu_label(p))
+        row = self.index.get(key)
+        if row is None:
+            row = self.index[key] = len(self.keys)
+            self.keys.append(key)
+            self.ranks.append(p.rank)
+            self.kinds.append(p.gpu_kind)
+            self.kind_codes.append(self.kind_names.setdefault(p.gpu_kind, len(self.kind_names)))
+            self.group_codes.append(self._group_code(p.group))
+            self.host_codes.append(self.host_names.setdefault(node, len(self.host_names)))
+            self.nvml.append(p.nvml if p.HasField("nvml") else None)
+            self.nvml_prev.append(None)
+            self.order.append(order)
+            self.seen_nodes.add(node)
+            return row
+        prev = self.order[row]
+        if prev is None or order >= prev:
+            self.order[row] = order
+            if p.rank >= 0:
+                self.ranks[row] = p.rank
+            if p.gpu_kind and p.gpu_kind != self.kinds[row]:
+                self.kinds[row] = p.gpu_kind
+                self.kind_codes[row] = self.kind_names.setdefault(p.gpu_kind,
+                                                                  len(self.kind_names))
+            self.group_codes[row] = self._group_code(p.group)
+            if p.HasField("nvml"):
+                self.nvml_prev[row] = self.nvml[row]
+                self.nvml[row] = p.nvml
+        return row
+
+    def _group_code(self, group: str) -> int:
+        code = self.group_index.get(group)
+        if code is None:
+            code = self.group_index[group] = len(self.group_names)
+            self.group_names.append(group)
+        return code
+
+    def replay_bases(self) -> list[float | None]:
+        """Per GPU, what its PCIe replay counter must exceed to be named in a cause
+        (:func:`hypertrace.analyzer.causes.replay_baseline`): the lower of its previous reading
+        and the job's median counter (over the GPUs that report one)."""
+        counts = [c.pcie_replay_count for c in self.nvml
+                  if c is not None and c.HasField("pcie_replay_count")]
+        median = [float(np.median(counts))] if len(counts) >= 2 else []
+        out: list[float | None] = []
+        for prev in self.nvml_prev:
+            before = (prev.pcie_replay_count if prev is not None
+                      and prev.HasField("pcie_replay_count") else None)
+            out.append(causes.replay_baseline(before, median))
+        return out
+
+    def grow(self) -> None:
+        """Size the per-GPU arrays to the GPUs registered so far (once per epoch, not per GPU)."""
+        n = len(self.keys)
+        self.persistence.grow(n)
+        extra = n - self.spike_hits.size
+        if extra > 0:
+            z = np.zeros(extra)
+            self.spike_hits = np.concatenate((self.spike_hits, z))
+            self.spike_seen = np.concatenate((self.spike_seen, z))
+            self.step_above = np.concatenate((self.step_above, z))
+            self.step_total = np.concatenate((self.step_total, z))
+            self.gpu_wait_us = np.concatenate((self.gpu_wait_us, z))
+            self.steps_seen = np.concatenate((self.steps_seen, z))
+            pad = np.zeros((buckets.NUM_BUCKETS, extra), np.float32)
+            self.basis_counts = np.concatenate((self.basis_counts, pad), axis=1)
+            if self.step_counts is not None:
+                self.step_counts = np.concatenate((self.step_counts, pad), axis=1)
+            if self.busy_counts is not None:
+                self.busy_counts = np.concatenate((self.busy_counts, pad), axis=1)
+
+    def keys_of(self, rows: np.ndarray) -> list[GpuKey]:
+        """(node, gpu) of ``rows``; cached while a job's set of GPUs does not change."""
+        cached = self._keys_cache
+        if cached is not None and np.array_equal(cached[0], rows):
+            return cached[1]
+        keys = [self.keys[r] for r in rows.tolist()]
+        self._keys_cache = (rows, keys)
+        return keys
+
+    def verdict_dict(self, rows: np.ndarray, codes: np.ndarray) -> dict[GpuKey, str]:
+        """{(node, gpu): verdict} for an epoch; built from the previous epoch's dict when the
+        GPUs are the same, touching only the GPUs whose verdict changed (usually none)."""
+        keys = self.keys_of(rows)
+        prev = self._verdict_cache
+        if prev is not None and prev[0] is keys and prev[1].shape == codes.shape:
+            out = prev[2].copy()
+            for i in np.flatnonzero(prev[1] != codes).tolist():
+                out[keys[i]] = VERDICT_NAMES[codes[i]]
+        else:
+            out = dict(zip(keys, _VERDICTS[codes].tolist()))
+        self._verdict_cache = (keys, codes.copy(), out.copy())
+        return out
+
+    def host_layouts(self, rows: np.ndarray, groups: list[np.ndarray]) -> list[HostLayout]:
+        """The host grid of each peer class's GPUs; cached while the classes do not change."""
+        cached = self._layout_cache
+        if (cached is not None and np.array_equal(cached[0], rows) and len(cached[1]) == len(groups)
+                and all(np.array_equal(a, b) for a, b in zip(cached[1], groups))):
+            return cached[2]
+        codes = np.asarray(self.host_codes, dtype=np.int64)[rows]
+        layouts = [HostLayout.of(codes[sel]) for sel in groups]
+        self._layout_cache = (rows.copy(), [g.copy() for g in groups], layouts)
+        return layouts
+
+    def peer_groups(self, rows: np.ndarray, min_gpus: int) -> tuple[list[np.ndarray], list[str]]:
+        """Local indices of ``rows`` per peer class (GPU kind x workload group, small groups
+        folded into their kind), and each class's group label (analyzer/imbalance.py)."""
+        if len(self.kind_names) <= 1 and len(self.group_names) <= 1:
+            return [np.arange(rows.size)], [self.group_names[0] if self.group_names else ""]
+        return peer_classes(np.asarray(self.kind_codes, dtype=np.int64)[rows],
+                            np.asarray(self.group_codes, dtype=np.int64)[rows],
+                            self.group_names, min_gpus)
