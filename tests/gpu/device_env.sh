@@ -34,7 +34,7 @@ else
 fi
 
 mkdir -p /opt/ht-shim/hypertrace
-for d in cli proto daemon collector analyzer; do ln -sfn "$PWD/$d" "/opt/ht-shim/hypertrace/$d"; done
+for d in cli proto daemon collector analyzer sim; do ln -sfn "$PWD/$d" "/opt/ht-shim/hypertrace/$d"; done
 export PYTHONPATH=/opt/ht-wheels:/opt/ht-shim:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
 # NVLink multicast stays off on shared hosts (the box's own settings; re-exported so that every
@@ -45,7 +45,7 @@ python3 - <<'PY' || { sed 's/^/  gpu-carry: /' /tmp/ht-gpu-carry.log >&2; _ht_fa
 import importlib, sys
 mods = ["grpc", "grpc_health.v1.health", "google.protobuf", "numpy", "scipy", "pynvml", "bcc",
         "hypertrace.proto.hypertrace_pb2_grpc", "hypertrace.analyzer.server",
-        "hypertrace.cli.main", "hypertrace.daemon.agent"]
+        "hypertrace.cli.main", "hypertrace.daemon.agent", "hypertrace.sim.simulate"]
 missing = []
 for m in mods:
     try:
