@@ -128,8 +128,11 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
                 host_low[sel] = hs.low[of_gpu] & mine
             parts.append(_Part(sel, sc, hs, of_gpu))
         # one quantile never convicts alone: the whole distribution must have shifted
-        shift_gpu, shift_host = _shift_checks(hists, parts, gpu_high, host_high,
-                                              verdict_cols, cfg, g)
+        if kind == "sync":                   # never convicts: nothing for a shift to back
+            shift_gpu = shift_host = np.ones(g, dtype=bool)
+        else:
+            shift_gpu, shift_host = _shift_checks(hists, parts, gpu_high, host_high,
+                                                  verdict_cols, cfg, g)
         if kind == "sync":                   # arrives last: supporting evidence only
             bad = np.zeros((g, s), dtype=bool)
         elif kind == "launch":
@@ -303,12 +306,15 @@ def _shift_checks(hists: Hists, parts: list[_Part], gpu_high: np.ndarray, host_h
         ref = pooled_deciles(hists, None if len(parts) == 1 else sel)
         if loc.size:
             ok_gpu[sel[loc]] = shift_ratios(hists, sel[loc], ref) >= 1.0 + cfg.min_effect
-        for h in hosts:
-            on_host = np.flatnonzero(part.of_gpu == h)
-            r = shift_ratios(hists, sel[on_host], ref)
-            med = float(np.median(r[np.isfinite(r)])) if np.isfinite(r).any() else np.nan
-            gate = max(float(part.hosts.effect_gate[j]), MIN_HOST_SHIFT)
-            ok_host[sel[on_host]] = med >= 1.0 + gate
+        if hosts:                           # every GPU of the flagged hosts in one pass
+            on = np.flatnonzero(np.isin(part.of_gpu, hosts))
+            r = shift_ratios(hists, sel[on], ref)
+            gate = 1.0 + max(float(part.hosts.effect_gate[j]), MIN_HOST_SHIFT)
+            host_of = part.of_gpu[on]
+            for h in hosts:
+                mine = r[host_of == h]
+                mine = mine[np.isfinite(mine)]
+                ok_host[sel[on[host_of == h]]] = mine.size > 0 and float(np.median(mine)) >= gate
     return ok_gpu, ok_host
 
 
