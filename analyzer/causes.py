@@ -87,15 +87,16 @@ def share_text(x: float) -> str:
     return f"{pct:.0f}%" if abs(pct) >= 10 else f"{pct:.1f}%"
 
 
-def duration_text(us: float) -> str:
-    """A duration in the unit that reads best (µs, ms or s)."""
+def duration_text(us: float, digits: int = 1) -> str:
+    """A duration in the unit that reads best: µs (1 decimal), ms (``digits`` decimals) or s
+    (``digits + 1``). Causes use 1; report tables 2, to tell close step times apart."""
     if not math.isfinite(us):
         return "n/a"
     if abs(us) < 1e3:
         return f"{us:.1f} us"
     if abs(us) < 1e6:
-        return f"{us / 1e3:.1f} ms"
-    return f"{us / 1e6:.2f} s"
+        return f"{us / 1e3:.{digits}f} ms"
+    return f"{us / 1e6:.{digits + 1}f} s"
 
 
 def _no_contention(ev: Mapping[str, tuple[float, float]]) -> str:

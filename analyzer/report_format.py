@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from google.protobuf import json_format
 
+from hypertrace.analyzer.causes import duration_text
 from hypertrace.proto import hypertrace_pb2 as pb
 
 EXIT_OK = 0
@@ -57,19 +58,8 @@ def _fmt_value(x: float, unit: str) -> str:
     if unit == "ratio":
         return f"{x:.3f}"
     if unit == "us":
-        return _fmt_duration(x)
+        return duration_text(x, 2)
     return _fmt(x)
-
-
-def _fmt_duration(us: float) -> str:
-    """A duration in the unit that reads best: launch latencies in us, step times in ms or s."""
-    if us != us:                                          # NaN: nothing to say
-        return "n/a"
-    if abs(us) < 1e3:
-        return f"{us:.1f} us"
-    if abs(us) < 1e6:
-        return f"{us / 1e3:.2f} ms"
-    return f"{us / 1e6:.3f} s"
 
 
 def _cluster_line(c: pb.ClusterPrediction) -> str:
@@ -80,10 +70,10 @@ def _cluster_line(c: pb.ClusterPrediction) -> str:
     """
     per = "step" if c.basis.startswith(("step_time", "step.busy")) else "window"
     text = (f"  cluster: P(spike in a {per}) {c.spike_probability:.1%}; expected "
-            f"{'step' if per == 'step' else 'slowest call'} {_fmt_duration(c.step_time_now_us)} "
+            f"{'step' if per == 'step' else 'slowest call'} {duration_text(c.step_time_now_us, 2)} "
             "now")
     if c.evicted_nodes:
-        text += (f", {_fmt_duration(c.step_time_after_eviction_us)} after evicting "
+        text += (f", {duration_text(c.step_time_after_eviction_us, 2)} after evicting "
                  f"{', '.join(c.evicted_nodes)} (predicted gain {c.predicted_gain:+.1%})")
     else:
         text += " (no straggler to evict)"
