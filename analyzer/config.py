@@ -42,7 +42,7 @@ Defaults and why:
   flapping node does not toggle verdicts every window.
 * ``spike_threshold`` 0.5: a "spike" is a value 50% above the job's typical value. With step-time
   histograms: the share of a rank's steps longer than 1.5 x the job's median step (a per-step rate,
-  the ``p`` of the brief). Without: the share of its epochs whose p99 of the basis API is above
+  the ``p`` of the spike-probability model in analyzer/theory.py). Without: the share of its epochs whose p99 of the basis API is above
   1.5 x the job's median p99 (a per-window rate).
 * ``host_fraction`` 0.5: when more than half of a node's GPUs are suspect or stragglers the cause
   is called host-level (CPU, NUMA, PCIe root, memory), otherwise GPU-level.

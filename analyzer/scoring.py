@@ -1,6 +1,6 @@
 """Robust cross-sectional scoring of one API across the GPUs of one job (and kind) in one epoch.
 
-Why these rules together (see the brief's "Semantics that are easy to get wrong"):
+Why these rules together:
 
 * **robust z** = 0.6745·(x − median)/MAD: median and MAD are not dragged by the outliers we look
   for, unlike mean and standard deviation (a mean ± 3σ rule is blind when a whole node is slow).

@@ -1,4 +1,4 @@
-"""The theory of the brief, computed from histograms: spike probability and E[max] step time.
+"""The straggler theory, computed from histograms: spike probability and E[max] step time.
 
 Synchronous training waits for its slowest rank every step, so
 

@@ -179,7 +179,7 @@ def format_table(groups: dict[tuple[str, int], list[RunResult]], window_seconds:
 def acceptance(groups: dict[tuple[str, int], list[RunResult]],
                deep: dict[tuple[str, int], list[RunResult]] | None = None,
                min_node_windows: int = 10_000) -> list[tuple[str, bool, str]]:
-    """Issue 4's acceptance checks on the given (held-out) results: (check, passed, figures).
+    """The acceptance checks on the given (held-out) results: (check, passed, figures).
 
     ``deep``: the DEPTH_PLAN runs of the scenarios near the gate; their bar is checked on them
     too (all held-out runs of the scenario pooled). ``min_node_windows``: the clean scenarios'

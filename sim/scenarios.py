@@ -7,7 +7,7 @@ windows, seed)`` into a :class:`~hypertrace.sim.simulate.SimConfig`; the latency
 GPU kinds, dropouts) is documented in :mod:`hypertrace.sim.simulate`. The truth is read off
 the config itself (:func:`truth`): a node is a straggler when an injected ``Straggler`` slows it
 (factor > 1), from the first window in which it is slow. Spikes (GC, cold reads, heavy tails) are
-*not* stragglers, by definition of the brief.
+*not* stragglers: a straggler is persistently slow, a spike is not.
 
 Which node is slow is drawn from the seed (a detector cannot learn "it is always node-0001").
 """

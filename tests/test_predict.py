@@ -1,4 +1,4 @@
-"""`hypertrace predict`: the brief's spike table, and E[max] of N ranks from a recorded file."""
+"""`hypertrace predict`: the spike-probability table, and E[max] of N ranks from a recorded file."""
 from __future__ import annotations
 
 import json

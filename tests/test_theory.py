@@ -1,4 +1,4 @@
-"""Theory: the brief's spike-probability table, and E[max] from histograms against Monte Carlo
+"""Theory: the spike-probability table, and E[max] from histograms against Monte Carlo
 sampling of the very same histograms (must agree within 2%)."""
 from __future__ import annotations
 
