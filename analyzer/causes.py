@@ -241,17 +241,25 @@ def _also(convicting: Sequence[_Finding]) -> str:
     return "; also: " + "; ".join(parts) if parts else ""
 
 
-def _api_cause(findings: Sequence[_Finding]) -> str:
-    """What implicating API latency tails say, with their numbers (no signal convicted)."""
+#: What to check when launch latency alone convicted: one GPU's host side, or a whole host.
+_GPU_ADVICE = "check the host side (CPU contention, NUMA placement, PCIe) or the driver"
+_HOST_ADVICE = ("check CPU contention, NUMA placement, the PCIe root complex and host memory "
+                "(DIMM errors)")
+
+
+def _api_cause(findings: Sequence[_Finding], advice: str = _GPU_ADVICE) -> str:
+    """What implicating API latency tails say, with their numbers and, where the steps allow,
+    their share of a step (no signal convicted)."""
     imp = [f for f in findings if f.implicates and f.api not in SIGNAL_NAMES]
     if not imp:
         return ""
     worst = max(imp, key=lambda f: abs(getattr(f, "robust_z", 0.0)))
     apis = "/".join(sorted({f.api for f in imp}))
     stat = getattr(worst, "stat", "p50")
+    share = float(getattr(worst, "step_share", float("nan")))
+    per_step = f", about {share:+.1%} of a step" if math.isfinite(share) else ""
     return (f"slow {apis} ({worst.api} {stat} {duration_text(worst.value_us)} vs "
-            f"{duration_text(worst.job_median_us)} job median): check the host side "
-            "(CPU contention, NUMA placement, PCIe) or the driver")
+            f"{duration_text(worst.job_median_us)} job median{per_step}): {advice}")
 
 
 def gpu_cause(ctx: pb.NvmlContext | None, findings: Sequence[_Finding],
@@ -290,8 +298,8 @@ def host_cause(n_bad: int, n_gpus: int, nvml: Iterable[pb.NvmlContext | None],
         text = (f"host-level: {n_bad} of {n_gpus} GPUs slow together; "
                 + signal_cause(first) + _also(same))
     else:
-        text = (f"host-level: {n_bad} of {n_gpus} GPUs slow together; check CPU contention, "
-                "NUMA placement, the PCIe root complex and host memory (DIMM errors)")
+        api = _api_cause([f for fs in gpu_findings for f in fs], _HOST_ADVICE)
+        text = f"host-level: {n_bad} of {n_gpus} GPUs slow together; " + (api or _HOST_ADVICE)
     if evidence:
         text += "; NVML: " + "; ".join(evidence)
     return text

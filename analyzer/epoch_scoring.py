@@ -55,6 +55,9 @@ class ScoreRow:
     evidence: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: a signal finding's deviation over its gate (signals.SignalScore.strength); NaN for APIs
     strength: float = float("nan")
+    #: a launch finding's extra latency per step over the job's median step (launches_per_step);
+    #: NaN without step data
+    step_share: float = float("nan")
 
 
 @dataclass
@@ -143,6 +146,8 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
         for j in np.flatnonzero(verdict_cols):      # column by column: G x 1 reductions
             flagged |= bad[:, j]                      # along a short axis are slow
         gpu_cells = gpu_high | gpu_low
+        per_step = (launches_per_step(hists.total(), cs)
+                    if kind == "launch" and gpu_cells.any() | host_high.any() else None)
         for basis, hi, cells in (("gpu", gpu_high, gpu_cells),
                                  ("host", host_high, (host_high | host_low) & ~gpu_cells)):
             for gi, si in zip(*np.nonzero(cells)):      # flagged cells only: a handful
@@ -163,7 +168,10 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
                     and (kind != "launch" or bool((gpu_ok if basis == "gpu"
                                                    else host_ok)[gi]))
                     and bool((shift_gpu if basis == "gpu" else shift_host)[gi]),
-                    basis=basis))
+                    basis=basis,
+                    step_share=float("nan") if per_step is None else float(
+                        (sc_.value_us[r, si] - sc_.median_us[si]) * per_step[0][gi]
+                        / per_step[1])))
     sufficient |= sig.sufficient
     flagged |= sig.flagged
     found.extend(_signal_rows(job, cs, sig))
@@ -280,6 +288,22 @@ def _accumulate_theory(job: JobState, cs: CrossSection, groups: list[np.ndarray]
 
 # ---- queries ---------------------------------------------------------------------------
 
+
+
+def launches_per_step(calls: np.ndarray, cs: CrossSection) -> tuple[np.ndarray, float]:
+    """((G,) launches of one API per step, the job's median step in µs) for launch findings in
+    step-time terms. Launches are counted while the sliced tier was attached and steps all window
+    long, so per step = calls / attached seconds x mean step seconds. NaN where either is
+    missing."""
+    sig = cs.signals
+    if sig is None:
+        return np.full(calls.shape, np.nan), float("nan")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_step_us = np.where(sig.steps > 0, sig.step_sum_us / np.maximum(sig.steps, 1), np.nan)
+        rate = np.where(sig.attached_s > 0, calls / np.maximum(sig.attached_s, 1e-300), np.nan)
+    ok = np.isfinite(mean_step_us)
+    median_step = float(np.median(mean_step_us[ok])) if ok.any() else float("nan")
+    return rate * mean_step_us * 1e-6, median_step
 
 
 def _shift_checks(hists: Hists, parts: list[_Part], gpu_high: np.ndarray, host_high: np.ndarray,

@@ -51,6 +51,8 @@ def job_report(job: JobState, cfg: ScoringConfig) -> pb.JobReport:
                                 robust_z=f.robust_z, direction=f.direction,
                                 meaning=causes.finding_meaning(cfg, f.api, f.direction),
                                 basis=f.basis, unit=f.unit)
+                if np.isfinite(f.step_share):
+                    gr.findings[-1].step_share = f.step_share
             if codes[r] in (SUSPECT, STRAGGLER):
                 gr.probable_cause = causes.gpu_cause(job.nvml[r], fs, bases[r])
             if codes[r] == STRAGGLER and job.persistence.intermittent[r]:

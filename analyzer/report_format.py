@@ -5,7 +5,8 @@ even when it has its default value, so consumers never have to guess whether a m
 ``{"version", "generated", "jobs": [{"job_id", "windows", "gpus", "nodes": [{"node", "verdict",
 "scope", "probable_cause", "gpus": [{"gpu", "rank", "verdict", "windows_flagged", "windows_seen",
 "spike_rate", "findings": [{"api", "stat", "value_us", "job_median_us", "ratio", "robust_z",
-"direction", "meaning", "basis", "unit"}], "probable_cause", "gpu_kind"}]}], "cluster":
+"direction", "meaning", "basis", "unit", "step_share"?}], "probable_cause", "gpu_kind"}]}],
+"cluster":
 {"spike_probability", "basis", "step_time_now_us", "step_time_after_eviction_us",
 "predicted_gain", "evicted_nodes"}, "windows_sampled", "mode", "imbalance": [{"group", "gpus",
 "signal", "unit", "value", "reference", "ratio"}]}]}``. Nodes and GPUs come worst
@@ -14,6 +15,8 @@ against the job's hosts; the table marks it ``[host]``). A finding's ``unit`` sa
 ``value_us`` and ``job_median_us`` hold (named for latencies, the first findings): "" or "us"
 for a latency or a per-step time in µs, "share" for a fraction of wall time, "hz" for a rate,
 "ratio" for a plain ratio. The table prints each in its unit (shares as %, per-step times in ms).
+``step_share`` is present only on launch findings of GPUs with step data: the extra latency times
+the GPU's launches per step, over the job's median step (0.055 = 5.5% of a step).
 
 Exit status (all commands that print a report): 0 no straggler, 3 at least one straggler.
 """

@@ -192,7 +192,7 @@ class Ack(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class Finding(_message.Message):
-    __slots__ = ("api", "stat", "value_us", "job_median_us", "ratio", "robust_z", "direction", "meaning", "basis", "unit")
+    __slots__ = ("api", "stat", "value_us", "job_median_us", "ratio", "robust_z", "direction", "meaning", "basis", "unit", "step_share")
     API_FIELD_NUMBER: _ClassVar[int]
     STAT_FIELD_NUMBER: _ClassVar[int]
     VALUE_US_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +203,7 @@ class Finding(_message.Message):
     MEANING_FIELD_NUMBER: _ClassVar[int]
     BASIS_FIELD_NUMBER: _ClassVar[int]
     UNIT_FIELD_NUMBER: _ClassVar[int]
+    STEP_SHARE_FIELD_NUMBER: _ClassVar[int]
     api: str
     stat: str
     value_us: float
@@ -213,7 +214,8 @@ class Finding(_message.Message):
     meaning: str
     basis: str
     unit: str
-    def __init__(self, api: _Optional[str] = ..., stat: _Optional[str] = ..., value_us: _Optional[float] = ..., job_median_us: _Optional[float] = ..., ratio: _Optional[float] = ..., robust_z: _Optional[float] = ..., direction: _Optional[str] = ..., meaning: _Optional[str] = ..., basis: _Optional[str] = ..., unit: _Optional[str] = ...) -> None: ...
+    step_share: float
+    def __init__(self, api: _Optional[str] = ..., stat: _Optional[str] = ..., value_us: _Optional[float] = ..., job_median_us: _Optional[float] = ..., ratio: _Optional[float] = ..., robust_z: _Optional[float] = ..., direction: _Optional[str] = ..., meaning: _Optional[str] = ..., basis: _Optional[str] = ..., unit: _Optional[str] = ..., step_share: _Optional[float] = ...) -> None: ...
 
 class GpuReport(_message.Message):
     __slots__ = ("gpu", "rank", "verdict", "windows_flagged", "windows_seen", "spike_rate", "findings", "probable_cause", "gpu_kind")

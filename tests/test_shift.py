@@ -68,3 +68,26 @@ def test_a_slow_host_is_still_convicted_when_its_shift_backs_the_p50():
     cfg = SimConfig(gpus=128, windows=10, seed=4, step_ms=0,
                     stragglers=(Straggler("node-0005", 1.05, where="host"),))
     assert _stragglers(cfg) == {"node-0005"}
+
+
+def test_a_launch_finding_says_its_share_of_a_step():
+    """A host 10% slower at launching: 50k launches/s x 100-ms steps = 5,000 launches per step
+    of 10 us, +1 us each: about 5% of a step, in the finding and in the cause."""
+    cfg = SimConfig(gpus=128, windows=8, seed=3,
+                    stragglers=(Straggler("node-0005", 1.10, where="host"),))
+    e = Engine(ScoringConfig())
+    for w in simulate.generate(cfg):
+        e.ingest(w)
+    e.flush(now_ns=2**62)
+    node = next(n for n in e.report().jobs[0].nodes if n.node == "node-0005")
+    f = next(f for f in node.gpus[0].findings if f.api == "cudaLaunchKernel" and f.stat == "p50")
+    assert f.HasField("step_share") and 0.04 <= f.step_share <= 0.07, f
+    assert "of a step" in node.probable_cause
+    # without step data there is no step to express it in: the field stays unset
+    bare = Engine(ScoringConfig())
+    for w in simulate.generate(replace(cfg, step_ms=0)):
+        bare.ingest(w)
+    bare.flush(now_ns=2**62)
+    node = next(n for n in bare.report().jobs[0].nodes if n.node == "node-0005")
+    assert not any(f.HasField("step_share") for f in node.gpus[0].findings)
+    assert "of a step" not in node.probable_cause
