@@ -146,7 +146,7 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
         for j in np.flatnonzero(verdict_cols):      # column by column: G x 1 reductions
             flagged |= bad[:, j]                      # along a short axis are slow
         gpu_cells = gpu_high | gpu_low
-        per_step = (launches_per_step(hists.total(), cs)
+        per_step = (launches_per_step(hists.total(), cs, sig.step_us)
                     if kind == "launch" and gpu_cells.any() | host_high.any() else None)
         for basis, hi, cells in (("gpu", gpu_high, gpu_cells),
                                  ("host", host_high, (host_high | host_low) & ~gpu_cells)):
@@ -290,20 +290,20 @@ def _accumulate_theory(job: JobState, cs: CrossSection, groups: list[np.ndarray]
 
 
 
-def launches_per_step(calls: np.ndarray, cs: CrossSection) -> tuple[np.ndarray, float]:
+def launches_per_step(calls: np.ndarray, cs: CrossSection, step_us: np.ndarray
+                      ) -> tuple[np.ndarray, float]:
     """((G,) launches of one API per step, the job's median step in µs) for launch findings in
-    step-time terms. Launches are counted while the sliced tier was attached and steps all window
-    long, so per step = calls / attached seconds x mean step seconds. NaN where either is
-    missing."""
+    step-time terms; ``step_us`` is each GPU's step (signals.SignalEpoch.step_us). Launches are
+    counted while the sliced tier was attached and steps all window long, so per step = calls /
+    attached seconds x step seconds. NaN where either is missing."""
     sig = cs.signals
-    if sig is None:
+    if sig is None or step_us.size != calls.size:
         return np.full(calls.shape, np.nan), float("nan")
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean_step_us = np.where(sig.steps > 0, sig.step_sum_us / np.maximum(sig.steps, 1), np.nan)
         rate = np.where(sig.attached_s > 0, calls / np.maximum(sig.attached_s, 1e-300), np.nan)
-    ok = np.isfinite(mean_step_us)
-    median_step = float(np.median(mean_step_us[ok])) if ok.any() else float("nan")
-    return rate * mean_step_us * 1e-6, median_step
+    ok = np.isfinite(step_us)
+    median_step = float(np.median(step_us[ok])) if ok.any() else float("nan")
+    return rate * step_us * 1e-6, median_step
 
 
 def _shift_checks(hists: Hists, parts: list[_Part], gpu_high: np.ndarray, host_high: np.ndarray,

@@ -21,16 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-@dataclass(frozen=True)
-class GroupDeviation:
-    """One group's median of one signal against the median of all groups' medians."""
-    group: str
-    gpus: int
-    signal: str
-    unit: str
-    value: float
-    reference: float
-    ratio: float
+from hypertrace.proto import hypertrace_pb2 as pb
 
 
 def peer_classes(kinds: np.ndarray, groups: np.ndarray, group_names: list[str],
@@ -59,7 +50,7 @@ def peer_classes(kinds: np.ndarray, groups: np.ndarray, group_names: list[str],
 
 def group_deviations(values: np.ndarray, classes: list[np.ndarray], labels: list[str],
                      signal: str, unit: str, min_gpus: int, min_effect: float
-                     ) -> list[GroupDeviation]:
+                     ) -> list[pb.GroupImbalance]:
     """Groups whose median of ``values`` (G,) is at least ``min_effect`` above the median of the
     groups' medians. ``labels[i]`` names class ``i`` ("" classes are the ungrouped rest and are
     compared, never reported)."""
@@ -80,8 +71,9 @@ def group_deviations(values: np.ndarray, classes: list[np.ndarray], labels: list
     for i in np.flatnonzero(ok):
         ratio = m[i] / ref
         if labels[i] and ratio >= 1 + min_effect:
-            out.append(GroupDeviation(labels[i], sizes[i], signal, unit, float(m[i]), ref,
-                                      float(ratio)))
+            out.append(pb.GroupImbalance(group=labels[i], gpus=sizes[i], signal=signal,
+                                         unit=unit, value=float(m[i]), reference=ref,
+                                         ratio=float(ratio)))
     return out
 
 
@@ -89,18 +81,18 @@ def group_deviations(values: np.ndarray, classes: list[np.ndarray], labels: list
 class ImbalanceTracker:
     """Consecutive scored epochs each (group, signal) deviated; the latest numbers."""
     streak: dict[tuple[str, str], int]
-    latest: dict[tuple[str, str], GroupDeviation]
+    latest: dict[tuple[str, str], pb.GroupImbalance]
 
     @classmethod
     def empty(cls) -> "ImbalanceTracker":
         return cls({}, {})
 
-    def update(self, found: list[GroupDeviation]) -> None:
+    def update(self, found: list[pb.GroupImbalance]) -> None:
         now = {(d.group, d.signal): d for d in found}
         self.streak = {k: self.streak.get(k, 0) + 1 for k in now}
         self.latest = now
 
-    def persistent(self, k: int) -> list[GroupDeviation]:
+    def persistent(self, k: int) -> list[pb.GroupImbalance]:
         """Deviations seen in at least ``k`` consecutive scored epochs, largest first."""
         out = [d for key, d in self.latest.items() if self.streak.get(key, 0) >= k]
         return sorted(out, key=lambda d: (-d.ratio, d.group, d.signal))

@@ -68,9 +68,7 @@ def job_report(job: JobState, cfg: ScoringConfig) -> pb.JobReport:
         node_reports.append(nr)
     node_reports.sort(key=lambda n: (_SEVERITY[n.verdict], -_worst_z(n), n.node))
     jr.nodes.extend(node_reports)
-    for d in job.imbalance.persistent(cfg.persist_k):
-        jr.imbalance.add(group=d.group, gpus=d.gpus, signal=d.signal, unit=d.unit,
-                         value=d.value, reference=d.reference, ratio=d.ratio)
+    jr.imbalance.extend(job.imbalance.persistent(cfg.persist_k))
     jr.cluster.CopyFrom(_prediction(job, rates, node_reports, cfg))
     return jr
 
@@ -122,7 +120,7 @@ def _prediction(job: JobState, rates: np.ndarray, node_reports: list[pb.NodeRepo
 def _intermittent(job: JobState, row: int, cfg: ScoringConfig) -> str:
     """The prefix of an intermittent straggler's cause: how often it was slow."""
     n = min(int(job.persistence.windows_seen[row]), cfg.intermittent_n)
-    flags = bin(int(job.persistence.long_history[row])).count("1")
+    flags = int(job.persistence.long_history[row]).bit_count()
     return f"intermittent (flagged in {flags} of its last {n} scored windows): "
 
 
