@@ -21,7 +21,7 @@ from hypertrace.analyzer.imbalance import group_deviations
 from hypertrace.analyzer.jobs import JobState
 from hypertrace.analyzer.scoring import (StatScores, implicates, sampling_se_us, score_hosts,
                                          score_values)
-from hypertrace.analyzer.shift import MIN_HOST_SHIFT, pooled_deciles, shift_ratios
+from hypertrace.analyzer.shift import pooled_deciles, shift_ratios
 from hypertrace.proto import buckets
 
 #: Weight an epoch's own-time histograms keep per later epoch in the what-if (half-life one
@@ -55,8 +55,10 @@ class ScoreRow:
     evidence: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: a signal finding's deviation over its gate (signals.SignalScore.strength); NaN for APIs
     strength: float = float("nan")
-    #: a launch finding's extra latency per step over the job's median step (launches_per_step);
-    #: NaN without step data
+    #: the finding in step-time terms, signed: for a launch API its extra latency x its launches
+    #: per step over the median step (launches_per_step); for a per-step signal its excess over
+    #: the healthy step (_signal_step_share); for a share of wall time the excess itself. NaN
+    #: without step data (and for synchronize APIs: their per-step wait is step.gpu_wait)
     step_share: float = float("nan")
 
 
@@ -217,7 +219,13 @@ def _find_imbalance(job: JobState, groups: list[np.ndarray], labels: list[str],
 def _signal_rows(job: JobState, cs: CrossSection, sig: signals.SignalEpoch) -> list[ScoreRow]:
     """ScoreRows of the flagged cells (either tail) of every signal: a handful per epoch."""
     out = []
+    median_step = _finite_median(sig.step_us)
+    # per-step times in step-time terms from their means (exact sums), not from p50s read off
+    # 12.5%-wide buckets, which move less than the steps do (signals.launch_corroboration)
+    means = {"step.own": sig.own_us, "step.busy": sig.busy_us, "step.time": sig.step_us}
     for s in sig.scores:
+        mean = means.get(s.name)
+        mean_median = _finite_median(mean) if mean is not None else float("nan")
         for i in np.flatnonzero(s.high | s.low).tolist():
             row = int(cs.rows[i])
             node, gpu_name = job.keys[row]
@@ -229,8 +237,35 @@ def _signal_rows(job: JobState, cs: CrossSection, sig: signals.SignalEpoch) -> l
                 robust_z=float(s.robust_z[i]), flagged=True,
                 direction="high" if s.high[i] else "low", implicates=imp, basis="gpu",
                 unit=s.unit, evidence=sig.evidence(i) if (imp or s.high[i]) else {},
-                strength=float(s.strength[i])))
+                strength=float(s.strength[i]),
+                step_share=_signal_step_share(
+                    s.unit, *((float(mean[i]), mean_median) if mean is not None
+                              and np.isfinite(mean[i]) and np.isfinite(mean_median)
+                              else (float(s.value[i]), float(s.median[i]))), median_step,
+                    sig.mode == "collective")))
     return out
+
+def _finite_median(x: np.ndarray) -> float:
+    """Median of the finite values of ``x``; NaN when there are none."""
+    ok = x[np.isfinite(x)] if x.size else x
+    return float(np.median(ok)) if ok.size else float("nan")
+
+
+def _signal_step_share(unit: str, value: float, median: float, median_step_us: float,
+                       collective: bool) -> float:
+    """A signal finding in step-time terms: a per-step time's deviation over the job's healthy
+    step, a share of wall time's deviation as it is; NaN for rates and ratios. The healthy step
+    is the median step, except that in a collective job the slowest rank sets every rank's
+    step: there a rank's excess is taken over the step without it (median step less the
+    excess), so a rank 10% slow reads as +10% of a step whether or not it is the slowest."""
+    if unit == "us" and median_step_us > 0:
+        excess = value - median
+        base = median_step_us - excess if collective and excess > 0 else median_step_us
+        return excess / base if base > 0 else float("nan")
+    if unit == "share":
+        return value - median
+    return float("nan")
+
 
 def _accumulate_theory(job: JobState, cs: CrossSection, groups: list[np.ndarray],
                        quantiles: dict[str, np.ndarray], cfg: ScoringConfig) -> None:
@@ -333,7 +368,7 @@ def _shift_checks(hists: Hists, parts: list[_Part], gpu_high: np.ndarray, host_h
         if hosts:                           # every GPU of the flagged hosts in one pass
             on = np.flatnonzero(np.isin(part.of_gpu, hosts))
             r = shift_ratios(hists, sel[on], ref)
-            gate = 1.0 + max(float(part.hosts.effect_gate[j]), MIN_HOST_SHIFT)
+            gate = 1.0 + float(part.hosts.effect_gate[j])
             host_of = part.of_gpu[on]
             for h in hosts:
                 mine = r[host_of == h]

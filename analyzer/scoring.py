@@ -19,10 +19,15 @@ Why these rules together:
 * **hosts as well as GPUs** (:func:`score_hosts`): a slow host slows all of its GPUs, so the same
   rules also score each host's *median* GPU value against the job's other hosts. The median of 8
   GPUs carries far less window and GPU noise than one GPU, which buys one thing: an allowance.
-  A host that truly is ``min_effect`` slow measures under it in half of the cases (its own
-  host-to-host jitter), so the host gate is ``min_effect`` less ``host_effect_sigmas`` robust
-  sigmas of the hosts' spread. The same allowance on single GPUs convicts healthy GPUs of a
-  16,384-GPU job (measured; docs/design.md), so single GPUs keep the plain gate.
+  A host that truly is ``min_effect`` slow measures under it in half of the windows (its
+  measurement noise), so the host gate is ``min_effect`` less ``host_effect_sigmas`` standard
+  errors of a host median (:func:`host_allowance`), and never more than
+  :data:`MAX_HOST_ALLOWANCE` below it. Why the standard error and not the hosts' spread: hosts
+  differ persistently (0.5-1.5% is common), and an allowance read from that spread shrank the
+  gate as the spread grew, until naturally 3%-slow hosts were convicted (simulated, 2,048 GPUs).
+  The noise of one host's median is what the allowance is for. The same allowance on single
+  GPUs convicts healthy GPUs of a 16,384-GPU job (measured; docs/design.md), so single GPUs keep
+  the plain gate.
 * **minimum samples**: a GPU with fewer than ``min_samples`` calls of this API in the epoch is not
   scored for it (NaN value, never flagged).
 * **both tails**: ``high`` and ``low`` are returned separately; what each means depends on the
@@ -118,24 +123,45 @@ def _finite_rows(values: np.ndarray) -> np.ndarray:
     return ok
 
 
-def effect_gate(median_us: np.ndarray, mad_us: np.ndarray, min_effect: float,
-                allowance_sigmas: float) -> np.ndarray:
-    """(S,) relative deviation needed: ``min_effect`` less ``allowance_sigmas`` robust sigmas
-    (MAD / 0.6745, relative to the median) of the cross-section, never below 0."""
-    med = np.abs(np.asarray(median_us, dtype=np.float64))
+#: The host gate is never more than this below ``min_effect`` (a host under 4% slow is never
+#: convicted as a host, however noisy the job's GPUs are).
+MAX_HOST_ALLOWANCE = 0.01
+
+
+def host_allowance(values: np.ndarray, scored: np.ndarray, layout: "HostLayout",
+                   median: np.ndarray, cfg: ScoringConfig) -> np.ndarray:
+    """(S,) how far below ``min_effect`` a host median may measure and still count: 
+    ``host_effect_sigmas`` standard errors of a host median, capped at
+    :data:`MAX_HOST_ALLOWANCE`. The standard error is read off the GPUs *within* hosts: the
+    typical (median over hosts) robust spread of a host's GPUs around their host median,
+    relative to the job median, times 1.2533 / sqrt(GPUs per host) (the standard error of a
+    median). It includes the GPUs' own persistent spread, so it errs on the generous side; the
+    cap bounds that."""
+    v = np.asarray(values, dtype=np.float64)
+    ok = scored & _finite_rows(v)
+    med_h, n = host_medians(v, ok, layout)
+    use = n >= cfg.host_min_gpus
+    out = np.zeros(v.shape[1])
+    if not use.any() or cfg.host_effect_sigmas <= 0:
+        return out
+    dev = np.abs(v - med_h[layout.host])                     # (G, S) around the own host
+    dev[~(ok & use[layout.host])] = np.nan
+    spread, _ = host_medians(dev, ok & use[layout.host], layout)  # per-host MAD
+    mad = np.nanmedian(spread[use], axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        sigma_rel = np.where(med > 0, np.asarray(mad_us) / (0.6745 * med), 0.0)
-    return np.maximum(min_effect - allowance_sigmas * sigma_rel, 0.0)
+        rel = np.where(np.abs(median) > 0, mad / (0.6745 * np.abs(median)), 0.0)
+    se = 1.2533 * np.nan_to_num(rel) / np.sqrt(float(np.median(n[use])))
+    return np.minimum(cfg.host_effect_sigmas * se, MAX_HOST_ALLOWANCE)
 
 
 def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
                  stats: tuple[str, ...], se_us: np.ndarray | None = None,
-                 allowance_sigmas: float = 0.0,
+                 allowance: np.ndarray | None = None,
                  no_allowance: np.ndarray | None = None,
                  absolute_gate: float | None = None) -> StatScores:
     """Score precomputed quantiles ``values_us`` (G, S) of G GPUs with ``count`` calls each;
     ``se_us`` (G, S), when given, is each value's own sampling error (see module docstring);
-    ``allowance_sigmas`` lowers the effect gate (hosts only, see :func:`score_hosts`), except for
+    ``allowance`` (S,) lowers the effect gate (hosts only, see :func:`score_hosts`), except for
     the rows where ``no_allowance`` (G,) is True: they keep the plain ``min_effect``.
 
     ``absolute_gate``, when given, replaces the relative effect gate by an absolute one,
@@ -162,7 +188,7 @@ def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
     with np.errstate(invalid="ignore", divide="ignore"):
         z = 0.6745 * (v - med) / scale
         ratio = v / np.where(med > 0, med, np.nan)
-    gate = effect_gate(med, mad_eff, cfg.min_effect, allowance_sigmas)
+    gate = cfg.min_effect - (np.zeros(s) if allowance is None else np.asarray(allowance))
     row_gate = np.broadcast_to(gate, v.shape)
     if no_allowance is not None:
         row_gate = np.where(np.asarray(no_allowance)[:, None], cfg.min_effect, row_gate)
@@ -232,7 +258,8 @@ def host_medians(values: np.ndarray, scored: np.ndarray,
 
 def score_hosts(values_us: np.ndarray, scored: np.ndarray, layout: HostLayout,
                 cfg: ScoringConfig, stats: tuple[str, ...]) -> tuple[StatScores, np.ndarray]:
-    """Score each host's median GPU value against the other hosts (module docstring).
+    """Score each host's median GPU value against the other hosts (module docstring), with the
+    effect gate lowered by :func:`host_allowance`.
 
     Hosts with fewer than ``host_min_gpus`` scored GPUs are not scored (a median of one or two
     GPUs is a GPU value, and gets no allowance). A host whose p99 is a spike this window (above
@@ -251,5 +278,8 @@ def score_hosts(values_us: np.ndarray, scored: np.ndarray, layout: HostLayout,
         if usable.any():
             typical = np.median(p99[usable])
             spiking = usable & (p99 > (1.0 + cfg.spike_threshold) * typical)
-    return (score_values(med, count, cfg, stats, None, cfg.host_effect_sigmas, spiking),
-            layout.host)
+    usable = count > 0
+    job_median = (np.median(med[usable], axis=0) if usable.any()
+                  else np.full(len(stats), np.nan))
+    allowance = host_allowance(values_us, scored, layout, job_median, cfg)
+    return (score_values(med, count, cfg, stats, None, allowance, spiking), layout.host)

@@ -70,8 +70,8 @@ import numpy as np
 
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.cross_section import CrossSection, Hists
-from hypertrace.analyzer.scoring import (HostLayout, effect_gate, host_medians, sampling_se_us,
-                                         score_values)
+from hypertrace.analyzer.scoring import (HostLayout, host_allowance, host_medians,
+                                         sampling_se_us, score_values)
 
 #: Share of step-carrying ranks that must agree within ``collective_spread`` for "collective".
 COLLECTIVE_SHARE = 0.95
@@ -333,8 +333,7 @@ def launch_corroboration(sig: SignalEpoch, cfg: ScoringConfig, groups: list[np.n
     is at least ``1 + min_effect`` times its job median. Host basis (a launch finding on the
     host's median GPU, hosts with ``host_min_gpus`` GPUs with steps): the host's median GPU
     value is above the job median by the host gate
-    (:func:`~hypertrace.analyzer.scoring.effect_gate`: ``min_effect`` less
-    ``host_effect_sigmas`` robust sigmas of the hosts' spread), or *every* GPU of the host with
+    (``min_effect`` less :func:`~hypertrace.analyzer.scoring.host_allowance`), or *every* GPU of the host with
     steps is above the job median (a sign test: by chance 1 in 2^n for n GPUs, 1/256 for 8):
     the host's steps moved in the direction of its launches. Why not the gate alone: a host 3%
     slow on every side (launch, work) measures +1-3% busy time after its own jitter (simulated,
@@ -361,11 +360,8 @@ def launch_corroboration(sig: SignalEpoch, cfg: ScoringConfig, groups: list[np.n
             ok_h = n_h >= cfg.host_min_gpus
             if not ok_h.any():
                 continue
-            hm = med_h[ok_h, 0]
-            mad = max(float(np.median(np.abs(hm - np.median(hm)))),
-                      cfg.mad_floor * job_med, 1e-9)
-            gate = float(effect_gate(np.array([job_med]), np.array([mad]), cfg.min_effect,
-                                     cfg.host_effect_sigmas)[0])
+            gate = cfg.min_effect - float(host_allowance(
+                x[:, None], okx, layout, np.array([job_med]), cfg)[0])
             above = np.bincount(layout.host[okx & (np.nan_to_num(x) > job_med)],
                                 minlength=layout.hosts)
             up_h = ok_h & ((np.nan_to_num(med_h[:, 0]) >= (1.0 + gate) * job_med)

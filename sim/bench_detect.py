@@ -6,10 +6,20 @@ simulated once and fed, the same messages, to hypertrace's :class:`Engine` and t
 baselines of :mod:`hypertrace.sim.baselines` (same persistence, same grouping).
 
 Metrics, per (scenario, size, method), pooled over seeds. A node is *flagged* when any of its
-GPUs gets a ``straggler`` verdict in any epoch; truth comes from :func:`scenarios.truth`.
+GPUs gets a ``straggler`` verdict in any epoch (every intermediate report counts). The noise is
+wide (:func:`scenarios.wide_noise`), so healthy hardware can itself be slow, and verdicts are
+judged against the **true slowdown** (:func:`hypertrace.sim.simulate.true_slowdown`: persistent
+offsets and injected stragglers, over the job's median GPU), not against "was one injected":
 
-* precision = true flagged nodes / flagged nodes ("-" when nothing was flagged);
-* recall = detected straggler nodes / straggler nodes ("-" when the scenario has none);
+* under 3% (``HEALTHY_BELOW``): healthy, and a verdict on it is **false**;
+* 3-5%: the **gray zone**, where a 5% gate measured with noise cannot decide: counted, reported;
+* 5% or more (``SLOW_FROM``): slow. Injected stragglers this slow are what recall counts;
+  healthy hardware this slow, when convicted, is reported as **naturally slow** (right);
+* a node's verdict is judged by the slowest of the node itself and the GPUs it convicted (a GPU
+  truly 20% slow on a healthy node is a right verdict); a GPU's, by the GPU and its node.
+
+* precision = true flagged nodes / (true + false flagged nodes) ("-" when neither);
+* recall = detected truly-slow injected nodes / truly-slow injected nodes;
 * FP/1k node-h = false flagged nodes per 1,000 node-hours observed;
 * latency = windows from the first slow window to the first ``straggler`` verdict, inclusive
   (3 = convicted at the third slow window, the least persistence k=3 allows); also in seconds at
@@ -23,8 +33,9 @@ firing: a 0.1 s slice costs 0.025 s of a 0.05 s share of a 10 s window) one slic
 window, so ``k = 1`` unless a scenario sets ``SimConfig.cadence``; the table then still counts
 latency in windows and seconds of wall time, not in sampled windows.
 
-Seeds: ``TRAIN_SEEDS`` were used to choose the scoring defaults (``--tune`` re-runs that search);
-the table reports ``HELD_OUT_SEEDS`` only. The full run adds ``DEPTH_PLAN`` runs (70 per
+Seeds: ``TRAIN_SEEDS`` were used to choose the scoring defaults (``--tune`` re-runs that search;
+``--train`` reports on them); the table reports ``HELD_OUT_SEEDS``, drawn fresh after each design
+change. The full run adds ``DEPTH_PLAN`` runs (70 per
 scenario) of the 3% and 5% scenarios, the bars closest to the gate, and checks the 5% bar on
 all of their held-out runs as well. Runs go to a process pool (one worker per CPU).
 """
@@ -45,7 +56,9 @@ from hypertrace.analyzer.config import ScoringConfig
 
 METHODS = ("hypertrace", "mean3sigma", "nvrx")
 TRAIN_SEEDS = tuple(range(0, 50))
-HELD_OUT_SEEDS = tuple(range(1000, 1050))
+#: Drawn fresh after each design change (1000.. until the wide noise and the within-host host
+#: allowance; 2000.. since).
+HELD_OUT_SEEDS = tuple(range(2000, 2050))
 
 
 @dataclass(frozen=True)
@@ -65,9 +78,27 @@ DEPTH_PLAN = (SizePlan(64, 16, 50), SizePlan(512, 16, 20))
 QUICK_PLAN = (SizePlan(64, 12, 2), SizePlan(512, 12, 1))
 
 
+#: A node or GPU whose true slowdown is below this is healthy: convicting it is a false verdict.
+HEALTHY_BELOW = 0.03
+#: At or above this it is slow (the analyzer's ``min_effect``): convicting it is right. Between
+#: the two lies the gray zone, where the measurement noise of a 5% gate cannot decide; verdicts
+#: there are counted and reported, neither false nor required.
+SLOW_FROM = 0.05
+
+
 @dataclass
 class RunResult:
-    """One simulated job scored by every method: first straggler window per flagged node."""
+    """One simulated job scored by every method: first straggler window per flagged node.
+
+    ``truth``: the injected stragglers (node -> first slow window). ``slowdown``: the true
+    persistent slowdown of every node that is not healthy (:func:`scenarios.node_slowdown`; a
+    node absent from it is below ``HEALTHY_BELOW``). ``flag_slowdown``: per method, each flagged
+    node's true slowdown as its verdicts claim it: the larger of the node's and of its convicted
+    GPUs' (a GPU truly 20% slow on a healthy node is a right verdict). ``false_gpus``: per
+    method, the GPUs given a ``straggler`` verdict while neither they nor their node were
+    ``HEALTHY_BELOW`` slow (and no straggler was injected there). ``step_effects``: hypertrace's convicting step-time effects
+    of the injected nodes' GPUs (the step.own or step.time finding, as a share of the job's
+    median step)."""
 
     scenario: str
     gpus: int
@@ -76,7 +107,29 @@ class RunResult:
     nodes: int
     window_seconds: float
     truth: dict[str, int]
+    slowdown: dict[str, float] = field(default_factory=dict)
     first_flag: dict[str, dict[str, int]] = field(default_factory=dict)   # method -> node -> w
+    flag_slowdown: dict[str, dict[str, float]] = field(default_factory=dict)
+    false_gpus: dict[str, int] = field(default_factory=dict)
+    step_effects: list[float] = field(default_factory=list)
+
+    def judged_truth(self, below_gray: bool) -> dict[str, int]:
+        """Injected nodes that are truly slow (``SLOW_FROM`` or more): the ones recall counts.
+        ``below_gray``: the scenario injects less than ``HEALTHY_BELOW``, so nothing is."""
+        if below_gray:
+            return {}
+        return {n: w for n, w in self.truth.items() if self.slowdown.get(n, 0.0) >= SLOW_FROM}
+
+    def claimed(self, method: str, node: str) -> float:
+        """The true slowdown of what ``method``'s verdicts on ``node`` claim is slow."""
+        return self.flag_slowdown.get(method, {}).get(node, self.slowdown.get(node, 0.0))
+
+    def is_false(self, method: str, node: str, below_gray: bool) -> bool:
+        """Is ``method``'s verdict on ``node`` false: what it convicted is healthy (below
+        ``HEALTHY_BELOW``), and no straggler was injected there unless the scenario injects
+        less than that?"""
+        return (self.claimed(method, node) < HEALTHY_BELOW
+                and (below_gray or node not in self.truth))
 
 
 def run_one(scenario: str, gpus: int, windows: int, seed: int,
@@ -85,10 +138,11 @@ def run_one(scenario: str, gpus: int, windows: int, seed: int,
     """Simulate one job and score it with every method, on the same windows."""
     from hypertrace.sim.baselines import BaselineDetector
     from hypertrace.analyzer.engine import Engine
-    from hypertrace.sim.simulate import generate
+    from hypertrace.sim.simulate import generate, true_slowdown
 
-    cfg = scenarios.get(scenario).config(gpus, gpus_per_node, windows, seed,
-                                         config.window_seconds)
+    sc = scenarios.get(scenario)
+    cfg = sc.config(gpus, gpus_per_node, max(windows, sc.min_windows), seed,
+                    config.window_seconds)
     detectors = {m: Engine(config) if m == "hypertrace" else BaselineDetector(m, config)
                  for m in methods}
     for w in generate(cfg):
@@ -96,22 +150,59 @@ def run_one(scenario: str, gpus: int, windows: int, seed: int,
             d.ingest(w)
     win_ns = int(round(cfg.window_seconds * 1e9))
     epoch0 = (cfg.first_start_ns + win_ns // 2) // config.window_ns
-    res = RunResult(scenario, gpus, seed, windows, cfg.n_nodes, cfg.window_seconds,
-                    scenarios.truth(cfg))
+    per_node = scenarios.node_slowdown(cfg)
+    per_gpu = true_slowdown(cfg)
+    res = RunResult(scenario, gpus, seed, cfg.windows, cfg.n_nodes, cfg.window_seconds,
+                    scenarios.truth(cfg),
+                    {n: round(v, 5) for n, v in per_node.items() if v >= HEALTHY_BELOW})
+    below_gray = sc.below_gray
+    node_index = {n: i for i, n in enumerate(cfg.nodes)}
     for m, d in detectors.items():
         first: dict[str, int] = {}
+        claimed: dict[str, float] = {}
+        convicted: set[tuple[str, int]] = set()
         for r in d.flush():
             w_index = r.epoch - epoch0
-            for (node, _), v in r.verdicts.items():
-                if v == "straggler" and node not in first:
-                    first[node] = w_index
+            for (node, gpu), v in r.verdicts.items():
+                if v != "straggler":
+                    continue
+                first.setdefault(node, w_index)
+                g = node_index[node] * cfg.gpus_per_node + int(gpu)
+                convicted.add((node, g))
+                claimed[node] = max(claimed.get(node, per_node[node]), float(per_gpu[g]))
         res.first_flag[m] = first
+        res.flag_slowdown[m] = {n: round(v, 5) for n, v in claimed.items()}
+        res.false_gpus[m] = sum(
+            1 for node, g in convicted
+            if per_gpu[g] < HEALTHY_BELOW and per_node[node] < HEALTHY_BELOW
+            and (below_gray or node not in res.truth))
+        if m == "hypertrace":
+            res.step_effects = _step_effects(d.report(cfg.job_id), res.truth)
     return res
+
+
+def _step_effects(report, injected: dict[str, int]) -> list[float]:
+    """The step-time effect of every convicted GPU of an injected node: its step.own (or
+    step.time) finding's deviation over the job's median step."""
+    out = []
+    for job in report.jobs:
+        for node in job.nodes:
+            if node.node not in injected:
+                continue
+            for g in node.gpus:
+                for f in g.findings:
+                    if f.api in ("step.own", "step.time") and f.HasField("step_share"):
+                        out.append(round(f.step_share, 5))
+                        break
+    return out
 
 
 @dataclass
 class Summary:
-    """Pooled metrics of one (scenario, size, method)."""
+    """Pooled metrics of one (scenario, size, method). ``true_nodes``: truly slow injected
+    nodes (recall counts them); ``gray``: flagged nodes that are neither false nor counted
+    (3-5% slow, or injected and below 5%); ``natural``: flagged healthy-hardware nodes that are
+    truly 5% or more slow (right, not injected)."""
 
     runs: int
     node_windows: int
@@ -119,39 +210,56 @@ class Summary:
     true_nodes: int
     detected: int
     false_nodes: int
+    false_gpus: int
+    gray: int
+    natural: int
     precision: float | None
     recall: float | None
     fp_per_1k_node_h: float
     latency_windows: list[int]
     recall_within_12: float | None
+    recall_within_20: float | None
 
     def lat(self, q: float) -> float | None:
         return float(np.percentile(self.latency_windows, q)) if self.latency_windows else None
 
 
 def summarize(results: list[RunResult], method: str) -> Summary:
-    true_nodes = detected = false_nodes = node_windows = 0
+    true_nodes = detected = false_nodes = false_gpus = gray = natural = node_windows = 0
     hours = 0.0
     lats: list[int] = []
     for r in results:
+        below = scenarios.get(r.scenario).below_gray
         flags = r.first_flag[method]
-        true_nodes += len(r.truth)
-        for node, onset in r.truth.items():
+        judged = r.judged_truth(below)
+        true_nodes += len(judged)
+        for node, onset in judged.items():
             if node in flags:
                 detected += 1
                 lats.append(max(1, flags[node] - onset + 1))
-        false_nodes += sum(1 for n in flags if n not in r.truth)
+        for n in flags:
+            if n in judged:
+                continue
+            if r.is_false(method, n, below):
+                false_nodes += 1
+            elif n not in r.truth and r.claimed(method, n) >= SLOW_FROM:
+                natural += 1
+            else:
+                gray += 1
+        false_gpus += r.false_gpus.get(method, 0)
         node_windows += r.nodes * r.windows
         hours += r.nodes * r.windows * r.window_seconds / 3600.0
     flagged = detected + false_nodes
     return Summary(
         runs=len(results), node_windows=node_windows, node_hours=hours, true_nodes=true_nodes,
-        detected=detected, false_nodes=false_nodes,
+        detected=detected, false_nodes=false_nodes, false_gpus=false_gpus, gray=gray,
+        natural=natural,
         precision=detected / flagged if flagged else None,
         recall=detected / true_nodes if true_nodes else None,
         fp_per_1k_node_h=1000.0 * false_nodes / hours if hours else 0.0,
         latency_windows=lats,
-        recall_within_12=(sum(1 for x in lats if x <= 12) / true_nodes) if true_nodes else None)
+        recall_within_12=(sum(1 for x in lats if x <= 12) / true_nodes) if true_nodes else None,
+        recall_within_20=(sum(1 for x in lats if x <= 20) / true_nodes) if true_nodes else None)
 
 
 def _f(x: float | None, fmt: str = "{:.3f}") -> str:
@@ -178,17 +286,20 @@ def format_table(groups: dict[tuple[str, int], list[RunResult]], window_seconds:
 
 def acceptance(groups: dict[tuple[str, int], list[RunResult]],
                deep: dict[tuple[str, int], list[RunResult]] | None = None,
-               min_node_windows: int = 10_000) -> list[tuple[str, bool, str]]:
+               min_node_windows: int = 10_000,
+               min_clean_node_windows: int = 100_000) -> list[tuple[str, bool, str]]:
     """The acceptance checks on the given (held-out) results: (check, passed, figures).
 
     ``deep``: the DEPTH_PLAN runs of the scenarios near the gate; their bar is checked on them
-    too (all held-out runs of the scenario pooled). ``min_node_windows``: the clean scenarios'
-    zero-false bar holds only over at least this many node-windows (the full plan); ``--quick``
-    passes 0, so a quick run fails on a false straggler, not on being quick."""
+    too (all held-out runs of the scenario pooled). ``min_node_windows``: each clean scenario's
+    zero-false bar holds only over at least this many node-windows, and all clean scenarios
+    together over ``min_clean_node_windows``; ``--quick`` passes 0 for both, so a quick run fails
+    on a false straggler, not on being quick."""
     by_scn: dict[str, list[RunResult]] = {}
     for (name, _), rs in groups.items():
         by_scn.setdefault(name, []).extend(rs)
     out: list[tuple[str, bool, str]] = []
+    clean_runs: list[RunResult] = []
     for name, rs in by_scn.items():
         sc = scenarios.get(name)
         s = summarize(rs, "hypertrace")
@@ -198,37 +309,56 @@ def acceptance(groups: dict[tuple[str, int], list[RunResult]],
             seen = {(r.gpus, r.seed) for r in extra}
             pooled = summarize(extra + [r for r in rs if (r.gpus, r.seed) not in seen],
                                "hypertrace")
-        if sc.group == "clean":
+        other = (f"; gray-zone nodes {s.gray}, naturally slow nodes {s.natural}, "
+                 f"FP/1k node-h {s.fp_per_1k_node_h:.2f}")
+        if sc.group in ("clean", "below-gate"):
+            clean_runs.extend(rs)
             floor = (f"over >= {min_node_windows:,} node-windows" if min_node_windows
                      else "(quick run: no node-window floor)")
-            out.append((f"{name}: zero false stragglers {floor}",
-                        s.false_nodes == 0 and s.node_windows >= min_node_windows,
-                        f"{s.false_nodes} false over {s.node_windows:,} node-windows"))
+            out.append((f"{name}: zero false stragglers (nodes and GPUs) {floor}",
+                        s.false_nodes == 0 and s.false_gpus == 0
+                        and s.node_windows >= min_node_windows,
+                        f"{s.false_nodes} false nodes, {s.false_gpus} false GPUs over "
+                        f"{s.node_windows:,} node-windows" + other))
+        elif name == "intermittent":
+            t20 = s.recall_within_20
+            out.append((f"{name}: recall 1.0 within 20 windows, precision >= 0.99",
+                        t20 == 1.0 and (s.precision or 0) >= 0.99,
+                        f"R@20 {_f(t20)} P {_f(s.precision)} median {_f(s.lat(50), '{:g}')} "
+                        f"max {_f(s.lat(100), '{:g}')} windows" + other))
         elif sc.slowdown is not None and sc.slowdown >= 0.10:
-            med = s.lat(50)
-            ok = (s.recall == 1.0 and (s.precision or 0) >= 0.99 and med is not None
-                  and med <= 3)
+            med, worst = s.lat(50), s.lat(100)
+            ok = (s.recall == 1.0 and (s.precision or 0) >= 0.99 and worst is not None
+                  and worst <= 3)
             if name == "flapping":      # slow only half the time: no 3-window bar applies
                 ok = s.recall == 1.0 and (s.precision or 0) >= 0.99
-            out.append((f"{name}: recall 1.0, precision >= 0.99, median <= 3 windows"
+            out.append((f"{name}: recall 1.0 within 3 windows, precision >= 0.99"
                         + (" (flapping: latency reported, not bounded)"
                            if name == "flapping" else ""), ok,
-                        f"R {_f(s.recall)} P {_f(s.precision)} median {_f(med, '{:g}')}"
-                        + ("" if med is None else f" windows ({med * rs[0].window_seconds:g} s)")))
+                        f"R {_f(s.recall)} P {_f(s.precision)} latency median "
+                        f"{_f(med, '{:g}')} max {_f(worst, '{:g}')} windows" + other))
         elif sc.slowdown is not None and sc.slowdown >= 0.05:
             # judged on every held-out run there is: 19 runs alone cannot tell 0.95 from 1.0
             t = pooled or s
             out.append((f"{name}: recall >= 0.95 within 12 windows"
                         + (" (table + depth runs)" if pooled else ""),
                         (t.recall_within_12 or 0) >= 0.95,
-                        f"R@12 {_f(t.recall_within_12)} P {_f(t.precision)} over {t.runs} runs"
+                        f"R@12 {_f(t.recall_within_12)} P {_f(t.precision)} over {t.runs} runs, "
+                        f"{t.true_nodes} truly >= 5% slow"
                         + (f" (table alone: R@12 {_f(s.recall_within_12)} over {s.runs})"
-                           if pooled else "")))
+                           if pooled else "") + other))
         else:
             t = pooled or s
             out.append((f"{name}: reported (no bar)", True,
                         f"R {_f(t.recall)} R@12 {_f(t.recall_within_12)} P {_f(t.precision)} "
-                        f"median {_f(t.lat(50), '{:g}')} windows over {t.runs} runs"))
+                        f"median {_f(t.lat(50), '{:g}')} windows over {t.runs} runs" + other))
+        if name == "collective":
+            eff = [e for r in rs for e in r.step_effects]
+            mid = float(np.median(eff)) if eff else float("nan")
+            out.append((f"{name}: step-time effect of the 10%-slow GPUs between 8% and 12% "
+                        "(median)", bool(eff) and 0.08 <= mid <= 0.12,
+                        f"median {mid:+.1%}" + (f", range {min(eff):+.1%}..{max(eff):+.1%} "
+                                                f"over {len(eff)} GPUs" if eff else "")))
         # Below the promised minimum effect (5%) there is no bar, and a baseline that convicts
         # on a shorter synchronize wait alone may catch more there: that rule convicted healthy
         # ranks on real hardware (docs/signals.md), so the comparison is reported, not judged.
@@ -242,6 +372,15 @@ def acceptance(groups: dict[tuple[str, int], list[RunResult]],
                         better or not judged,
                         f"R {_f(s.recall)} vs {_f(b.recall)}, false nodes {s.false_nodes} vs "
                         f"{b.false_nodes}"))
+    if clean_runs:
+        s = summarize(clean_runs, "hypertrace")
+        out.append((f"all clean and below-gate scenarios: zero false stragglers over >= "
+                    f"{min_clean_node_windows:,} node-windows", s.false_nodes == 0
+                    and s.false_gpus == 0 and s.node_windows >= min_clean_node_windows,
+                    f"{s.false_nodes} false nodes, {s.false_gpus} false GPUs over "
+                    f"{s.node_windows:,} node-windows ({s.node_hours:,.0f} node-hours: "
+                    f"{s.fp_per_1k_node_h:.2f} per 1,000 node-hours); gray-zone nodes {s.gray}, "
+                    f"naturally slow nodes {s.natural}"))
     return out
 
 
@@ -327,6 +466,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="only these scenarios (repeatable; default: the whole catalog)")
     ap.add_argument("--sizes", help="comma-separated GPU counts to keep from the plan")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--train", action="store_true",
+                    help="report on the training seeds instead of the held-out ones (for "
+                         "design work: the held-out seeds judge a design once it is chosen)")
     ap.add_argument("--tune", action="store_true",
                     help="search TUNE_GRID on the training seeds instead of reporting")
     ap.add_argument("--json", metavar="FILE", help="also write every run's raw result here")
@@ -358,9 +500,10 @@ def main(argv: list[str] | None = None) -> int:
     from hypertrace.sim.machine import cpu_model
 
     cfg = ScoringConfig()
-    groups = run_plan(plan, names, HELD_OUT_SEEDS, cfg, args.workers)
+    seeds = TRAIN_SEEDS if args.train else HELD_OUT_SEEDS
+    groups = run_plan(plan, names, seeds, cfg, args.workers)
     print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, {args.workers} workers")
-    print(f"held-out seeds {HELD_OUT_SEEDS[0]}..; plan: " + ", ".join(
+    print(f"{'training' if args.train else 'held-out'} seeds {seeds[0]}..; plan: " + ", ".join(
         f"{p.gpus} GPUs x {p.windows} windows x {p.seeds} seeds" for p in plan)
         + f"; window {cfg.window_seconds:g} s; persistence {cfg.persist_k} of {cfg.persist_n}")
     cadence = sorted({scenarios.get(n).config(64, 8, 2, 0, cfg.window_seconds).cadence
@@ -373,12 +516,13 @@ def main(argv: list[str] | None = None) -> int:
     near = [n for n in names if scenarios.get(n).slowdown in (0.03, 0.05)]
     deep = None
     if not args.quick and near and not args.sizes:
-        deep = run_plan(DEPTH_PLAN, near, HELD_OUT_SEEDS, cfg, args.workers)
-        print("depth runs near the gate (3% and 5%), held-out: " + ", ".join(
+        deep = run_plan(DEPTH_PLAN, near, seeds, cfg, args.workers)
+        print("depth runs near the gate (3% and 5%): " + ", ".join(
             f"{p.gpus} GPUs x {p.windows} windows x {p.seeds} seeds" for p in DEPTH_PLAN))
         print(format_table(deep, cfg.window_seconds))
         print()
-    checks = acceptance(groups, deep, min_node_windows=0 if args.quick else 10_000)
+    checks = acceptance(groups, deep, min_node_windows=0 if args.quick else 10_000,
+                        min_clean_node_windows=0 if args.quick else 100_000)
     for text, ok, figs in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {text}: {figs}")
     failed = len(checks) - sum(ok for _, ok, _ in checks)

@@ -15,8 +15,11 @@ The model (all latencies per GPU, per window, per API):
 * **Per-node jitter.** Every node has a persistent multiplicative offset ``exp(N(0, node_jitter))``
   (hosts are never identical), every GPU a smaller one (``gpu_jitter``), and every GPU-window
   a fresh one (``window_jitter``). These are the "healthy spread" the scorer must not flag.
-  Defaults (0.6%, 0.3%, 0.5%) keep even the most extreme of 16,384 healthy GPUs (about 4.3
-  sigma, ~3%) below the analyzer's 5% minimum effect, as it should be for a healthy fleet.
+  Defaults (0.6%, 0.3%, 0.5%) are a tight fleet. The persistent ones can be wider and
+  heavy-tailed (``spread_df``: Student-t with the same standard deviation), and the GPUs' own
+  speed can spread too (``compute_spread``, persistent, on the GPU work): then some healthy
+  hardware *is* 3-5% or more slower than the job's median, and :func:`true_slowdown` says which.
+  The scenario catalog draws these wider spreads per seed (:mod:`hypertrace.sim.scenarios`).
 * **Stragglers.** ``Straggler(node, factor)`` multiplies the launch-API medians of that node's
   GPUs (all of them, or only ``gpus``) by ``factor`` from window ``onset`` on.
 * **Synchronize waits in a collective job.** Between two synchronizations each rank computes for
@@ -26,6 +29,12 @@ The model (all latencies per GPU, per window, per API):
   waits ``sync_base_us + compute_us * (max_j c_j - c_i)``. The straggler therefore shows
   the SHORTEST ``cudaStreamSynchronize`` waits and every other rank long ones, the low tail that
   the analyzer has to read as "everyone waits for this rank".
+* **Idle synchronizes.** ``idle_syncs`` per step find the stream already idle and return after
+  ``idle_sync_us`` (their own cost): a second, short mode in the synchronize histogram, so the
+  call p50 no longer reads the wait (with 1.5 idle calls per step it *is* an idle call).
+* **Clustered hiccups.** With ``hiccup_prob`` > 0 a rack of ``hiccup_nodes`` contiguous nodes (a
+  shared switch, a storage server) is hit together for 1..``hiccup_windows`` windows: a share
+  of its calls and steps (``hiccup_frac``) delayed by ``hiccup_scale``. Spikes, not stragglers.
 * **Sample counts.** Calls per window are Poisson around ``calls_per_second * window_seconds *
   duty`` (a duty-cycled probe sees only part of the window); thousands per GPU by default.
 * **Where a slowdown acts.** ``Straggler.where``: ``"both"`` (default: a slow host launches
@@ -208,6 +217,16 @@ class SimConfig:
     gpu_jitter: float = 0.003
     window_jitter: float = 0.005
     compute_jitter: float = 0.002       # per-window spread of compute time between syncs
+    compute_spread: float = 0.0         # persistent per-GPU spread of GPU work (GPU speed)
+    spread_df: float = 0.0              # 0: Gaussian persistent spreads; > 2: Student-t with
+                                        # this many degrees of freedom, same standard deviation
+    idle_syncs: float = 0.0             # synchronize calls per step that wait for nothing
+    idle_sync_us: float = 8.0           # their latency (the call's own cost)
+    hiccup_prob: float = 0.0            # chance per (window, rack) of a clustered hiccup
+    hiccup_nodes: int = 4               # nodes per rack (contiguous), hit together
+    hiccup_windows: int = 2             # a hiccup lasts 1..this many windows
+    hiccup_frac: tuple[float, float] = (0.05, 0.20)   # share of calls and steps it delays
+    hiccup_scale: tuple[float, float] = (3.0, 8.0)    # by this factor (uniform per hiccup)
     duty: float = 0.01                  # fraction of the window the probes are attached
     compute_us: float = 2_000.0         # compute between two synchronizations
     sync_base_us: float = 150.0         # wait of the slowest rank (collective latency)
@@ -303,6 +322,13 @@ class SimConfig:
                              f"the {self.n_nodes} nodes (each stage is whole nodes)")
         if not self.stage_load >= 0:
             raise ValueError("stage_load must be >= 0 (0.13 = the last stage does 13% more work)")
+        if not (self.compute_spread >= 0 and (self.spread_df == 0 or self.spread_df > 2)):
+            raise ValueError("compute_spread must be >= 0 and spread_df 0 (Gaussian) or > 2 "
+                             "(Student-t with a finite variance)")
+        if not (self.idle_syncs >= 0 and self.idle_sync_us > 0 and 0 <= self.hiccup_prob <= 1
+                and self.hiccup_nodes >= 1 and self.hiccup_windows >= 1):
+            raise ValueError("idle_syncs >= 0, idle_sync_us > 0, hiccup_prob in [0, 1], "
+                             "hiccup_nodes and hiccup_windows >= 1")
         if not (isinstance(self.cadence, int) and self.cadence >= 1):
             raise ValueError(f"--cadence {self.cadence!r}: the launch tier is sampled every k-th "
                              "window; k must be an integer >= 1")
@@ -347,24 +373,75 @@ def _cols(cfg: SimConfig, node: str, gpus: tuple[int, ...] | None = None) -> np.
         base + np.asarray(gpus, dtype=int)
 
 
-def slowdown_matrix(cfg: SimConfig, side: str = "host") -> np.ndarray:
+def slowdown_matrix(cfg: SimConfig, side: str = "host", design: bool = True) -> np.ndarray:
     """Injected slowdown per (window, gpu): 1.0 healthy, ``factor`` for straggling GPUs.
 
     ``side`` "host" (launch latency) or "compute" (GPU work between synchronizations); GPU kind
     speeds apply to both. ``side`` "cpu": CPU contention only (``where="cpu"`` stragglers), which
-    multiplies the busy time per step on top of the host side.
+    multiplies the busy time per step on top of the host side. ``design`` False leaves out what
+    differs by design (GPU kinds, the last pipeline stage's load): the stragglers alone.
     """
     f = np.ones((cfg.windows, cfg.gpus))
     for s in cfg.stragglers:
         if s.where == side or (s.where == "both" and side != "cpu"):
             f[np.ix_(s.active(cfg.windows), _cols(cfg, s.node, s.gpus))] *= s.factor
-    if cfg.kinds and side != "cpu":
+    if design and cfg.kinds and side != "cpu":
         speed = np.array([cfg.kinds[i % len(cfg.kinds)][1] for i in range(cfg.n_nodes)])
         f *= np.repeat(speed, cfg.gpus_per_node)[None, :]
-    if cfg.pipeline_stages > 1 and side != "cpu":
+    if design and cfg.pipeline_stages > 1 and side != "cpu":
         # the last stage carries more layers (and the loss): more work, by design, on every GPU
         f[:, cfg.gpus - cfg.gpus // cfg.pipeline_stages:] *= 1.0 + cfg.stage_load
     return f
+
+
+@dataclass
+class Offsets:
+    """Persistent speed differences of healthy hardware, per GPU (multiplicative, ~1.0)."""
+
+    host: np.ndarray        # host side (launch latency, CPU work): node x GPU offset
+    compute: np.ndarray     # GPU work (GPU speed)
+
+
+def _spread(rng: np.random.Generator, sd: float, n: int, df: float) -> np.ndarray:
+    """n log-offsets with standard deviation ``sd``: Gaussian, or Student-t (``df`` > 2) scaled
+    to the same standard deviation (heavy tails: a few hosts far out)."""
+    if df > 0:
+        return sd * np.sqrt((df - 2.0) / df) * rng.standard_t(df, n)
+    return rng.normal(0.0, sd, n)
+
+
+def _offsets(cfg: SimConfig, rng: np.random.Generator) -> Offsets:
+    nodes_of_gpu = np.repeat(np.arange(cfg.n_nodes), cfg.gpus_per_node)
+    node = np.exp(_spread(rng, cfg.node_jitter, cfg.n_nodes, cfg.spread_df))[nodes_of_gpu]
+    gpu = np.exp(_spread(rng, cfg.gpu_jitter, cfg.gpus, cfg.spread_df))
+    compute = np.ones(cfg.gpus)
+    if cfg.compute_spread > 0:             # its own stream: the older draws do not move
+        compute = np.exp(_spread(np.random.default_rng([cfg.seed, 31]), cfg.compute_spread,
+                                 cfg.gpus, cfg.spread_df))
+    return Offsets(host=node * gpu, compute=compute)
+
+
+def persistent_offsets(cfg: SimConfig) -> Offsets:
+    """The persistent offsets :func:`generate` draws for ``cfg`` (the same draws)."""
+    return _offsets(cfg, np.random.default_rng(cfg.seed))
+
+
+def true_slowdown(cfg: SimConfig) -> np.ndarray:
+    """(gpus,) each GPU's true persistent slowdown: how much slower than the job's median GPU it
+    is on its slowest side (host, GPU work, CPU), in the windows where it is slowest, from its
+    persistent offset and any injected straggler. What differs by design (GPU kinds, pipeline
+    stages) is left out: those GPUs are compared with their own peers. 0.05 = 5% slower.
+
+    This is the ground truth a detection benchmark judges against: a healthy GPU may be
+    naturally slow, and an injected straggler on naturally fast hardware may end up below the
+    product's minimum effect."""
+    off = persistent_offsets(cfg)
+    worst = np.zeros(cfg.gpus)
+    for side, base in (("host", off.host), ("compute", off.compute), ("cpu", np.ones(cfg.gpus))):
+        f = base[None, :] * slowdown_matrix(cfg, side, design=False)
+        rel = f / np.median(f, axis=1, keepdims=True)
+        worst = np.maximum(worst, rel.max(axis=0) - 1.0)
+    return worst
 
 
 def kind_of_node(cfg: SimConfig, node_index: int) -> str:
@@ -379,7 +456,7 @@ def burst_matrices(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray] | None:
     node independently has a burst with probability ``cold_prob`` (own seeded stream, so adding a
     cold node does not change the other draws).
     """
-    if not (cfg.gc_period or cfg.cold_nodes or cfg.bursts):
+    if not (cfg.gc_period or cfg.cold_nodes or cfg.bursts or cfg.hiccup_prob > 0):
         return None
     frac = np.zeros((cfg.windows, cfg.gpus))
     scale = np.ones((cfg.windows, cfg.gpus))
@@ -397,7 +474,28 @@ def burst_matrices(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray] | None:
         rows = np.asarray([x for x in b.windows if 0 <= x < cfg.windows], dtype=int)
         frac[np.ix_(rows, _cols(cfg, b.node))] = b.frac
         scale[np.ix_(rows, _cols(cfg, b.node))] = b.scale
+    if cfg.hiccup_prob > 0:
+        _hiccups(cfg, frac, scale)
     return frac, scale
+
+
+def _hiccups(cfg: SimConfig, frac: np.ndarray, scale: np.ndarray) -> None:
+    """Clustered hiccups, in place: a rack of ``hiccup_nodes`` contiguous nodes (a shared switch,
+    a storage server) delays a share of its calls and steps together, for 1..``hiccup_windows``
+    windows. Own stream ``[seed, 37]``; every draw is made for every (window, rack)."""
+    racks = -(-cfg.n_nodes // cfg.hiccup_nodes)
+    rng = np.random.default_rng([cfg.seed, 37])
+    shape = (cfg.windows, racks)
+    start = rng.random(shape) < cfg.hiccup_prob
+    length = rng.integers(1, cfg.hiccup_windows + 1, shape)
+    share = rng.uniform(*cfg.hiccup_frac, shape)
+    factor = rng.uniform(*cfg.hiccup_scale, shape)
+    per_rack = cfg.hiccup_nodes * cfg.gpus_per_node
+    for w, r in zip(*np.nonzero(start)):
+        rows = slice(w, min(cfg.windows, w + int(length[w, r])))
+        cols = slice(r * per_rack, min(cfg.gpus, (r + 1) * per_rack))
+        frac[rows, cols] = np.maximum(frac[rows, cols], share[w, r])
+        scale[rows, cols] = np.maximum(scale[rows, cols], factor[w, r])
 
 
 def _mixture_bucket_probs(median_us: np.ndarray, m: ApiModel,
@@ -405,8 +503,8 @@ def _mixture_bucket_probs(median_us: np.ndarray, m: ApiModel,
                           mix: tuple[np.ndarray, float] | None = None) -> np.ndarray:
     """Bucket probabilities (rows x NUM_BUCKETS) of lognormal body + Pareto tail per row, plus,
     with ``burst`` = (frac, scale) per row, a second lognormal mode at scale x the median. With
-    ``mix`` = (share per row, scale), the body itself is two kernel kinds: ``1 - share`` of the
-    calls at the median, ``share`` at scale x the median."""
+    ``mix`` = (share per row, scale: one, or one per row), the body itself is two modes:
+    ``1 - share`` of the calls at the median, ``share`` at scale x the median."""
     edges_ns = buckets.UPPER_NS[:-1]                      # inner edges between buckets
     med_ns = (median_us * 1e3)[:, None]
     log_edges = np.log(edges_ns)[None, :]
@@ -414,8 +512,10 @@ def _mixture_bucket_probs(median_us: np.ndarray, m: ApiModel,
         body = ndtr((log_edges - np.log(med_ns)) / m.sigma)
         if mix is not None:
             share = np.asarray(mix[0], dtype=np.float64)[:, None]
+            other = np.asarray(mix[1], dtype=np.float64)
+            other = other[:, None] if other.ndim else other
             body = (1.0 - share) * body + share * ndtr(
-                (log_edges - np.log(med_ns * mix[1])) / m.sigma)
+                (log_edges - np.log(med_ns * other)) / m.sigma)
     xm = m.tail_scale * med_ns
     tail = np.where(edges_ns[None, :] >= xm, 1.0 - (xm / edges_ns[None, :]) ** m.tail_alpha, 0.0)
     cdf = (1.0 - m.tail_prob) * body + m.tail_prob * tail
@@ -439,9 +539,7 @@ def _simulate(cfg: SimConfig) -> tuple[dict[str, np.ndarray], np.ndarray, np.nda
     host-side factor (jitter x injected x kind speed) of the launch latencies; the step model
     shares both (see :func:`step_model`)."""
     rng = np.random.default_rng(cfg.seed)
-    nodes_of_gpu = np.repeat(np.arange(cfg.n_nodes), cfg.gpus_per_node)
-    node_off = np.exp(rng.normal(0.0, cfg.node_jitter, cfg.n_nodes))[nodes_of_gpu]
-    gpu_off = np.exp(rng.normal(0.0, cfg.gpu_jitter, cfg.gpus))
+    off = _offsets(cfg, rng)
     injected = slowdown_matrix(cfg, "host")
     injected_compute = slowdown_matrix(cfg, "compute")
     bursts = burst_matrices(cfg)
@@ -456,19 +554,26 @@ def _simulate(cfg: SimConfig) -> tuple[dict[str, np.ndarray], np.ndarray, np.nda
     host_all = np.empty((cfg.windows, cfg.gpus))
     for w in range(cfg.windows):
         win_off = np.exp(rng.normal(0.0, cfg.window_jitter, cfg.gpus))
-        slowdown = node_off * gpu_off * win_off * injected[w]        # (gpus,) host side
-        compute = injected_compute[w] * np.exp(rng.normal(0.0, cfg.compute_jitter, cfg.gpus))
+        slowdown = off.host * win_off * injected[w]                  # (gpus,) host side
+        compute = (injected_compute[w] * off.compute
+                   * np.exp(rng.normal(0.0, cfg.compute_jitter, cfg.gpus)))
         compute_all[w] = compute
         host_all[w] = slowdown
         for m in cfg.apis:
+            calls = 1.0
             if m.kind == "sync":
                 median = cfg.sync_base_us + cfg.compute_us * (compute.max() - compute)
+                api_mix = None
+                if cfg.idle_syncs > 0:     # calls that find the stream already idle
+                    calls = 1.0 + cfg.idle_syncs
+                    api_mix = (np.full(cfg.gpus, cfg.idle_syncs / calls),
+                               cfg.idle_sync_us / median)
             else:
                 median = m.median_us * slowdown
+                api_mix = mix if m.kind == "launch" else None
             probs = _mixture_bucket_probs(
-                median, m, None if bursts is None else (bursts[0][w], bursts[1][w]),
-                mix if m.kind == "launch" else None)
-            n = rng.poisson(m.calls_per_second * cfg.window_seconds * cfg.duty, cfg.gpus)
+                median, m, None if bursts is None else (bursts[0][w], bursts[1][w]), api_mix)
+            n = rng.poisson(m.calls_per_second * calls * cfg.window_seconds * cfg.duty, cfg.gpus)
             out[m.api][w] = rng.multinomial(n, probs).astype(np.uint64)
     return out, compute_all, host_all
 

@@ -16,7 +16,7 @@ REQUIRED = {"clean", "host-3", "host-5", "host-10", "host-20", "host-30", "singl
 def test_catalog_covers_the_issue_and_every_entry_is_documented():
     assert REQUIRED <= set(scenarios.CATALOG)
     for s in scenarios.CATALOG.values():
-        assert s.summary and s.group in ("clean", "straggler")
+        assert s.summary and s.group in ("clean", "below-gate", "straggler")
         cfg = s.config(gpus=64, windows=6, seed=1)
         assert (s.group == "clean") == (scenarios.truth(cfg) == {})
 
@@ -64,11 +64,11 @@ def test_launch_only_straggler_does_not_move_sync_waits():
 
 
 def test_gc_spikes_are_out_of_phase_and_cold_reads_hit_one_node():
-    cfg = scenarios.get("gc-spikes").config(gpus=64, windows=8, seed=0)
+    cfg = scenarios.get("gc-spikes").config(gpus=64, windows=8, seed=0, wide=False)
     frac, _ = burst_matrices(cfg)
     per_window = (frac[:, ::8] > 0).sum(axis=1)            # nodes in GC per window
     assert per_window.max() <= 2 and (frac > 0).any(axis=0).all()
-    cold = scenarios.get("cold-read").config(gpus=64, windows=30, seed=0)
+    cold = scenarios.get("cold-read").config(gpus=64, windows=30, seed=0, wide=False)
     frac, scale = burst_matrices(cold)
     hit_nodes = {i // 8 for i in np.flatnonzero((frac > 0).any(axis=0))}
     assert len(hit_nodes) == 1

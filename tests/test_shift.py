@@ -91,3 +91,29 @@ def test_a_launch_finding_says_its_share_of_a_step():
     node = next(n for n in bare.report().jobs[0].nodes if n.node == "node-0005")
     assert not any(f.HasField("step_share") for f in node.gpus[0].findings)
     assert "of a step" not in node.probable_cause
+
+
+def test_a_hiccup_is_cut_off_as_a_spike_while_a_true_slowdown_still_shifts():
+    """A rack's hiccup puts 20% of a GPU's calls 5x slower: every decile above the 20th moves,
+    but those calls lie above twice the peers' median and are cut off before the deciles are
+    read. A 6%-slow host is not cut: its whole body moved."""
+    hit = simulate.Burst("node-0001", (0, 1, 2, 3), frac=0.20, scale=5.0)
+    cfg = SimConfig(gpus=64, windows=4, seed=3, step_ms=0, bursts=(hit,),
+                    stragglers=(Straggler("node-0003", 1.06, where="host"),))
+    h = _hists(cfg)
+    r = shift_ratios(h, np.arange(64), pooled_deciles(h))
+    hiccup, slow = r[8:16], r[24:32]
+    assert np.all(hiccup < 1.03), hiccup
+    assert np.all(slow > 1.04), slow
+    p80 = h.quantiles_us([0.8])[:, 0]
+    assert np.median(p80[8:16]) > 1.5 * np.median(p80)      # the raw upper deciles did move
+
+
+def test_a_gpu_mostly_above_the_cut_is_slow_not_spiking():
+    """More than half of its calls above twice the peers' median: the GPU is that slow (2.5x),
+    and its shift is read from all of its calls against all of the peers'."""
+    cfg = SimConfig(gpus=64, windows=4, seed=3, step_ms=0,
+                    stragglers=(Straggler("node-0002", 2.5, gpus=(0,), where="host"),))
+    h = _hists(cfg)
+    r = shift_ratios(h, np.arange(64), pooled_deciles(h))
+    assert 2.3 < r[16] < 2.7 and np.all(np.abs(np.delete(r, 16) - 1.0) < 0.04)

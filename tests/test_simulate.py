@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 import json
 
 import numpy as np
@@ -225,3 +226,44 @@ def test_simulate_cli_mode_and_cadence(tmp_path, capsys):
     assert sorted({w.processes[0].overhead.sampled for w in ws}) == [False, True]
     assert main(["simulate", "--gpus", "16", "--cadence", "0", "--output", str(out)]) == 2
     assert "k must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_true_slowdown_combines_persistent_spread_and_injected_stragglers():
+    """Wide, heavy-tailed spreads make some healthy hardware truly slow; an injected straggler
+    reads as its factor times its hardware's own offset, over the job's median GPU."""
+    from hypertrace.sim.simulate import true_slowdown
+
+    base = SimConfig(gpus=512, windows=4, seed=7, node_jitter=0.015, compute_spread=0.015,
+                     spread_df=3.0)
+    t = true_slowdown(base)
+    assert t.min() >= 0.0 and np.median(t) < 0.02
+    assert (t >= 0.03).sum() > 0                      # heavy tails: a few truly slow GPUs
+    slow = replace(base, stragglers=(Straggler("node-0005", 1.10, where="compute"),))
+    ts = true_slowdown(slow)
+    assert np.all(np.abs(ts[40:48] - 0.10) < 0.06) and ts[40:48].min() > 0.05
+    tight = true_slowdown(SimConfig(gpus=512, windows=4, seed=7))
+    assert tight.max() < 0.03                         # the tight defaults: nobody is
+
+
+def test_clustered_hiccups_hit_whole_racks_of_contiguous_nodes():
+    from hypertrace.sim.simulate import burst_matrices
+
+    cfg = SimConfig(gpus=256, windows=12, seed=4, step_ms=0, hiccup_prob=0.1, hiccup_nodes=4)
+    frac, scale = burst_matrices(cfg)
+    hit = frac > 0
+    assert hit.any() and not hit.all()
+    racks = hit.reshape(12, 256 // 32, 32)            # 4 nodes x 8 GPUs per rack
+    assert np.all(racks.all(axis=2) == racks.any(axis=2))     # a rack is hit whole or not
+    assert np.all((scale[hit] >= 3.0) & (scale[hit] <= 8.0))
+    assert np.all((frac[hit] >= 0.05) & (frac[hit] <= 0.20))
+
+
+def test_idle_synchronizes_are_a_short_second_mode_of_the_sync_histogram():
+    from hypertrace.proto import buckets
+
+    cfg = SimConfig(gpus=16, windows=2, seed=1, step_ms=0, idle_syncs=1.5)
+    c = simulate_counts(cfg)["cudaStreamSynchronize"].astype(np.float64)
+    short = c[..., buckets.UPPER_NS <= 40_000].sum() / c.sum()     # calls under 40 us
+    assert short == pytest.approx(1.5 / 2.5, abs=0.03)
+    plain = simulate_counts(replace(cfg, idle_syncs=0.0))["cudaStreamSynchronize"]
+    assert plain[..., buckets.UPPER_NS <= 40_000].sum() == 0
