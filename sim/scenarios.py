@@ -275,9 +275,16 @@ def truth(cfg: SimConfig) -> dict[str, int]:
 
 def node_slowdown(cfg: SimConfig) -> dict[str, float]:
     """Every node's true persistent slowdown: the median of its GPUs'
-    (:func:`~hypertrace.sim.simulate.true_slowdown`), 0.05 = 5% slower than the job's median."""
-    per_gpu = true_slowdown(cfg).reshape(cfg.n_nodes, cfg.gpus_per_node)
-    return dict(zip(cfg.nodes, np.median(per_gpu, axis=1).tolist()))
+    (:func:`~hypertrace.sim.simulate.true_slowdown`), 0.05 = 5% slower than the job's median;
+    for a node whose injected straggler slows only some of its GPUs, the median of those."""
+    t = true_slowdown(cfg)
+    per_gpu = t.reshape(cfg.n_nodes, cfg.gpus_per_node)
+    out = dict(zip(cfg.nodes, np.median(per_gpu, axis=1).tolist()))
+    for s in cfg.stragglers:
+        if s.gpus is not None:
+            base = cfg.nodes.index(s.node) * cfg.gpus_per_node
+            out[s.node] = float(np.median(t[base + np.asarray(s.gpus, dtype=int)]))
+    return out
 
 
 def describe() -> str:
