@@ -69,7 +69,10 @@ class Hists:
         return self.totals
 
     def cumulative(self) -> np.ndarray:
-        """(K, G) cumulative counts along the buckets (K vector adds)."""
+        """(K, G) cumulative counts along the buckets (K vector adds; one cumsum for a few
+        columns, where the K Python-level adds would cost more than the sums)."""
+        if self.counts_t.shape[1] <= 64:
+            return np.cumsum(self.counts_t, axis=0)
         cum = np.empty_like(self.counts_t)
         if cum.shape[0]:
             cum[0] = self.counts_t[0]

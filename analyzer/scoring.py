@@ -129,25 +129,28 @@ MAX_HOST_ALLOWANCE = 0.01
 
 
 def host_allowance(values: np.ndarray, scored: np.ndarray, layout: "HostLayout",
-                   median: np.ndarray, cfg: ScoringConfig) -> np.ndarray:
+                   median: np.ndarray, cfg: ScoringConfig,
+                   host_meds: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """(S,) how far below ``min_effect`` a host median may measure and still count: 
     ``host_effect_sigmas`` standard errors of a host median, capped at
     :data:`MAX_HOST_ALLOWANCE`. The standard error is read off the GPUs *within* hosts: the
     typical (median over hosts) robust spread of a host's GPUs around their host median,
     relative to the job median, times 1.2533 / sqrt(GPUs per host) (the standard error of a
     median). It includes the GPUs' own persistent spread, so it errs on the generous side; the
-    cap bounds that."""
+    cap bounds that. ``host_meds``: :func:`host_medians` of the same values, when known."""
     v = np.asarray(values, dtype=np.float64)
     ok = scored & _finite_rows(v)
-    med_h, n = host_medians(v, ok, layout)
+    med_h, n = host_medians(v, ok, layout) if host_meds is None else host_meds
     use = n >= cfg.host_min_gpus
     out = np.zeros(v.shape[1])
     if not use.any() or cfg.host_effect_sigmas <= 0:
         return out
+    mine = ok & use[layout.host]
     dev = np.abs(v - med_h[layout.host])                     # (G, S) around the own host
-    dev[~(ok & use[layout.host])] = np.nan
-    spread, _ = host_medians(dev, ok & use[layout.host], layout)  # per-host MAD
-    mad = np.nanmedian(spread[use], axis=0)
+    spread, _ = host_medians(dev, mine, layout)              # per-host MAD
+    spread = spread[use]
+    mad = np.array([np.median(c[np.isfinite(c)]) if np.isfinite(c).any() else 0.0
+                    for c in spread.T])
     with np.errstate(invalid="ignore", divide="ignore"):
         rel = np.where(np.abs(median) > 0, mad / (0.6745 * np.abs(median)), 0.0)
     se = 1.2533 * np.nan_to_num(rel) / np.sqrt(float(np.median(n[use])))
@@ -281,5 +284,5 @@ def score_hosts(values_us: np.ndarray, scored: np.ndarray, layout: HostLayout,
     usable = count > 0
     job_median = (np.median(med[usable], axis=0) if usable.any()
                   else np.full(len(stats), np.nan))
-    allowance = host_allowance(values_us, scored, layout, job_median, cfg)
+    allowance = host_allowance(values_us, scored, layout, job_median, cfg, (med, n))
     return (score_values(med, count, cfg, stats, None, allowance, spiking), layout.host)

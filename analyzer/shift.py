@@ -70,10 +70,12 @@ def pooled_deciles(hists: Hists, peers: np.ndarray | None = None) -> PeerDeciles
     copying the matrix), read below ``SPIKE_CUT`` x its median."""
     counts = hists.counts_t if peers is None else hists.counts_t[:, peers]
     pooled = Hists(counts.sum(axis=1, keepdims=True), hists.first)
-    median_ns = float(pooled.quantiles_us([0.5])[0, 0]) * 1e3
+    q = pooled.quantiles_us([0.5, *DECILES])[0]
+    median_ns, whole = float(q[0]) * 1e3, q[1:]
     cut = int(np.searchsorted(buckets.LOWER_NS, SPIKE_CUT * median_ns, side="left")) \
         if np.isfinite(median_ns) else buckets.NUM_BUCKETS
-    whole = pooled.quantiles_us(list(DECILES))[0]
+    if cut - hists.first >= hists.counts_t.shape[0]:
+        return PeerDeciles(whole, whole, cut)               # nothing lies above the cut
     below, _ = _below(pooled, cut)
     return PeerDeciles(below.quantiles_us(list(DECILES))[0], whole, cut)
 
