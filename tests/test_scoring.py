@@ -302,3 +302,13 @@ def test_absolute_gate_replaces_the_relative_effect_for_shares_near_zero():
         assert relative.high[-1, 0]
         assert bool(absolute.high[-1, 0]) is flagged
         assert not absolute.high[:-1].any()
+
+
+def test_a_quarter_of_the_gpus_slow_does_not_hide_behind_the_fence():
+    """Two slow nodes of eight: 25% of the values form a cluster 9-20% up. Q3 sits inside it,
+    so Q3 + 1.5 IQR would cover the whole cluster; the quartiles are re-read without the values
+    beyond the z cut, and both clusters are flagged."""
+    rng = np.random.default_rng(2)
+    vals = list(10.0 * (1 + rng.normal(0, 0.01, 48))) + [10.9] * 8 + [12.0] * 8
+    sc = _score(vals)
+    assert sc.high[48:, 0].all() and not sc.high[:48, 0].any()
