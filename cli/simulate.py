@@ -47,6 +47,12 @@ def register(subparsers) -> None:
                         "as an agent does with HYPERTRACE_PIPELINE_STAGES (default 1: none)")
     p.add_argument("--stage-load", type=float, default=None, metavar="F",
                    help="the last stage's extra work with --pipeline-stages (default 0.13)")
+    p.add_argument("--noise", choices=("tight", "wide"), default=None,
+                   help="wide: persistent host and GPU spreads of 0.5-1.5%% (Gaussian or "
+                        "Student-t), idle synchronize calls and rack hiccups, drawn from the seed "
+                        "(some healthy hardware is then truly slow); tight: the simulator's "
+                        "defaults (default: wide with --scenario, as in bench-detect; tight "
+                        "without)")
     p.add_argument("--list-scenarios", action="store_true",
                    help="print the scenario catalog and exit")
     out = p.add_mutually_exclusive_group()
@@ -76,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         if args.scenario:
             cfg = scenarios.get(args.scenario).config(args.gpus, args.gpus_per_node,
                                                       args.windows, args.seed,
-                                                      args.window_seconds)
+                                                      args.window_seconds,
+                                                      wide=args.noise != "tight")
             cfg = dataclasses.replace(cfg, stragglers=cfg.stragglers + extra,
                                       job_id=args.job or cfg.job_id)
         else:
@@ -84,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
                             windows=args.windows, seed=args.seed,
                             window_seconds=args.window_seconds, job_id=args.job or "sim-job",
                             stragglers=extra)
+            if args.noise == "wide":
+                cfg = scenarios.wide_noise(cfg)
         over = {k: v for k, v in (("mode", args.mode), ("cadence", args.cadence),
                                   ("pipeline_stages", args.pipeline_stages),
                                   ("stage_load", args.stage_load)) if v is not None}

@@ -267,3 +267,25 @@ def test_idle_synchronizes_are_a_short_second_mode_of_the_sync_histogram():
     assert short == pytest.approx(1.5 / 2.5, abs=0.03)
     plain = simulate_counts(replace(cfg, idle_syncs=0.0))["cudaStreamSynchronize"]
     assert plain[..., buckets.UPPER_NS <= 40_000].sum() == 0
+
+
+def test_simulate_cli_noise_flag_chooses_wide_or_tight(tmp_path):
+    """--noise wide draws the spreads from the seed (the same windows as the scenario's
+    default); tight gives the simulator's defaults; without --scenario the default is tight."""
+    from hypertrace.cli.main import main
+    from hypertrace.sim import scenarios
+
+    paths = {n: tmp_path / f"{n}.jsonl" for n in ("wide", "tight", "scenario", "plain")}
+    base = ["--gpus", "16", "--windows", "2", "--seed", "5"]
+    assert main(["simulate", "--scenario", "clean", "--noise", "tight", *base,
+                 "--output", str(paths["tight"])]) == 0
+    assert main(["simulate", "--scenario", "clean", *base, "--output",
+                 str(paths["scenario"])]) == 0
+    assert main(["simulate", "--noise", "wide", *base, "--job", "sim-clean", "--output",
+                 str(paths["wide"])]) == 0
+    assert main(["simulate", *base, "--job", "sim-clean", "--output", str(paths["plain"])]) == 0
+    text = {n: p.read_text() for n, p in paths.items()}
+    assert text["scenario"] == text["wide"] and text["tight"] == text["plain"]
+    assert text["wide"] != text["tight"]
+    wide = scenarios.get("clean").config(16, 8, 2, 5)
+    assert wide.node_jitter != SimConfig().node_jitter
