@@ -72,6 +72,7 @@ def job_report(job: JobState, cfg: ScoringConfig) -> pb.JobReport:
     jr.cluster.CopyFrom(_prediction(job, rates, node_reports, cfg))
     return jr
 
+
 def _prediction(job: JobState, rates: np.ndarray, node_reports: list[pb.NodeReport],
                 cfg: ScoringConfig) -> pb.ClusterPrediction:
     evicted = [n.node for n in node_reports if n.verdict == "straggler"]
@@ -89,8 +90,9 @@ def _prediction(job: JobState, rates: np.ndarray, node_reports: list[pb.NodeRepo
     counts = (job.busy_counts if use_busy else job.step_counts if use_steps
               else job.basis_counts)
     basis = ("step.busy" if use_busy else "step_time" if use_steps else job.basis_api or "")
-    pred = pb.ClusterPrediction(
-        spike_probability=theory.job_spike_probability(rates), evicted_nodes=evicted)
+    spike, spike_basis = _spike_probability(job, rates, cfg)
+    pred = pb.ClusterPrediction(spike_probability=spike, spike_basis=spike_basis,
+                                evicted_nodes=evicted)
     if basis and counts.shape[1] and counts.sum() > 0:
         evict_set = set(evicted)
         evict = np.fromiter((job.keys[r][0] in evict_set for r in order), dtype=bool,
@@ -112,9 +114,40 @@ def _prediction(job: JobState, rates: np.ndarray, node_reports: list[pb.NodeRepo
                       + ("share of steps" if step_spikes else "share of epochs whose p99 is")
                       + f" > {1 + cfg.spike_threshold:g} x the job median"
                       + note)
+    elif note:
+        pred.basis = note[2:]
     return pred
 
 
+
+
+def _spike_probability(job: JobState, rates: np.ndarray,
+                       cfg: ScoringConfig) -> tuple[float, str]:
+    """P(spike) of the job and how it was obtained.
+
+    Why two definitions: in a collective job every rank's step ends when the last rank arrives,
+    so each rank's step-time histogram already holds every rank's spikes, and the share of steps
+    above the threshold *is* the job's chance of a spiked step: measured, pooled over all ranks'
+    steps, with nothing to assume. Multiplying ``1 - prod(1 - p_i)`` over those ranks would count
+    one spike once per rank (at 4,096 ranks any spike rate reads as certainty, and the figure
+    swings from 0 to 1 with the seed). Without a shared step (independent ranks, or no step data)
+    only the model is left: ``1 - prod(1 - p_i)``, ranks assumed independent; it says so.
+    (Independent ranks in lockstep read as collective from their equal step times; the measured
+    share is then each rank's own chance of a spiked step, which is what matters to ranks that
+    wait for nobody.)
+    """
+    limit = f"> {1 + cfg.spike_threshold:g} x the job median"
+    has = job.step_total > 0
+    seen = int(has.sum())
+    if job.mode == "collective" and seen:
+        above, total = float(job.step_above.sum()), float(job.step_total.sum())
+        return above / total, (f"measured: {above:,.0f} of {total:,.0f} steps (pooled over "
+                               f"{seen} ranks) {limit}; a collective step is the job's step")
+    finite = rates[np.isfinite(rates)]
+    per = "step" if seen else "window's p99"
+    return theory.job_spike_probability(rates), (
+        f"model: 1 - prod(1 - p_i) over {finite.size} GPUs, p_i = the GPU's share of "
+        f"{per}s {limit}; GPUs assumed independent")
 
 
 def _intermittent(job: JobState, row: int, cfg: ScoringConfig) -> str:

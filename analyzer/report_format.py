@@ -7,7 +7,7 @@ even when it has its default value, so consumers never have to guess whether a m
 "spike_rate", "findings": [{"api", "stat", "value_us", "job_median_us", "ratio", "robust_z",
 "direction", "meaning", "basis", "unit", "step_share"?}], "probable_cause", "gpu_kind"}]}],
 "cluster":
-{"spike_probability", "basis", "step_time_now_us", "step_time_after_eviction_us",
+{"spike_probability", "spike_basis", "basis", "step_time_now_us", "step_time_after_eviction_us",
 "predicted_gain", "evicted_nodes"}, "windows_sampled", "mode", "imbalance": [{"group", "gpus",
 "signal", "unit", "value", "reference", "ratio"}]}]}``. Nodes and GPUs come worst
 first. A finding's ``basis`` is "gpu" (the GPU's own value) or "host" (the median GPU of its host
@@ -75,7 +75,9 @@ def _cluster_line(c: pb.ClusterPrediction) -> str:
     an eviction that nobody proposed.
     """
     per = "step" if c.basis.startswith(("step_time", "step.busy")) else "window"
-    text = (f"  cluster: P(spike in a {per}) {c.spike_probability:.1%}; expected "
+    how = c.spike_basis.split(":", 1)[0]
+    text = (f"  cluster: P(spike in a {per}) {c.spike_probability:.1%}"
+            + (f" ({how})" if how else "") + "; expected "
             f"{'step' if per == 'step' else 'slowest call'} {duration_text(c.step_time_now_us, 2)} "
             "now")
     if c.evicted_nodes:

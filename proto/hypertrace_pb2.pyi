@@ -254,20 +254,22 @@ class NodeReport(_message.Message):
     def __init__(self, node: _Optional[str] = ..., verdict: _Optional[str] = ..., scope: _Optional[str] = ..., probable_cause: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuReport, _Mapping]]] = ...) -> None: ...
 
 class ClusterPrediction(_message.Message):
-    __slots__ = ("spike_probability", "basis", "step_time_now_us", "step_time_after_eviction_us", "predicted_gain", "evicted_nodes")
+    __slots__ = ("spike_probability", "basis", "step_time_now_us", "step_time_after_eviction_us", "predicted_gain", "evicted_nodes", "spike_basis")
     SPIKE_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
     BASIS_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_NOW_US_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_AFTER_EVICTION_US_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_GAIN_FIELD_NUMBER: _ClassVar[int]
     EVICTED_NODES_FIELD_NUMBER: _ClassVar[int]
+    SPIKE_BASIS_FIELD_NUMBER: _ClassVar[int]
     spike_probability: float
     basis: str
     step_time_now_us: float
     step_time_after_eviction_us: float
     predicted_gain: float
     evicted_nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, spike_probability: _Optional[float] = ..., basis: _Optional[str] = ..., step_time_now_us: _Optional[float] = ..., step_time_after_eviction_us: _Optional[float] = ..., predicted_gain: _Optional[float] = ..., evicted_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    spike_basis: str
+    def __init__(self, spike_probability: _Optional[float] = ..., basis: _Optional[str] = ..., step_time_now_us: _Optional[float] = ..., step_time_after_eviction_us: _Optional[float] = ..., predicted_gain: _Optional[float] = ..., evicted_nodes: _Optional[_Iterable[str]] = ..., spike_basis: _Optional[str] = ...) -> None: ...
 
 class JobReport(_message.Message):
     __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster", "windows_sampled", "mode", "imbalance")

@@ -80,10 +80,12 @@ The model (all latencies per GPU, per window, per API):
   (the step does not change), a compute slowdown raises the GPU wait and, collectively, every
   other rank's peer wait, and a CPU hog of +40% busy time makes the rank arrive last. The
   step histograms (``step_time`` around the step, ``steps.busy_time`` around busy, lognormal
-  with ``step_sigma`` 1.5% / ``busy_sigma`` 3% per step) carry each rank's *own* second modes
-  (:func:`burst_matrices`: GC windows, cold reads, ``Burst``) and, with ``step_tail_prob``,
-  Pareto spikes; a spike's delay to the peers of a collective is not modelled, so the spike
-  rate stays "this rank's share of long steps". Steps per window: ``round(window / step)``, the
+  with ``step_sigma`` 1.5% / ``busy_sigma`` 3% per step) carry second modes (GC windows, cold
+  reads, ``Burst``, hiccups) and, with ``step_tail_prob``, Pareto spikes. Busy time carries each
+  rank's *own* (:func:`burst_matrices`). The step of a collective job carries the *job's*
+  (:func:`job_step_bursts`): a rank delayed in a step delays every rank's step, so every rank's
+  step histogram holds the spikes of all; ``step_tail_prob`` is then the job's step tail.
+  Independent ranks' steps carry their own. Steps per window: ``round(window / step)``, the
   same on every rank of a collective job. ``gpu_wait_us`` / ``peer_wait_us`` are the model's
   per-step means x steps with a per-window noise (``wait_jitter`` 2%), ``step_sum_us`` the
   step histogram's sum. ``step_ms = 0`` emits no steps. Draws: streams ``[seed, 11]`` (steps),
@@ -448,41 +450,88 @@ def kind_of_node(cfg: SimConfig, node_index: int) -> str:
     return cfg.kinds[node_index % len(cfg.kinds)][0] if cfg.kinds else cfg.gpu_kind
 
 
-def burst_matrices(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray] | None:
-    """(frac, scale) per (window, gpu) of second-mode calls, or None when there are none.
+@dataclass(frozen=True)
+class BurstEvent:
+    """One source of second-mode calls: ``frac`` of the calls of GPUs ``cols`` in windows
+    ``rows`` at ``scale`` x the median. ``widest``: it takes the larger share and scale where it
+    overlaps an earlier event (a rack hiccup), instead of replacing it."""
+
+    rows: np.ndarray
+    cols: np.ndarray
+    frac: float
+    scale: float
+    widest: bool = False
+
+
+def burst_events(cfg: SimConfig) -> list[BurstEvent]:
+    """Every second-mode event of the run, in painting order: GC windows, cold reads, ``Burst``,
+    clustered hiccups.
 
     GC: node i has its GC window when ``(w + phase_i) % gc_period == 0``, phases spread evenly
     over the nodes (out of phase, as unsynchronized GCs are). Cold reads: each window of a cold
     node independently has a burst with probability ``cold_prob`` (own seeded stream, so adding a
-    cold node does not change the other draws).
+    cold node does not change the other draws). One event per node (or per rack) and window
+    range, because the GPUs of one host (or rack) are delayed together: that is what a
+    collective step sees (:func:`job_step_bursts`).
     """
-    if not (cfg.gc_period or cfg.cold_nodes or cfg.bursts or cfg.hiccup_prob > 0):
+    events: list[BurstEvent] = []
+    if cfg.gc_period > 0:
+        for i in range(cfg.n_nodes):
+            rows = np.nonzero((np.arange(cfg.windows) + i % cfg.gc_period) % cfg.gc_period == 0)[0]
+            cols = np.arange(i * cfg.gpus_per_node, min(cfg.gpus, (i + 1) * cfg.gpus_per_node))
+            events.append(BurstEvent(rows, cols, cfg.gc_frac, cfg.gc_scale))
+    rng = np.random.default_rng([cfg.seed, 7])
+    for node in cfg.cold_nodes:
+        hit = np.nonzero(rng.random(cfg.windows) < cfg.cold_prob)[0]
+        events.append(BurstEvent(hit, _cols(cfg, node), cfg.cold_frac, cfg.cold_scale))
+    for b in cfg.bursts:
+        rows = np.asarray([x for x in b.windows if 0 <= x < cfg.windows], dtype=int)
+        events.append(BurstEvent(rows, _cols(cfg, b.node), b.frac, b.scale))
+    if cfg.hiccup_prob > 0:
+        events.extend(_hiccups(cfg))
+    return events
+
+
+def burst_matrices(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray] | None:
+    """(frac, scale) per (window, gpu) of each rank's own second-mode calls
+    (:func:`burst_events` painted in order), or None when there are none."""
+    events = burst_events(cfg)
+    if not events:
         return None
     frac = np.zeros((cfg.windows, cfg.gpus))
     scale = np.ones((cfg.windows, cfg.gpus))
-    w = np.arange(cfg.windows)[:, None]
-    if cfg.gc_period > 0:
-        phase = np.repeat(np.arange(cfg.n_nodes) % cfg.gc_period, cfg.gpus_per_node)[None, :]
-        gc = (w + phase) % cfg.gc_period == 0
-        frac[gc], scale[gc] = cfg.gc_frac, cfg.gc_scale
-    rng = np.random.default_rng([cfg.seed, 7])
-    for node in cfg.cold_nodes:
-        hit = rng.random(cfg.windows) < cfg.cold_prob
-        frac[np.ix_(hit, _cols(cfg, node))] = cfg.cold_frac
-        scale[np.ix_(hit, _cols(cfg, node))] = cfg.cold_scale
-    for b in cfg.bursts:
-        rows = np.asarray([x for x in b.windows if 0 <= x < cfg.windows], dtype=int)
-        frac[np.ix_(rows, _cols(cfg, b.node))] = b.frac
-        scale[np.ix_(rows, _cols(cfg, b.node))] = b.scale
-    if cfg.hiccup_prob > 0:
-        _hiccups(cfg, frac, scale)
+    for e in events:
+        at = np.ix_(e.rows, e.cols)
+        frac[at] = np.maximum(frac[at], e.frac) if e.widest else e.frac
+        scale[at] = np.maximum(scale[at], e.scale) if e.widest else e.scale
     return frac, scale
 
 
-def _hiccups(cfg: SimConfig, frac: np.ndarray, scale: np.ndarray) -> None:
-    """Clustered hiccups, in place: a rack of ``hiccup_nodes`` contiguous nodes (a shared switch,
-    a storage server) delays a share of its calls and steps together, for 1..``hiccup_windows``
-    windows. Own stream ``[seed, 37]``; every draw is made for every (window, rack)."""
+def job_step_bursts(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray] | None:
+    """(frac, scale) per (window, gpu) of a *collective* job's step: a step ends when its last
+    rank arrives, so an event delaying any rank delays every rank's step. Per window the job's
+    share of delayed steps is ``1 - prod(1 - frac_e)`` over the events of that window
+    (independent events), at their share-weighted mean scale; every rank gets the same."""
+    events = burst_events(cfg)
+    if not events:
+        return None
+    keep = np.ones(cfg.windows)
+    weighted = np.zeros(cfg.windows)
+    total = np.zeros(cfg.windows)
+    for e in events:
+        keep[e.rows] *= 1.0 - e.frac
+        weighted[e.rows] += e.frac * e.scale
+        total[e.rows] += e.frac
+    frac = 1.0 - keep
+    scale = np.where(total > 0, weighted / np.maximum(total, 1e-300), 1.0)
+    return (np.repeat(frac[:, None], cfg.gpus, axis=1),
+            np.repeat(scale[:, None], cfg.gpus, axis=1))
+
+
+def _hiccups(cfg: SimConfig) -> list[BurstEvent]:
+    """Clustered hiccups: a rack of ``hiccup_nodes`` contiguous nodes (a shared switch, a storage
+    server) delays a share of its calls and steps together, for 1..``hiccup_windows`` windows.
+    Own stream ``[seed, 37]``; every draw is made for every (window, rack)."""
     racks = -(-cfg.n_nodes // cfg.hiccup_nodes)
     rng = np.random.default_rng([cfg.seed, 37])
     shape = (cfg.windows, racks)
@@ -491,11 +540,10 @@ def _hiccups(cfg: SimConfig, frac: np.ndarray, scale: np.ndarray) -> None:
     share = rng.uniform(*cfg.hiccup_frac, shape)
     factor = rng.uniform(*cfg.hiccup_scale, shape)
     per_rack = cfg.hiccup_nodes * cfg.gpus_per_node
-    for w, r in zip(*np.nonzero(start)):
-        rows = slice(w, min(cfg.windows, w + int(length[w, r])))
-        cols = slice(r * per_rack, min(cfg.gpus, (r + 1) * per_rack))
-        frac[rows, cols] = np.maximum(frac[rows, cols], share[w, r])
-        scale[rows, cols] = np.maximum(scale[rows, cols], factor[w, r])
+    return [BurstEvent(np.arange(w, min(cfg.windows, w + int(length[w, r]))),
+                       np.arange(r * per_rack, min(cfg.gpus, (r + 1) * per_rack)),
+                       float(share[w, r]), float(factor[w, r]), widest=True)
+            for w, r in zip(*np.nonzero(start))]
 
 
 def _mixture_bucket_probs(median_us: np.ndarray, m: ApiModel,
@@ -617,15 +665,15 @@ def step_model(cfg: SimConfig, compute: np.ndarray | None = None,
 
 
 def _step_histograms(cfg: SimConfig, median_ms: np.ndarray, sigma: float, steps: np.ndarray,
-                     stream: int, tail: bool) -> np.ndarray:
+                     stream: int, tail: bool,
+                     bursts: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
     """(windows, gpus, NUM_BUCKETS) per-step histograms around ``median_ms``: lognormal body,
-    each rank's own second modes (:func:`burst_matrices`) and, with ``tail``, the Pareto step
-    spikes; drawn from the seeded stream ``[seed, stream]``, one vectorized draw per window."""
+    the second modes ``bursts`` (frac, scale) and, with ``tail``, the Pareto step spikes; drawn
+    from the seeded stream ``[seed, stream]``, one vectorized draw per window."""
     rng = np.random.default_rng([cfg.seed, stream])
     model = ApiModel("step", "step", median_us=1.0, sigma=sigma, calls_per_second=0.0,
                      tail_prob=cfg.step_tail_prob if tail else 0.0,
                      tail_alpha=cfg.step_tail_alpha, tail_scale=cfg.step_tail_scale)
-    bursts = burst_matrices(cfg)
     out = np.zeros((cfg.windows, cfg.gpus, buckets.NUM_BUCKETS), np.uint64)
     for w in range(cfg.windows):
         probs = _mixture_bucket_probs(
@@ -642,7 +690,9 @@ def simulate_step_counts(cfg: SimConfig, model: StepModel | None = None) -> np.n
     model = model or step_model(cfg)
     if model is None:
         return None
-    return _step_histograms(cfg, model.step, cfg.step_sigma, model.steps, 11, tail=True)
+    bursts = job_step_bursts(cfg) if cfg.mode == "collective" else burst_matrices(cfg)
+    return _step_histograms(cfg, model.step, cfg.step_sigma, model.steps, 11, tail=True,
+                            bursts=bursts)
 
 
 def simulate_busy_counts(cfg: SimConfig, model: StepModel | None = None) -> np.ndarray | None:
@@ -650,7 +700,8 @@ def simulate_busy_counts(cfg: SimConfig, model: StepModel | None = None) -> np.n
     model = model or step_model(cfg)
     if model is None:
         return None
-    return _step_histograms(cfg, model.busy, cfg.busy_sigma, model.steps, 17, tail=True)
+    return _step_histograms(cfg, model.busy, cfg.busy_sigma, model.steps, 17, tail=True,
+                            bursts=burst_matrices(cfg))
 
 
 #: Run-queue waits (µs): a healthy rank's wakeup-to-run delays, a burst's (a co-located daemon,

@@ -289,3 +289,26 @@ def test_simulate_cli_noise_flag_chooses_wide_or_tight(tmp_path):
     assert text["wide"] != text["tight"]
     wide = scenarios.get("clean").config(16, 8, 2, 5)
     assert wide.node_jitter != SimConfig().node_jitter
+
+
+def test_a_collective_step_carries_every_ranks_delays_and_busy_time_only_its_own():
+    """A rank delayed in a step delays the step of all (the collective waits for it); its busy
+    time stays its own. Independent ranks' steps carry only their own delays."""
+    from hypertrace.sim.simulate import (burst_matrices, job_step_bursts, simulate_busy_counts,
+                                         simulate_step_counts)
+    cfg = SimConfig(gpus=64, windows=8, seed=3, hiccup_prob=0.05, hiccup_nodes=2,
+                    hiccup_windows=1)                  # one event per rack and window
+    own, _ = burst_matrices(cfg)
+    job, _ = job_step_bursts(cfg)
+    assert np.all(job == job[:, :1])                       # the same on every rank
+    hit = own.max(axis=1) > 0
+    assert hit.any() and np.all(job[hit, 0] >= own[hit].max(axis=1) - 1e-12)
+    racks = own[:, ::16]                                    # one column per rack of 2 nodes
+    assert np.allclose(job[:, 0], 1 - np.prod(1 - racks, axis=1))   # independent racks combine
+    steps = simulate_step_counts(cfg)
+    assert np.all(steps.sum(axis=2) == steps.sum(axis=2)[:, :1])
+    busy = simulate_busy_counts(cfg)
+    spike_edge = np.searchsorted(buckets.LOWER_NS, 2.0 * 70e6)            # > 2x the 70 ms busy
+    quiet = own[:, :].max(axis=0) == 0                      # ranks never hit themselves
+    assert quiet.any() and busy[:, quiet, spike_edge:].sum() == 0
+    assert steps[:, quiet, np.searchsorted(buckets.LOWER_NS, 2.0 * 100e6):].sum() > 0
