@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hypertrace.analyzer import signals
+from hypertrace.analyzer import auto_groups, signals
 from hypertrace.analyzer.config import KNOWN_STATS, ScoringConfig
 from hypertrace.analyzer.cross_section import CrossSection, GpuKey, Hists
 from hypertrace.analyzer.imbalance import group_deviations
@@ -92,6 +92,15 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     job.grow()
     rows = cs.rows
     g, s = cs.size, len(cfg.stats)
+    launch_calls = np.zeros(g)
+    for api, hists in cs.apis.items():
+        if cfg.api_kind(api) == "launch":
+            launch_calls += hists.total()
+    if cs.signals is not None and cs.step_time is not None and not any(job.group_names):
+        job.auto_groups.update(
+            rows, auto_groups.calls_per_step(launch_calls, cs.signals.attached_s,
+                                             cs.step_time.quantiles_us([0.5])[:, 0]),
+            cfg.min_gpus, cfg.persist_k, len(job.keys))
     groups, labels = job.peer_groups(rows, cfg.min_gpus)
     sufficient = np.zeros(g, dtype=bool)
     flagged = np.zeros(g, dtype=bool)
@@ -99,10 +108,6 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     verdict_cols = np.asarray(cfg.verdict_mask(), dtype=bool)
     quantiles: dict[str, np.ndarray] = {}
     layouts = job.host_layouts(rows, groups)
-    launch_calls = np.zeros(g)
-    for api, hists in cs.apis.items():
-        if cfg.api_kind(api) == "launch":
-            launch_calls += hists.total()
     # the signals first: a launch tail convicts only where the steps corroborate it
     sig = signals.score_signals(cs, cfg, groups, launch_calls)
     gpu_ok, host_ok = signals.launch_corroboration(sig, cfg, groups, layouts)

@@ -11,9 +11,11 @@ the stages does. So:
   fewer than ``min_gpus`` GPUs in an epoch cannot be scored on its own and joins the rest of its
   kind (better an imperfect comparison than none).
 * **Imbalance.** Each group's median of a signal (the own time per step, and the p50 of each
-  launch API) against the median of the groups' medians: a group at least ``min_effect`` above
-  it, in ``persist_k`` consecutive scored epochs, is reported as imbalance with its numbers. It
-  never becomes a straggler verdict and never an eviction candidate.
+  launch API) against the median of the groups' medians, weighted by their GPUs: a group at
+  least ``min_effect`` above it, in ``persist_k`` consecutive scored epochs, is reported as
+  imbalance with its numbers. It never becomes a straggler verdict and never an eviction
+  candidate. Groups come from the windows' labels or, without any, from launches per step
+  (analyzer/auto_groups.py).
 """
 from __future__ import annotations
 
@@ -51,8 +53,8 @@ def peer_classes(kinds: np.ndarray, groups: np.ndarray, group_names: list[str],
 def group_deviations(values: np.ndarray, classes: list[np.ndarray], labels: list[str],
                      signal: str, unit: str, min_gpus: int, min_effect: float
                      ) -> list[pb.GroupImbalance]:
-    """Groups whose median of ``values`` (G,) is at least ``min_effect`` above the median of the
-    groups' medians. ``labels[i]`` names class ``i`` ("" classes are the ungrouped rest and are
+    """Groups whose median of ``values`` (G,) is at least ``min_effect`` above the reference:
+    the groups' medians' median, weighted by their GPUs (the median GPU's group). ``labels[i]`` names class ``i`` ("" classes are the ungrouped rest and are
     compared, never reported)."""
     meds, sizes = [], []
     for sel in classes:
@@ -64,7 +66,12 @@ def group_deviations(values: np.ndarray, classes: list[np.ndarray], labels: list
     ok = np.isfinite(m)
     if ok.sum() < 2:
         return []
-    ref = float(np.median(m[ok]))
+    # the median GPU's group median: with two groups (a stage found without labels and the
+    # rest) the plain median of the two medians would sit halfway and halve the deviation
+    vals, weights = m[ok], np.asarray(sizes, dtype=np.float64)[ok]
+    order = np.argsort(vals, kind="stable")
+    cum = np.cumsum(weights[order])
+    ref = float(vals[order][np.searchsorted(cum, cum[-1] / 2.0)])
     if not ref > 0:
         return []
     out = []

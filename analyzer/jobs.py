@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hypertrace.analyzer import causes
+from hypertrace.analyzer.auto_groups import AutoGroups
 from hypertrace.analyzer.cross_section import EpochAccumulator, GpuKey, OrderKey, gpu_label
 from hypertrace.analyzer.imbalance import ImbalanceTracker, peer_classes
 from hypertrace.analyzer.persistence import VERDICT_NAMES, PersistenceState
@@ -46,6 +47,8 @@ class JobState:
     group_index: dict[str, int] = field(default_factory=dict)
     group_names: list[str] = field(default_factory=list)
     imbalance: ImbalanceTracker = field(default_factory=ImbalanceTracker.empty)
+    #: groups found from launches per step when no window names one (analyzer/auto_groups.py)
+    auto_groups: AutoGroups = field(default_factory=AutoGroups)
     host_codes: list[int] = field(default_factory=list)
     host_names: dict[str, int] = field(default_factory=dict)
     nvml: list[pb.NvmlContext | None] = field(default_factory=list)
@@ -192,8 +195,13 @@ class JobState:
     def peer_groups(self, rows: np.ndarray, min_gpus: int) -> tuple[list[np.ndarray], list[str]]:
         """Local indices of ``rows`` per peer class (GPU kind x workload group, small groups
         folded into their kind), and each class's group label (analyzer/imbalance.py)."""
-        if len(self.kind_names) <= 1 and len(self.group_names) <= 1:
-            return [np.arange(rows.size)], [self.group_names[0] if self.group_names else ""]
+        codes, names = self.group_codes, self.group_names
+        if self.auto_groups.active and not any(self.group_names):
+            codes = np.zeros(len(self.keys), dtype=np.int64)          # 0: "" (no group)
+            found = self.auto_groups.codes[: codes.size]
+            codes[: found.size] = found + 1
+            names = [""] + self.auto_groups.names
+        if len(self.kind_names) <= 1 and len(names) <= 1:
+            return [np.arange(rows.size)], [names[0] if names else ""]
         return peer_classes(np.asarray(self.kind_codes, dtype=np.int64)[rows],
-                            np.asarray(self.group_codes, dtype=np.int64)[rows],
-                            self.group_names, min_gpus)
+                            np.asarray(codes, dtype=np.int64)[rows], names, min_gpus)

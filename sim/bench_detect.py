@@ -114,6 +114,9 @@ class RunResult:
     false_gpus: dict[str, int] = field(default_factory=dict)
     step_effects: list[float] = field(default_factory=list)
     absent: dict[str, list[int]] = field(default_factory=dict)   # injected node -> no-data windows
+    #: pipeline scenarios: whether the final report names the last stage as imbalance (None:
+    #: not a pipeline)
+    stage_found: bool | None = None
 
     def latency(self, node: str, flagged_at: int) -> int:
         """Windows from ``node``'s first slow window to its conviction, inclusive, counting
@@ -189,8 +192,19 @@ def run_one(scenario: str, gpus: int, windows: int, seed: int,
             if per_gpu[g] < HEALTHY_BELOW and per_node[node] < HEALTHY_BELOW
             and (below_gray or node not in res.truth))
         if m == "hypertrace":
-            res.step_effects = _step_effects(d.report(cfg.job_id), res.truth)
+            report = d.report(cfg.job_id)
+            res.step_effects = _step_effects(report, res.truth)
+            res.stage_found = _stage_found(report, cfg)
     return res
+
+
+def _stage_found(report, cfg) -> bool | None:
+    """Whether the report names the last pipeline stage (its GPUs, as a whole) as imbalance;
+    None when the job has no stages."""
+    if cfg.pipeline_stages <= 1:
+        return None
+    size = cfg.gpus // cfg.pipeline_stages
+    return any(i.gpus == size and i.ratio > 1.0 for job in report.jobs for i in job.imbalance)
 
 
 def _step_effects(report, injected: dict[str, int]) -> list[float]:
@@ -374,6 +388,10 @@ def acceptance(groups: dict[tuple[str, int], list[RunResult]],
             out.append((f"{name}: reported (no bar)", True,
                         f"R {_f(t.recall)} R@12 {_f(t.recall_within_12)} P {_f(t.precision)} "
                         f"median {_f(t.lat(50), '{:g}')} windows over {t.runs} runs" + other))
+        staged = [r.stage_found for r in rs if r.stage_found is not None]
+        if staged:
+            out.append((f"{name}: the last stage reported as imbalance in every run",
+                        all(staged), f"{sum(staged)} of {len(staged)} runs"))
         if name == "collective":
             eff = [e for r in rs for e in r.step_effects]
             mid = float(np.median(eff)) if eff else float("nan")

@@ -242,6 +242,12 @@ _STRUCTURE = (
              "imbalance, never a straggler", "clean", None,
              lambda c: replace(c, pipeline_stages=max(
                  d for d in range(1, 9) if c.n_nodes % d == 0))),
+    Scenario("pipeline-8-unlabeled", "pipeline-8 whose windows do not name the stage; the last "
+             "stage also launches 30% more kernels per step (the loss head): the analyzer must "
+             "find the stage itself (imbalance, never a straggler)", "clean", None,
+             lambda c: replace(c, pipeline_stages=max(
+                 d for d in range(1, 9) if c.n_nodes % d == 0), stage_labels=False,
+                 stage_calls=0.30)),
     Scenario("kernel-mix", "two kernel kinds (launch latency 1x and 3x); 40-47% of the calls "
              "are the long kind (drawn per seed), +-3 points per GPU: the p50 sits between the "
              "modes and jumps; no straggler", "clean", None,

@@ -48,7 +48,9 @@ The model (all latencies per GPU, per window, per API):
   data-dependent kernels. The p50 then sits between the modes and moves with the share.
 * **Pipeline stages (not stragglers).** With ``pipeline_stages`` N > 1 the nodes form N contiguous
   stages; the last one does ``stage_load`` more work on the host and GPU side by design, and the
-  windows name each rank's stage (``ProcessWindow.group``) unless ``stage_labels`` is False.
+  windows name each rank's stage (``ProcessWindow.group``) unless ``stage_labels`` is False. The
+  last stage also launches ``stage_calls`` more kernels per step (other layers: the loss head);
+  that is what lets the analyzer find unlabeled stages (analyzer/auto_groups.py).
 * **Second modes (spikes that are not stragglers).** ``Burst`` adds, in given windows of given
   nodes, a share ``frac`` of calls drawn from the same lognormal at ``scale`` x the median (a GC
   pause, a cold storage read). :func:`burst_matrices` turns periodic GC (``gc_period`` windows, each
@@ -271,6 +273,7 @@ class SimConfig:
     pipeline_stages: int = 1            # > 1: contiguous nodes form this many pipeline stages
     stage_load: float = 0.13            # the last stage's extra work (launch latency and compute)
     stage_labels: bool = True           # windows name each rank's stage (ProcessWindow.group)
+    stage_calls: float = 0.0            # the last stage launches this much more per step
     probe_cost_ns: float = 3_500.0      # per firing (measured 3-4 us in a torch loop on an H200)
 
     def __post_init__(self) -> None:
@@ -322,8 +325,9 @@ class SimConfig:
         if self.pipeline_stages < 1 or self.n_nodes % self.pipeline_stages:
             raise ValueError(f"--pipeline-stages {self.pipeline_stages}: must be >= 1 and divide "
                              f"the {self.n_nodes} nodes (each stage is whole nodes)")
-        if not self.stage_load >= 0:
-            raise ValueError("stage_load must be >= 0 (0.13 = the last stage does 13% more work)")
+        if not (self.stage_load >= 0 and self.stage_calls > -1):
+            raise ValueError("stage_load must be >= 0 (0.13 = the last stage does 13% more work) "
+                             "and stage_calls > -1 (0.3 = it launches 30% more per step)")
         if not (self.compute_spread >= 0 and (self.spread_df == 0 or self.spread_df > 2)):
             raise ValueError("compute_spread must be >= 0 and spread_df 0 (Gaussian) or > 2 "
                              "(Student-t with a finite variance)")
@@ -600,6 +604,9 @@ def _simulate(cfg: SimConfig) -> tuple[dict[str, np.ndarray], np.ndarray, np.nda
            for m in cfg.apis}
     compute_all = np.empty((cfg.windows, cfg.gpus))
     host_all = np.empty((cfg.windows, cfg.gpus))
+    stage_calls = np.ones(cfg.gpus)       # a stage with other layers launches other kernels
+    if cfg.pipeline_stages > 1:
+        stage_calls[cfg.gpus - cfg.gpus // cfg.pipeline_stages:] += cfg.stage_calls
     for w in range(cfg.windows):
         win_off = np.exp(rng.normal(0.0, cfg.window_jitter, cfg.gpus))
         slowdown = off.host * win_off * injected[w]                  # (gpus,) host side
@@ -619,6 +626,8 @@ def _simulate(cfg: SimConfig) -> tuple[dict[str, np.ndarray], np.ndarray, np.nda
             else:
                 median = m.median_us * slowdown
                 api_mix = mix if m.kind == "launch" else None
+                if m.kind == "launch":
+                    calls = stage_calls
             probs = _mixture_bucket_probs(
                 median, m, None if bursts is None else (bursts[0][w], bursts[1][w]), api_mix)
             n = rng.poisson(m.calls_per_second * calls * cfg.window_seconds * cfg.duty, cfg.gpus)

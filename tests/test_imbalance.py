@@ -76,8 +76,60 @@ def test_a_pipeline_stage_that_does_more_work_is_imbalance_not_a_straggler(seed)
     assert {d.group for d in job.imbalance} == {"stage7"}
     assert "imbalance: group stage7 (32 GPUs)" in report_to_table(report)
 
+    # unnamed, and launching the same kernels per step (only each one slower): nothing tells
+    # the stage from 4 slow hosts, and they are convicted (why the agent reads the stage from
+    # the job's environment)
     unnamed = _report(replace(cfg, stage_labels=False)).jobs[0]
     convicted = {n.node for n in unnamed.nodes if n.verdict == "straggler"}
     assert convicted == {"node-0028", "node-0029", "node-0030", "node-0031"}
     assert not unnamed.imbalance
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_an_unnamed_stage_that_launches_other_kernels_is_found_and_reported_as_imbalance(seed):
+    """No labels, but the last stage launches 30% more kernels per step (its loss head): the
+    analyzer finds the group by launches per step, compares its GPUs among themselves, and
+    reports the stage as imbalance; no GPU is convicted."""
+    cfg = scenarios.get("pipeline-8-unlabeled").config(gpus=256, seed=seed, windows=10,
+                                                      wide=False)
+    job = _report(cfg).jobs[0]
+    assert all(g.verdict != "straggler" for n in job.nodes for g in n.gpus)
+    groups = {d.group for d in job.imbalance}
+    assert len(groups) == 1 and next(iter(groups)).startswith("auto-2 (")
+    own = next(d for d in job.imbalance if d.signal == "step.own")
+    assert own.gpus == 32 and 1.10 <= own.ratio <= 1.16
+
+
+def test_launches_per_step_split_only_where_programs_differ():
+    from hypertrace.analyzer.auto_groups import SPLIT_GAP, calls_per_step, partition
+    # calls per step = calls per attached second x the typical step
+    cps = calls_per_step(np.array([1000.0, 100.0, 1000.0]), np.array([1.0, 1.0, 0.0]),
+                         np.array([100_000.0, 100_000.0, 100_000.0]))
+    assert cps[0] == pytest.approx(100.0) and np.isnan(cps[1]) and np.isnan(cps[2])
+    rng = np.random.default_rng(3)
+    one = 1000.0 * (1 + rng.normal(0, 0.02, 64))              # one program, 2% noise
+    assert partition(one, min_gpus=4) is None
+    two = one.copy()
+    two[56:] *= 1.0 + 2 * SPLIT_GAP                            # the last 8 launch 30% more
+    codes = partition(two, min_gpus=4)
+    assert codes is not None and set(codes[56:]) == {1} and set(codes[:56]) == {0}
+    assert partition(two, min_gpus=9) is None                  # a part too small: no groups
+    two[3] = np.nan                                            # not read this epoch
+    assert partition(two, min_gpus=4)[3] == -1
+
+
+def test_found_groups_are_adopted_only_after_persist_k_epochs_and_keep_their_names():
+    from hypertrace.analyzer.auto_groups import AutoGroups
+    cps = np.r_[np.full(24, 1000.0), np.full(8, 1400.0)]
+    rows = np.arange(32)
+    g = AutoGroups()
+    for epoch in range(3):
+        assert not g.active
+        g.update(rows, cps * (1 + 0.001 * epoch), min_gpus=4, persist_k=3, n_rows=32)
+    assert g.active and list(g.codes[24:]) == [1] * 8 and g.names[1].startswith("auto-2 (~1,40")
+    names = list(g.names)
+    g.update(rows, cps * 1.01, min_gpus=4, persist_k=3, n_rows=32)
+    assert g.names == names                                    # same partition, same names
+    g.update(rows, np.full(32, 1000.0), min_gpus=4, persist_k=3, n_rows=32)
+    assert g.active and g.names == names                       # one uniform epoch: kept
 
