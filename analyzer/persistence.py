@@ -7,10 +7,13 @@ window of the last n no longer holds k flags.
 
 **Intermittent slowness.** A node slow in 30% of the windows (a flapping link, a periodic
 neighbour) rarely shows 3 flags in 5 windows. So a second, longer rule: flagged in
-``intermittent_k`` of the last ``intermittent_n`` scored epochs (6 of 20) also makes a straggler,
-marked *intermittent* (:attr:`PersistenceState.intermittent`), never on fewer flags than
-``persist_k`` (a stricter short rule stays stricter). It stays one while that holds or until
-``clear_m`` clean epochs. A healthy GPU would need 6 chance flags in 20 windows: with a
+``intermittent_k`` of the last ``intermittent_n`` scored epochs (6 of 20), in at least two
+separate episodes, also makes a straggler, marked *intermittent*
+(:attr:`PersistenceState.intermittent`), never on fewer flags than ``persist_k`` (a stricter short
+rule stays stricter). It stays one while that holds or until ``clear_m`` clean epochs. Why two
+episodes: one slow minute that ended (a CPU hog that was killed) is a straggler that recovered,
+and clears like one; on a real H200 the 6-of-20 rule alone kept such a rank convicted for two
+minutes after it was fine again. Slowness that comes back is what the long rule is for. A healthy GPU would need 6 chance flags in 20 windows: with a
 per-window false flag rate p that is about C(20,6) p^6, 4e-8 per GPU-window at p = 1%. Epochs in which a GPU had no data or too few samples
 do not count either way (its history does not move), so a sparse or absent agent neither convicts
 nor clears a node.
@@ -40,6 +43,15 @@ def _popcount(x: np.ndarray) -> np.ndarray:
         n += (x & np.uint64(1)).astype(np.int64)
         x = x >> np.uint64(1)
     return n
+
+
+def _episodes(bits: np.ndarray, mask: np.uint64) -> np.ndarray:
+    """Separate runs of flags in each flag history (bit 0 the newest), a single clean window
+    inside a run not counting as a break (a slow episode may miss one flag)."""
+    x = bits.astype(np.uint64)
+    one = np.uint64(1)
+    x = (x | ((x << one) & (x >> one))) & mask           # fill single-window holes
+    return _popcount(x & ~(x << one) & mask)             # each run counted at its newest end
 
 
 @dataclass
@@ -98,7 +110,8 @@ class PersistenceState:
         long_hist = ((self.long_history[r] << np.uint64(1)) | f.astype(np.uint64)) & long_mask
         self.long_history[r] = long_hist
         persistent = _popcount(hist) >= cfg.persist_k
-        recurring = _popcount(long_hist) >= max(cfg.intermittent_k, cfg.persist_k)
+        recurring = ((_popcount(long_hist) >= max(cfg.intermittent_k, cfg.persist_k))
+                     & (_episodes(long_hist, long_mask) >= 2))
         was = self.state[r] == STRAGGLER
         keep = was & ((streak < cfg.clear_m) | persistent | recurring)
         convicted = persistent | recurring | keep

@@ -96,6 +96,18 @@ def test_a_short_burst_is_a_straggler_not_intermittent():
     assert v[-1] == STRAGGLER and not st.intermittent[0]
 
 
+def test_one_slow_episode_that_ended_clears_like_a_straggler_not_held_as_intermittent():
+    """A rank slow for 6 windows in a row (a CPU hog for a minute), one flag missed inside,
+    then fine: 6 of the last 20 are flags, but in one episode; it clears after clear_m clean
+    windows instead of being held for 14 more (as the H200 fault matrix showed it was)."""
+    v, st = _run_state([True, True, False, True, True, True, True] + [False] * 6)
+    assert v[6] == STRAGGLER
+    assert v[7 + CFG.clear_m - 1] == HEALTHY and not st.intermittent[0]
+    # two episodes of 3 in 20 windows: held as intermittent between them
+    v, st = _run_state([True] * 3 + [False] * 5 + [True] * 3 + [False] * 4)
+    assert v[-1] == STRAGGLER and bool(st.intermittent[0])
+
+
 def test_intermittent_settings_are_checked():
     import pytest
 
