@@ -10,6 +10,12 @@ Per window: validate -> store durably in SQLite -> feed the Engine -> Ack(seq). 
 may replay their spool freely. An invalid window aborts only that stream; the server keeps
 serving everything else.
 
+Who may call what (:class:`Access`, proto/transport.py): on a TLS listener every client presents
+a certificate; an ``agent/<node>`` certificate may stream windows of ``<node>`` only, and reports
+need ``reader`` or ``admin``. A window for another node ends the stream with PERMISSION_DENIED
+before anything is stored. A plaintext listener (``insecure``) identifies nobody and says so in
+its log.
+
 The Engine is not thread-safe: :class:`Analyzer` guards it with one lock. A background thread
 scores complete epochs every ``flush_interval`` seconds (and GetReport flushes first), stores the
 results, and applies retention. On start the stored windows are replayed into a fresh Engine, so
@@ -31,6 +37,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from hypertrace.analyzer.storage import Storage, StorageError
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc
+from hypertrace.proto.transport import (DEFAULT_TRUST_DOMAIN, TlsFiles, TransportError,
+                                        may_send_for, peer_identity, server_credentials)
 from hypertrace.proto.wire import (INGEST_SERVICE, MAX_WINDOW_BYTES, STREAM_METHOD, WireError,
                                    validate_window)
 
@@ -106,11 +114,43 @@ class Analyzer:
             return self._engine.list_jobs()
 
 
+@dataclass(frozen=True)
+class Access:
+    """Who may call what, from the client certificate (proto/transport.py). ``None`` in place
+    of an Access means a plaintext listener: nobody is identified, everything is allowed."""
+
+    trust_domain: str = DEFAULT_TRUST_DOMAIN
+    readers: tuple[str, ...] = ("reader", "admin")
+
+    def require_reader(self, context: grpc.ServicerContext) -> None:
+        ident = peer_identity(context, self.trust_domain)
+        if ident is None or ident.role not in self.readers:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"reading reports needs a certificate of role reader or admin "
+                          f"(spiffe://{self.trust_domain}/reader/NAME), this one is "
+                          f"{ident or 'without a hypertrace identity'}; issue one with "
+                          "`hypertrace certs issue --role reader NAME`")
+
+    def check_window(self, context: grpc.ServicerContext, w: pb.NodeWindow) -> None:
+        ident = peer_identity(context, self.trust_domain)
+        if ident is None or not may_send_for(ident, w.node, w.agent_id):
+            log.warning("refused window seq %d: node %.64r agent %.64r sent by %s", w.seq, w.node,
+                        w.agent_id, ident or "a certificate without a hypertrace identity")
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"window seq {w.seq}: node {w.node[:64]!r} / agent_id "
+                          f"{w.agent_id[:64]!r} may only be sent with the certificate "
+                          f"spiffe://{self.trust_domain}/agent/{w.node[:64]}; this one is "
+                          f"{ident or 'without a hypertrace identity'}")
+
+
 class _QueryServicer(pb_grpc.QueryServicer):
-    def __init__(self, analyzer: Analyzer):
+    def __init__(self, analyzer: Analyzer, access: Access | None):
         self._a = analyzer
+        self._access = access
 
     def GetReport(self, request: pb.ReportRequest, context: grpc.ServicerContext) -> pb.Report:
+        if self._access is not None:
+            self._access.require_reader(context)
         try:
             return self._a.report(request.job_id or None)
         except KeyError as exc:
@@ -122,6 +162,8 @@ class _QueryServicer(pb_grpc.QueryServicer):
 
     def ListJobs(self, request: pb.ListJobsRequest,
                  context: grpc.ServicerContext) -> pb.ListJobsResponse:
+        if self._access is not None:
+            self._access.require_reader(context)
         try:
             return self._a.list_jobs()
         except Exception as exc:
@@ -130,7 +172,7 @@ class _QueryServicer(pb_grpc.QueryServicer):
         raise AssertionError("unreachable")
 
 
-def _ingest_handler(analyzer: Analyzer) -> grpc.GenericRpcHandler:
+def _ingest_handler(analyzer: Analyzer, access: Access | None) -> grpc.GenericRpcHandler:
     def stream(request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[pb.Ack]:
         for raw in request_iterator:
             if len(raw) > MAX_WINDOW_BYTES:
@@ -153,6 +195,8 @@ def _ingest_handler(analyzer: Analyzer) -> grpc.GenericRpcHandler:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"window seq {w.seq} of agent {w.agent_id!r}: cannot be validated "
                               f"({type(exc).__name__}: {exc})")
+            if access is not None:
+                access.check_window(context, w)
             try:
                 new = analyzer.ingest(w, raw)
             except StorageError as exc:
@@ -175,6 +219,9 @@ class ServerOptions:
     retention_hours: float | None = None  # None: keep everything
     max_workers: int = 4096              # each open Ingest stream holds one worker thread (>= nodes)
     shutdown_grace_s: float = 2.0        # how long stop() lets in-flight calls finish
+    tls: TlsFiles | None = None          # mutual TLS (proto/transport.py)
+    insecure: bool = False               # plaintext without identities: tests on one machine
+    trust_domain: str = DEFAULT_TRUST_DOMAIN
 
 
 class AnalyzerServer:
@@ -192,14 +239,31 @@ class AnalyzerServer:
                                        thread_name_prefix="hypertrace-rpc"),
             options=[("grpc.max_receive_message_length", 2 * MAX_WINDOW_BYTES),
                      ("grpc.so_reuseport", 0)])
-        self._server.add_generic_rpc_handlers((_ingest_handler(analyzer),))
-        pb_grpc.add_QueryServicer_to_server(_QueryServicer(analyzer), self._server)
+        access = None if options.tls is None else Access(options.trust_domain)
+        self._server.add_generic_rpc_handlers((_ingest_handler(analyzer, access),))
+        pb_grpc.add_QueryServicer_to_server(_QueryServicer(analyzer, access), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
 
     def start(self) -> int:
         """Bind and start serving; returns the bound port (useful with port 0)."""
+        if self.options.tls is not None:
+            try:
+                creds = server_credentials(self.options.tls)
+            except TransportError as exc:
+                raise ServerError(str(exc)) from None
+        elif not self.options.insecure:
+            raise ServerError("no TLS configured: pass --tls-ca, --tls-cert and --tls-key (make "
+                              "them with `hypertrace certs init`), or --insecure to listen in "
+                              "plaintext (anyone who reaches the port can then read every report "
+                              "and send windows for any node)")
+        else:
+            creds = None
+            log.warning("listening WITHOUT TLS on %s: no client is identified; anyone who "
+                        "reaches this port can read reports and send windows for any node",
+                        self.options.listen)
         try:
-            port = self._server.add_insecure_port(self.options.listen)
+            port = (self._server.add_secure_port(self.options.listen, creds) if creds is not None
+                    else self._server.add_insecure_port(self.options.listen))
         except RuntimeError as exc:
             port = 0
             detail = str(exc)

@@ -66,6 +66,13 @@ def register(subparsers) -> None:
                    help="seconds between /proc scans (default 1)")
     p.add_argument("--nvml", action=argparse.BooleanOptionalAction, default=None,
                    help="read NVML GPU context when a driver exists (default on)")
+    tls = p.add_argument_group("transport security (mutual TLS; see `hypertrace certs --help`)")
+    tls.add_argument("--tls-ca", metavar="PEM", help="CA that signed the analyzer's certificate")
+    tls.add_argument("--tls-cert", metavar="PEM",
+                     help="this agent's certificate (spiffe://hypertrace/agent/NODE)")
+    tls.add_argument("--tls-key", metavar="PEM", help="its private key")
+    tls.add_argument("--insecure", action="store_true", default=None,
+                     help="plaintext, to an analyzer started with --insecure (tests only)")
     p.set_defaults(func=run)
 
 
@@ -74,13 +81,14 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from hypertrace.daemon.agent import run_agent
-    from hypertrace.daemon.config import AgentConfig, ConfigError, load_config
+    from hypertrace.daemon.config import AgentConfig, ConfigError, load_config, require_transport
 
     if args.verbose == 0:          # a daemon should say what it found and sent
         logging.getLogger().setLevel(logging.INFO)
     overrides = {name: getattr(args, name, None) for name in AgentConfig.__dataclass_fields__}
     try:
         cfg = load_config(args.config, overrides)
+        require_transport(cfg)
     except ConfigError as e:
         print(f"hypertrace agent: {e}", file=sys.stderr)
         return 2

@@ -7,6 +7,17 @@ that order of precedence. Every field of ``ScoringConfig`` is a flag (``--window
 
 On start it prints ``hypertrace analyzer listening on HOST:PORT`` (with the real port when
 ``--listen HOST:0`` asked for any free one) and serves until SIGTERM/SIGINT, then stops cleanly.
+
+Transport: mutual TLS (``--tls-ca/--tls-cert/--tls-key``). Each agent's certificate names its
+node (``spiffe://hypertrace/agent/NODE``) and may send windows of that node only; reading reports
+needs a ``reader`` or ``admin`` certificate. Make a CA and certificates for a test or small site:
+
+    hypertrace certs init --dir /etc/hypertrace/pki
+    hypertrace certs issue --dir /etc/hypertrace/pki --role analyzer --name analyzer \
+        --host analyzer.example.org
+    hypertrace certs issue --dir /etc/hypertrace/pki --role agent --name node-0001
+
+``--insecure`` listens in plaintext instead, and says so in its log (tests on one machine).
 """
 from __future__ import annotations
 
@@ -16,7 +27,8 @@ import sys
 from typing import Any
 
 SERVER_KEYS = {"listen": str, "db": str, "retention_hours": float, "flush_interval": float,
-               "synchronous": str, "max_workers": int}
+               "synchronous": str, "max_workers": int, "tls_ca": str, "tls_cert": str,
+               "tls_key": str, "insecure": bool, "trust_domain": str}
 
 
 def _scoring_fields() -> list[dataclasses.Field]:
@@ -41,6 +53,17 @@ def register(subparsers) -> None:
                    help="SQLite durability (default FULL: acked windows survive power loss)")
     p.add_argument("--max-workers", type=int,
                    help="gRPC worker threads; each open agent stream holds one, so use at least the number of nodes (default 4096)")
+    tls = p.add_argument_group(
+        "transport security (mutual TLS; make test files with `hypertrace certs init`)")
+    tls.add_argument("--tls-ca", help="PEM of the CA that signs agent and reader certificates")
+    tls.add_argument("--tls-cert", help="PEM certificate of this analyzer")
+    tls.add_argument("--tls-key", help="PEM private key of this analyzer")
+    tls.add_argument("--trust-domain", help="SPIFFE trust domain of the certificates' IDs "
+                     "(spiffe://DOMAIN/agent/NODE; default hypertrace)")
+    tls.add_argument("--insecure", action="store_true", default=None,
+                     help="listen in plaintext without TLS: nobody is identified, anyone who "
+                     "reaches the port reads every report and may send windows for any node "
+                     "(tests on one machine only)")
     scoring = p.add_argument_group("scoring (see hypertrace.analyzer.config)")
     for f in _scoring_fields():
         flag = "--" + f.name.replace("_", "-")
@@ -63,7 +86,9 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
                          f"{sorted(set(SERVER_KEYS) | set(scoring_names))}")
     server: dict[str, Any] = {"listen": "127.0.0.1:50051", "db": "hypertrace-analyzer.db",
                               "retention_hours": None, "flush_interval": 1.0,
-                              "synchronous": "FULL", "max_workers": 4096}
+                              "synchronous": "FULL", "max_workers": 4096, "tls_ca": None,
+                              "tls_cert": None, "tls_key": None, "insecure": False,
+                              "trust_domain": "hypertrace"}
     scoring: dict[str, Any] = {}
     for key, value in file_values.items():
         if key in SERVER_KEYS:
@@ -91,7 +116,7 @@ def _check_server_settings(server: dict[str, Any]) -> None:
             continue
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             server[key] = value = float(value)
-        if not isinstance(value, kind) or isinstance(value, bool):
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             raise ValueError(f"{key} must be a {kind.__name__}, got {value!r}")
     host, _, port = server["listen"].rpartition(":")
     if not host or not port.isdigit() or int(port) > 65535:
@@ -103,6 +128,11 @@ def _check_server_settings(server: dict[str, Any]) -> None:
         raise ValueError(f"flush_interval must be >= 0 seconds, got {server['flush_interval']}")
     if not server["max_workers"] >= 1:
         raise ValueError(f"max_workers must be >= 1, got {server['max_workers']}")
+    from hypertrace.proto.transport import tls_files
+    server["tls"] = tls_files(server["tls_ca"], server["tls_cert"], server["tls_key"])
+    if server["tls"] is not None and server["insecure"]:
+        raise ValueError("insecure and the tls_* files are given together; choose one")
+
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,6 +148,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         server_cfg, scoring_cfg = resolve_settings(args)
         config = ScoringConfig.from_mapping(scoring_cfg)
+        if server_cfg["tls"] is not None:
+            server_cfg["tls"].read()         # an unreadable key fails now, not after the replay
+        if server_cfg["tls"] is None and not server_cfg["insecure"]:
+            raise ValueError("no TLS configured: set tls_ca, tls_cert and tls_key (flags "
+                             "--tls-ca, --tls-cert, --tls-key; make test files with `hypertrace "
+                             "certs init`), or --insecure to listen in plaintext (tests on one "
+                             "machine only)")
     except (ValueError, ConfigError, TypeError) as exc:
         print(f"hypertrace analyzer: {exc}", file=sys.stderr)
         return 2
@@ -131,7 +168,9 @@ def run(args: argparse.Namespace) -> int:
     options = ServerOptions(listen=server_cfg["listen"],
                             flush_interval=float(server_cfg["flush_interval"]),
                             retention_hours=server_cfg["retention_hours"],
-                            max_workers=int(server_cfg["max_workers"]))
+                            max_workers=int(server_cfg["max_workers"]),
+                            tls=server_cfg["tls"], insecure=bool(server_cfg["insecure"]),
+                            trust_domain=server_cfg["trust_domain"])
     server = AnalyzerServer(analyzer, options)
     try:
         port = server.start()

@@ -14,13 +14,14 @@ import importlib
 import logging
 import sys
 
-SUBCOMMANDS = ("agent", "analyzer", "report", "analyze", "predict", "probe", "simulate")
+SUBCOMMANDS = ("agent", "analyzer", "report", "analyze", "predict", "probe", "simulate", "certs")
 
 EPILOG = """\
-typical use:
-  hypertrace analyzer --listen 0.0.0.0:50051 --db /var/lib/hypertrace/analyzer.db
-  hypertrace agent --analyzer analyzer-host:50051          (on every GPU node, as a service)
-  hypertrace report --analyzer analyzer-host:50051 --job 1234
+typical use (mutual TLS: `hypertrace certs --help` makes the files; TLS=--tls-ca ca.crt
+--tls-cert ROLE-NAME.crt --tls-key ROLE-NAME.key):
+  hypertrace analyzer --listen 0.0.0.0:50051 --db /var/lib/hypertrace/analyzer.db TLS
+  hypertrace agent --analyzer analyzer-host:50051 TLS      (on every GPU node, as a service)
+  hypertrace report --analyzer analyzer-host:50051 --job 1234 TLS
   hypertrace predict --p 0.01,0.005 --nodes 64,512          (how spikes scale with job size)
 
 exit status: 0 ok / no straggler, 2 bad usage or input, 3 stragglers reported, 1 other error.

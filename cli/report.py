@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hypertrace.proto.transport import TlsFiles
 
 
 def register(subparsers) -> None:
@@ -19,17 +23,25 @@ def register(subparsers) -> None:
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--timeout", type=float, default=10.0,
                    help="seconds to wait for the analyzer (default 10)")
+    tls = p.add_argument_group("transport security (mutual TLS)")
+    tls.add_argument("--tls-ca", metavar="PEM", help="CA that signed the analyzer's certificate")
+    tls.add_argument("--tls-cert", metavar="PEM", help="your certificate, role reader or admin "
+                     "(`hypertrace certs issue --role reader --name YOU`)")
+    tls.add_argument("--tls-key", metavar="PEM", help="its private key")
+    tls.add_argument("--insecure", action="store_true",
+                     help="plaintext, to an analyzer started with --insecure (tests only)")
     p.set_defaults(func=run)
 
 
-def fetch_report(target: str, job: str = "", timeout: float = 10.0):
-    """GetReport from ``target``; raises grpc.RpcError as-is."""
-    import grpc
-
+def fetch_report(target: str, job: str = "", timeout: float = 10.0,
+                 tls: "TlsFiles | None" = None, insecure: bool = False):
+    """GetReport from ``target`` over mutual TLS with ``tls`` (plaintext only with
+    ``insecure``); raises grpc.RpcError as-is, TransportError without either."""
     from hypertrace.proto import hypertrace_pb2 as pb
     from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc
+    from hypertrace.proto.transport import open_channel
 
-    with grpc.insecure_channel(target) as channel:
+    with open_channel(target, tls, insecure) as channel:
         return pb_grpc.QueryStub(channel).GetReport(pb.ReportRequest(job_id=job), timeout=timeout,
                                                     wait_for_ready=True)
 
@@ -38,15 +50,23 @@ def run(args: argparse.Namespace) -> int:
     import grpc
 
     from hypertrace.analyzer.report_format import exit_status, report_to_json, report_to_table
+    from hypertrace.proto.transport import TransportError, tls_files
 
     if args.timeout <= 0:
         print("hypertrace report: --timeout must be > 0 seconds", file=sys.stderr)
         return 2
     try:
-        report = fetch_report(args.analyzer, args.job, args.timeout)
+        tls = tls_files(args.tls_ca, args.tls_cert, args.tls_key)
+        report = fetch_report(args.analyzer, args.job, args.timeout, tls, args.insecure)
+    except TransportError as exc:
+        print(f"hypertrace report: {exc}", file=sys.stderr)
+        return 2
     except grpc.RpcError as exc:
         code = exc.code()
         if code == grpc.StatusCode.NOT_FOUND:
+            print(f"hypertrace report: {exc.details()}", file=sys.stderr)
+            return 2
+        if code == grpc.StatusCode.PERMISSION_DENIED:
             print(f"hypertrace report: {exc.details()}", file=sys.stderr)
             return 2
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):

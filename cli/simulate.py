@@ -57,7 +57,10 @@ def register(subparsers) -> None:
                    help="print the scenario catalog and exit")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--output", metavar="FILE.jsonl", help="write JSON lines ('-' = stdout)")
-    out.add_argument("--analyzer", metavar="HOST:PORT", help="stream to a running analyzer")
+    out.add_argument("--analyzer", metavar="HOST:PORT",
+                     help="stream to a running analyzer, in plaintext: many simulated nodes share "
+                     "one channel, so no node certificate fits; start the analyzer with "
+                     "--insecure for it")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="with --analyzer: seconds to wait for every ack (default 120)")
     p.set_defaults(func=run)

@@ -55,6 +55,7 @@ from hypertrace.collector.schedule import window_index
 from hypertrace.collector.step_cost import StepCostMeter, step_api
 from hypertrace.collector.steps import MARKER_API, StepInference, infer_steps
 from hypertrace.daemon.config import AgentConfig
+from hypertrace.proto.transport import channel_credentials, tls_files
 from hypertrace.daemon.systemd import SdNotifier, watchdog_interval
 from hypertrace.daemon.windows import (TIER_ALWAYS, TIER_SLICED, ProcessProbe, ProcessRecord,
                                        WindowOverhead, build_window, probe_hits)
@@ -176,7 +177,9 @@ class Agent:
         if self.uplink is None:
             from hypertrace.daemon.uplink import Spool, Uplink
             spool = Spool(self.cfg.spool_dir, int(self.cfg.spool_max_mb * 1024 * 1024))
-            self.uplink = Uplink(spool, self.cfg.analyzer).start()
+            files = tls_files(self.cfg.tls_ca, self.cfg.tls_cert, self.cfg.tls_key)
+            self.uplink = Uplink(spool, self.cfg.analyzer, credentials=(
+                channel_credentials(files) if files is not None else None)).start()
         if self.nvml is None and self.cfg.nvml:
             self.nvml = Nvml()
             if not self.nvml.available:

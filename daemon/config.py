@@ -50,6 +50,14 @@ min_samples         1000                           floor on samples per probe sl
                                                    never shorter than what yields this many calls
                                                    of the busiest process at its measured rate
                                                    (fewer, longer slices instead of useless ones)
+tls_ca              (required unless insecure)     PEM of the CA that signed the analyzer's
+                                                   certificate
+tls_cert            (required unless insecure)     PEM of this agent's certificate: its SPIFFE
+                                                   ID spiffe://hypertrace/agent/NODE must name
+                                                   ``node`` (the analyzer refuses other nodes)
+tls_key             (required unless insecure)     PEM private key of that certificate (0600)
+insecure            false                          send in plaintext to an analyzer started
+                                                   with --insecure (tests on one machine only)
 ==================  =============================  ============================================
 """
 from __future__ import annotations
@@ -63,6 +71,7 @@ from typing import Any, Mapping
 from hypertrace.collector.attribution import DEFAULT_JOB_ENV
 
 from hypertrace.proto.settings import ConfigError, read_toml
+from hypertrace.proto.transport import TransportError, tls_files
 
 DEFAULT_CONFIG_PATH = "/etc/hypertrace/agent.toml"
 
@@ -85,6 +94,10 @@ class AgentConfig:
     always_share: float = 0.2
     max_slice_s: float = 2.0
     slice_guard_s: float = 1.0
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    insecure: bool = False
 
     def resolved(self) -> "AgentConfig":
         """Fill the defaults that depend on the machine (node name, agent id)."""
@@ -167,6 +180,29 @@ def _check(cfg: AgentConfig) -> None:
         raise ConfigError(f"scan_interval must be > 0 seconds, got {cfg.scan_interval}")
     if not cfg.spool_dir:
         raise ConfigError("spool_dir is empty; give a writable directory")
+    try:
+        files = tls_files(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
+    except TransportError as exc:
+        raise ConfigError(str(exc)) from None
+    if files is not None and cfg.insecure:
+        raise ConfigError("insecure and the tls_* files are given together; choose one")
+
+
+def require_transport(cfg: AgentConfig) -> None:
+    """Before the agent starts: TLS files that can be read, or an explicit ``insecure``.
+    (Not part of :func:`load_config`, so a config can be checked on a machine without the
+    node's key.)"""
+    try:
+        files = tls_files(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
+        if files is not None:
+            files.read()                     # unreadable files fail at start, not at send
+    except TransportError as exc:
+        raise ConfigError(str(exc)) from None
+    if files is None and not cfg.insecure:
+        raise ConfigError("no TLS configured: set tls_ca, tls_cert and tls_key (flags "
+                          "--tls-ca, --tls-cert, --tls-key; `hypertrace certs issue --role agent "
+                          "--name NODE` makes them), or --insecure for an analyzer that listens "
+                          "without TLS (tests on one machine only)")
 
 
 def load_config(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None,

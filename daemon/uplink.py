@@ -168,19 +168,26 @@ def channel_options(backoff: Backoff) -> list[tuple[str, int]]:
 class Uplink:
     """Sends one agent's windows to the analyzer. ``submit`` spools; a thread streams and trims.
 
-    ``target`` is HOST:PORT; pass ``channel`` instead to share one channel among several uplinks
-    (the simulator runs one uplink per simulated node over one channel).
+    ``target`` is HOST:PORT, reached with mutual TLS when ``credentials`` are given
+    (proto/transport.py) and in plaintext otherwise; pass ``channel`` instead to share one
+    channel among several uplinks (the simulator runs one uplink per simulated node over one
+    channel).
     """
 
     def __init__(self, spool: Spool, target: str | None = None, *,
                  channel: grpc.Channel | None = None, backoff: Backoff = Backoff(),
-                 idle_close: float = IDLE_CLOSE_S, seed: int | None = None):
+                 idle_close: float = IDLE_CLOSE_S, seed: int | None = None,
+                 credentials: grpc.ChannelCredentials | None = None):
         if channel is None and not target:
             raise ValueError("Uplink needs an analyzer target HOST:PORT or a channel")
         self.spool = spool
         self.target = target
         self._own_channel = channel is None
-        self._channel = channel or grpc.insecure_channel(target, options=channel_options(backoff))
+        if channel is None:
+            channel = (grpc.secure_channel(target, credentials, options=channel_options(backoff))
+                       if credentials is not None
+                       else grpc.insecure_channel(target, options=channel_options(backoff)))
+        self._channel = channel
         self._call = self._channel.stream_stream(
             STREAM_METHOD, request_serializer=None, response_deserializer=pb.Ack.FromString)
         self.backoff = backoff

@@ -198,7 +198,7 @@ def start_analyzer(cfg: ScaleConfig, workdir: Path,
     log_path = workdir / "analyzer.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            CLI + ["analyzer", "--listen", "127.0.0.1:0", "--db", str(db),
+            CLI + ["analyzer", "--listen", "127.0.0.1:0", "--db", str(db), "--insecure",
                    "--window-seconds", str(cfg.window_seconds),
                    "--grace-seconds", str(cfg.grace_seconds),
                    "--flush-interval", str(cfg.flush_interval),

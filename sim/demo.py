@@ -34,7 +34,8 @@ CLI = [sys.executable, "-m", "hypertrace.cli.main"]
 def start_analyzer(db: str, timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
     """Start an analyzer on a free localhost port; returns (process, "127.0.0.1:PORT")."""
     proc = subprocess.Popen(
-        CLI + ["analyzer", "--listen", "127.0.0.1:0", "--db", db, "--flush-interval", "0"],
+        CLI + ["analyzer", "--listen", "127.0.0.1:0", "--db", db, "--flush-interval", "0",
+               "--insecure"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None
@@ -47,7 +48,7 @@ def start_analyzer(db: str, timeout: float = 30.0) -> tuple[subprocess.Popen, st
             return proc, f"127.0.0.1:{m.group(2)}"
     stop_process(proc)
     raise RuntimeError("the analyzer did not start; run `hypertrace analyzer --listen "
-                       "127.0.0.1:0 --db /tmp/x.db` by hand to see why")
+                       "127.0.0.1:0 --db /tmp/x.db --insecure` by hand to see why")
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
@@ -94,13 +95,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"demo: {res.pending} windows were not acked", file=sys.stderr)
             return 1
         print(f"== {res.acked} windows acked; hypertrace report --analyzer {target}\n", flush=True)
-        table = subprocess.run(CLI + ["report", "--analyzer", target], text=True,
+        table = subprocess.run(CLI + ["report", "--analyzer", target, "--insecure"], text=True,
                                capture_output=True, timeout=60)
         print(table.stdout, end="")
         if table.returncode not in (0, 3):
             print(table.stderr, file=sys.stderr)
             return 1
-        js = subprocess.run(CLI + ["report", "--analyzer", target, "--format", "json"],
+        js = subprocess.run(CLI + ["report", "--analyzer", target, "--insecure", "--format", "json"],
                             text=True, capture_output=True, timeout=60)
         found = flagged_nodes(js.stdout)
         if found == [args.slow_node]:

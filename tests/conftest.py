@@ -115,3 +115,39 @@ def run_worker(fakecuda):
     yield start
     for w in started:
         w.stop()
+
+
+class Pki:
+    """A real CA made with `hypertrace certs` (openssl), and certificates issued on demand."""
+
+    def __init__(self, directory):
+        from hypertrace.cli.main import main
+        self.dir = directory
+        self._main = main
+        self._issued: set[tuple[str, str]] = set()
+        assert main(["certs", "init", "--dir", str(directory)]) == 0
+
+    def files(self, role: str, name: str, *hosts: str):
+        """TlsFiles of ``role``/``name`` (issued once)."""
+        from hypertrace.proto.transport import TlsFiles
+        if (role, name) not in self._issued:
+            extra = [a for h in hosts for a in ("--host", h)]
+            assert self._main(["certs", "issue", "--dir", str(self.dir), "--role", role,
+                               "--name", name, *extra]) == 0
+            self._issued.add((role, name))
+        stem = self.dir / f"{role}-{name}"
+        return TlsFiles(str(self.dir / "ca.crt"), f"{stem}.crt", f"{stem}.key")
+
+    def args(self, role: str, name: str, *hosts: str) -> list[str]:
+        """The --tls-* flags of ``role``/``name``."""
+        f = self.files(role, name, *hosts)
+        return ["--tls-ca", f.ca, "--tls-cert", f.cert, "--tls-key", f.key]
+
+    def server(self):
+        """The analyzer's files, valid for 127.0.0.1 and localhost."""
+        return self.files("analyzer", "test", "127.0.0.1", "localhost")
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory) -> Pki:
+    return Pki(tmp_path_factory.mktemp("pki"))

@@ -7,7 +7,7 @@ def test_unusable_spool_dir_exits_2_naming_it(tmp_path, caplog):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     spool = blocker / "spool"                      # under a regular file: unusable even for root
-    rc = main(["agent", "--analyzer", "127.0.0.1:1", "--spool-dir", str(spool),
+    rc = main(["agent", "--analyzer", "127.0.0.1:1", "--insecure", "--spool-dir", str(spool),
                "--probe-cost-ns", "1000", "--no-nvml"])
     assert rc == 2
     assert str(spool) in caplog.text and "not writable" in caplog.text

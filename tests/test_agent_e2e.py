@@ -111,10 +111,12 @@ def _wait_for_port(log: Path, p: subprocess.Popen, timeout: float = 30) -> int:
     raise AssertionError(f"analyzer did not start: {log.read_text()}")
 
 
-def _report(port: int) -> tuple[dict, int]:
+def _report(port: int, tls: list[str] | None = None) -> tuple[dict, int]:
+    """The report as `hypertrace report` prints it (``tls``: its --tls-* flags; plaintext
+    without)."""
     out = subprocess.run(hypertrace("report", "--analyzer", f"127.0.0.1:{port}", "--format",
-                                    "json", "--job", "e2e"), capture_output=True, text=True,
-                         timeout=30)
+                                    "json", "--job", "e2e", *(tls or ["--insecure"])),
+                         capture_output=True, text=True, timeout=30)
     if out.returncode == 2 and "unknown job" in out.stderr:
         return {}, 0                                # no window of the job scored yet
     assert out.returncode in (0, 3), out.stderr
@@ -154,13 +156,18 @@ def procs():
         _stop(p)
 
 
-def test_agent_finds_the_slow_rank_end_to_end(fakecuda, tmp_path, procs):
+def test_agent_finds_the_slow_rank_end_to_end(fakecuda, tmp_path, procs, pki):
+    """Over mutual TLS, as shipped: the agent's certificate names its node, the report is read
+    with a reader's."""
     require_ebpf()
+    server = pki.server()
+    reader = pki.args("reader", "e2e")
     # -- analyzer -------------------------------------------------------------------------
     analyzer = subprocess.Popen(
         hypertrace("analyzer", "--listen", "127.0.0.1:0", "--db", str(tmp_path / "a.db"),
                    "--window-seconds", str(WINDOW_S), "--grace-seconds", "1",
-                   "--flush-interval", "0.5"),
+                   "--flush-interval", "0.5", "--tls-ca", server.ca, "--tls-cert",
+                   server.cert, "--tls-key", server.key),
         stdout=open(tmp_path / "analyzer.log", "w"), stderr=subprocess.STDOUT)
     procs.append(analyzer)
     port = _wait_for_port(tmp_path / "analyzer.log", analyzer)
@@ -198,7 +205,8 @@ def test_agent_finds_the_slow_rank_end_to_end(fakecuda, tmp_path, procs):
         hypertrace("agent", "--analyzer", f"127.0.0.1:{port}", "--window", str(WINDOW_S),
                    "--spool-dir", str(tmp_path / "spool"), "--node", "e2e-node",
                    "--scan-interval", "0.5", "--no-nvml", "--overhead-budget", str(BUDGET),
-                   *SLICE_ARGS, *JOB_ENV_ARGS, "--config", str(_empty_config(tmp_path))),
+                   *SLICE_ARGS, *JOB_ENV_ARGS, "--config", str(_empty_config(tmp_path)),
+                   *pki.args("agent", "e2e-node")),
         env=env, stdout=agent_log, stderr=subprocess.STDOUT)
     procs.append(agent)
     try:
@@ -216,7 +224,7 @@ def test_agent_finds_the_slow_rank_end_to_end(fakecuda, tmp_path, procs):
         report, status = {}, 0
         while time.monotonic() < deadline:
             time.sleep(WINDOW_S / 2)
-            report, status = _report(port)
+            report, status = _report(port, reader)
             verdicts = _verdicts(report)
             others = {r for r, v in verdicts.items() if r != SLOW_RANK and v == "straggler"}
             assert not others, json.dumps(report, indent=1)
@@ -236,7 +244,7 @@ def test_agent_finds_the_slow_rank_end_to_end(fakecuda, tmp_path, procs):
         # A few windows more: still the one straggler, and nobody else.
         for _ in range(2):
             time.sleep(WINDOW_S)
-            report, status = _report(port)
+            report, status = _report(port, reader)
             verdicts = _verdicts(report)
             assert verdicts[SLOW_RANK] == "straggler"
             assert not {r for r, v in verdicts.items() if r != SLOW_RANK and v == "straggler"}, \
@@ -270,7 +278,7 @@ def _start_agent(port: int, tmp_path: Path, log_name: str) -> tuple[subprocess.P
     log = tmp_path / log_name
     p = subprocess.Popen(
         hypertrace("agent", "--analyzer", f"127.0.0.1:{port}", "--window", str(WINDOW_S),
-                   "--spool-dir", str(tmp_path / "spool"), "--node", "restart-node",
+                   "--spool-dir", str(tmp_path / "spool"), "--node", "restart-node", "--insecure",
                    "--scan-interval", "0.5", "--no-nvml", "--overhead-budget", str(BUDGET),
                    *SLICE_ARGS, *JOB_ENV_ARGS, "--config", str(_empty_config(tmp_path))),
         stdout=open(log, "w"), stderr=subprocess.STDOUT)
@@ -287,7 +295,7 @@ def test_seq_keeps_increasing_across_agent_restarts(fakecuda, tmp_path, procs):
     require_ebpf()
     analyzer = subprocess.Popen(
         hypertrace("analyzer", "--listen", "127.0.0.1:0", "--db", str(tmp_path / "a.db"),
-                   "--window-seconds", str(WINDOW_S)),
+                   "--window-seconds", str(WINDOW_S), "--insecure"),
         stdout=open(tmp_path / "analyzer.log", "w"), stderr=subprocess.STDOUT)
     procs.append(analyzer)
     port = _wait_for_port(tmp_path / "analyzer.log", analyzer)
@@ -357,7 +365,7 @@ def test_default_budget_windows_carry_sched_and_steps_and_slices_follow_the_sche
     db = tmp_path / "a.db"
     analyzer = subprocess.Popen(
         hypertrace("analyzer", "--listen", "127.0.0.1:0", "--db", str(db), "--window-seconds",
-                   str(DEFAULT_WINDOW_S), "--flush-interval", "0.5"),
+                   str(DEFAULT_WINDOW_S), "--flush-interval", "0.5", "--insecure"),
         stdout=open(tmp_path / "analyzer.log", "w"), stderr=subprocess.STDOUT)
     procs.append(analyzer)
     port = _wait_for_port(tmp_path / "analyzer.log", analyzer)
@@ -379,7 +387,7 @@ def test_default_budget_windows_carry_sched_and_steps_and_slices_follow_the_sche
     log = tmp_path / "agent.log"
     agent = subprocess.Popen(
         hypertrace("agent", "--analyzer", f"127.0.0.1:{port}", "--window", str(DEFAULT_WINDOW_S),
-                   "--spool-dir", str(tmp_path / "spool"), "--node", "budget-node",
+                   "--spool-dir", str(tmp_path / "spool"), "--node", "budget-node", "--insecure",
                    "--scan-interval", "0.5", "--no-nvml", *JOB_ENV_ARGS,
                    "--max-slice-s", str(DEFAULT_SLICE["max_slice_s"]),
                    "--slice-guard-s", str(DEFAULT_SLICE["slice_guard_s"]),

@@ -42,7 +42,7 @@ def test_a_cpu_hog_on_one_workers_core_is_convicted_as_cpu_contention(fakecuda, 
     analyzer = subprocess.Popen(
         hypertrace("analyzer", "--listen", "127.0.0.1:0", "--db", str(tmp_path / "a.db"),
                    "--window-seconds", str(WINDOW_S), "--grace-seconds", "1",
-                   "--flush-interval", "0.5"),
+                   "--flush-interval", "0.5", "--insecure"),
         stdout=open(tmp_path / "analyzer.log", "w"), stderr=subprocess.STDOUT)
     procs.append(analyzer)
     os.sched_setaffinity(analyzer.pid, {rest})
@@ -61,7 +61,7 @@ def test_a_cpu_hog_on_one_workers_core_is_convicted_as_cpu_contention(fakecuda, 
 
     agent = subprocess.Popen(
         hypertrace("agent", "--analyzer", f"127.0.0.1:{port}", "--window", str(WINDOW_S),
-                   "--spool-dir", str(tmp_path / "spool"), "--node", "e2e-node",
+                   "--spool-dir", str(tmp_path / "spool"), "--node", "e2e-node", "--insecure",
                    "--scan-interval", "0.5", "--no-nvml", "--overhead-budget", "0.02",
                    *SLICE_ARGS, *JOB_ENV_ARGS, "--config", str(_empty_config(tmp_path))),
         stdout=open(tmp_path / "agent.log", "w"), stderr=subprocess.STDOUT)

@@ -25,14 +25,16 @@ SMALL = SimConfig(gpus=32, gpus_per_node=8, windows=5, seed=3,
                   stragglers=(Straggler("node-0002", 1.3),))
 
 
-def start_server(db: Path, listen: str = "127.0.0.1:0", flush_interval: float = 0.0
-                 ) -> tuple[AnalyzerServer, str]:
-    """An analyzer on a free port with the database ``db``; returns (server, "127.0.0.1:PORT")."""
+def start_server(db: Path, listen: str = "127.0.0.1:0", flush_interval: float = 0.0,
+                 tls=None) -> tuple[AnalyzerServer, str]:
+    """An analyzer on a free port with the database ``db``; returns (server, "127.0.0.1:PORT").
+    Plaintext (``insecure``) unless ``tls`` files are given (tests/test_tls.py)."""
     storage = Storage.open(db, synchronous="NORMAL")
     analyzer = Analyzer(storage, ScoringConfig())
     analyzer.resume()
     server = AnalyzerServer(analyzer, ServerOptions(listen=listen, flush_interval=flush_interval,
-                                                    shutdown_grace_s=0.5))
+                                                    shutdown_grace_s=0.5, tls=tls,
+                                                    insecure=tls is None))
     port = server.start()
     return server, f"127.0.0.1:{port}"
 
@@ -150,7 +152,7 @@ def test_port_already_taken_is_a_clear_error(analyzer, tmp_path):
     _, target = analyzer
     storage = Storage.open(tmp_path / "other.db")
     try:
-        other = AnalyzerServer(Analyzer(storage), ServerOptions(listen=target))
+        other = AnalyzerServer(Analyzer(storage), ServerOptions(listen=target, insecure=True))
         with pytest.raises(ServerError, match="port is taken"):
             other.start()
     finally:
@@ -160,7 +162,8 @@ def test_port_already_taken_is_a_clear_error(analyzer, tmp_path):
 
 def test_analyzer_cli_rejects_unwritable_db_and_bad_config(tmp_path, capsys):
     from hypertrace.cli.main import main
-    assert main(["analyzer", "--listen", "127.0.0.1:0", "--db", "/nonexistent-dir/x.db"]) == 2
+    assert main(["analyzer", "--listen", "127.0.0.1:0", "--db", "/nonexistent-dir/x.db",
+                 "--insecure"]) == 2
     assert "does not exist" in capsys.readouterr().err
     cfg = tmp_path / "a.toml"
     cfg.write_text("z_treshold = 4.0\n")
@@ -190,13 +193,13 @@ def test_report_cli_exit_statuses(analyzer, capsys):
     from hypertrace.cli.main import main
     _, target = analyzer
     send(target, list(generate(dataclasses.replace(SMALL, stragglers=()))))
-    assert main(["report", "--analyzer", target]) == 0
+    assert main(["report", "--analyzer", target, "--insecure"]) == 0
     slow = list(generate(dataclasses.replace(SMALL, job_id="slow-job")))
     for w in slow:                  # other agents: (agent_id, seq) is the dedup key
         w.agent_id = "other-" + w.agent_id
     send(target, slow)
-    assert main(["report", "--analyzer", target, "--job", "slow-job", "--format", "json"]) == 3
+    assert main(["report", "--analyzer", target, "--insecure", "--job", "slow-job", "--format", "json"]) == 3
     assert '"node-0002"' in capsys.readouterr().out
-    assert main(["report", "--analyzer", target, "--job", "missing"]) == 2
-    assert main(["report", "--analyzer", f"127.0.0.1:{free_port()}", "--timeout", "0.5"]) == 1
+    assert main(["report", "--analyzer", target, "--insecure", "--job", "missing"]) == 2
+    assert main(["report", "--analyzer", f"127.0.0.1:{free_port()}", "--insecure", "--timeout", "0.5"]) == 1
     assert "unreachable" in capsys.readouterr().err

@@ -26,7 +26,7 @@ work=$(mktemp -d)
 cleanup() { kill "${agent:-}" "${analyzer:-}" "${train:-}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-"${ht[@]}" analyzer --listen 127.0.0.1:$port --db "$work/a.db" --window-seconds 10 >"$out/analyzer.log" 2>&1 &
+"${ht[@]}" analyzer --listen 127.0.0.1:$port --insecure --db "$work/a.db" --window-seconds 10 >"$out/analyzer.log" 2>&1 &
 analyzer=$!
 total=$(( (pairs + 2) * phase + pairs * on_phase + phase + 30 ))
 HYPERTRACE_JOB=gpu-ab RANK=0 LOCAL_RANK=0 python3 tests/gpu/launch_bound_loop.py \
@@ -38,7 +38,7 @@ run_phase() {  # name budget|off
   local name=$1 budget=$2 t0 secs=$phase
   [ "$budget" = off ] || secs=$on_phase
   if [ "$budget" != off ]; then
-    "${ht[@]}" -vv agent --analyzer 127.0.0.1:$port --window 10 --overhead-budget "$budget" \
+    "${ht[@]}" -vv agent --analyzer 127.0.0.1:$port --insecure --window 10 --overhead-budget "$budget" \
       --spool-dir "$work/spool" >>"$out/agent.log" 2>&1 &
     agent=$!
   fi
