@@ -3,7 +3,8 @@
 Why the ingest handler takes raw bytes: a window that is not even valid protobuf must end the
 stream with INVALID_ARGUMENT and a message saying so. grpc's own deserializer would turn that into
 an opaque INTERNAL error, so Ingest is registered with an identity deserializer and the bytes are
-parsed, size-checked and validated (``proto.wire.validate_window``) here.
+parsed, size-checked and validated (``proto.wire.accept_window``: a bad process entry is
+dropped and counted, the rest of the window kept) here.
 
 Per window: validate -> store durably in SQLite -> feed the Engine -> Ack(seq). A window whose
 ``(agent_id, seq)`` is already stored is acked with ``duplicate=true`` and not fed again, so agents
@@ -34,13 +35,13 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from hypertrace.analyzer.storage import Storage, StorageError
+from hypertrace.analyzer.storage import ConflictingDuplicate, Storage, StorageError
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc
 from hypertrace.proto.transport import (DEFAULT_TRUST_DOMAIN, TlsFiles, TransportError,
                                         may_send_for, peer_identity, server_credentials)
-from hypertrace.proto.wire import (INGEST_SERVICE, MAX_WINDOW_BYTES, STREAM_METHOD, WireError,
-                                   validate_window)
+from hypertrace.proto.wire import (INGEST_SERVICE, MAX_CLOCK_SKEW_S, MAX_WINDOW_BYTES,
+                                   STREAM_METHOD, WireError, accept_window, check_clock, quote)
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,8 @@ class _QueryServicer(pb_grpc.QueryServicer):
         raise AssertionError("unreachable")
 
 
-def _ingest_handler(analyzer: Analyzer, access: Access | None) -> grpc.GenericRpcHandler:
+def _ingest_handler(analyzer: Analyzer, access: Access | None,
+                    max_skew_s: float = MAX_CLOCK_SKEW_S) -> grpc.GenericRpcHandler:
     def stream(request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[pb.Ack]:
         for raw in request_iterator:
             if len(raw) > MAX_WINDOW_BYTES:
@@ -186,26 +188,37 @@ def _ingest_handler(analyzer: Analyzer, access: Access | None) -> grpc.GenericRp
                               f"NodeWindow: not a valid hypertrace.v1 NodeWindow protobuf ({exc}); "
                               "is the agent speaking another protocol?")
             try:
-                validate_window(w, encoded_size=len(raw))
+                dropped = accept_window(w, encoded_size=len(raw))
+                check_clock(w, time.time_ns(), max_skew_s)
             except WireError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"window seq {w.seq} of agent {w.agent_id!r}: {exc}")
+                              f"window seq {w.seq} of agent {quote(w.agent_id)}: {exc}")
             except Exception as exc:  # a validator bug must reject the window, not wedge the agent
-                log.exception("validating window %s/%d failed", w.agent_id, w.seq)
+                log.exception("validating window %.64r/%d failed", w.agent_id, w.seq)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"window seq {w.seq} of agent {w.agent_id!r}: cannot be validated "
-                              f"({type(exc).__name__}: {exc})")
+                              f"window seq {w.seq} of agent {quote(w.agent_id)}: cannot be "
+                              f"validated ({type(exc).__name__})")
             if access is not None:
                 access.check_window(context, w)
+            if dropped:
+                w.rejected_processes = len(dropped)
+                raw = w.SerializeToString()          # what is stored is what was accepted
+                log.warning("window %.64r/%d: dropped %d invalid process entries (first: %s)",
+                            w.agent_id, w.seq, len(dropped), dropped[0])
             try:
                 new = analyzer.ingest(w, raw)
+            except ConflictingDuplicate as exc:
+                log.error("%s", exc)
+                context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
             except StorageError as exc:
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"analyzer cannot store windows: {exc}")
             except Exception as exc:   # e.g. sqlite3 disk full: the agent keeps it and retries
                 log.exception("storing window %s/%d failed", w.agent_id, w.seq)
                 context.abort(grpc.StatusCode.UNAVAILABLE,
                               f"analyzer cannot store windows right now ({exc}); retry later")
-            yield pb.Ack(agent_id=w.agent_id, seq=w.seq, duplicate=not new)
+            yield pb.Ack(agent_id=w.agent_id, seq=w.seq, duplicate=not new,
+                         rejected_processes=len(dropped),
+                         rejected_reason=str(dropped[0]) if dropped else "")
 
     handler = grpc.stream_stream_rpc_method_handler(
         stream, request_deserializer=None, response_serializer=pb.Ack.SerializeToString)
@@ -222,6 +235,7 @@ class ServerOptions:
     tls: TlsFiles | None = None          # mutual TLS (proto/transport.py)
     insecure: bool = False               # plaintext without identities: tests on one machine
     trust_domain: str = DEFAULT_TRUST_DOMAIN
+    max_clock_skew_s: float = MAX_CLOCK_SKEW_S   # live windows may end at most this far ahead
 
 
 class AnalyzerServer:
@@ -240,7 +254,8 @@ class AnalyzerServer:
             options=[("grpc.max_receive_message_length", 2 * MAX_WINDOW_BYTES),
                      ("grpc.so_reuseport", 0)])
         access = None if options.tls is None else Access(options.trust_domain)
-        self._server.add_generic_rpc_handlers((_ingest_handler(analyzer, access),))
+        self._server.add_generic_rpc_handlers(
+            (_ingest_handler(analyzer, access, options.max_clock_skew_s),))
         pb_grpc.add_QueryServicer_to_server(_QueryServicer(analyzer, access), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
 

@@ -75,6 +75,17 @@ class StorageError(RuntimeError):
     """The database cannot be opened or written; the message says which path and how to fix it."""
 
 
+class ConflictingDuplicate(ValueError):
+    """A window whose ``(agent_id, seq)`` is stored already, with other content: two agents share
+    an id, or an agent's sequence was reset. Neither copy may silently win."""
+
+    def __init__(self, agent_id: str, seq: int):
+        super().__init__(
+            f"agent {agent_id[:64]!r} already sent window seq {seq} with other content; two "
+            "agents share this agent_id, or this agent's spool (and so its sequence) was reset: "
+            "give every agent its own agent_id and keep its spool_dir across restarts")
+
+
 @dataclass
 class _Queued:
     """One window waiting for its group's commit; ``new``/``error`` are set by the leader."""
@@ -152,7 +163,8 @@ class Storage:
 
     def add_window(self, w: pb.NodeWindow, payload: bytes | None = None,
                    received_ns: int | None = None) -> bool:
-        """Store a (validated) window durably; False when ``(agent_id, seq)`` was already there.
+        """Store a (validated) window durably; False when ``(agent_id, seq)`` was already there
+        with the same bytes (a replay), :class:`ConflictingDuplicate` when with other bytes.
 
         Returns after the transaction holding the window committed (group commit, see the
         module docstring); a failed commit raises here for every window of its group.
@@ -190,6 +202,12 @@ class Storage:
                             "INSERT OR IGNORE INTO windows (agent_id, seq, node, start_ns, "
                             "end_ns, received_ns, payload) VALUES (?, ?, ?, ?, ?, ?, ?)",
                             it.row).rowcount == 1
+                        if not it.new:          # a replay must be the same bytes
+                            stored = self._conn.execute(
+                                "SELECT payload FROM windows WHERE agent_id = ? AND seq = ?",
+                                it.row[:2]).fetchone()
+                            if stored is not None and bytes(stored[0]) != it.row[6]:
+                                it.error = ConflictingDuplicate(it.row[0], it.row[1])
                     self._conn.execute("COMMIT")
                     self.commits += 1
                 except BaseException:

@@ -28,7 +28,8 @@ from typing import Any
 
 SERVER_KEYS = {"listen": str, "db": str, "retention_hours": float, "flush_interval": float,
                "synchronous": str, "max_workers": int, "tls_ca": str, "tls_cert": str,
-               "tls_key": str, "insecure": bool, "trust_domain": str}
+               "tls_key": str, "insecure": bool, "trust_domain": str,
+               "max_clock_skew_s": float}
 
 
 def _scoring_fields() -> list[dataclasses.Field]:
@@ -53,6 +54,9 @@ def register(subparsers) -> None:
                    help="SQLite durability (default FULL: acked windows survive power loss)")
     p.add_argument("--max-workers", type=int,
                    help="gRPC worker threads; each open agent stream holds one, so use at least the number of nodes (default 4096)")
+    p.add_argument("--max-clock-skew-s", type=float,
+                   help="refuse live windows that end more than this many seconds after the "
+                   "analyzer's clock (a node with a broken clock; default 300)")
     tls = p.add_argument_group(
         "transport security (mutual TLS; make test files with `hypertrace certs init`)")
     tls.add_argument("--tls-ca", help="PEM of the CA that signs agent and reader certificates")
@@ -88,7 +92,7 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
                               "retention_hours": None, "flush_interval": 1.0,
                               "synchronous": "FULL", "max_workers": 4096, "tls_ca": None,
                               "tls_cert": None, "tls_key": None, "insecure": False,
-                              "trust_domain": "hypertrace"}
+                              "trust_domain": "hypertrace", "max_clock_skew_s": 300.0}
     scoring: dict[str, Any] = {}
     for key, value in file_values.items():
         if key in SERVER_KEYS:
@@ -124,6 +128,8 @@ def _check_server_settings(server: dict[str, Any]) -> None:
     if server["retention_hours"] is not None and not server["retention_hours"] > 0:
         raise ValueError(f"retention_hours must be > 0 (omit it to keep everything), got "
                          f"{server['retention_hours']}")
+    if not server["max_clock_skew_s"] > 0:
+        raise ValueError(f"max_clock_skew_s must be > 0 seconds, got {server['max_clock_skew_s']}")
     if not server["flush_interval"] >= 0:
         raise ValueError(f"flush_interval must be >= 0 seconds, got {server['flush_interval']}")
     if not server["max_workers"] >= 1:
@@ -170,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
                             retention_hours=server_cfg["retention_hours"],
                             max_workers=int(server_cfg["max_workers"]),
                             tls=server_cfg["tls"], insecure=bool(server_cfg["insecure"]),
-                            trust_domain=server_cfg["trust_domain"])
+                            trust_domain=server_cfg["trust_domain"],
+                            max_clock_skew_s=float(server_cfg["max_clock_skew_s"]))
     server = AnalyzerServer(analyzer, options)
     try:
         port = server.start()

@@ -12,7 +12,8 @@ counter, until acks free space.
 While the analyzer is unreachable the sender backs off exponentially with full jitter
 (``base * 2**attempt``, capped, times a uniform 0.5..1 factor) so a restarted analyzer is not hit
 by every agent of the fleet in the same second. After a reconnect it replays the spool in seq
-order. A window the analyzer rejects as INVALID_ARGUMENT is dropped from the spool with a logged
+order. A window the analyzer rejects as INVALID_ARGUMENT, or as ALREADY_EXISTS (its seq is stored
+with other content: a reset spool or a shared agent id), is dropped from the spool with a logged
 error, so one poison window cannot wedge the agent forever.
 
 A stream is closed after ``idle_close`` seconds with nothing to send: a sync gRPC server holds one
@@ -32,7 +33,7 @@ from typing import Iterator
 import grpc
 
 from hypertrace.proto import hypertrace_pb2 as pb
-from hypertrace.proto.wire import STREAM_METHOD, WireError, validate_window
+from hypertrace.proto.wire import STREAM_METHOD, WireError, accept_window
 
 log = logging.getLogger(__name__)
 
@@ -204,13 +205,16 @@ class Uplink:
     # ---- producer side -------------------------------------------------------------------------
 
     def submit(self, window: pb.NodeWindow) -> bool:
-        """Validate and spool a window; False if it was dropped (invalid, or the spool is full)."""
+        """Validate and spool a window; False if it was dropped (invalid, or the spool is full).
+        An invalid process entry is dropped alone (logged); the window's other processes go."""
         try:
-            validate_window(window)
+            dropped = accept_window(window)
         except WireError as exc:
             self.rejected += 1
             log.error("not sending invalid window seq %d: %s", window.seq, exc)
             return False
+        for exc in dropped:
+            log.error("window seq %d: leaving out an invalid process entry: %s", window.seq, exc)
         ok = self.spool.put(int(window.seq), window.SerializeToString())
         with self._cv:
             self._cv.notify_all()
@@ -292,6 +296,9 @@ class Uplink:
                     self.spool.remove(int(ack.seq))
                     self.acked += 1
                     self.duplicates += int(ack.duplicate)
+                    if ack.rejected_processes:
+                        log.error("analyzer dropped %d process entries of window seq %d: %s",
+                                  ack.rejected_processes, ack.seq, ack.rejected_reason)
                     attempt = 0
                     with self._cv:
                         self._cv.notify_all()
@@ -299,7 +306,8 @@ class Uplink:
                         call.cancel()
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
-                if code == grpc.StatusCode.INVALID_ARGUMENT and in_flight:
+                if code in (grpc.StatusCode.INVALID_ARGUMENT,
+                            grpc.StatusCode.ALREADY_EXISTS) and in_flight:
                     bad = in_flight[0]
                     self.rejected += 1
                     log.error("analyzer rejected window seq %d: %s; dropping it from the spool",

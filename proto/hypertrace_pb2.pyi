@@ -164,7 +164,7 @@ class ProcessWindow(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., pid: _Optional[int] = ..., gpu_kind: _Optional[str] = ..., apis: _Optional[_Iterable[_Union[ApiStats, _Mapping]]] = ..., step_time: _Optional[_Union[Histogram, _Mapping]] = ..., nvml: _Optional[_Union[NvmlContext, _Mapping]] = ..., overhead: _Optional[_Union[Overhead, _Mapping]] = ..., sched: _Optional[_Union[SchedStats, _Mapping]] = ..., steps: _Optional[_Union[StepStats, _Mapping]] = ..., group: _Optional[str] = ...) -> None: ...
 
 class NodeWindow(_message.Message):
-    __slots__ = ("version", "agent_id", "node", "seq", "start", "end", "processes")
+    __slots__ = ("version", "agent_id", "node", "seq", "start", "end", "processes", "rejected_processes")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,7 @@ class NodeWindow(_message.Message):
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_PROCESSES_FIELD_NUMBER: _ClassVar[int]
     version: int
     agent_id: str
     node: str
@@ -179,17 +180,22 @@ class NodeWindow(_message.Message):
     start: _timestamp_pb2.Timestamp
     end: _timestamp_pb2.Timestamp
     processes: _containers.RepeatedCompositeFieldContainer[ProcessWindow]
-    def __init__(self, version: _Optional[int] = ..., agent_id: _Optional[str] = ..., node: _Optional[str] = ..., seq: _Optional[int] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., processes: _Optional[_Iterable[_Union[ProcessWindow, _Mapping]]] = ...) -> None: ...
+    rejected_processes: int
+    def __init__(self, version: _Optional[int] = ..., agent_id: _Optional[str] = ..., node: _Optional[str] = ..., seq: _Optional[int] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., processes: _Optional[_Iterable[_Union[ProcessWindow, _Mapping]]] = ..., rejected_processes: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("agent_id", "seq", "duplicate")
+    __slots__ = ("agent_id", "seq", "duplicate", "rejected_processes", "rejected_reason")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_REASON_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     seq: int
     duplicate: bool
-    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+    rejected_processes: int
+    rejected_reason: str
+    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., duplicate: _Optional[bool] = ..., rejected_processes: _Optional[int] = ..., rejected_reason: _Optional[str] = ...) -> None: ...
 
 class Finding(_message.Message):
     __slots__ = ("api", "stat", "value_us", "job_median_us", "ratio", "robust_z", "direction", "meaning", "basis", "unit", "step_share")

@@ -14,18 +14,29 @@ from google.protobuf import json_format
 
 from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.proto.apis import PROBED_APIS
 
 WIRE_VERSION = 1
 #: Full gRPC method names, for the raw-bytes stream calls (the server validates the bytes itself,
 #: so it can answer INVALID_ARGUMENT to a message that is not protobuf at all).
 INGEST_SERVICE = pb.DESCRIPTOR.services_by_name["Ingest"].full_name
 STREAM_METHOD = f"/{INGEST_SERVICE}/Stream"
-#: Hard limits that keep one window from exhausting the analyzer. A node has at most a few
-#: dozen GPUs; the caps are generous multiples of that.
-MAX_PROCESSES_PER_WINDOW = 1024
-MAX_APIS_PER_PROCESS = 64
+#: Hard limits that keep one window from exhausting the analyzer (the same numbers are written in
+#: hypertrace.proto). A node has at most a few dozen GPUs and a process sends one ApiStats per
+#: probed API; the caps are generous multiples of that. 1,024 processes x 64 APIs once stalled
+#: ingest for 41 s and grew the analyzer by 2.6 GB.
+MAX_PROCESSES_PER_WINDOW = 256
+MAX_APIS_PER_PROCESS = 32
+MAX_API_STATS_PER_WINDOW = 1024
 MAX_WINDOW_BYTES = 8 * 1024 * 1024
 MAX_ID_LEN = 256
+#: API names: the probed table (proto/apis.py) plus at most this many other names per window
+#: (a newer agent's), each at most MAX_API_NAME_LEN characters of [A-Za-z0-9_.].
+MAX_EXTRA_APIS = 8
+MAX_API_NAME_LEN = 64
+KNOWN_APIS = frozenset(a.name for a in PROBED_APIS)
+#: How much of an offending value an error message may quote.
+QUOTE_LEN = 64
 #: Free-text fields (a step source, why no step was inferred, why a window was not sampled).
 MAX_TEXT_LEN = 1024
 #: ApiTier.tier values.
@@ -92,8 +103,64 @@ def _check_finite_nonneg(value: float, field: str) -> None:
         raise WireError(field, f"must be >= 0, got {value}")
 
 
+#: How far ahead of the analyzer's clock a live window may end (seconds): NTP keeps nodes within
+#: milliseconds; minutes mean a broken clock, and a window from the future would wait in memory
+#: until its date and win every "newest wins" field (GPU kind, rank) until then.
+MAX_CLOCK_SKEW_S = 300.0
+
+
+def check_clock(w: pb.NodeWindow, now_ns: int, max_skew_s: float = MAX_CLOCK_SKEW_S) -> None:
+    """Raise :class:`WireError` when a live window ends more than ``max_skew_s`` after
+    ``now_ns`` (recorded files are not checked: their windows are past by definition)."""
+    ahead_s = (w.end.ToNanoseconds() - now_ns) / 1e9
+    if ahead_s > max_skew_s:
+        raise WireError("end", f"is {ahead_s:,.0f} s ahead of the analyzer's clock (allowed: "
+                        f"{max_skew_s:g} s); fix the node's clock (chrony/NTP)")
+
+
+def quote(value: str) -> str:
+    """``value`` for an error message: at most QUOTE_LEN characters, with its length if cut."""
+    if len(value) <= QUOTE_LEN:
+        return repr(value)
+    return f"{value[:QUOTE_LEN]!r}... ({len(value):,} characters)"
+
+
 def validate_window(w: pb.NodeWindow, encoded_size: int | None = None) -> None:
-    """Raise :class:`WireError` naming the first field that breaks the contract."""
+    """Raise :class:`WireError` naming the first field that breaks the contract (the window's
+    own fields, then every process entry)."""
+    validate_header(w, encoded_size)
+    extras: set[str] = set()
+    budget = [MAX_API_STATS_PER_WINDOW]
+    for i, p in enumerate(w.processes):
+        check_process(p, f"processes[{i}]", extras, budget)
+
+
+def accept_window(w: pb.NodeWindow, encoded_size: int | None = None) -> list[WireError]:
+    """Check a window and drop its bad process entries in place; returns why each was dropped.
+
+    Why per entry: one process with a broken field (a 300-character job id in its environment)
+    must not cost the node's other processes their window. The window's own fields still reject
+    the whole window (raise)."""
+    validate_header(w, encoded_size)
+    extras: set[str] = set()
+    budget = [MAX_API_STATS_PER_WINDOW]
+    bad: list[tuple[int, WireError]] = []
+    for i, p in enumerate(w.processes):
+        taken = (set(extras), budget[0])
+        try:
+            check_process(p, f"processes[{i}]", extras, budget)
+        except WireError as exc:
+            bad.append((i, exc))
+            extras.clear()
+            extras.update(taken[0])                  # a dropped entry spends nothing
+            budget[0] = taken[1]
+    for i, _ in reversed(bad):
+        del w.processes[i]
+    return [exc for _, exc in bad]
+
+
+def validate_header(w: pb.NodeWindow, encoded_size: int | None = None) -> None:
+    """The window's own fields: size, version, ids, seq, timestamps, how many processes."""
     size = encoded_size if encoded_size is not None else w.ByteSize()
     if size > MAX_WINDOW_BYTES:
         raise WireError("NodeWindow", f"is {size} bytes, over the {MAX_WINDOW_BYTES}-byte limit")
@@ -101,11 +168,9 @@ def validate_window(w: pb.NodeWindow, encoded_size: int | None = None) -> None:
         raise WireError("version", f"unknown wire version {w.version}; this analyzer speaks "
                         f"version {WIRE_VERSION}")
     for name in ("agent_id", "node"):
-        value = getattr(w, name)
-        if not value:
-            raise WireError(name, "is empty")
-        if len(value) > MAX_ID_LEN:
-            raise WireError(name, f"is longer than {MAX_ID_LEN} characters")
+        _check_id(getattr(w, name), name)
+    if w.seq < 1:
+        raise WireError("seq", "must be >= 1 (sequence numbers start at 1)")
     if not w.HasField("start") or not w.HasField("end"):
         raise WireError("start" if not w.HasField("start") else "end", "is missing")
     for name in ("start", "end"):
@@ -118,51 +183,87 @@ def validate_window(w: pb.NodeWindow, encoded_size: int | None = None) -> None:
     if len(w.processes) > MAX_PROCESSES_PER_WINDOW:
         raise WireError("processes", f"has {len(w.processes)} entries, over the limit of "
                         f"{MAX_PROCESSES_PER_WINDOW}")
-    for i, p in enumerate(w.processes):
-        pf = f"processes[{i}]"
-        if not p.job_id:
-            raise WireError(f"{pf}.job_id", "is empty")
-        if len(p.job_id) > MAX_ID_LEN:
-            raise WireError(f"{pf}.job_id", f"is longer than {MAX_ID_LEN} characters")
-        if len(p.group) > MAX_ID_LEN:
-            raise WireError(f"{pf}.group", f"is longer than {MAX_ID_LEN} characters")
-        if len(p.apis) > MAX_APIS_PER_PROCESS:
-            raise WireError(f"{pf}.apis", f"has {len(p.apis)} entries, over the limit of "
-                            f"{MAX_APIS_PER_PROCESS}")
-        for j, a in enumerate(p.apis):
-            af = f"{pf}.apis[{j}]"
-            if not a.api:
-                raise WireError(f"{af}.api", "is empty")
-            for stat in ("sum_us", "min_us", "max_us"):
-                _check_finite_nonneg(getattr(a, stat), f"{af}.{stat}")
-            total = _check_histogram(a.histogram, f"{af}.histogram")
-            if total != a.count:
-                raise WireError(f"{af}.count", f"is {a.count} but the histogram holds {total} "
-                                "samples; they must agree")
-            if a.count and a.min_us > a.max_us:
-                raise WireError(f"{af}.min_us", f"{a.min_us} is above max_us {a.max_us}")
-        if p.HasField("step_time"):
-            _check_histogram(p.step_time, f"{pf}.step_time")
-        if p.HasField("overhead"):
-            _check_overhead(p.overhead, f"{pf}.overhead")
-        if p.HasField("sched"):
-            _check_finite_nonneg(p.sched.window_s, f"{pf}.sched.window_s")
-            if p.sched.HasField("runq_latency"):
-                _check_histogram(p.sched.runq_latency, f"{pf}.sched.runq_latency")
-        if p.HasField("steps"):
-            _check_steps(p.steps, f"{pf}.steps")
-        if p.HasField("nvml"):
-            for stat in ("temperature_c", "power_w", "power_limit_w"):
-                if p.nvml.HasField(stat):
-                    _check_finite_nonneg(getattr(p.nvml, stat), f"{pf}.nvml.{stat}")
+
+
+def _check_id(value: str, field: str, empty_ok: bool = False) -> None:
+    if not value and not empty_ok:
+        raise WireError(field, "is empty")
+    if len(value) > MAX_ID_LEN:
+        raise WireError(field, f"is {len(value):,} characters, over the limit of {MAX_ID_LEN} "
+                        f"({quote(value)})")
+
+
+def _check_api_name(name: str, field: str, extras: set[str]) -> None:
+    if name in KNOWN_APIS:
+        return
+    if not name:
+        raise WireError(field, "is empty")
+    if len(name) > MAX_API_NAME_LEN or not all(c.isascii() and (c.isalnum() or c in "_.")
+                                               for c in name):
+        raise WireError(field, f"{quote(name)} is not an API name (at most {MAX_API_NAME_LEN} "
+                        "characters of letters, digits, '_' and '.')")
+    if name not in extras:
+        if len(extras) >= MAX_EXTRA_APIS:
+            raise WireError(field, f"{quote(name)} would be API name number {len(extras) + 1} "
+                            f"outside the probed table in this window; at most {MAX_EXTRA_APIS}")
+        extras.add(name)
+
+
+def check_process(p: pb.ProcessWindow, pf: str, extras: set[str], budget: list[int]) -> None:
+    """One process entry (``pf`` is its field path). ``extras``: the window's API names outside
+    the probed table so far; ``budget[0]``: ApiStats the window may still hold."""
+    _check_id(p.job_id, f"{pf}.job_id")
+    _check_id(p.group, f"{pf}.group", empty_ok=True)
+    _check_id(p.gpu_uuid, f"{pf}.gpu_uuid", empty_ok=True)
+    _check_id(p.gpu_kind, f"{pf}.gpu_kind", empty_ok=True)
+    for name in ("rank", "local_rank", "gpu_index"):
+        if getattr(p, name) < -1:
+            raise WireError(f"{pf}.{name}", f"is {getattr(p, name)}; must be >= -1 (-1: unknown)")
+    if len(p.apis) > MAX_APIS_PER_PROCESS:
+        raise WireError(f"{pf}.apis", f"has {len(p.apis)} entries, over the limit of "
+                        f"{MAX_APIS_PER_PROCESS}")
+    if len(p.apis) > budget[0]:
+        raise WireError(f"{pf}.apis", f"would take the window over {MAX_API_STATS_PER_WINDOW} "
+                        "API entries in all")
+    seen: set[str] = set()
+    for j, a in enumerate(p.apis):
+        af = f"{pf}.apis[{j}]"
+        _check_api_name(a.api, f"{af}.api", extras)
+        if a.api in seen:
+            raise WireError(f"{af}.api", f"{quote(a.api)} appears twice in one process")
+        seen.add(a.api)
+        for stat in ("sum_us", "min_us", "max_us"):
+            _check_finite_nonneg(getattr(a, stat), f"{af}.{stat}")
+        total = _check_histogram(a.histogram, f"{af}.histogram")
+        if total != a.count:
+            raise WireError(f"{af}.count", f"is {a.count} but the histogram holds {total} "
+                            "samples; they must agree")
+        if a.count and a.min_us > a.max_us:
+            raise WireError(f"{af}.min_us", f"{a.min_us} is above max_us {a.max_us}")
+    budget[0] -= len(p.apis)
+    if p.HasField("step_time"):
+        _check_histogram(p.step_time, f"{pf}.step_time")
+    if p.HasField("overhead"):
+        _check_overhead(p.overhead, f"{pf}.overhead", extras)
+    if p.HasField("sched"):
+        _check_finite_nonneg(p.sched.window_s, f"{pf}.sched.window_s")
+        if p.sched.HasField("runq_latency"):
+            _check_histogram(p.sched.runq_latency, f"{pf}.sched.runq_latency")
+    if p.HasField("steps"):
+        _check_steps(p.steps, f"{pf}.steps")
+    if p.HasField("nvml"):
+        for stat in ("temperature_c", "power_w", "power_limit_w"):
+            if p.nvml.HasField(stat):
+                _check_finite_nonneg(getattr(p.nvml, stat), f"{pf}.nvml.{stat}")
 
 
 def _check_text(value: str, field: str) -> None:
     if len(value) > MAX_TEXT_LEN:
-        raise WireError(field, f"is {len(value)} characters, over the limit of {MAX_TEXT_LEN}")
+        raise WireError(field, f"is {len(value):,} characters, over the limit of {MAX_TEXT_LEN} "
+                        f"({quote(value)})")
 
 
-def _check_overhead(o: pb.Overhead, field: str) -> None:
+def _check_overhead(o: pb.Overhead, field: str, extras: set[str]) -> None:
     for stat in ("estimated_fraction", "duty", "probe_cost_ns", "call_rate_hz", "budget",
                  "attached_s", "fixed_cost_s", "step_fraction"):
         _check_finite_nonneg(getattr(o, stat), f"{field}.{stat}")
@@ -173,12 +274,9 @@ def _check_overhead(o: pb.Overhead, field: str) -> None:
                         f"{MAX_APIS_PER_PROCESS}")
     for k, t in enumerate(o.tiers):
         tf = f"{field}.tiers[{k}]"
-        if not t.api:
-            raise WireError(f"{tf}.api", "is empty")
-        if len(t.api) > MAX_ID_LEN:
-            raise WireError(f"{tf}.api", f"is longer than {MAX_ID_LEN} characters")
+        _check_api_name(t.api, f"{tf}.api", extras)
         if t.tier not in TIERS:
-            raise WireError(f"{tf}.tier", f"is {t.tier[:40]!r}; must be one of {list(TIERS)}")
+            raise WireError(f"{tf}.tier", f"is {quote(t.tier)}; must be one of {list(TIERS)}")
         _check_finite_nonneg(t.rate_hz, f"{tf}.rate_hz")
 
 

@@ -91,6 +91,24 @@ def test_duplicate_window_is_acked_as_duplicate_and_not_reingested(analyzer):
     assert jobs.jobs[0].windows == 4     # the engine saw each window once
 
 
+def test_a_duplicate_key_with_other_content_is_refused_not_acked(analyzer):
+    """(agent_id, seq) alone used to decide: a second simulation run with the same ids was acked
+    entirely as duplicates and nothing of it stored."""
+    server, target = analyzer
+    first = list(generate(SMALL))[:2]
+    send(target, first)
+    other = pb.NodeWindow()
+    other.CopyFrom(first[1])
+    other.processes[0].rank = 99                       # same key, other content
+    with pytest.raises(grpc.RpcError) as err:
+        send(target, [other])
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert "other content" in err.value.details() and "agent_id" in err.value.details()
+    stored = {s.seq: s.message() for s in server.analyzer.storage.iter_windows()}
+    assert stored[first[1].seq] == first[1]            # the first copy stays, untouched
+    assert [a.duplicate for a in send(target, first)] == [True, True]   # a true replay is fine
+
+
 def test_report_names_the_straggler_and_stores_verdicts(analyzer):
     server, target = analyzer
     send(target, list(generate(SMALL)))

@@ -1,4 +1,6 @@
-"""Every class of bad input ends only its own stream with INVALID_ARGUMENT naming the field.
+"""Bad input over real gRPC: a bad window ends only its own stream with INVALID_ARGUMENT naming
+the field; a bad *process entry* is dropped alone, counted in the ack and the stored window,
+and the rest of the window is kept.
 
 After each rejection the same server must still be healthy and still store a valid window.
 Malformed protobuf is sent as raw bytes through a generic stream call with an identity
@@ -76,20 +78,77 @@ def _bad_busy_histogram(w):
     w.processes[0].steps.busy_time.scheme = 7
 
 
+def _future_dated(w):
+    """A window dated in 2255 (the relabel attack: newest-wins fields would be its forever)."""
+    span = w.end.ToNanoseconds() - w.start.ToNanoseconds()
+    w.start.FromNanoseconds(9_000_000_000 * 10**9 - span - 1)
+    w.end.FromNanoseconds(9_000_000_000 * 10**9 - 1)
+
+
+def _an_hour_ahead(w):
+    import time
+    now = time.time_ns()
+    w.start.FromNanoseconds(now + 3600 * 10**9)
+    w.end.FromNanoseconds(now + 3610 * 10**9)
+
+
+def _huge_gpu_kind(w):
+    """The report-breaking attack: a 7 MB string in a field that every report prints."""
+    w.processes[0].gpu_kind = "H" * 7_000_000
+
+
+def _long_job_id(w):
+    w.processes[0].job_id = "j" * 300
+
+
+def _made_up_apis(w):
+    """Many distinct API names (the 64 x 1,024 memory attack): the 9th outside the table is out."""
+    for k in range(9):
+        a = w.processes[0].apis.add()
+        a.CopyFrom(w.processes[0].apis[0])
+        a.api = f"fakeApi{k}"
+
+
+def _rank_below_minus_one(w):
+    w.processes[0].rank = -7
+
+
+def _seq_zero(w):
+    w.seq = 0
+
+
+def _too_many_processes(w):
+    for _ in range(300):
+        w.processes.add().CopyFrom(w.processes[0])
+
+
+#: The window's own fields: the whole window is refused.
 CASES = [
+    ("oversized", _oversized, "NodeWindow"),
+    ("unknown_version", _version, "version"),
+    ("empty_agent_id", _empty_agent, "agent_id"),
+    ("empty_node", _empty_node, "node"),
+    ("future_dated", _future_dated, "ahead of the analyzer's clock"),
+    ("an_hour_ahead", _an_hour_ahead, "fix the node's clock"),
+    ("seq_zero", _seq_zero, "seq"),
+    ("too_many_processes", _too_many_processes, "processes"),
+]
+
+#: One process entry's fields: that entry is dropped, the window kept.
+ENTRY_CASES = [
     ("nan", _nan, "apis[0].sum_us"),
     ("negative", _negative, "apis[1].min_us"),
     ("count_vs_histogram", _count_mismatch, "apis[0].count"),
-    ("oversized", _oversized, "NodeWindow"),
-    ("unknown_version", _version, "version"),
     ("unknown_scheme", _scheme, "histogram.scheme"),
-    ("empty_agent_id", _empty_agent, "agent_id"),
-    ("empty_node", _empty_node, "node"),
     ("empty_job_id", _empty_job, "job_id"),
     ("infinite_overhead", _nan_overhead, "overhead.duty"),
     ("nan_step_wait", _nan_step_wait, "steps.gpu_wait_us"),
     ("negative_sched_window", _negative_sched_window, "sched.window_s"),
     ("bad_busy_histogram", _bad_busy_histogram, "steps.busy_time.scheme"),
+    ("huge_gpu_kind", _huge_gpu_kind, "gpu_kind"),
+    ("long_job_id", _long_job_id, "job_id"),
+    ("made_up_apis", _made_up_apis, "outside the probed table"),
+    ("rank_below_minus_one", _rank_below_minus_one, "rank"),
 ]
 
 
@@ -134,6 +193,23 @@ def test_invalid_window_is_rejected_with_the_field_named(server, name, breaker, 
     assert_still_serves(srv, target, hash(name) % 10_000)
 
 
+@pytest.mark.parametrize("name,breaker,field", ENTRY_CASES, ids=[c[0] for c in ENTRY_CASES])
+def test_an_invalid_process_entry_is_dropped_alone_and_counted(server, name, breaker, field):
+    srv, target = server
+    w = good()
+    w.agent_id = f"entry-{name}"
+    sent = len(w.processes)                                  # the node's 8 ranks
+    breaker(w)                                               # breaks rank 0's entry
+    acks = raw_stream(target, [w.SerializeToString()])
+    assert acks[0].rejected_processes == 1 and field in acks[0].rejected_reason
+    assert len(acks[0].rejected_reason) < 600               # never echoes a huge value
+    stored = [x for x in srv.analyzer.storage.iter_windows() if x.agent_id == w.agent_id]
+    kept = stored[0].message()
+    assert kept.rejected_processes == 1
+    assert [p.rank for p in kept.processes] == list(range(1, sent))
+    assert_still_serves(srv, target, hash(name) % 10_000 + 20_000)
+
+
 def test_malformed_protobuf_bytes_are_rejected(server):
     srv, target = server
     with pytest.raises(grpc.RpcError) as err:
@@ -147,7 +223,7 @@ def test_rejected_window_is_not_stored(server):
     srv, target = server
     bad = good()
     bad.agent_id = "never-stored"
-    _nan(bad)
+    _version(bad)
     with pytest.raises(grpc.RpcError):
         send(target, [bad])
     assert not any(w.agent_id == "never-stored" for w in srv.analyzer.storage.iter_windows())

@@ -7,7 +7,6 @@ forever.
 from __future__ import annotations
 
 import logging
-import math
 import time
 
 from hypertrace.sim.simulate import SimConfig, generate
@@ -95,7 +94,7 @@ def test_poison_window_is_dropped_and_does_not_wedge_the_agent(tmp_path, caplog)
     server, target = start_server(tmp_path / "analyzer.db")
     try:
         windows = node_windows(4)
-        windows[1].processes[0].apis[0].sum_us = math.nan
+        windows[1].version = 9                   # the window itself is bad: refused whole
         spool = Spool(tmp_path / "spool")
         for w in windows:                        # bypass submit()'s check: a buggy old agent
             spool.put(w.seq, w.SerializeToString())
@@ -109,6 +108,29 @@ def test_poison_window_is_dropped_and_does_not_wedge_the_agent(tmp_path, caplog)
         assert up.rejected == 1 and "rejected window seq 2" in caplog.text
         stored = sorted(s.seq for s in server.analyzer.storage.iter_windows())
         assert stored == [1, 3, 4]
+    finally:
+        stop_server(server)
+
+
+def test_a_bad_process_entry_costs_only_itself(tmp_path, caplog):
+    """A process whose environment names a 300-character job: its entry is left out, the node's
+    other processes are still sent (this once cost the whole node its windows)."""
+    server, target = start_server(tmp_path / "analyzer.db")
+    try:
+        w = node_windows(1)[0]
+        others = len(w.processes) - 1
+        w.processes[0].job_id = "j" * 300
+        up = Uplink(Spool(tmp_path / "spool"), target, backoff=FAST, idle_close=0.3)
+        with caplog.at_level(logging.ERROR, logger="hypertrace.daemon.uplink"):
+            assert up.submit(w)
+            up.start()
+            try:
+                assert up.wait_drained(30)
+            finally:
+                up.close()
+        assert "leaving out an invalid process entry" in caplog.text and "300 characters" in caplog.text
+        stored = [s.message() for s in server.analyzer.storage.iter_windows()]
+        assert len(stored) == 1 and len(stored[0].processes) == others
     finally:
         stop_server(server)
 
