@@ -12,8 +12,10 @@ Life of a window:
 2. :meth:`Engine.flush` scores complete epochs (all pending ones offline; live, those with
    ``end + grace <= now``), in epoch order per job. Each epoch is scored **once**. A window that
    arrives for an epoch at or before the job's last scored epoch is *late*: it is counted
-   (``late_windows``, ``ListJobs`` windows) but never re-scored, because re-scoring would rewrite
-   verdicts that may already have triggered an eviction.
+   (``late_windows``, per node, shown in the report) but never re-scored, because re-scoring
+   would rewrite verdicts that may already have triggered an eviction. The server records the
+   lateness with the stored window, and its replay after a restart passes it back
+   (``ingest(late=True)``), so the restarted analyzer reaches the same verdicts.
 3. Scoring (:mod:`~hypertrace.analyzer.epoch_scoring`), per job and peer class: quantiles,
    robust rules on every GPU and host, the shift check, the signals read in the job's mode,
    persistence, imbalance, and the sums behind the what-if and the spike rates.
@@ -53,8 +55,10 @@ class Engine:
         mid = (window.start.ToNanoseconds() + window.end.ToNanoseconds()) // 2
         return mid // self.config.window_ns
 
-    def ingest(self, window: pb.NodeWindow) -> None:
-        """Add one window (already validated by ``proto.wire.validate_window``)."""
+    def ingest(self, window: pb.NodeWindow, late: bool = False) -> bool:
+        """Add one window (already validated by ``proto.wire.validate_window``); returns whether
+        it was late for some job (its epoch already scored). ``late=True`` counts it as late
+        whatever the state: the replay of a window the live analyzer found late."""
         epoch = self.epoch_of(window)
         end_ns = window.end.ToNanoseconds()
         order = (end_ns, window.agent_id, window.seq)
@@ -65,23 +69,28 @@ class Engine:
                 job = self._jobs.get(p.job_id)
                 if job is None:
                     job = self._jobs[p.job_id] = JobState(p.job_id)
-                late = job.last_scored_epoch is not None and epoch <= job.last_scored_epoch
+                too_late = late or (job.last_scored_epoch is not None
+                                    and epoch <= job.last_scored_epoch)
                 acc = None
-                if not late:
+                if not too_late:
                     acc = job.pending.get(epoch)
                     if acc is None:
                         acc = job.pending[epoch] = EpochAccumulator(p.job_id, epoch)
                 touched[p.job_id] = acc
             if acc is not None:
                 acc.add_process(self._jobs[p.job_id].register(window.node, p, order), p, end_ns)
+        any_late = False
         for job_id, acc in touched.items():
             job = self._jobs[job_id]
             job.windows += 1
             job.last_window_ns = max(job.last_window_ns, end_ns)
             if acc is None:
                 job.late_windows += 1
+                job.late_nodes[window.node] = job.late_nodes.get(window.node, 0) + 1
+                any_late = True
             else:
                 acc.windows += 1
+        return any_late
 
     # ---- scoring ---------------------------------------------------------------------------
 

@@ -11,6 +11,9 @@ from hypertrace.analyzer.jobs import _VERDICTS, JobState
 from hypertrace.analyzer.persistence import STRAGGLER, SUSPECT
 from hypertrace.proto import hypertrace_pb2 as pb
 
+#: Nodes with late windows named in a report (the count covers all).
+LATE_NODES = 20
+
 #: Sort order of verdicts in reports: worst first.
 _SEVERITY = {"straggler": 0, "suspect": 1, "insufficient_data": 2, "healthy": 3}
 
@@ -19,7 +22,10 @@ def job_report(job: JobState, cfg: ScoringConfig) -> pb.JobReport:
     """The report of one job: node and GPU verdicts worst first, findings, causes,
     imbalance and the cluster prediction."""
     jr = pb.JobReport(job_id=job.job_id, windows=job.epochs_scored, gpus=len(job.keys),
-                      windows_sampled=job.windows_sampled, mode=job.mode)
+                      windows_sampled=job.windows_sampled, mode=job.mode,
+                      late_windows=job.late_windows)
+    for node, n in sorted(job.late_nodes.items(), key=lambda kv: (-kv[1], kv[0]))[:LATE_NODES]:
+        jr.late_nodes.add(node=node, windows=n)
     if not job.keys:
         return jr
     job.grow()

@@ -79,6 +79,8 @@ class JobState:
     last_scored_epoch: int | None = None
     windows: int = 0
     late_windows: int = 0
+    #: node -> windows of this job that arrived after their epoch was scored
+    late_nodes: dict[str, int] = field(default_factory=dict)
     last_window_ns: int = 0
     _keys_cache: tuple[np.ndarray, list[GpuKey]] | None = None
     _verdict_cache: tuple[list[GpuKey], np.ndarray, dict[GpuKey, str]] | None = None

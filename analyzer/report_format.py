@@ -8,7 +8,8 @@ even when it has its default value, so consumers never have to guess whether a m
 "direction", "meaning", "basis", "unit", "step_share"?}], "probable_cause", "gpu_kind"}]}],
 "cluster":
 {"spike_probability", "spike_basis", "basis", "step_time_now_us", "step_time_after_eviction_us",
-"predicted_gain", "evicted_nodes"}, "windows_sampled", "mode", "imbalance": [{"group", "gpus",
+"predicted_gain", "evicted_nodes"}, "windows_sampled", "mode", "late_windows", "late_nodes":
+[{"node", "windows"}], "imbalance": [{"group", "gpus",
 "signal", "unit", "value", "reference", "ratio"}]}]}``. Nodes and GPUs come worst
 first. A finding's ``basis`` is "gpu" (the GPU's own value) or "host" (the median GPU of its host
 against the job's hosts; the table marks it ``[host]``). A finding's ``unit`` says what
@@ -144,6 +145,12 @@ def report_to_table(report: pb.Report) -> str:
                        f"{_fmt_value(d.value, d.unit)} vs {_fmt_value(d.reference, d.unit)} across "
                        f"groups ({d.ratio - 1:+.1%}){also}: the group does more work; rebalance "
                        "it, evicting its nodes would not help")
+        if job.late_windows:
+            named = ", ".join(f"{x.node} {x.windows}" for x in job.late_nodes[:5])
+            more = len(job.late_nodes) - 5
+            out.append(f"  late: {job.late_windows} windows arrived after their window was "
+                       f"scored ({named}{f', {more} more nodes' if more > 0 else ''}): stored, "
+                       "not scored; check those nodes' clocks (chrony) and uplinks")
         c = job.cluster
         if c.basis:
             out.append(_cluster_line(c))

@@ -69,31 +69,49 @@ class Analyzer:
         self.storage = storage
         self._engine = (engine_factory or _default_engine_factory)(config)
         self._lock = threading.Lock()
+        self.replay_pending_max = 0      # most epochs held in memory during the last resume()
 
     def resume(self) -> int:
-        """Replay every stored window into the (fresh) Engine; returns how many were replayed."""
+        """Replay every stored window into the (fresh) Engine, epoch by epoch; returns how many
+        were replayed.
+
+        Windows come in end-time order. Each epoch is scored as soon as no window of it can
+        still follow (its end + grace lies two windows behind the replayed time), so memory holds
+        a few epochs, not the whole history; a window the live analyzer found late is replayed
+        as late. So the restarted analyzer reaches the verdicts the live one reached."""
         n = 0
+        held = 0
+        slack = 2 * self.config.window_ns
         with self._lock:
             for sw in self.storage.iter_windows():
                 try:
-                    self._engine.ingest(sw.message())
+                    self._engine.ingest(sw.message(), late=sw.late)
                 except Exception:   # a stored window the engine cannot take must not stop start-up
-                    log.exception("replay: engine rejected stored window %s/%d", sw.agent_id, sw.seq)
+                    log.exception("replay: engine rejected stored window %.64r/%d",
+                                  sw.agent_id, sw.seq)
                 n += 1
+                self._engine.flush(sw.end_ns - slack)
+                held = max(held, self._engine.pending_epochs())
+        self.replay_pending_max = held
         if n:
-            log.info("resumed %d stored windows from %s", n, self.storage.path)
+            log.info("resumed %d stored windows from %s (at most %d epochs pending)", n,
+                     self.storage.path, held)
         return n
 
     def ingest(self, w: pb.NodeWindow, payload: bytes | None = None) -> bool:
-        """Store then score-feed a validated window; False if it was a duplicate."""
+        """Store then score-feed a validated window; False if it was a duplicate. A window that
+        turns out late (its epoch already scored) is marked so in the store."""
         if not self.storage.add_window(w, payload):
             return False
+        late = False
         with self._lock:
             try:
-                self._engine.ingest(w)
+                late = self._engine.ingest(w)
             except Exception:   # stored already; an engine bug must not kill the stream
-                log.exception("engine failed on window %s/%d (stored, not scored)",
+                log.exception("engine failed on window %.64r/%d (stored, not scored)",
                               w.agent_id, w.seq)
+        if late:
+            self.storage.mark_late(w.agent_id, w.seq)
         return True
 
     def flush(self, now_ns: int | None = None) -> int:

@@ -18,7 +18,9 @@ group. Each caller still returns only after *its* window's transaction committed
 means "durably stored". With one caller at a time a group is that one window (no added latency).
 
 Dedup: ``(agent_id, seq)`` is the primary key of ``windows``; :meth:`Storage.add_window` tells
-whether the window was new, which is what makes agent replay after a reconnect harmless.
+whether the window was new, which is what makes agent replay after a reconnect harmless (and
+refuses the same key with other bytes). ``late`` marks a window that arrived after its epoch
+was scored: the replay after a restart must leave it out of scoring as the live analyzer did.
 
 Not thread-safe by itself across connections: one connection is shared and guarded by a lock
 (``check_same_thread=False``), because gRPC calls arrive on a thread pool.
@@ -26,6 +28,7 @@ Not thread-safe by itself across connections: one connection is shared and guard
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -39,7 +42,9 @@ log = logging.getLogger(__name__)
 #: Windows read per query when replaying the store after a restart.
 REPLAY_PAGE = 2000
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Upgrades from an older schema, in place: version -> statements that reach the next one.
+_MIGRATIONS = {1: ("ALTER TABLE windows ADD COLUMN late INTEGER NOT NULL DEFAULT 0",)}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -51,6 +56,7 @@ CREATE TABLE IF NOT EXISTS windows (
     end_ns      INTEGER NOT NULL,
     received_ns INTEGER NOT NULL,
     payload     BLOB    NOT NULL,
+    late        INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (agent_id, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS windows_end ON windows (end_ns);
@@ -108,6 +114,7 @@ class StoredWindow:
     node: str
     end_ns: int
     payload: bytes
+    late: bool = False        # arrived after its epoch was scored: counted, never scored
 
     def message(self) -> pb.NodeWindow:
         return pb.NodeWindow.FromString(self.payload)
@@ -146,9 +153,21 @@ class Storage:
                          (str(SCHEMA_VERSION),))
             version = int(conn.execute(
                 "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
+            while version in _MIGRATIONS:
+                for stmt in _MIGRATIONS[version]:
+                    conn.execute(stmt)
+                version += 1
+                conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                             (str(version),))
+                log.info("database %s: schema upgraded to version %d", p, version)
         except sqlite3.Error as exc:
             raise StorageError(f"cannot open database {p}: {exc}; check that the path is "
                                "writable by this user (or pass another --db)") from exc
+        for suffix in ("", "-wal", "-shm"):          # windows name nodes and jobs: owner only
+            try:
+                os.chmod(f"{p}{suffix}", 0o600)
+            except OSError:
+                pass
         if version != SCHEMA_VERSION:
             conn.close()
             raise StorageError(f"database {p} has schema version {version}, this analyzer uses "
@@ -211,7 +230,12 @@ class Storage:
                     self._conn.execute("COMMIT")
                     self.commits += 1
                 except BaseException:
-                    self._conn.execute("ROLLBACK")
+                    try:
+                        self._conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        # SQLite rolls back by itself on some errors (a full disk); the first
+                        # error is the one to report, not "no transaction is active"
+                        pass
                     raise
         except BaseException as exc:   # every window of the group failed: its caller raises
             for it in group:
@@ -226,15 +250,22 @@ class Storage:
         while True:
             with self._lock:
                 rows = self._conn.execute(
-                    "SELECT agent_id, seq, node, end_ns, payload FROM windows "
+                    "SELECT agent_id, seq, node, end_ns, payload, late FROM windows "
                     "WHERE (end_ns, agent_id, seq) > (?, ?, ?) "
                     "ORDER BY end_ns, agent_id, seq LIMIT ?",
                     (last[0], last[1], last[2], REPLAY_PAGE)).fetchall()
             if not rows:
                 return
             for r in rows:
-                yield StoredWindow(r[0], int(r[1]), r[2], int(r[3]), bytes(r[4]))
+                yield StoredWindow(r[0], int(r[1]), r[2], int(r[3]), bytes(r[4]), bool(r[5]))
             last = (int(rows[-1][3]), rows[-1][0], int(rows[-1][1]))
+
+    def mark_late(self, agent_id: str, seq: int) -> None:
+        """Record that a stored window arrived after its epoch was scored, so a replay after a
+        restart leaves it out of scoring exactly as the live analyzer did."""
+        with self._lock:
+            self._conn.execute("UPDATE windows SET late = 1 WHERE agent_id = ? AND seq = ?",
+                               (agent_id, seq))
 
     def count_windows(self) -> int:
         with self._lock:

@@ -47,6 +47,22 @@ class SpoolError(RuntimeError):
     """The spool directory cannot be used; the message names the path and the fix."""
 
 
+#: Window seqs stay below 2**63 (the analyzer stores them as SQLite integers); a spool re-seeds
+#: from the clock when its persisted seq comes within SEQ_HEADROOM of that.
+SEQ_LIMIT = 2 ** 63
+SEQ_HEADROOM = 2 ** 32
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    """Write a file readable by its owner only (0600) and fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class Spool:
     """Bounded directory of serialized windows, one file per seq (``<seq:020d>.pb``).
 
@@ -60,7 +76,7 @@ class Spool:
         self._lock = threading.Lock()
         self.dropped = 0
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             probe = self.dir / ".write-test"
             probe.write_bytes(b"")
             probe.unlink()
@@ -85,10 +101,22 @@ class Spool:
             self._last_seq = time.time_ns() // 1_000_000
 
     def _read_last_seq(self) -> int:
+        """The persisted high-water seq; 0 (re-seed from the clock) when it is unreadable or
+        so large that the next seqs would leave the analyzer's range (below 2**63), which once
+        stopped an agent from sending while it kept pinging the watchdog."""
+        path = self.dir / "last_seq"
         try:
-            return int((self.dir / "last_seq").read_text().strip() or 0)
-        except (OSError, ValueError):
+            value = int(path.read_text().strip() or 0)
+        except FileNotFoundError:
             return 0
+        except (OSError, ValueError) as exc:
+            log.warning("spool: %s is unreadable (%s); starting seqs from the clock", path, exc)
+            return 0
+        if not 0 <= value < SEQ_LIMIT - SEQ_HEADROOM:
+            log.warning("spool: %s holds %d, outside 0..2**63; starting seqs from the clock",
+                        path, value)
+            return 0
+        return value
 
     @property
     def last_seq(self) -> int:
@@ -123,15 +151,15 @@ class Spool:
                 return False
             path = self.dir / f"{seq:020d}{_SUFFIX}"
             tmp = path.with_suffix(".tmp")
-            with open(tmp, "wb") as fh:
-                fh.write(payload)
-                fh.flush()
-                os.fsync(fh.fileno())
+            _write_synced(tmp, payload)
             os.replace(tmp, path)
             self._sizes[seq] = len(payload)
             if seq > self._last_seq:
                 self._last_seq = seq
-                (self.dir / "last_seq.tmp").write_text(str(seq))
+                # synced before the rename: after a power loss last_seq is never older than a
+                # window the analyzer may have acked (a reused seq would be refused as a
+                # conflicting duplicate)
+                _write_synced(self.dir / "last_seq.tmp", str(seq).encode())
                 os.replace(self.dir / "last_seq.tmp", self.dir / "last_seq")
             return True
 

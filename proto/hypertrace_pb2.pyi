@@ -278,7 +278,7 @@ class ClusterPrediction(_message.Message):
     def __init__(self, spike_probability: _Optional[float] = ..., basis: _Optional[str] = ..., step_time_now_us: _Optional[float] = ..., step_time_after_eviction_us: _Optional[float] = ..., predicted_gain: _Optional[float] = ..., evicted_nodes: _Optional[_Iterable[str]] = ..., spike_basis: _Optional[str] = ...) -> None: ...
 
 class JobReport(_message.Message):
-    __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster", "windows_sampled", "mode", "imbalance")
+    __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster", "windows_sampled", "mode", "imbalance", "late_windows", "late_nodes")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -287,6 +287,8 @@ class JobReport(_message.Message):
     WINDOWS_SAMPLED_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     IMBALANCE_FIELD_NUMBER: _ClassVar[int]
+    LATE_WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    LATE_NODES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     windows: int
     gpus: int
@@ -295,7 +297,17 @@ class JobReport(_message.Message):
     windows_sampled: int
     mode: str
     imbalance: _containers.RepeatedCompositeFieldContainer[GroupImbalance]
-    def __init__(self, job_id: _Optional[str] = ..., windows: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeReport, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterPrediction, _Mapping]] = ..., windows_sampled: _Optional[int] = ..., mode: _Optional[str] = ..., imbalance: _Optional[_Iterable[_Union[GroupImbalance, _Mapping]]] = ...) -> None: ...
+    late_windows: int
+    late_nodes: _containers.RepeatedCompositeFieldContainer[LateNode]
+    def __init__(self, job_id: _Optional[str] = ..., windows: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeReport, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterPrediction, _Mapping]] = ..., windows_sampled: _Optional[int] = ..., mode: _Optional[str] = ..., imbalance: _Optional[_Iterable[_Union[GroupImbalance, _Mapping]]] = ..., late_windows: _Optional[int] = ..., late_nodes: _Optional[_Iterable[_Union[LateNode, _Mapping]]] = ...) -> None: ...
+
+class LateNode(_message.Message):
+    __slots__ = ("node", "windows")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    windows: int
+    def __init__(self, node: _Optional[str] = ..., windows: _Optional[int] = ...) -> None: ...
 
 class GroupImbalance(_message.Message):
     __slots__ = ("group", "gpus", "signal", "unit", "value", "reference", "ratio")

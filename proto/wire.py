@@ -169,8 +169,8 @@ def validate_header(w: pb.NodeWindow, encoded_size: int | None = None) -> None:
                         f"version {WIRE_VERSION}")
     for name in ("agent_id", "node"):
         _check_id(getattr(w, name), name)
-    if w.seq < 1:
-        raise WireError("seq", "must be >= 1 (sequence numbers start at 1)")
+    if not 1 <= w.seq < 2 ** 63:
+        raise WireError("seq", f"is {w.seq}; must be between 1 and 2**63 - 1")
     if not w.HasField("start") or not w.HasField("end"):
         raise WireError("start" if not w.HasField("start") else "end", "is missing")
     for name in ("start", "end"):

@@ -100,3 +100,24 @@ def test_unwritable_or_missing_directory_is_a_clear_error(tmp_path):
     (ro / "a.db").mkdir()                          # a directory where the file should be
     with pytest.raises(StorageError, match="cannot open database"):
         Storage.open(ro / "a.db")
+
+
+def test_a_full_database_reports_its_real_error_and_keeps_what_was_stored(tmp_path):
+    """A full disk used to surface as "cannot rollback - no transaction is active". The limit
+    here is SQLite's page count, which fails the same way (SQLITE_FULL) without filling a disk."""
+    import os
+    st = Storage.open(tmp_path / "a.db")
+    try:
+        assert os.stat(tmp_path / "a.db").st_mode & 0o777 == 0o600
+        ws = list(generate(SimConfig(gpus=64, gpus_per_node=8, windows=20, seed=1)))
+        pages = st._conn.execute("PRAGMA page_count").fetchone()[0]
+        st._conn.execute(f"PRAGMA max_page_count = {pages + 40}")
+        stored = 0
+        with pytest.raises(sqlite3.Error) as err:
+            for w in ws:
+                st.add_window(w)
+                stored += 1
+        assert "full" in str(err.value) and "no transaction" not in str(err.value)
+        assert 0 < stored < len(ws) and st.count_windows() == stored
+    finally:
+        st.close()

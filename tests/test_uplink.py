@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import time
 
+import pytest
+
 from hypertrace.sim.simulate import SimConfig, generate
 from hypertrace.daemon.uplink import Backoff, Spool, Uplink
 
@@ -171,3 +173,20 @@ def test_a_wiped_spool_never_reuses_seqs(tmp_path):
     _time.sleep(0.002)
     again = Spool(tmp_path / "spool", 1 << 20)
     assert again.last_seq + 1 > first
+
+
+@pytest.mark.parametrize("content", [str(2 ** 64 + 5), "garbage", str(2 ** 63 - 10)])
+def test_a_spool_whose_last_seq_is_out_of_range_starts_again_from_the_clock(tmp_path, content):
+    """A last_seq of 2**64 once stopped an agent sending (the analyzer cannot store such a seq)
+    while it kept pinging the watchdog."""
+    import os
+    import time
+    d = tmp_path / "spool"
+    d.mkdir()
+    (d / "last_seq").write_text(content)
+    spool = Spool(d)
+    assert 0 < spool.last_seq < 2 ** 63 - 2 ** 32
+    assert abs(spool.last_seq - time.time_ns() // 1_000_000) < 60_000
+    assert spool.put(spool.last_seq + 1, b"x")
+    assert os.stat(d / "last_seq").st_mode & 0o777 == 0o600
+    assert all(os.stat(f).st_mode & 0o777 == 0o600 for f in d.glob("*.pb"))

@@ -1,0 +1,99 @@
+"""A restarted analyzer reaches the verdicts the live one reached, with bounded memory.
+
+Real gRPC and a real SQLite file: windows are streamed to an analyzer, scored live, the server
+is stopped and a new one opens the same database and replays it.
+"""
+from __future__ import annotations
+
+from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.sim.simulate import SimConfig, Straggler, generate
+
+from test_server import send, start_server, stop_server
+
+
+def _verdicts(report: pb.Report) -> dict[tuple[str, str], str]:
+    return {(n.node, g.gpu): g.verdict for j in report.jobs for n in j.nodes for g in n.gpus}
+
+
+def test_a_late_node_is_reported_as_late_live_and_after_a_restart(tmp_path):
+    """Windows that arrive after their epoch was scored are stored and counted, not scored; a
+    restart used to replay them into scoring and convict the node."""
+    cfg = SimConfig(gpus=64, gpus_per_node=8, windows=6, seed=4,
+                    stragglers=(Straggler("node-0002", 1.3), Straggler("node-0003", 1.3)))
+    windows = list(generate(cfg))
+    on_time = [w for w in windows if w.node != "node-0003"]
+    late = [w for w in windows if w.node == "node-0003"]
+    db = tmp_path / "a.db"
+    server, target = start_server(db)
+    try:
+        send(target, on_time)
+        server.analyzer.flush()                       # every epoch scored
+        acks = send(target, late)
+        assert len(acks) == len(late) and not any(a.duplicate for a in acks)
+        live = server.analyzer.report()
+    finally:
+        stop_server(server)
+    job = live.jobs[0]
+    assert job.late_windows == len(late)
+    assert [(x.node, x.windows) for x in job.late_nodes] == [("node-0003", len(late))]
+    assert "node-0003" not in {n.node for n in job.nodes}
+    assert {n.node for n in job.nodes if n.verdict == "straggler"} == {"node-0002"}
+
+    server, target = start_server(db)                 # restart: replay from the database
+    try:
+        again = server.analyzer.report()
+    finally:
+        stop_server(server)
+    assert _verdicts(again) == _verdicts(live)
+    assert again.jobs[0].late_windows == len(late)
+    assert list(again.jobs[0].late_nodes) == list(job.late_nodes)
+
+
+def test_replay_holds_a_few_epochs_not_the_history(tmp_path):
+    cfg = SimConfig(gpus=16, gpus_per_node=8, windows=40, seed=2,
+                    stragglers=(Straggler("node-0001", 1.3),))
+    db = tmp_path / "a.db"
+    server, target = start_server(db)
+    try:
+        send(target, list(generate(cfg)))
+        server.analyzer.flush()
+        live = server.analyzer.report()
+    finally:
+        stop_server(server)
+    server, _ = start_server(db)
+    try:
+        assert server.analyzer.replay_pending_max <= 4      # of 40 epochs
+        again = server.analyzer.report()
+    finally:
+        stop_server(server)
+    assert _verdicts(again) == _verdicts(live)
+    assert again.jobs[0].windows == live.jobs[0].windows == 40
+
+
+def test_a_database_of_the_previous_schema_is_upgraded_in_place(tmp_path):
+    import sqlite3
+
+    from hypertrace.analyzer.storage import SCHEMA_VERSION, Storage
+    db = tmp_path / "old.db"
+    conn = sqlite3.connect(db)
+    conn.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "INSERT INTO meta VALUES ('schema_version', '1');"
+        "CREATE TABLE windows (agent_id TEXT NOT NULL, seq INTEGER NOT NULL, node TEXT NOT NULL,"
+        " start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, received_ns INTEGER NOT NULL,"
+        " payload BLOB NOT NULL, PRIMARY KEY (agent_id, seq)) WITHOUT ROWID;")
+    w = next(iter(generate(SimConfig(gpus=8, windows=1, seed=1))))
+    conn.execute("INSERT INTO windows VALUES (?, ?, ?, ?, ?, ?, ?)",
+                 (w.agent_id, w.seq, w.node, w.start.ToNanoseconds(), w.end.ToNanoseconds(), 0,
+                  w.SerializeToString()))
+    conn.commit()
+    conn.close()
+    storage = Storage.open(db)
+    try:
+        stored = list(storage.iter_windows())
+        assert len(stored) == 1 and stored[0].late is False and stored[0].message() == w
+        version = storage._conn.execute(
+            "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+        assert int(version) == SCHEMA_VERSION
+    finally:
+        storage.close()
