@@ -35,7 +35,8 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from hypertrace.analyzer.storage import ConflictingDuplicate, Storage, StorageError
+from hypertrace.analyzer.storage import (ConflictingDuplicate, Storage, StorageCorrupt,
+                                         StorageError)
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc
 from hypertrace.proto.transport import (DEFAULT_TRUST_DOMAIN, TlsFiles, TransportError,
@@ -70,6 +71,7 @@ class Analyzer:
         self._engine = (engine_factory or _default_engine_factory)(config)
         self._lock = threading.Lock()
         self.replay_pending_max = 0      # most epochs held in memory during the last resume()
+        self.broken = ""                 # why ingest stopped (a corrupt database), once it did
 
     def resume(self) -> int:
         """Replay every stored window into the (fresh) Engine, epoch by epoch; returns how many
@@ -192,7 +194,8 @@ class _QueryServicer(pb_grpc.QueryServicer):
 
 
 def _ingest_handler(analyzer: Analyzer, access: Access | None,
-                    max_skew_s: float = MAX_CLOCK_SKEW_S) -> grpc.GenericRpcHandler:
+                    max_skew_s: float = MAX_CLOCK_SKEW_S,
+                    on_broken: Callable[[], None] | None = None) -> grpc.GenericRpcHandler:
     def stream(request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[pb.Ack]:
         for raw in request_iterator:
             if len(raw) > MAX_WINDOW_BYTES:
@@ -228,6 +231,13 @@ def _ingest_handler(analyzer: Analyzer, access: Access | None,
             except ConflictingDuplicate as exc:
                 log.error("%s", exc)
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+            except StorageCorrupt as exc:
+                if not analyzer.broken:
+                    analyzer.broken = str(exc)
+                    log.critical("%s", exc)
+                    if on_broken is not None:
+                        on_broken()
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"analyzer cannot store windows: {exc}")
             except StorageError as exc:
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"analyzer cannot store windows: {exc}")
             except Exception as exc:   # e.g. sqlite3 disk full: the agent keeps it and retries
@@ -273,7 +283,7 @@ class AnalyzerServer:
                      ("grpc.so_reuseport", 0)])
         access = None if options.tls is None else Access(options.trust_domain)
         self._server.add_generic_rpc_handlers(
-            (_ingest_handler(analyzer, access, options.max_clock_skew_s),))
+            (_ingest_handler(analyzer, access, options.max_clock_skew_s, self._not_serving),))
         pb_grpc.add_QueryServicer_to_server(_QueryServicer(analyzer, access), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
 
@@ -314,6 +324,12 @@ class AnalyzerServer:
                                         daemon=True)
         self._thread.start()
         return port
+
+    def _not_serving(self) -> None:
+        """The database broke: health says NOT_SERVING for ingest, so a load balancer or a
+        probe sees it; queries of what is in memory still answer."""
+        self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._health.set(INGEST_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def _background(self) -> None:
         interval = self.options.flush_interval if self.options.flush_interval > 0 else 1.0

@@ -81,6 +81,23 @@ class StorageError(RuntimeError):
     """The database cannot be opened or written; the message says which path and how to fix it."""
 
 
+class StorageCorrupt(StorageError):
+    """The database file is damaged. Not retried: the message says how to recover."""
+
+
+def _corruption(exc: BaseException, path: str) -> StorageCorrupt | None:
+    """A StorageCorrupt for SQLite's corruption errors (not for a full disk or a lock)."""
+    text = str(exc)
+    if not (type(exc) is sqlite3.DatabaseError or "malformed" in text
+            or "not a database" in text):
+        return None
+    return StorageCorrupt(
+        f"database {path} is corrupt ({text}). Ingest is stopped; agents keep their windows "
+        f"spooled meanwhile. Recover: stop the analyzer, keep the file for inspection, then "
+        f"`sqlite3 {path} .recover | sqlite3 {path}.recovered` and start with "
+        f"--db {path}.recovered (or restore a backup)")
+
+
 class ConflictingDuplicate(ValueError):
     """A window whose ``(agent_id, seq)`` is stored already, with other content: two agents share
     an id, or an agent's sequence was reset. Neither copy may silently win."""
@@ -238,8 +255,9 @@ class Storage:
                         pass
                     raise
         except BaseException as exc:   # every window of the group failed: its caller raises
+            err = _corruption(exc, self.path) or exc
             for it in group:
-                it.new, it.error = False, exc
+                it.new, it.error = False, err
 
     def iter_windows(self, since_end_ns: int | None = None) -> Iterator[StoredWindow]:
         """Stored windows in (end time, agent, seq) order: the replay order after a restart."""
@@ -249,11 +267,14 @@ class Storage:
         last = (since_end_ns if since_end_ns is not None else -(2 ** 63), "", -1)
         while True:
             with self._lock:
-                rows = self._conn.execute(
-                    "SELECT agent_id, seq, node, end_ns, payload, late FROM windows "
-                    "WHERE (end_ns, agent_id, seq) > (?, ?, ?) "
-                    "ORDER BY end_ns, agent_id, seq LIMIT ?",
-                    (last[0], last[1], last[2], REPLAY_PAGE)).fetchall()
+                try:
+                    rows = self._conn.execute(
+                        "SELECT agent_id, seq, node, end_ns, payload, late FROM windows "
+                        "WHERE (end_ns, agent_id, seq) > (?, ?, ?) "
+                        "ORDER BY end_ns, agent_id, seq LIMIT ?",
+                        (last[0], last[1], last[2], REPLAY_PAGE)).fetchall()
+                except sqlite3.DatabaseError as exc:
+                    raise (_corruption(exc, self.path) or exc) from exc
             if not rows:
                 return
             for r in rows:

@@ -170,7 +170,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"hypertrace analyzer: {exc}", file=sys.stderr)
         return 2
     analyzer = Analyzer(storage, config)
-    resumed = analyzer.resume()
+    try:
+        resumed = analyzer.resume()
+    except StorageError as exc:          # a corrupt file: exit 2, no restart loop
+        print(f"hypertrace analyzer: {exc}", file=sys.stderr)
+        storage.close()
+        return 2
     options = ServerOptions(listen=server_cfg["listen"],
                             flush_interval=float(server_cfg["flush_interval"]),
                             retention_hours=server_cfg["retention_hours"],

@@ -121,3 +121,21 @@ def test_a_full_database_reports_its_real_error_and_keeps_what_was_stored(tmp_pa
         assert 0 < stored < len(ws) and st.count_windows() == stored
     finally:
         st.close()
+
+
+def test_a_corrupt_database_stops_the_analyzer_with_exit_2_and_the_recovery(tmp_path, capsys):
+    """It used to die with a traceback, which systemd restarts in a loop."""
+    from hypertrace.cli.main import main
+    db = tmp_path / "a.db"
+    st = Storage.open(db)
+    for w in generate(SimConfig(gpus=64, gpus_per_node=8, windows=12, seed=2)):
+        st.add_window(w)
+    st._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    st.close()
+    size = db.stat().st_size
+    with open(db, "r+b") as fh:                     # damage the middle of the file, not its header
+        fh.seek(size // 2)
+        fh.write(b"\xa5" * 8192)
+    rc = main(["analyzer", "--listen", "127.0.0.1:0", "--db", str(db), "--insecure"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is corrupt" in err and ".recover" in err and "Traceback" not in err
