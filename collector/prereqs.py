@@ -13,9 +13,14 @@ import platform
 import sys
 from dataclasses import dataclass
 
+CAP_DAC_READ_SEARCH = 2
+CAP_SYS_PTRACE = 19
 CAP_SYS_ADMIN = 21
 CAP_PERFMON = 38
 CAP_BPF = 39
+#: What the agent uses, each for one reason (deploy/hypertrace-agent.service says which).
+AGENT_CAPS = {"CAP_BPF": CAP_BPF, "CAP_PERFMON": CAP_PERFMON, "CAP_SYS_PTRACE": CAP_SYS_PTRACE,
+              "CAP_DAC_READ_SEARCH": CAP_DAC_READ_SEARCH}
 
 TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 INSTALL_HINT = "sudo bash deploy/install-node.sh --venv {venv}"
@@ -47,15 +52,25 @@ def _install_hint() -> str:
     return INSTALL_HINT.format(venv=sys.prefix)
 
 
-def check_privileges() -> Problem | None:
-    """Root, or CAP_BPF + CAP_PERFMON (kernel >= 5.8), or CAP_SYS_ADMIN (older kernels)."""
-    caps = _effective_caps()
+def check_privileges(caps: int | None = None) -> Problem | None:
+    """The effective capabilities, not the uid: root without capabilities (a container, a
+    unit with an empty bounding set) cannot load a probe either. Needed: CAP_BPF + CAP_PERFMON
+    (kernel >= 5.8; CAP_SYS_ADMIN stands in for both on older kernels), CAP_SYS_PTRACE and
+    CAP_DAC_READ_SEARCH; the problem names every missing one."""
+    caps = _effective_caps() if caps is None else caps
     has = lambda bit: bool(caps >> bit & 1)  # noqa: E731
-    if os.geteuid() == 0 or has(CAP_SYS_ADMIN) or (has(CAP_BPF) and has(CAP_PERFMON)):
+    missing = [name for name, bit in AGENT_CAPS.items() if not has(bit)]
+    if has(CAP_SYS_ADMIN):
+        missing = [m for m in missing if m not in ("CAP_BPF", "CAP_PERFMON")]
+    if not missing:
         return None
-    return Problem("not root and missing CAP_BPF + CAP_PERFMON: uprobes cannot be loaded",
-                   "run as root, or give the agent AmbientCapabilities=CAP_BPF CAP_PERFMON "
-                   "CAP_SYS_PTRACE CAP_DAC_READ_SEARCH (see deploy/hypertrace-agent.service)")
+    who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
+    return Problem(f"running as {who} without {', '.join(missing)}: "
+                   + ("uprobes cannot be loaded" if {"CAP_BPF", "CAP_PERFMON"} & set(missing)
+                      else "training processes of other users or containers cannot be read"),
+                   "give the agent CapabilityBoundingSet= and AmbientCapabilities=CAP_BPF "
+                   "CAP_PERFMON CAP_SYS_PTRACE CAP_DAC_READ_SEARCH (as "
+                   "deploy/hypertrace-agent.service does), or run it as root with them")
 
 
 def check_tracefs() -> Problem | None:

@@ -47,6 +47,11 @@ class SpoolError(RuntimeError):
     """The spool directory cannot be used; the message names the path and the fix."""
 
 
+#: Under systemd (INVOCATION_ID is set), the shipped unit allows only localhost until the
+#: analyzer's address is allowed in a drop-in: say so with the first failure.
+_UNIT_HINT = ("; under the shipped systemd unit, is the analyzer's address allowed "
+              "(systemctl edit hypertrace-agent: IPAddressAllow=ADDRESS)?")
+
 #: Window seqs stay below 2**63 (the analyzer stores them as SQLite integers); a spool re-seeds
 #: from the clock when its persisted seq comes within SEQ_HEADROOM of that.
 SEQ_LIMIT = 2 ** 63
@@ -349,9 +354,13 @@ class Uplink:
                 self.connect_failures += 1
                 delay = self.backoff.delay(attempt, self._rng)
                 attempt += 1
-                log.warning("analyzer %s unreachable (%s); %d windows spooled, retrying in %.1fs",
-                            self.target or "channel", code.name if code else exc, len(self.spool),
-                            delay)
+                detail = (exc.details() if code == grpc.StatusCode.PERMISSION_DENIED
+                          and hasattr(exc, "details") else "")
+                log.warning("analyzer %s unreachable (%s%s); %d windows spooled, retrying in "
+                            "%.1fs%s", self.target or "channel", code.name if code else exc,
+                            f": {detail}" if detail else "", len(self.spool), delay,
+                            _UNIT_HINT if attempt == 1 and os.environ.get("INVOCATION_ID")
+                            else "")
                 self._stop.wait(delay)
             finally:
                 done.set()
