@@ -10,6 +10,8 @@ Defaults and why:
   ``floor(midpoint / window_seconds)``, so agents need not start their windows together.
 * ``grace_seconds`` 5.0: a live epoch is scored once ``epoch end + grace`` has passed, which leaves
   time for the last agents' windows to arrive. Later windows are counted, never re-scored.
+* ``job_expiry_seconds`` 3600: a job with no window for this long is forgotten from memory (a
+  finished job); its windows and results stay in the database. 0 keeps every job.
 * ``z_threshold`` 3.5: the usual robust-z cut (Iglewicz & Hoaglin), about 1 in 2,000 for a normal
   cross-section; persistence removes the rest of the noise.
 * ``iqr_k`` 1.5: Tukey's fence multiplier. A value is an outlier only outside
@@ -118,6 +120,7 @@ class ScoringConfig:
     collective_spread: float = 0.02
     min_steps: int = 3
     sched_min_seconds: float = 1.0
+    job_expiry_seconds: float = 3600.0
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, rule: str) -> None:
@@ -150,6 +153,8 @@ class ScoringConfig:
              "must be in (0, 1), e.g. 0.02 for step times within 2%")
         need(self.min_steps >= 1, "min_steps", "must be >= 1")
         need(self.sched_min_seconds >= 0, "sched_min_seconds", "must be >= 0 seconds")
+        need(self.job_expiry_seconds >= 0, "job_expiry_seconds",
+             "must be >= 0 seconds (0: keep every job in memory)")
         object.__setattr__(self, "stats", tuple(self.stats))
         object.__setattr__(self, "verdict_stats", tuple(self.verdict_stats))
         object.__setattr__(self, "launch_apis", tuple(self.launch_apis))

@@ -47,6 +47,7 @@ class Engine:
     def __init__(self, config: ScoringConfig = ScoringConfig()):
         self.config = config
         self._jobs: dict[str, JobState] = {}
+        self.expired_jobs = 0          # jobs forgotten after job_expiry_seconds without windows
 
     # ---- ingest ----------------------------------------------------------------------------
 
@@ -55,10 +56,13 @@ class Engine:
         mid = (window.start.ToNanoseconds() + window.end.ToNanoseconds()) // 2
         return mid // self.config.window_ns
 
-    def ingest(self, window: pb.NodeWindow, late: bool = False) -> bool:
+    def ingest(self, window: pb.NodeWindow, late: bool = False,
+               arrived_ns: int | None = None) -> bool:
         """Add one window (already validated by ``proto.wire.validate_window``); returns whether
         it was late for some job (its epoch already scored). ``late=True`` counts it as late
-        whatever the state: the replay of a window the live analyzer found late."""
+        whatever the state: the replay of a window the live analyzer found late.
+        ``arrived_ns``: when it reached the analyzer (default: its end), which job expiry counts
+        from."""
         epoch = self.epoch_of(window)
         end_ns = window.end.ToNanoseconds()
         order = (end_ns, window.agent_id, window.seq)
@@ -84,6 +88,8 @@ class Engine:
             job = self._jobs[job_id]
             job.windows += 1
             job.last_window_ns = max(job.last_window_ns, end_ns)
+            job.last_arrival_ns = max(job.last_arrival_ns,
+                                      end_ns if arrived_ns is None else arrived_ns)
             if acc is None:
                 job.late_windows += 1
                 job.late_nodes[window.node] = job.late_nodes.get(window.node, 0) + 1
@@ -108,7 +114,17 @@ class Engine:
             job = self._jobs[job_id]
             acc = job.pending.pop(epoch)
             results.append(score_epoch(job, acc.build(), self.config))
+        if now_ns is not None and cfg.job_expiry_seconds > 0:
+            self._expire(now_ns - int(cfg.job_expiry_seconds * 1e9))
         return results
+
+    def _expire(self, before_ns: int) -> None:
+        """Forget jobs whose last window arrived before ``before_ns`` and that wait for nothing:
+        a finished job must not hold its GPUs' state forever (its windows stay stored)."""
+        for job_id in [j for j, s in self._jobs.items()
+                       if not s.pending and s.last_arrival_ns < before_ns]:
+            del self._jobs[job_id]
+            self.expired_jobs += 1
 
     def pending_epochs(self) -> int:
         """How many (job, epoch) accumulators wait for flush."""
@@ -124,7 +140,9 @@ class Engine:
         job = self._jobs.get(job_id)
         if job is None:
             known = ", ".join(sorted(self._jobs)[:10]) or "none yet"
-            raise UnknownJobError(f"unknown job {job_id!r}; known jobs: {known}")
+            raise UnknownJobError(
+                f"unknown job {job_id[:64]!r}; known jobs: {known} (a job without windows for "
+                f"{self.config.job_expiry_seconds:g} s is forgotten: job_expiry_seconds)")
         return job
 
     def list_jobs(self) -> pb.ListJobsResponse:

@@ -82,6 +82,7 @@ class JobState:
     #: node -> windows of this job that arrived after their epoch was scored
     late_nodes: dict[str, int] = field(default_factory=dict)
     last_window_ns: int = 0
+    last_arrival_ns: int = 0      # when the newest window reached the analyzer (job expiry)
     _keys_cache: tuple[np.ndarray, list[GpuKey]] | None = None
     _verdict_cache: tuple[list[GpuKey], np.ndarray, dict[GpuKey, str]] | None = None
     _layout_cache: tuple[np.ndarray, list[np.ndarray], list[HostLayout]] | None = None

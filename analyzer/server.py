@@ -87,7 +87,7 @@ class Analyzer:
         with self._lock:
             for sw in self.storage.iter_windows():
                 try:
-                    self._engine.ingest(sw.message(), late=sw.late)
+                    self._engine.ingest(sw.message(), late=sw.late, arrived_ns=sw.received_ns)
                 except Exception:   # a stored window the engine cannot take must not stop start-up
                     log.exception("replay: engine rejected stored window %.64r/%d",
                                   sw.agent_id, sw.seq)
@@ -108,7 +108,7 @@ class Analyzer:
         late = False
         with self._lock:
             try:
-                late = self._engine.ingest(w)
+                late = self._engine.ingest(w, arrived_ns=time.time_ns())
             except Exception:   # stored already; an engine bug must not kill the stream
                 log.exception("engine failed on window %.64r/%d (stored, not scored)",
                               w.agent_id, w.seq)

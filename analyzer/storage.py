@@ -132,6 +132,7 @@ class StoredWindow:
     end_ns: int
     payload: bytes
     late: bool = False        # arrived after its epoch was scored: counted, never scored
+    received_ns: int = 0      # when it reached the analyzer
 
     def message(self) -> pb.NodeWindow:
         return pb.NodeWindow.FromString(self.payload)
@@ -269,7 +270,8 @@ class Storage:
             with self._lock:
                 try:
                     rows = self._conn.execute(
-                        "SELECT agent_id, seq, node, end_ns, payload, late FROM windows "
+                        "SELECT agent_id, seq, node, end_ns, payload, late, received_ns "
+                        "FROM windows "
                         "WHERE (end_ns, agent_id, seq) > (?, ?, ?) "
                         "ORDER BY end_ns, agent_id, seq LIMIT ?",
                         (last[0], last[1], last[2], REPLAY_PAGE)).fetchall()
@@ -278,7 +280,8 @@ class Storage:
             if not rows:
                 return
             for r in rows:
-                yield StoredWindow(r[0], int(r[1]), r[2], int(r[3]), bytes(r[4]), bool(r[5]))
+                yield StoredWindow(r[0], int(r[1]), r[2], int(r[3]), bytes(r[4]), bool(r[5]),
+                                   int(r[6]))
             last = (int(rows[-1][3]), rows[-1][0], int(rows[-1][1]))
 
     def mark_late(self, agent_id: str, seq: int) -> None:

@@ -97,3 +97,25 @@ def test_a_database_of_the_previous_schema_is_upgraded_in_place(tmp_path):
         assert int(version) == SCHEMA_VERSION
     finally:
         storage.close()
+
+
+def test_a_finished_job_is_forgotten_after_job_expiry_seconds():
+    from hypertrace.analyzer.config import ScoringConfig
+    from hypertrace.analyzer.engine import Engine, UnknownJobError
+    import pytest
+    e = Engine(ScoringConfig(job_expiry_seconds=600))
+    ws = list(generate(SimConfig(gpus=16, gpus_per_node=8, windows=3, seed=1)))
+    for w in ws:
+        e.ingest(w)
+    last_end = max(w.end.ToNanoseconds() for w in ws)
+    e.flush(last_end + 60 * 10**9)                   # scored, a minute later: kept
+    assert e.job_ids() == ["sim-job"]
+    e.flush(last_end + 601 * 10**9)                  # ten minutes without a window: forgotten
+    assert e.job_ids() == [] and e.expired_jobs == 1
+    with pytest.raises(UnknownJobError, match="job_expiry_seconds"):
+        e.report("sim-job")
+    keep = Engine(ScoringConfig(job_expiry_seconds=0))
+    for w in ws:
+        keep.ingest(w)
+    keep.flush(last_end + 10**15)
+    assert keep.job_ids() == ["sim-job"]
