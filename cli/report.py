@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from hypertrace.proto.transport import TlsFiles
 
 
+#: The largest report a client accepts (bytes).
+MAX_REPORT_BYTES = 256 * 1024 * 1024
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "report", help="print the straggler report of a running analyzer",
@@ -41,7 +45,9 @@ def fetch_report(target: str, job: str = "", timeout: float = 10.0,
     from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc
     from hypertrace.proto.transport import open_channel
 
-    with open_channel(target, tls, insecure) as channel:
+    # a report of every job of a 16k-GPU cluster runs to megabytes, over gRPC's 4 MB default
+    options = [("grpc.max_receive_message_length", MAX_REPORT_BYTES)]
+    with open_channel(target, tls, insecure, options) as channel:
         return pb_grpc.QueryStub(channel).GetReport(pb.ReportRequest(job_id=job), timeout=timeout,
                                                     wait_for_ready=True)
 

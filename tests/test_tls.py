@@ -189,3 +189,74 @@ def _empty(tmp_path):
 def test_spiffe_ids_are_parsed_strictly(uri, expected):
     got = parse_spiffe_id(uri)
     assert (None if got is None else (got.role, got.name)) == expected
+
+
+# ---- the attacks of the trust review, replayed over mutual TLS with a genuine agent certificate
+
+def _node1(seq: int = 1) -> pb.NodeWindow:
+    w = _of("node-0001")[0]
+    w.seq = seq
+    return w
+
+
+def test_attack_future_dated_relabel_is_refused(tls_analyzer, pki):
+    server, target = tls_analyzer
+    w = _node1()
+    span = w.end.ToNanoseconds() - w.start.ToNanoseconds()
+    w.end.FromNanoseconds(9_000_000_000 * 10**9 - 1)          # year 2255
+    w.start.FromNanoseconds(w.end.ToNanoseconds() - span)
+    for p in w.processes:
+        p.gpu_kind = "relabelled"
+    with pytest.raises(grpc.RpcError) as err:
+        _stream(target, pki.files("agent", "node-0001"), [w])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "ahead of the analyzer's clock" in err.value.details()
+    assert server.analyzer.storage.count_windows() == 0
+
+
+def test_attack_7mb_string_and_64x1024_window_are_harmless(tls_analyzer, pki):
+    server, target = tls_analyzer
+    huge = _node1(1)
+    huge.processes[0].gpu_kind = "H" * 7_000_000
+    acks = _stream(target, pki.files("agent", "node-0001"), [huge])
+    assert acks[0].rejected_processes == 1 and len(acks[0].rejected_reason) < 600
+    wide = _node1(2)
+    proto = pb.ProcessWindow()
+    proto.CopyFrom(wide.processes[0])
+    del wide.processes[:]
+    for i in range(1024):                                      # 1,024 processes x 64 APIs
+        p = wide.processes.add()
+        p.CopyFrom(proto)
+        for k in range(64 - len(p.apis)):
+            a = p.apis.add()
+            a.CopyFrom(proto.apis[0])
+            a.api = f"x{i}_{k}"
+    with pytest.raises(grpc.RpcError) as err:
+        _stream(target, pki.files("agent", "node-0001"), [wide])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "processes" in err.value.details() or "NodeWindow" in err.value.details()
+    report = server.analyzer.report()                        # still served, nothing huge in it
+    assert report.ByteSize() < 1_000_000
+
+
+def test_attack_long_job_id_costs_only_its_process(tls_analyzer, pki):
+    server, target = tls_analyzer
+    w = _node1()
+    w.processes[0].job_id = "j" * 300
+    acks = _stream(target, pki.files("agent", "node-0001"), [w])
+    assert acks[0].rejected_processes == 1 and "job_id" in acks[0].rejected_reason
+    kept = next(server.analyzer.storage.iter_windows()).message()
+    assert len(kept.processes) == len(w.processes) - 1
+
+
+def test_attack_duplicate_with_new_content_is_refused(tls_analyzer, pki):
+    server, target = tls_analyzer
+    w = _node1()
+    _stream(target, pki.files("agent", "node-0001"), [w])
+    forged = pb.NodeWindow()
+    forged.CopyFrom(w)
+    forged.processes[0].rank = 42
+    with pytest.raises(grpc.RpcError) as err:
+        _stream(target, pki.files("agent", "node-0001"), [forged])
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert next(server.analyzer.storage.iter_windows()).message() == w
