@@ -17,15 +17,17 @@ need ``reader`` or ``admin``. A window for another node ends the stream with PER
 before anything is stored. A plaintext listener (``insecure``) identifies nobody and says so in
 its log.
 
-The Engine is not thread-safe: :class:`Analyzer` guards it with one lock. A background thread
-scores complete epochs every ``flush_interval`` seconds (and GetReport flushes first), stores the
-results, and applies retention. On start the stored windows are replayed into a fresh Engine, so
+The Engine is not thread-safe: :class:`Analyzer` guards it with one lock, which ingest never
+waits for (a stored window is queued and fed to the Engine by the background pass). A background
+thread scores complete epochs every ``flush_interval`` seconds (and GetReport flushes first),
+stores the results, and applies retention. On start the stored windows are replayed into a fresh Engine, so
 a restarted analyzer resumes with the history it had.
 """
 from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 import time
 from concurrent import futures
 from dataclasses import dataclass
@@ -70,6 +72,7 @@ class Analyzer:
         self.storage = storage
         self._engine = (engine_factory or _default_engine_factory)(config)
         self._lock = threading.Lock()
+        self._inbox: deque[tuple[pb.NodeWindow, int]] = deque()   # stored, not yet in the Engine
         self.replay_pending_max = 0      # most epochs held in memory during the last resume()
         self.broken = ""                 # why ingest stopped (a corrupt database), once it did
 
@@ -101,23 +104,39 @@ class Analyzer:
         return n
 
     def ingest(self, w: pb.NodeWindow, payload: bytes | None = None) -> bool:
-        """Store then score-feed a validated window; False if it was a duplicate. A window that
-        turns out late (its epoch already scored) is marked so in the store."""
+        """Store a validated window, then queue it for the Engine; False if it was a duplicate.
+
+        The ack waits for the store only, never for the Engine's lock: a report of a 16k-GPU
+        job or a scoring pass holds that lock for a second, and every agent's ack would wait
+        behind it. The queue is drained (in arrival order) by the background pass, and before
+        every flush, report and job list, so they see every window acked before them."""
         if not self.storage.add_window(w, payload):
             return False
-        late = False
-        with self._lock:
-            try:
-                late = self._engine.ingest(w, arrived_ns=time.time_ns())
-            except Exception:   # stored already; an engine bug must not kill the stream
-                log.exception("engine failed on window %.64r/%d (stored, not scored)",
-                              w.agent_id, w.seq)
-        if late:
-            self.storage.mark_late(w.agent_id, w.seq)
+        self._inbox.append((w, time.time_ns()))       # deque.append: atomic, no lock
         return True
+
+    def drain(self) -> int:
+        """Feed the queued windows to the Engine; a window that turns out late (its epoch was
+        scored already) is marked so in the store. Returns how many were fed."""
+        late: list[tuple[str, int]] = []
+        n = 0
+        with self._lock:
+            while self._inbox:
+                w, arrived = self._inbox.popleft()
+                n += 1
+                try:
+                    if self._engine.ingest(w, arrived_ns=arrived):
+                        late.append((w.agent_id, w.seq))
+                except Exception:   # stored already; an engine bug must not stop the others
+                    log.exception("engine failed on window %.64r/%d (stored, not scored)",
+                                  w.agent_id, w.seq)
+        for agent_id, seq in late:
+            self.storage.mark_late(agent_id, seq)
+        return n
 
     def flush(self, now_ns: int | None = None) -> int:
         """Score complete epochs and store the results; returns the number of epochs scored."""
+        self.drain()
         now = now_ns if now_ns is not None else time.time_ns()
         with self._lock:
             results = self._engine.flush(now) or []
@@ -131,6 +150,7 @@ class Analyzer:
             return self._engine.report(job_id or None)
 
     def list_jobs(self) -> pb.ListJobsResponse:
+        self.drain()
         with self._lock:
             return self._engine.list_jobs()
 
@@ -338,6 +358,8 @@ class AnalyzerServer:
             try:
                 if self.options.flush_interval > 0:
                     self.analyzer.flush()
+                else:
+                    self.analyzer.drain()
                 if self.options.retention_hours and time.monotonic() - last_prune > 60:
                     last_prune = time.monotonic()
                     n = self.analyzer.storage.prune(self.options.retention_hours * 3600)

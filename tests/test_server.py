@@ -221,3 +221,15 @@ def test_report_cli_exit_statuses(analyzer, capsys):
     assert main(["report", "--analyzer", target, "--insecure", "--job", "missing"]) == 2
     assert main(["report", "--analyzer", f"127.0.0.1:{free_port()}", "--insecure", "--timeout", "0.5"]) == 1
     assert "unreachable" in capsys.readouterr().err
+
+
+def test_acks_do_not_wait_for_the_engine(analyzer):
+    """A report or a scoring pass holds the Engine's lock; ingest must still ack (after the
+    store) meanwhile, and the next report must see the window."""
+    server, target = analyzer
+    windows = list(generate(SMALL))
+    send(target, windows[:8])
+    with server.analyzer._lock:                       # as a long report would
+        acks = send(target, windows[8:12])
+    assert len(acks) == 4 and server.analyzer.storage.count_windows() == 12
+    assert server.analyzer.list_jobs().jobs[0].windows == 12
