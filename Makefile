@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 HT     := $(VENV)/bin/hypertrace
 STAMP  := $(VENV)/.installed
 
-.PHONY: all venv ebpf-setup test demo bench bench-detect bench-scale bench-agent proto clean
+.PHONY: all venv ebpf-setup test demo bench bench-detect bench-scale bench-agent fuzz proto clean
 
 all: venv
 
@@ -38,6 +38,10 @@ bench: venv
 # scenario catalog x 64..16,384 GPUs, hypertrace vs mean±3σ vs NVRx (~20 min; ARGS=--quick: ~30 s)
 bench-detect: venv
 	$(PY) -m hypertrace.sim.bench_detect $(ARGS)
+
+# the wire boundary fuzzed: 1e6 inputs into the validator, 20,000 into Ingest.Stream (~10 min)
+fuzz: venv
+	$(PY) -m hypertrace.sim.fuzz_wire $(ARGS)
 
 # one analyzer ingesting a 16,384-GPU job over real gRPC, then a ramp (~4-6 min; ARGS=--quick: ~15 s)
 bench-scale: venv
