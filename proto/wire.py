@@ -35,6 +35,10 @@ MAX_ID_LEN = 256
 MAX_EXTRA_APIS = 8
 MAX_API_NAME_LEN = 64
 KNOWN_APIS = frozenset(a.name for a in PROBED_APIS)
+#: Samples one histogram may hold in one window (100 M calls/s for 10 s), and steps per window:
+#: beyond them a count is corrupt, and it would swamp the job's float sums.
+MAX_HISTOGRAM_COUNT = 10 ** 9
+MAX_STEPS_PER_WINDOW = 10 ** 7
 #: How much of an offending value an error message may quote.
 QUOTE_LEN = 64
 #: Free-text fields (a step source, why no step was inferred, why a window was not sampled).
@@ -93,7 +97,11 @@ def _check_histogram(hist: pb.Histogram, field: str) -> int:
         raise WireError(f"{field}.counts", f"covers buckets {hist.first_bucket}.."
                         f"{hist.first_bucket + len(hist.counts) - 1} but scheme "
                         f"{buckets.SCHEME_ID} has {buckets.NUM_BUCKETS}")
-    return int(sum(hist.counts))
+    total = int(sum(hist.counts))
+    if total > MAX_HISTOGRAM_COUNT:
+        raise WireError(f"{field}.counts", f"hold {total:,} samples in one window, over the limit "
+                        f"of {MAX_HISTOGRAM_COUNT:,}")
+    return total
 
 
 def _check_finite_nonneg(value: float, field: str) -> None:
@@ -241,8 +249,10 @@ def check_process(p: pb.ProcessWindow, pf: str, extras: set[str], budget: list[i
         if a.count and a.min_us > a.max_us:
             raise WireError(f"{af}.min_us", f"{a.min_us} is above max_us {a.max_us}")
     budget[0] -= len(p.apis)
-    if p.HasField("step_time"):
-        _check_histogram(p.step_time, f"{pf}.step_time")
+    if p.HasField("step_time") and _check_histogram(p.step_time, f"{pf}.step_time") \
+            > MAX_STEPS_PER_WINDOW:
+        raise WireError(f"{pf}.step_time.counts", f"hold more than {MAX_STEPS_PER_WINDOW:,} "
+                        "steps in one window")
     if p.HasField("overhead"):
         _check_overhead(p.overhead, f"{pf}.overhead", extras)
     if p.HasField("sched"):
@@ -285,6 +295,9 @@ def _check_steps(st: pb.StepStats, field: str) -> None:
         _check_finite_nonneg(getattr(st, stat), f"{field}.{stat}")
     _check_text(st.source, f"{field}.source")
     _check_text(st.refused, f"{field}.refused")
+    if st.steps > MAX_STEPS_PER_WINDOW:
+        raise WireError(f"{field}.steps", f"is {st.steps:,}, over the limit of "
+                        f"{MAX_STEPS_PER_WINDOW:,} steps in one window")
     if st.HasField("busy_time"):
         _check_histogram(st.busy_time, f"{field}.busy_time")
 

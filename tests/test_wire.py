@@ -127,3 +127,16 @@ def test_out_of_range_timestamp_names_field():
     with pytest.raises(wire.WireError) as err:
         wire.validate_window(w)
     assert err.value.field == "end"
+
+
+def test_absurd_counts_are_refused():
+    from hypertrace.proto import wire
+    w = _window()
+    w.processes[0].apis[0].histogram.counts[0] = wire.MAX_HISTOGRAM_COUNT + 1
+    w.processes[0].apis[0].count = sum(w.processes[0].apis[0].histogram.counts)
+    with pytest.raises(wire.WireError, match="over the limit"):
+        wire.validate_window(w)
+    w = _with_signals()
+    w.processes[0].steps.steps = wire.MAX_STEPS_PER_WINDOW + 1
+    with pytest.raises(wire.WireError, match="steps"):
+        wire.validate_window(w)
