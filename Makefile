@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 HT     := $(VENV)/bin/hypertrace
 STAMP  := $(VENV)/.installed
 
-.PHONY: all venv ebpf-setup test demo bench bench-detect bench-scale bench-agent fuzz proto clean
+.PHONY: all venv ebpf-setup test demo bench bench-detect bench-scale bench-agent bench-restart fuzz proto clean
 
 all: venv
 
@@ -38,6 +38,10 @@ bench: venv
 # scenario catalog x 64..16,384 GPUs, hypertrace vs mean±3σ vs NVRx (~20 min; ARGS=--quick: ~30 s)
 bench-detect: venv
 	$(PY) -m hypertrace.sim.bench_detect $(ARGS)
+
+# an analyzer restarted on a long history: the live verdicts, in bounded memory (~5 min)
+bench-restart: venv
+	$(PY) -m hypertrace.sim.bench_restart $(ARGS)
 
 # the wire boundary fuzzed: 1e6 inputs into the validator, 20,000 into Ingest.Stream (~10 min)
 fuzz: venv
