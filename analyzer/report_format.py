@@ -9,7 +9,7 @@ even when it has its default value, so consumers never have to guess whether a m
 "cluster":
 {"spike_probability", "spike_basis", "basis", "step_time_now_us", "step_time_after_eviction_us",
 "predicted_gain", "evicted_nodes"}, "windows_sampled", "mode", "late_windows", "late_nodes":
-[{"node", "windows"}], "imbalance": [{"group", "gpus",
+[{"node", "windows"}], "healthy_nodes_omitted", "imbalance": [{"group", "gpus",
 "signal", "unit", "value", "reference", "ratio"}]}]}``. Nodes and GPUs come worst
 first. A finding's ``basis`` is "gpu" (the GPU's own value) or "host" (the median GPU of its host
 against the job's hosts; the table marks it ``[host]``). A finding's ``unit`` says what
@@ -145,6 +145,9 @@ def report_to_table(report: pb.Report) -> str:
                        f"{_fmt_value(d.value, d.unit)} vs {_fmt_value(d.reference, d.unit)} across "
                        f"groups ({d.ratio - 1:+.1%}){also}: the group does more work; rebalance "
                        "it, evicting its nodes would not help")
+        if job.healthy_nodes_omitted:
+            out.append(f"  {job.healthy_nodes_omitted} more healthy nodes not listed "
+                       "(hypertrace report --all-nodes lists them)")
         if job.late_windows:
             named = ", ".join(f"{x.node} {x.windows}" for x in job.late_nodes[:5])
             more = len(job.late_nodes) - 5

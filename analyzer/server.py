@@ -184,6 +184,21 @@ class Access:
                           f"{ident or 'without a hypertrace identity'}")
 
 
+#: Healthy nodes a report lists per job unless all are asked for (nodes come worst first, so
+#: the cut only drops healthy ones): a 16k-GPU job's full report runs to megabytes.
+HEALTHY_NODES_SHOWN = 100
+
+
+def cap_healthy_nodes(report: pb.Report, keep: int) -> None:
+    """Keep every node that is not healthy and the first ``keep`` healthy ones, per job."""
+    for job in report.jobs:
+        healthy = [i for i, n in enumerate(job.nodes) if n.verdict == "healthy"]
+        drop = healthy[keep:]
+        for i in reversed(drop):
+            del job.nodes[i]
+        job.healthy_nodes_omitted = len(drop)
+
+
 class _QueryServicer(pb_grpc.QueryServicer):
     def __init__(self, analyzer: Analyzer, access: Access | None):
         self._a = analyzer
@@ -193,7 +208,10 @@ class _QueryServicer(pb_grpc.QueryServicer):
         if self._access is not None:
             self._access.require_reader(context)
         try:
-            return self._a.report(request.job_id or None)
+            report = self._a.report(request.job_id or None)
+            if not request.all_nodes:
+                cap_healthy_nodes(report, HEALTHY_NODES_SHOWN)
+            return report
         except KeyError as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, f"{exc}; list jobs with ListJobs")
         except Exception as exc:

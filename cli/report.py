@@ -25,6 +25,8 @@ def register(subparsers) -> None:
                    help="the analyzer's gRPC address")
     p.add_argument("--job", default="", help="only this job (default: every job)")
     p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--all-nodes", action="store_true",
+                   help="list every healthy node too (default: at most 100 per job)")
     p.add_argument("--timeout", type=float, default=10.0,
                    help="seconds to wait for the analyzer (default 10)")
     tls = p.add_argument_group("transport security (mutual TLS)")
@@ -38,7 +40,8 @@ def register(subparsers) -> None:
 
 
 def fetch_report(target: str, job: str = "", timeout: float = 10.0,
-                 tls: "TlsFiles | None" = None, insecure: bool = False):
+                 tls: "TlsFiles | None" = None, insecure: bool = False,
+                 all_nodes: bool = False):
     """GetReport from ``target`` over mutual TLS with ``tls`` (plaintext only with
     ``insecure``); raises grpc.RpcError as-is, TransportError without either."""
     from hypertrace.proto import hypertrace_pb2 as pb
@@ -48,7 +51,8 @@ def fetch_report(target: str, job: str = "", timeout: float = 10.0,
     # a report of every job of a 16k-GPU cluster runs to megabytes, over gRPC's 4 MB default
     options = [("grpc.max_receive_message_length", MAX_REPORT_BYTES)]
     with open_channel(target, tls, insecure, options) as channel:
-        return pb_grpc.QueryStub(channel).GetReport(pb.ReportRequest(job_id=job), timeout=timeout,
+        request = pb.ReportRequest(job_id=job, all_nodes=all_nodes)
+        return pb_grpc.QueryStub(channel).GetReport(request, timeout=timeout,
                                                     wait_for_ready=True)
 
 
@@ -63,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         tls = tls_files(args.tls_ca, args.tls_cert, args.tls_key)
-        report = fetch_report(args.analyzer, args.job, args.timeout, tls, args.insecure)
+        report = fetch_report(args.analyzer, args.job, args.timeout, tls, args.insecure,
+                              args.all_nodes)
     except TransportError as exc:
         print(f"hypertrace report: {exc}", file=sys.stderr)
         return 2

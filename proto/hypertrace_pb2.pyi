@@ -278,7 +278,7 @@ class ClusterPrediction(_message.Message):
     def __init__(self, spike_probability: _Optional[float] = ..., basis: _Optional[str] = ..., step_time_now_us: _Optional[float] = ..., step_time_after_eviction_us: _Optional[float] = ..., predicted_gain: _Optional[float] = ..., evicted_nodes: _Optional[_Iterable[str]] = ..., spike_basis: _Optional[str] = ...) -> None: ...
 
 class JobReport(_message.Message):
-    __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster", "windows_sampled", "mode", "imbalance", "late_windows", "late_nodes")
+    __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster", "windows_sampled", "mode", "imbalance", "late_windows", "late_nodes", "healthy_nodes_omitted")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -289,6 +289,7 @@ class JobReport(_message.Message):
     IMBALANCE_FIELD_NUMBER: _ClassVar[int]
     LATE_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     LATE_NODES_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_NODES_OMITTED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     windows: int
     gpus: int
@@ -299,7 +300,8 @@ class JobReport(_message.Message):
     imbalance: _containers.RepeatedCompositeFieldContainer[GroupImbalance]
     late_windows: int
     late_nodes: _containers.RepeatedCompositeFieldContainer[LateNode]
-    def __init__(self, job_id: _Optional[str] = ..., windows: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeReport, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterPrediction, _Mapping]] = ..., windows_sampled: _Optional[int] = ..., mode: _Optional[str] = ..., imbalance: _Optional[_Iterable[_Union[GroupImbalance, _Mapping]]] = ..., late_windows: _Optional[int] = ..., late_nodes: _Optional[_Iterable[_Union[LateNode, _Mapping]]] = ...) -> None: ...
+    healthy_nodes_omitted: int
+    def __init__(self, job_id: _Optional[str] = ..., windows: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeReport, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterPrediction, _Mapping]] = ..., windows_sampled: _Optional[int] = ..., mode: _Optional[str] = ..., imbalance: _Optional[_Iterable[_Union[GroupImbalance, _Mapping]]] = ..., late_windows: _Optional[int] = ..., late_nodes: _Optional[_Iterable[_Union[LateNode, _Mapping]]] = ..., healthy_nodes_omitted: _Optional[int] = ...) -> None: ...
 
 class LateNode(_message.Message):
     __slots__ = ("node", "windows")
@@ -338,10 +340,12 @@ class Report(_message.Message):
     def __init__(self, version: _Optional[int] = ..., generated: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., jobs: _Optional[_Iterable[_Union[JobReport, _Mapping]]] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "all_nodes")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ALL_NODES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    all_nodes: bool
+    def __init__(self, job_id: _Optional[str] = ..., all_nodes: _Optional[bool] = ...) -> None: ...
 
 class JobSummary(_message.Message):
     __slots__ = ("job_id", "gpus", "nodes", "windows", "last_window")

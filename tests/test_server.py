@@ -233,3 +233,24 @@ def test_acks_do_not_wait_for_the_engine(analyzer):
         acks = send(target, windows[8:12])
     assert len(acks) == 4 and server.analyzer.storage.count_windows() == 12
     assert server.analyzer.list_jobs().jobs[0].windows == 12
+
+
+def test_reports_list_at_most_100_healthy_nodes_unless_all_are_asked_for(tmp_path, capsys):
+    cfg = SimConfig(gpus=1024, gpus_per_node=8, windows=4, seed=3,
+                    stragglers=(Straggler("node-0100", 1.3),))
+    server, target = start_server(tmp_path / "big.db")
+    try:
+        send(target, list(generate(cfg)))
+        with grpc.insecure_channel(target) as ch:
+            stub = pb_grpc.QueryStub(ch)
+            short = stub.GetReport(pb.ReportRequest(), timeout=60).jobs[0]
+            full = stub.GetReport(pb.ReportRequest(all_nodes=True), timeout=60).jobs[0]
+        assert len(full.nodes) == 128 and full.healthy_nodes_omitted == 0
+        assert sum(n.verdict == "healthy" for n in short.nodes) == 100
+        assert short.healthy_nodes_omitted == len(full.nodes) - len(short.nodes)
+        assert "node-0100" in {n.node for n in short.nodes if n.verdict == "straggler"}
+        from hypertrace.cli.main import main
+        main(["report", "--analyzer", target, "--insecure"])
+        assert "more healthy nodes not listed" in capsys.readouterr().out
+    finally:
+        stop_server(server)
