@@ -249,6 +249,10 @@ class EpochAccumulator:
         self._clock = _Scalars(("ratio", "order"))
         self._sources: set[str] = set()
 
+    def rows_present(self) -> np.ndarray:
+        """The job rows this epoch holds data of (with repeats)."""
+        return np.frombuffer(self._present, dtype=np.int64)
+
     def add_process(self, row: int, p: pb.ProcessWindow, end_ns: int = 0) -> None:
         """Add one process window whose GPU has job-wide row ``row``; ``end_ns`` (the window's
         end) picks the latest NVML clock reading when a GPU has several windows in the epoch."""

@@ -48,6 +48,7 @@ class Engine:
         self.config = config
         self._jobs: dict[str, JobState] = {}
         self.expired_jobs = 0          # jobs forgotten after job_expiry_seconds without windows
+        self.retired_gpus = 0          # GPUs that left a running job (rows reused)
 
     # ---- ingest ----------------------------------------------------------------------------
 
@@ -67,6 +68,7 @@ class Engine:
         end_ns = window.end.ToNanoseconds()
         order = (end_ns, window.agent_id, window.seq)
         touched: dict[str, EpochAccumulator | None] = {}
+        rows_arrived: list[tuple[JobState, int]] = []
         for p in window.processes:
             acc = touched.get(p.job_id, False)
             if acc is False:
@@ -82,14 +84,21 @@ class Engine:
                         acc = job.pending[epoch] = EpochAccumulator(p.job_id, epoch)
                 touched[p.job_id] = acc
             if acc is not None:
-                acc.add_process(self._jobs[p.job_id].register(window.node, p, order), p, end_ns)
+                job = self._jobs[p.job_id]
+                row = job.register(window.node, p, order)
+                acc.add_process(row, p, end_ns)
+                rows_arrived.append((job, row))
+        arrived = end_ns if arrived_ns is None else arrived_ns
+        for job, row in rows_arrived:
+            if row >= job.row_arrival.size:
+                job.grow()
+            job.row_arrival[row] = max(job.row_arrival[row], arrived)
         any_late = False
         for job_id, acc in touched.items():
             job = self._jobs[job_id]
             job.windows += 1
             job.last_window_ns = max(job.last_window_ns, end_ns)
-            job.last_arrival_ns = max(job.last_arrival_ns,
-                                      end_ns if arrived_ns is None else arrived_ns)
+            job.last_arrival_ns = max(job.last_arrival_ns, arrived)
             if acc is None:
                 job.late_windows += 1
                 job.late_nodes[window.node] = job.late_nodes.get(window.node, 0) + 1
@@ -119,12 +128,15 @@ class Engine:
         return results
 
     def _expire(self, before_ns: int) -> None:
-        """Forget jobs whose last window arrived before ``before_ns`` and that wait for nothing:
-        a finished job must not hold its GPUs' state forever (its windows stay stored)."""
+        """Forget jobs whose last window arrived before ``before_ns`` and that wait for nothing
+        (a finished job must not hold its GPUs' state forever; its windows stay stored), and
+        retire the GPUs that left a job that goes on."""
         for job_id in [j for j, s in self._jobs.items()
                        if not s.pending and s.last_arrival_ns < before_ns]:
             del self._jobs[job_id]
             self.expired_jobs += 1
+        for job in self._jobs.values():
+            self.retired_gpus += job.retire_rows(before_ns)
 
     def pending_epochs(self) -> int:
         """How many (job, epoch) accumulators wait for flush."""
@@ -149,7 +161,7 @@ class Engine:
         out = pb.ListJobsResponse()
         for job_id in sorted(self._jobs):
             job = self._jobs[job_id]
-            s = out.jobs.add(job_id=job_id, gpus=len(job.keys), nodes=len(job.seen_nodes),
+            s = out.jobs.add(job_id=job_id, gpus=len(job.index), nodes=len(job.seen_nodes),
                              windows=job.windows)
             if job.last_window_ns:
                 s.last_window.FromNanoseconds(job.last_window_ns)

@@ -21,12 +21,12 @@ _SEVERITY = {"straggler": 0, "suspect": 1, "insufficient_data": 2, "healthy": 3}
 def job_report(job: JobState, cfg: ScoringConfig) -> pb.JobReport:
     """The report of one job: node and GPU verdicts worst first, findings, causes,
     imbalance and the cluster prediction."""
-    jr = pb.JobReport(job_id=job.job_id, windows=job.epochs_scored, gpus=len(job.keys),
+    jr = pb.JobReport(job_id=job.job_id, windows=job.epochs_scored, gpus=len(job.index),
                       windows_sampled=job.windows_sampled, mode=job.mode,
                       late_windows=job.late_windows)
     for node, n in sorted(job.late_nodes.items(), key=lambda kv: (-kv[1], kv[0]))[:LATE_NODES]:
         jr.late_nodes.add(node=node, windows=n)
-    if not job.keys:
+    if not job.index:
         return jr
     job.grow()
     codes = job.persistence.verdicts()
@@ -38,8 +38,8 @@ def job_report(job: JobState, cfg: ScoringConfig) -> pb.JobReport:
     rates = np.where((job.step_total > 0) | (job.spike_seen > 0), rates, np.nan)
     bases = job.replay_bases()
     by_node: dict[str, list[int]] = {}
-    for r, (node, _) in enumerate(job.keys):
-        by_node.setdefault(node, []).append(r)
+    for r in job.live_rows():
+        by_node.setdefault(job.keys[r][0], []).append(r)
     node_reports = []
     for node, rws in by_node.items():
         gpu_reports = []
@@ -89,7 +89,7 @@ def _prediction(job: JobState, rates: np.ndarray, node_reports: list[pb.NodeRepo
                 "no node of the job")
         evicted = []
     # rows in (node, gpu) order, so float sums do not depend on the order windows arrived in
-    order = np.asarray(sorted(range(len(job.keys)), key=job.keys.__getitem__), dtype=np.int64)
+    order = np.asarray(sorted(job.live_rows(), key=job.keys.__getitem__), dtype=np.int64)
     rates = rates[order]
     use_busy = job.busy_counts is not None and bool(job.busy_counts.sum() > 0)
     use_steps = use_busy or (job.step_counts is not None and bool(job.step_counts.sum() > 0))

@@ -37,7 +37,7 @@ class JobState:
 
     job_id: str
     index: dict[GpuKey, int] = field(default_factory=dict)
-    keys: list[GpuKey] = field(default_factory=list)
+    keys: list[GpuKey | None] = field(default_factory=list)   # None: a retired row
     ranks: list[int] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
     kind_codes: list[int] = field(default_factory=list)
@@ -71,6 +71,10 @@ class JobState:
     #: own-GPU wait per step the what-if adds to the busy time)
     gpu_wait_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
     steps_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: per row: when its GPU's newest window arrived (0: never); a GPU silent for
+    #: job_expiry_seconds in a job that goes on has left it, and its row is retired (reused)
+    row_arrival: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    free_rows: list[int] = field(default_factory=list)
     mode: str = ""
     windows_sampled: int = 0
     pending: dict[int, EpochAccumulator] = field(default_factory=dict)
@@ -93,16 +97,23 @@ class JobState:
         key = (node, gpu_label(p))
         row = self.index.get(key)
         if row is None:
-            row = self.index[key] = len(self.keys)
-            self.keys.append(key)
-            self.ranks.append(p.rank)
-            self.kinds.append(p.gpu_kind)
-            self.kind_codes.append(self.kind_names.setdefault(p.gpu_kind, len(self.kind_names)))
-            self.group_codes.append(self._group_code(p.group))
-            self.host_codes.append(self.host_names.setdefault(node, len(self.host_names)))
-            self.nvml.append(p.nvml if p.HasField("nvml") else None)
-            self.nvml_prev.append(None)
-            self.order.append(order)
+            values = (key, p.rank, p.gpu_kind,
+                      self.kind_names.setdefault(p.gpu_kind, len(self.kind_names)),
+                      self._group_code(p.group),
+                      self.host_names.setdefault(node, len(self.host_names)),
+                      p.nvml if p.HasField("nvml") else None, None, order)
+            lists = (self.keys, self.ranks, self.kinds, self.kind_codes, self.group_codes,
+                     self.host_codes, self.nvml, self.nvml_prev, self.order)
+            if self.free_rows:                 # a retired row: its state was reset
+                row = self.free_rows.pop()
+                for lst, v in zip(lists, values):
+                    lst[row] = v
+                self._keys_cache = self._verdict_cache = self._layout_cache = None
+            else:
+                row = len(self.keys)
+                for lst, v in zip(lists, values):
+                    lst.append(v)
+            self.index[key] = row
             self.seen_nodes.add(node)
             return row
         prev = self.order[row]
@@ -119,6 +130,41 @@ class JobState:
                 self.nvml_prev[row] = self.nvml[row]
                 self.nvml[row] = p.nvml
         return row
+
+    def live_rows(self) -> list[int]:
+        """Rows that hold a GPU (not retired)."""
+        return [r for r, k in enumerate(self.keys) if k is not None]
+
+    def retire_rows(self, before_ns: int) -> int:
+        """Retire the GPUs whose newest window arrived before ``before_ns`` (they left the job:
+        a replaced node, a shrunk elastic job) and that no pending epoch holds: their state is
+        reset and the row goes to the free list for the next new GPU. Returns how many."""
+        self.grow()
+        held = {r for acc in self.pending.values() for r in acc.rows_present()}
+        rows = [r for r in np.flatnonzero((self.row_arrival > 0)
+                                          & (self.row_arrival < before_ns)).tolist()
+                if self.keys[r] is not None and r not in held]
+        if not rows:
+            return 0
+        for r in rows:
+            del self.index[self.keys[r]]
+            self.keys[r] = None
+            self.nvml[r] = self.nvml_prev[r] = self.order[r] = None
+            self.findings.pop(r, None)
+        idx = np.asarray(rows, dtype=np.int64)
+        for arr in (self.spike_hits, self.spike_seen, self.step_above, self.step_total,
+                    self.gpu_wait_us, self.steps_seen, self.row_arrival):
+            arr[idx] = 0
+        for mat in (self.basis_counts, self.step_counts, self.busy_counts):
+            if mat is not None:
+                mat[:, idx] = 0
+        self.persistence.reset(idx)
+        if self.auto_groups.codes.size:
+            self.auto_groups.codes[idx[idx < self.auto_groups.codes.size]] = -1
+        self.free_rows.extend(rows)
+        self.seen_nodes = {k[0] for k in self.keys if k is not None}
+        self._keys_cache = self._verdict_cache = self._layout_cache = None
+        return len(rows)
 
     def _group_code(self, group: str) -> int:
         code = self.group_index.get(group)
@@ -154,6 +200,7 @@ class JobState:
             self.step_total = np.concatenate((self.step_total, z))
             self.gpu_wait_us = np.concatenate((self.gpu_wait_us, z))
             self.steps_seen = np.concatenate((self.steps_seen, z))
+            self.row_arrival = np.concatenate((self.row_arrival, np.zeros(extra, np.int64)))
             pad = np.zeros((buckets.NUM_BUCKETS, extra), np.float32)
             self.basis_counts = np.concatenate((self.basis_counts, pad), axis=1)
             if self.step_counts is not None:

@@ -86,6 +86,13 @@ class PersistenceState:
         self.long_history = np.concatenate((self.long_history, np.zeros(extra, np.uint64)))
         self.intermittent = np.concatenate((self.intermittent, np.zeros(extra, bool)))
 
+    def reset(self, rows: np.ndarray) -> None:
+        """Forget ``rows`` (a retired GPU's row, reused for a new GPU that starts healthy)."""
+        for arr in (self.history, self.clean_streak, self.state, self.windows_flagged,
+                    self.windows_seen, self.last_sufficient, self.long_history,
+                    self.intermittent):
+            arr[rows] = 0
+
     def update(self, rows: np.ndarray, sufficient: np.ndarray, flagged: np.ndarray,
                cfg: ScoringConfig) -> np.ndarray:
         """Apply one epoch to GPU ``rows``; returns their verdict codes after it.

@@ -119,3 +119,34 @@ def test_a_finished_job_is_forgotten_after_job_expiry_seconds():
         keep.ingest(w)
     keep.flush(last_end + 10**15)
     assert keep.job_ids() == ["sim-job"]
+
+
+def test_a_gpu_that_left_a_running_job_is_retired_and_its_row_reused():
+    """A node replaced mid-job: after job_expiry_seconds without its windows its GPUs leave the
+    report and their rows (state reset) go to the next new GPUs, so memory does not grow."""
+    from dataclasses import replace
+
+    from hypertrace.analyzer.config import ScoringConfig
+    from hypertrace.analyzer.engine import Engine
+    e = Engine(ScoringConfig(job_expiry_seconds=60))
+    base = SimConfig(gpus=64, gpus_per_node=8, windows=20, seed=5,
+                     stragglers=(Straggler("node-0007", 1.3),))
+    ws = list(generate(base))
+    rows_before = None
+    for w in ws:
+        end = w.end.ToNanoseconds()
+        if w.node == "node-0007" and end > ws[0].end.ToNanoseconds() + 50 * 10**9:
+            continue                                   # node-0007 leaves after 5 windows
+        if w.node == "node-0006" and end > ws[0].end.ToNanoseconds() + 120 * 10**9:
+            w = pb.NodeWindow.FromString(w.SerializeToString())
+            w.node = w.agent_id = "node-0008"          # ... and node-0006 is replaced later
+        e.ingest(w)
+        e.flush(end)
+    job = e._jobs["sim-job"]
+    rows_before = len(job.keys)
+    report = e.report("sim-job")
+    nodes = {n.node for n in report.jobs[0].nodes}
+    assert "node-0007" not in nodes and "node-0006" not in nodes and "node-0008" in nodes
+    assert report.jobs[0].gpus == 56 and e.retired_gpus == 16
+    assert rows_before == 64                           # node-0008 took node-0007's rows
+    assert "node-0007" not in {k[0] for k in job.keys if k is not None}
