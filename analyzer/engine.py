@@ -109,9 +109,11 @@ class Engine:
 
     # ---- scoring ---------------------------------------------------------------------------
 
-    def flush(self, now_ns: int | None = None) -> list[EpochResult]:
+    def flush(self, now_ns: int | None = None, expire: bool = False) -> list[EpochResult]:
         """Score complete epochs: every pending one when ``now_ns`` is None (offline), else those
-        whose end + grace <= now_ns. Results come in (epoch, job) order; each epoch once."""
+        whose end + grace <= now_ns. Results come in (epoch, job) order; each epoch once.
+        ``expire`` (the live server): then forget jobs, and retire GPUs, silent for
+        ``job_expiry_seconds`` before ``now_ns``."""
         cfg = self.config
         ready: list[tuple[int, str]] = []
         for job_id, job in self._jobs.items():
@@ -123,7 +125,7 @@ class Engine:
             job = self._jobs[job_id]
             acc = job.pending.pop(epoch)
             results.append(score_epoch(job, acc.build(), self.config))
-        if now_ns is not None and cfg.job_expiry_seconds > 0:
+        if expire and now_ns is not None and cfg.job_expiry_seconds > 0:
             self._expire(now_ns - int(cfg.job_expiry_seconds * 1e9))
         return results
 

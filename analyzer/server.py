@@ -95,7 +95,7 @@ class Analyzer:
                     log.exception("replay: engine rejected stored window %.64r/%d",
                                   sw.agent_id, sw.seq)
                 n += 1
-                self._engine.flush(sw.end_ns - slack)
+                self._engine.flush(sw.end_ns - slack, expire=True)
                 held = max(held, self._engine.pending_epochs())
         self.replay_pending_max = held
         if n:
@@ -139,7 +139,7 @@ class Analyzer:
         self.drain()
         now = now_ns if now_ns is not None else time.time_ns()
         with self._lock:
-            results = self._engine.flush(now) or []
+            results = self._engine.flush(now, expire=True) or []
         if results:
             self.storage.add_results(results)
         return len(results)

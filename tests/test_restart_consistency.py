@@ -108,17 +108,22 @@ def test_a_finished_job_is_forgotten_after_job_expiry_seconds():
     for w in ws:
         e.ingest(w)
     last_end = max(w.end.ToNanoseconds() for w in ws)
-    e.flush(last_end + 60 * 10**9)                   # scored, a minute later: kept
+    e.flush(last_end + 60 * 10**9, expire=True)      # scored, a minute later: kept
     assert e.job_ids() == ["sim-job"]
-    e.flush(last_end + 601 * 10**9)                  # ten minutes without a window: forgotten
+    e.flush(last_end + 601 * 10**9, expire=True)     # ten minutes without a window: forgotten
     assert e.job_ids() == [] and e.expired_jobs == 1
     with pytest.raises(UnknownJobError, match="job_expiry_seconds"):
         e.report("sim-job")
     keep = Engine(ScoringConfig(job_expiry_seconds=0))
     for w in ws:
         keep.ingest(w)
-    keep.flush(last_end + 10**15)
+    keep.flush(last_end + 10**15, expire=True)
     assert keep.job_ids() == ["sim-job"]
+    offline = Engine(ScoringConfig(job_expiry_seconds=600))   # flush without expire: kept
+    for w in ws:
+        offline.ingest(w)
+    offline.flush(2**62)
+    assert offline.job_ids() == ["sim-job"]
 
 
 def test_a_gpu_that_left_a_running_job_is_retired_and_its_row_reused():
@@ -141,7 +146,7 @@ def test_a_gpu_that_left_a_running_job_is_retired_and_its_row_reused():
             w = pb.NodeWindow.FromString(w.SerializeToString())
             w.node = w.agent_id = "node-0008"          # ... and node-0006 is replaced later
         e.ingest(w)
-        e.flush(end)
+        e.flush(end, expire=True)
     job = e._jobs["sim-job"]
     rows_before = len(job.keys)
     report = e.report("sim-job")
