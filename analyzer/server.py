@@ -64,12 +64,13 @@ class Analyzer:
     """Engine + Storage behind one lock: the state the gRPC handlers share."""
 
     def __init__(self, storage: Storage, config: Any = None,
-                 engine_factory: Callable[[Any], Any] | None = None):
+                 engine_factory: Callable[[Any], Any] | None = None, evictor: Any = None):
         if config is None:
             from hypertrace.analyzer.config import ScoringConfig
             config = ScoringConfig()
         self.config = config
         self.storage = storage
+        self.evictor = evictor           # analyzer/evict: reviews jobs whose scoring convicted
         self._engine = (engine_factory or _default_engine_factory)(config)
         self._lock = threading.Lock()
         self._inbox: deque[tuple[pb.NodeWindow, int]] = deque()   # stored, not yet in the Engine
@@ -142,7 +143,27 @@ class Analyzer:
             results = self._engine.flush(now, expire=True) or []
         if results:
             self.storage.add_results(results)
+        if self.evictor is not None:
+            self._review(results, now)
         return len(results)
+
+    def _review(self, results: list, now: int) -> None:
+        """Hand the report of every job that has a straggler after this pass to the evictor
+        (which records its decisions, and acts only under its policy)."""
+        jobs = sorted({r.job_id for r in results
+                       if any(v == "straggler" for v in r.verdicts.values())})
+        for job_id in jobs:
+            with self._lock:
+                report = self._engine.report(job_id)
+            for job in report.jobs:
+                try:
+                    self.evictor.review(job, now)
+                except Exception:   # the evictor must never stop scoring
+                    log.exception("evict: review of job %.64r failed", job_id)
+        try:
+            self.evictor.act(now)
+        except Exception:
+            log.exception("evict: acting on approved proposals failed")
 
     def report(self, job_id: str | None = None) -> pb.Report:
         self.flush()

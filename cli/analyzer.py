@@ -84,6 +84,9 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
     scoring_names = [f.name for f in _scoring_fields()]
     from hypertrace.analyzer.config import read_analyzer_toml
     file_values = read_analyzer_toml(args.config) if getattr(args, "config", None) else {}
+    evict = file_values.pop("evict", {})
+    if not isinstance(evict, dict):
+        raise ValueError(f"--config {args.config}: 'evict' must be a table ([evict])")
     unknown = sorted(set(file_values) - set(SERVER_KEYS) - set(scoring_names))
     if unknown:
         raise ValueError(f"--config {args.config}: unknown key(s) {unknown}; known: "
@@ -108,7 +111,27 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
         if v is not None:
             scoring[key] = v
     _check_server_settings(server)
+    server["evict"] = evict
     return server, scoring
+
+
+def make_evictor(settings: dict[str, Any], db: str):
+    """The evictor of an ``[evict]`` table (analyzer/evict; dry-run by default, and on by
+    default: every straggler's decision is recorded, nothing is done without enforce)."""
+    from hypertrace.analyzer.evict.audit import Audit
+    from hypertrace.analyzer.evict.backends import BACKEND_KEYS, make_backend
+    from hypertrace.analyzer.evict.evictor import Evictor, NodeMap
+    from hypertrace.analyzer.evict.policy import EvictPolicy
+    policy_keys = set(EvictPolicy.__dataclass_fields__)
+    unknown = sorted(set(settings) - policy_keys - set(BACKEND_KEYS))
+    if unknown:
+        raise ValueError(f"[evict]: unknown key(s) {unknown}; known: "
+                         f"{sorted(policy_keys | set(BACKEND_KEYS))}")
+    policy = EvictPolicy.from_mapping({k: v for k, v in settings.items() if k in policy_keys})
+    backend = make_backend(policy.backend, {k: v for k, v in settings.items()
+                                            if k in BACKEND_KEYS})
+    return Evictor(policy, Audit(db), backend,
+                   NodeMap.load(policy.node_template, policy.node_table))
 
 
 def _check_server_settings(server: dict[str, Any]) -> None:
@@ -169,7 +192,13 @@ def run(args: argparse.Namespace) -> int:
     except StorageError as exc:
         print(f"hypertrace analyzer: {exc}", file=sys.stderr)
         return 2
-    analyzer = Analyzer(storage, config)
+    try:
+        evictor = make_evictor(server_cfg["evict"], server_cfg["db"])
+    except (ValueError, ConfigError) as exc:
+        print(f"hypertrace analyzer: {exc}", file=sys.stderr)
+        storage.close()
+        return 2
+    analyzer = Analyzer(storage, config, evictor=evictor)
     try:
         resumed = analyzer.resume()
     except StorageError as exc:          # a corrupt file: exit 2, no restart loop

@@ -14,7 +14,8 @@ import importlib
 import logging
 import sys
 
-SUBCOMMANDS = ("agent", "analyzer", "report", "analyze", "predict", "probe", "simulate", "certs")
+SUBCOMMANDS = ("agent", "analyzer", "report", "analyze", "predict", "probe", "simulate", "certs",
+               "evict")
 
 EPILOG = """\
 typical use (mutual TLS: `hypertrace certs --help` makes the files; TLS=--tls-ca ca.crt

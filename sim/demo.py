@@ -107,6 +107,14 @@ def main(argv: list[str] | None = None) -> int:
         if found == [args.slow_node]:
             print(f"\n== OK: the report names {args.slow_node}, the injected slow node, and no "
                   "other (exit status 3: stragglers reported)")
+            log = subprocess.run(CLI + ["evict", "--db", os.path.join(tmp, "analyzer.db"), "log"],
+                                 text=True, capture_output=True, timeout=60)
+            print("\n== hypertrace evict log (the default policy is a dry-run: proposed, "
+                  "recorded, nothing done)\n" + log.stdout, end="")
+            if log.returncode != 0 or args.slow_node not in log.stdout:
+                print(f"demo: no dry-run proposal for {args.slow_node}\n{log.stderr}",
+                      file=sys.stderr)
+                return 1
             return 0
         print(f"\n== FAILED: expected exactly [{args.slow_node}] as straggler, got {found}",
               file=sys.stderr)

@@ -1,0 +1,229 @@
+"""Where an approved proposal goes: the scheduler's side of an eviction, and its undo.
+
+Every backend has a timeout, retries with backoff, and passes the proposal id as the
+idempotency key, so a retry after a crash does not act twice. Every backend refuses to touch a
+node that someone else took out, and undoes only what it did itself.
+
+* ``slurm``: ``scontrol update NodeName=X State=DRAIN Reason="hypertrace: ..."``; undo is
+  ``State=RESUME``, only while the Reason is ours (proposal id in it).
+* ``exec``: a command run with the proposal JSON on stdin and ``HYPERTRACE_ACTION=drain|undo``
+  and ``HYPERTRACE_PROPOSAL=<id>`` in its environment; exit 0 means done.
+* ``webhook``: an HTTPS POST of the proposal JSON, signed ``X-Hypertrace-Signature:
+  sha256=<hex HMAC of the body>`` with the secret from a file, the proposal id in
+  ``Idempotency-Key``, the action in ``X-Hypertrace-Action``.
+* ``none``: dry-run only (``enforce`` with it is a configuration error).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from hypertrace.analyzer.evict.audit import Proposal
+from hypertrace.proto.settings import ConfigError
+
+REASON_PREFIX = "hypertrace:"
+
+
+class BackendError(RuntimeError):
+    """An action that failed after its retries; the message says what the scheduler said."""
+
+
+class Refused(BackendError):
+    """The scheduler's state forbids the action (a node someone else drained, a Reason that is
+    not ours): never retried."""
+
+
+class Backend(Protocol):
+    name: str
+
+    def drain(self, p: Proposal) -> str: ...
+
+    def undo(self, p: Proposal) -> str: ...
+
+
+@dataclass(frozen=True)
+class Retry:
+    attempts: int = 3
+    base_s: float = 1.0
+    timeout_s: float = 30.0
+
+    def run(self, action: Callable[[], str], sleep: Callable[[float], None] = time.sleep) -> str:
+        last: Exception | None = None
+        for i in range(self.attempts):
+            try:
+                return action()
+            except Refused:
+                raise
+            except (BackendError, OSError, subprocess.SubprocessError) as exc:
+                last = exc
+                if i + 1 < self.attempts:
+                    sleep(self.base_s * 2 ** i)
+        raise BackendError(f"failed after {self.attempts} attempts: {last}")
+
+
+def proposal_body(p: Proposal, action: str) -> bytes:
+    return json.dumps({**p.as_json(), "action": action}, sort_keys=True).encode()
+
+
+@dataclass
+class NoBackend:
+    name: str = "none"
+
+    def drain(self, p: Proposal) -> str:
+        raise Refused("backend none: dry-run only (set evict.backend)")
+
+    def undo(self, p: Proposal) -> str:
+        raise Refused("backend none: nothing was done")
+
+
+@dataclass
+class SlurmBackend:
+    """Drain and resume through ``scontrol`` (``SLURM_CONF`` from the environment)."""
+
+    scontrol: str = "scontrol"
+    retry: Retry = field(default_factory=Retry)
+    name: str = "slurm"
+
+    def _run(self, *args: str) -> str:
+        done = subprocess.run([self.scontrol, *args], capture_output=True, text=True,
+                              timeout=self.retry.timeout_s)
+        if done.returncode != 0:
+            raise BackendError(f"scontrol {' '.join(args[:2])}: {done.stderr.strip()[:300]}")
+        return done.stdout
+
+    def node(self, sched_node: str) -> tuple[str, str]:
+        """(State, Reason) of a node from ``scontrol show node``."""
+        out = self._run("show", "node", sched_node)
+        state = re.search(r"\bState=(\S+)", out)
+        reason = re.search(r"\bReason=(.*?)(?:\s+\[[^\]]*\])?\s*$", out, re.M)
+        return (state.group(1) if state else "", reason.group(1).strip() if reason else "")
+
+    def drain(self, p: Proposal) -> str:
+        def act() -> str:
+            state, reason = self.node(p.sched_node)
+            if "DRAIN" in state.upper() or "DOWN" in state.upper():
+                if p.id in reason:
+                    return f"already drained by this proposal ({state})"
+                raise Refused(f"{p.sched_node} is already {state} (Reason={reason!r}): drained "
+                              "by someone else, not touched")
+            effect = p.evidence.get("effect", 0.0)
+            self._run("update", f"NodeName={p.sched_node}", "State=DRAIN",
+                      f"Reason={REASON_PREFIX} job {p.job_id[:40]}, effect {effect:+.1%}, "
+                      f"proposal {p.id}")
+            return f"scontrol: {p.sched_node} State=DRAIN"
+        return self.retry.run(act)
+
+    def undo(self, p: Proposal) -> str:
+        def act() -> str:
+            state, reason = self.node(p.sched_node)
+            if not reason.startswith(REASON_PREFIX) or p.id not in reason:
+                raise Refused(f"{p.sched_node} is {state} with Reason={reason!r}: not drained "
+                              "by this proposal, not resumed")
+            self._run("update", f"NodeName={p.sched_node}", "State=RESUME")
+            return f"scontrol: {p.sched_node} State=RESUME"
+        return self.retry.run(act)
+
+
+@dataclass
+class ExecBackend:
+    command: list[str]
+    retry: Retry = field(default_factory=Retry)
+    name: str = "exec"
+
+    def _call(self, p: Proposal, action: str) -> str:
+        def act() -> str:
+            env = dict(os.environ, HYPERTRACE_ACTION=action, HYPERTRACE_PROPOSAL=p.id)
+            try:
+                done = subprocess.run(self.command, input=proposal_body(p, action),
+                                      capture_output=True, timeout=self.retry.timeout_s, env=env)
+            except subprocess.TimeoutExpired:
+                raise BackendError(f"{self.command[0]} did not finish within "
+                                   f"{self.retry.timeout_s:g} s") from None
+            if done.returncode != 0:
+                raise BackendError(f"{self.command[0]} exited {done.returncode}: "
+                                   f"{done.stderr.decode(errors='replace').strip()[:300]}")
+            return f"{self.command[0]}: exit 0"
+        return self.retry.run(act)
+
+    def drain(self, p: Proposal) -> str:
+        return self._call(p, "drain")
+
+    def undo(self, p: Proposal) -> str:
+        return self._call(p, "undo")
+
+
+@dataclass
+class WebhookBackend:
+    url: str
+    secret: bytes
+    ca_file: str = ""
+    retry: Retry = field(default_factory=Retry)
+    name: str = "webhook"
+
+    def _post(self, p: Proposal, action: str) -> str:
+        body = proposal_body(p, action)
+        sig = hmac.new(self.secret, body, hashlib.sha256).hexdigest()
+        ctx = ssl.create_default_context(cafile=self.ca_file or None)
+
+        def act() -> str:
+            req = urllib.request.Request(self.url, data=body, method="POST", headers={
+                "Content-Type": "application/json", "X-Hypertrace-Signature": f"sha256={sig}",
+                "Idempotency-Key": p.id, "X-Hypertrace-Action": action})
+            try:
+                with urllib.request.urlopen(req, timeout=self.retry.timeout_s,
+                                            context=ctx) as resp:
+                    return f"POST {self.url}: HTTP {resp.status}"
+            except urllib.error.HTTPError as exc:
+                if 400 <= exc.code < 500 and exc.code not in (408, 429):
+                    raise Refused(f"POST {self.url}: HTTP {exc.code} {exc.reason}") from None
+                raise BackendError(f"POST {self.url}: HTTP {exc.code} {exc.reason}") from None
+            except urllib.error.URLError as exc:
+                raise BackendError(f"POST {self.url}: {exc.reason}") from None
+        return self.retry.run(act)
+
+    def drain(self, p: Proposal) -> str:
+        return self._post(p, "drain")
+
+    def undo(self, p: Proposal) -> str:
+        return self._post(p, "undo")
+
+
+#: Settings of the backends, beside the policy's in the ``[evict]`` table.
+BACKEND_KEYS = ("command", "url", "secret_file", "ca_file", "scontrol", "timeout_s", "retries",
+                "retry_base_s")
+
+
+def make_backend(name: str, settings: dict[str, Any]) -> Backend:
+    """The configured backend; ConfigError naming the missing setting."""
+    retry = Retry(int(settings.get("retries", 3)), float(settings.get("retry_base_s", 1.0)),
+                  float(settings.get("timeout_s", 30.0)))
+    if name == "none":
+        return NoBackend()
+    if name == "slurm":
+        return SlurmBackend(str(settings.get("scontrol", "scontrol")), retry)
+    if name == "exec":
+        cmd = settings.get("command")
+        if not cmd or not isinstance(cmd, list):
+            raise ConfigError('evict.command must be a list, e.g. ["/usr/local/bin/drain"]')
+        return ExecBackend([str(c) for c in cmd], retry)
+    if name == "webhook":
+        url, secret_file = settings.get("url", ""), settings.get("secret_file", "")
+        if not str(url).startswith("https://"):
+            raise ConfigError("evict.url must be an https:// URL for the webhook backend")
+        try:
+            secret = open(secret_file, "rb").read().strip()
+        except OSError as exc:
+            raise ConfigError(f"evict.secret_file {secret_file!r} cannot be read "
+                              f"({exc.strerror})") from None
+        return WebhookBackend(str(url), secret, str(settings.get("ca_file", "")), retry)
+    raise ConfigError(f"evict.backend {name!r}: not available here (none, slurm, exec, webhook)")

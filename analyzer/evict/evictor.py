@@ -1,0 +1,222 @@
+"""The eviction engine: reports in, recorded decisions out, and (only under ``enforce``) actions.
+
+One pass (:meth:`Evictor.review`) per scored job report:
+
+1. :func:`~hypertrace.analyzer.evict.policy.judge` says which straggler nodes the report supports;
+2. the limits that need the history (open proposal, cooldown, repeats, per-job cap, breaker)
+   come from the audit trail (:mod:`~hypertrace.analyzer.evict.audit`), so they hold across a
+   restart;
+3. a new proposal is ``dry_run`` (default), ``pending`` (approval mode), or ``approved`` and acted
+   on at once;
+4. every decision is recorded; a decision that repeats pass after pass is one row with a count.
+
+:meth:`Evictor.act` runs the approved proposals and those a crash left ``acting`` (the backend
+gets the same idempotency key again), and expires approvals past their TTL.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypertrace.analyzer.evict import policy as pol
+from hypertrace.analyzer.evict.audit import ACTED, OPEN, Audit, Proposal
+from hypertrace.analyzer.evict.backends import Backend, BackendError, Refused
+from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.proto.settings import ConfigError
+
+log = logging.getLogger(__name__)
+
+HOUR_NS = 3600 * 10**9
+
+
+@dataclass
+class NodeMap:
+    """The scheduler's name of an agent's node: a template (``{node}``) or a table file."""
+
+    template: str = "{node}"
+    table: dict[str, str] | None = None
+
+    @classmethod
+    def load(cls, template: str, table_file: str) -> "NodeMap":
+        if not table_file:
+            return cls(template)
+        table = {}
+        try:
+            lines = Path(table_file).read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"evict.node_table {table_file!r} cannot be read "
+                              f"({exc.strerror})") from None
+        for n, line in enumerate(lines, 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split()
+            if len(parts) != 2:
+                raise ConfigError(f"{table_file}:{n}: expected 'agent-node scheduler-node'")
+            table[parts[0]] = parts[1]
+        return cls(template, table)
+
+    def __call__(self, node: str) -> str:
+        if self.table is not None:
+            if node not in self.table:
+                raise KeyError(f"node {node[:64]!r} is not in evict.node_table; add a line "
+                               f"'{node[:64]} SCHEDULER-NAME'")
+            return self.table[node]
+        return self.template.format(node=node)
+
+
+class Evictor:
+    """Applies an :class:`~hypertrace.analyzer.evict.policy.EvictPolicy` (module docstring)."""
+
+    def __init__(self, policy: pol.EvictPolicy, audit: Audit, backend: Backend,
+                 node_map: NodeMap | None = None):
+        if policy.enforce and backend.name == "none":
+            raise ConfigError("evict.enforce = true needs a backend (evict.backend = slurm, "
+                              "exec or webhook); with none, leave enforce false (dry-run)")
+        self.policy = policy
+        self.audit = audit
+        self.backend = backend
+        self.node_map = node_map or NodeMap(policy.node_template)
+        self.nodes_seen: set[str] = set()
+
+    # ---- decisions -------------------------------------------------------------------------
+
+    def review(self, job: pb.JobReport, now_ns: int | None = None) -> list[Proposal]:
+        """Judge one job's report; returns the proposals it created (and acts on those that
+        the policy lets act at once)."""
+        now = time.time_ns() if now_ns is None else now_ns
+        self.nodes_seen.update(n.node for n in job.nodes)
+        created = []
+        for v in pol.judge(job, self.policy):
+            c = v.candidate
+            if not v.propose:
+                self._decide(c, v.reason, now)
+                continue
+            try:
+                sched = self.node_map(c.node)
+            except KeyError as exc:
+                self._decide(c, str(exc.args[0]), now)
+                continue
+            reason = self._limit(c, sched, now)
+            if reason is not None:
+                self._decide(c, reason, now)
+                continue
+            p = self._propose(c, sched, v.reason, now)
+            if p.state == "approved":          # within every limit: act now, before the next
+                p = self._act_one(p, now)       # candidate counts against the breaker
+            created.append(p)
+        self.act(now)
+        return created
+
+    def _decide(self, c: pol.Candidate, reason: str, now: int) -> None:
+        if self.audit.decide(c.job_id, c.node, reason, now):
+            log.info("evict: job %s node %s: %s", c.job_id, c.node, reason)
+
+    def _limit(self, c: pol.Candidate, sched: str, now: int) -> str | None:
+        """Why the history forbids a proposal for ``sched`` now (None: it does not)."""
+        p = self.policy
+        mine = self.audit.proposals(node=sched)
+        if any(x.state in OPEN for x in mine):
+            return "a proposal for this node is already open"
+        if any(x.state == "dry_run" and x.job_id == c.job_id
+               and now - x.created_ns < p.cooldown_hours * HOUR_NS for x in mine):
+            return "already proposed (dry-run) for this job within cooldown_hours"
+        acted = [x for x in mine if x.state in ACTED or x.state == "undone"]
+        if any(now - x.created_ns < p.cooldown_hours * HOUR_NS for x in acted):
+            return f"acted on within cooldown_hours ({p.cooldown_hours:g} h)"
+        if sum(now - x.created_ns < p.repeat_days * 24 * HOUR_NS for x in acted) >= p.repeat_max:
+            if not any(x.state == "needs_human" for x in mine):
+                self.audit.create(c.job_id, c.node, sched, "needs_human",
+                                  f"acted on {p.repeat_max} times in {p.repeat_days:g} days: a "
+                                  "human decides", self._evidence(c), c.predicted_gain, now)
+            return f"needs a human: acted on {p.repeat_max} times in {p.repeat_days:g} days"
+        job_acts = [x for x in self.audit.proposals(states=("approved",) + ACTED + ("pending",))
+                    if x.job_id == c.job_id and now - x.created_ns < p.cooldown_hours * HOUR_NS]
+        if len(job_acts) >= p.max_per_job:
+            return f"max_per_job ({p.max_per_job}) reached for this job"
+        if not p.enforce:
+            return None
+        tripped = self.audit.breaker()
+        if tripped is not None:
+            return f"breaker tripped ({tripped[1]}): `hypertrace evict reset` to close it"
+        window = p.breaker_window_minutes * 60 * 10**9
+        recent = [x for x in self.audit.proposals(states=ACTED + ("approved", "pending",
+                                                                  "undone", "failed"))
+                  if now - x.created_ns < window]
+        limit = min(p.breaker_max_nodes,
+                    max(1, int(p.breaker_max_share * max(len(self.nodes_seen), 1))))
+        if len(recent) >= limit:
+            why = (f"{len(recent)} nodes in {p.breaker_window_minutes:g} min (limit {limit}: "
+                   f"breaker_max_nodes {p.breaker_max_nodes}, breaker_max_share "
+                   f"{p.breaker_max_share:g} of {len(self.nodes_seen)} nodes seen)")
+            self.audit.trip(why, now)
+            log.warning("evict: breaker tripped: %s", why)
+            return f"breaker tripped ({why}): `hypertrace evict reset` to close it"
+        return None
+
+    def _evidence(self, c: pol.Candidate) -> dict:
+        return {"effect": c.effect, "effect_basis": c.effect_basis, "basis": c.basis,
+                "windows_flagged": c.windows_flagged, "cause": c.cause,
+                "findings": [{"gpu": g, "signal": s, "ratio": r} for g, s, r in c.ratios]}
+
+    def _propose(self, c: pol.Candidate, sched: str, why: str, now: int) -> Proposal:
+        p = self.policy
+        state = ("dry_run" if not p.enforce else "pending" if p.approval else "approved")
+        prop = self.audit.create(c.job_id, c.node, sched, state, why, self._evidence(c),
+                                 c.predicted_gain, now)
+        self.audit.decide(c.job_id, c.node, f"proposed {prop.id} ({state})", now)
+        log.warning("evict: %s proposal %s: job %s node %s (%s): %s", state, prop.id, c.job_id,
+                    c.node, sched, why)
+        return prop
+
+    # ---- actions ---------------------------------------------------------------------------
+
+    def act(self, now_ns: int | None = None) -> None:
+        """Act on approved proposals and on those a crash left acting; expire stale pending."""
+        now = time.time_ns() if now_ns is None else now_ns
+        ttl = self.policy.approval_ttl_minutes * 60 * 10**9
+        for p in self.audit.proposals(states=("pending",)):
+            if now - p.created_ns > ttl:
+                self.audit.transition(p.id, "expired", "policy", "approval TTL passed", now)
+        if not self.policy.enforce:
+            return
+        for p in self.audit.proposals(states=("approved", "acting")):
+            if self.audit.breaker() is not None and p.state == "approved":
+                continue                        # approved by hand while tripped: waits
+            self._act_one(p, now)
+
+    def _act_one(self, p: Proposal, now: int) -> Proposal:
+        """Call the backend for one proposal (``acting`` first, so a crash in between is found
+        and retried with the same idempotency key), and record the result."""
+        retry = p.state == "acting"
+        p = self.audit.transition(p.id, "acting", self.backend.name,
+                                  "retrying after a restart" if retry else "calling backend",
+                                  now, attempt=True)
+        try:
+            detail = self.backend.drain(p)
+        except Refused as exc:
+            return self.audit.transition(p.id, "refused", self.backend.name, str(exc), now)
+        except BackendError as exc:
+            log.error("evict: proposal %s failed: %s", p.id, exc)
+            return self.audit.transition(p.id, "failed", self.backend.name, str(exc), now)
+        return self.audit.transition(p.id, "done", self.backend.name, detail, now)
+
+    def approve(self, pid: str, who: str, now_ns: int | None = None) -> Proposal:
+        now = time.time_ns() if now_ns is None else now_ns
+        p = self.audit.get(pid)
+        if p.state != "pending":
+            raise ValueError(f"proposal {pid} is {p.state}, not pending: nothing to approve")
+        return self.audit.transition(pid, "approved", who, "approved", now, approved_by=who)
+
+    def undo(self, sched_node: str, who: str, now_ns: int | None = None) -> Proposal:
+        """Reverse our last action on ``sched_node`` (only ours: the backend checks)."""
+        now = time.time_ns() if now_ns is None else now_ns
+        done = [p for p in self.audit.proposals(states=("done",), node=sched_node)]
+        if not done:
+            raise ValueError(f"no action of ours on {sched_node[:64]!r} to undo "
+                             "(`hypertrace evict log` shows the trail)")
+        p = done[-1]
+        detail = self.backend.undo(p)
+        return self.audit.transition(p.id, "undone", who, detail, now)

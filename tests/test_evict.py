@@ -1,0 +1,183 @@
+"""The eviction policy, its audit trail in a real SQLite file, and the exec backend (a real
+subprocess), on reports of simulated jobs scored by the real Engine."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+
+import pytest
+
+from hypertrace.analyzer.config import ScoringConfig
+from hypertrace.analyzer.engine import Engine
+from hypertrace.analyzer.evict.audit import Audit
+from hypertrace.analyzer.evict.backends import ExecBackend, NoBackend, Retry
+from hypertrace.analyzer.evict.evictor import Evictor, NodeMap
+from hypertrace.analyzer.evict.policy import EvictPolicy, judge
+from hypertrace.proto.settings import ConfigError
+from hypertrace.sim.simulate import SimConfig, Straggler, generate
+
+NOW = 1_800_000_000 * 10**9
+
+
+def _job(*slow: str, gpus: int = 256, factor: float = 1.3):
+    cfg = SimConfig(gpus=gpus, gpus_per_node=8, windows=8, seed=3,
+                    stragglers=tuple(Straggler(n, factor) for n in slow))
+    e = Engine(ScoringConfig())
+    for w in generate(cfg):
+        e.ingest(w)
+    e.flush()
+    return e.report("sim-job").jobs[0]
+
+
+@pytest.fixture(scope="module")
+def one_slow():
+    return _job("node-0013")
+
+
+@pytest.fixture(scope="module")
+def five_slow():
+    return _job("node-0003", "node-0007", "node-0011", "node-0017", "node-0023")
+
+
+def _recorder(tmp_path, fail_first: bool = False, sleep_s: float = 0.0) -> list[str]:
+    """A drain command that appends its stdin (the proposal JSON) and action to a file."""
+    script = tmp_path / "drain.py"
+    script.write_text(
+        "import json, os, sys, time\n"
+        f"time.sleep({sleep_s})\n"
+        "data = json.load(sys.stdin)\n"
+        f"marker = {str(tmp_path / 'failed-once')!r}\n"
+        f"if {fail_first} and not os.path.exists(marker):\n"
+        "    open(marker, 'w').close(); sys.exit(3)\n"
+        f"with open({str(tmp_path / 'calls.jsonl')!r}, 'a') as f:\n"
+        "    f.write(json.dumps({'action': os.environ['HYPERTRACE_ACTION'], 'data': data})"
+        " + '\\n')\n")
+    return [sys.executable, str(script)]
+
+
+def _calls(tmp_path) -> list[dict]:
+    path = tmp_path / "calls.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_dry_run_records_the_proposal_once_and_acts_on_nothing(tmp_path, one_slow):
+    audit = Audit(tmp_path / "a.db")
+    ev = Evictor(EvictPolicy(), audit, NoBackend())
+    created = ev.review(one_slow, NOW)
+    assert [(p.node, p.state) for p in created] == [("node-0013", "dry_run")]
+    p = created[0]
+    assert p.predicted_gain >= 0.03 and p.evidence["effect"] >= 0.05
+    assert p.as_json()["scheduler_node"] == "node-0013" and p.as_json()["schema"] == 1
+    assert ev.review(one_slow, NOW + 10**9) == []          # the next pass: nothing new
+    assert len(audit.proposals()) == 1
+
+
+def test_no_step_time_basis_no_single_node_and_small_gain_give_no_proposal(tmp_path, one_slow):
+    job = type(one_slow)()
+    job.CopyFrom(one_slow)
+    job.cluster.basis = "cudaLaunchKernel: E[max] of call latency"
+    (v,) = judge(job, EvictPolicy())
+    assert not v.propose and "no step-time basis" in v.reason
+    (v,) = judge(one_slow, EvictPolicy(min_gain=0.9))
+    assert not v.propose and "below min_gain" in v.reason
+    lone = _job("node-0000", gpus=8)
+    assert all(not v.propose for v in judge(lone, EvictPolicy()))
+
+
+def test_enforce_runs_the_exec_backend_with_the_proposal_json(tmp_path, one_slow):
+    audit = Audit(tmp_path / "a.db")
+    backend = ExecBackend(_recorder(tmp_path), Retry(attempts=2, base_s=0.01, timeout_s=30))
+    ev = Evictor(EvictPolicy(enforce=True, backend="exec", node_template="gpu-{node}"), audit,
+                 backend)
+    (p,) = ev.review(one_slow, NOW)
+    assert audit.get(p.id).state == "done"
+    (call,) = _calls(tmp_path)
+    assert call["action"] == "drain" and call["data"]["id"] == p.id
+    assert call["data"]["scheduler_node"] == "gpu-node-0013" and call["data"]["job_id"] == "sim-job"
+    assert [e["state"] for e in audit.events(p.id)] == ["approved", "acting", "done"]
+    ev.undo("gpu-node-0013", "alice", NOW + 10**9)
+    assert audit.get(p.id).state == "undone" and _calls(tmp_path)[-1]["action"] == "undo"
+
+
+def test_exec_timeout_and_a_failure_then_a_retry(tmp_path, one_slow):
+    audit = Audit(tmp_path / "a.db")
+    slow = ExecBackend(_recorder(tmp_path, sleep_s=5), Retry(attempts=1, timeout_s=0.5))
+    ev = Evictor(EvictPolicy(enforce=True, backend="exec"), audit, slow)
+    (p,) = ev.review(one_slow, NOW)
+    assert audit.get(p.id).state == "failed"
+    assert "did not finish within 0.5 s" in audit.events(p.id)[-1]["detail"]
+    audit2 = Audit(tmp_path / "b.db")
+    flaky = ExecBackend(_recorder(tmp_path, fail_first=True), Retry(attempts=3, base_s=0.01))
+    (p,) = Evictor(EvictPolicy(enforce=True, backend="exec"), audit2, flaky).review(one_slow, NOW)
+    assert audit2.get(p.id).state == "done" and len(_calls(tmp_path)) == 1
+
+
+def test_the_breaker_trips_at_its_cap_and_a_restart_neither_redrains_nor_forgets(
+        tmp_path, five_slow):
+    backend = ExecBackend(_recorder(tmp_path), Retry(attempts=1))
+    policy = EvictPolicy(enforce=True, backend="exec", max_per_job=5, breaker_max_nodes=2,
+                         breaker_max_share=1.0)
+    audit = Audit(tmp_path / "a.db")
+    ev = Evictor(policy, audit, backend)
+    stragglers = [n.node for n in five_slow.nodes if n.verdict == "straggler"]
+    assert len(stragglers) == 5
+    ev.review(five_slow, NOW)
+    done = [p for p in audit.proposals() if p.state == "done"]
+    assert len(done) == 2 and len(_calls(tmp_path)) == 2
+    assert audit.breaker() is not None
+    decisions = {d["node"]: d["reason"] for d in audit.decisions()}
+    assert set(decisions) == set(stragglers)                # all 5 decisions recorded
+    assert sum("breaker tripped" in r for r in decisions.values()) == 3
+    audit.close()
+    again = Evictor(policy, Audit(tmp_path / "a.db"), backend)   # a restart
+    again.review(five_slow, NOW + 60 * 10**9)
+    assert len(_calls(tmp_path)) == 2                        # nothing drained twice
+    assert len([p for p in again.audit.proposals() if p.state == "done"]) == 2
+    assert again.audit.reset("bob", NOW + 120 * 10**9) == 0   # nothing waiting to replay
+    assert again.audit.breaker() is None
+
+
+def test_approval_mode_waits_and_expires(tmp_path, one_slow):
+    audit = Audit(tmp_path / "a.db")
+    backend = ExecBackend(_recorder(tmp_path), Retry(attempts=1))
+    ev = Evictor(EvictPolicy(enforce=True, approval=True, backend="exec",
+                             approval_ttl_minutes=10), audit, backend)
+    (p,) = ev.review(one_slow, NOW)
+    assert p.state == "pending" and not _calls(tmp_path)
+    ev.approve(p.id, "carol", NOW + 60 * 10**9)
+    ev.act(NOW + 61 * 10**9)
+    assert audit.get(p.id).state == "done" and audit.get(p.id).approved_by == "carol"
+    audit2 = Audit(tmp_path / "b.db")
+    ev2 = Evictor(EvictPolicy(enforce=True, approval=True, backend="exec",
+                              approval_ttl_minutes=10), audit2, backend)
+    (q,) = ev2.review(one_slow, NOW)
+    ev2.act(NOW + 11 * 60 * 10**9)
+    assert audit2.get(q.id).state == "expired"
+
+
+def test_a_node_acted_on_twice_in_a_week_goes_to_a_human(tmp_path, one_slow):
+    audit = Audit(tmp_path / "a.db")
+    backend = ExecBackend(_recorder(tmp_path), Retry(attempts=1))
+    ev = Evictor(EvictPolicy(enforce=True, backend="exec", cooldown_hours=1), audit, backend)
+    day = 24 * 3600 * 10**9
+    for k in range(3):
+        ev.review(one_slow, NOW + k * day)
+    states = [p.state for p in audit.proposals()]
+    assert states.count("done") == 2 and "needs_human" in states
+    assert len(_calls(tmp_path)) == 2
+
+
+def test_node_table_and_config_errors(tmp_path):
+    table = tmp_path / "nodes.txt"
+    table.write_text("# agent scheduler\nnode-0013 n2\n")
+    m = NodeMap.load("{node}", str(table))
+    assert m("node-0013") == "n2"
+    with pytest.raises(KeyError, match="not in evict.node_table"):
+        m("node-0001")
+    with pytest.raises(ConfigError, match="needs a backend"):
+        Evictor(EvictPolicy(enforce=True), Audit(tmp_path / "a.db"), NoBackend())
+    with pytest.raises(ConfigError, match="unknown"):
+        EvictPolicy.from_mapping({"enforcee": True})
+    with pytest.raises(ConfigError, match="node_template"):
+        replace(EvictPolicy(), node_template="gpu")
