@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 HT     := $(VENV)/bin/hypertrace
 STAMP  := $(VENV)/.installed
 
-.PHONY: all venv ebpf-setup test demo bench bench-detect bench-scale bench-agent bench-restart fuzz proto clean
+.PHONY: all venv ebpf-setup test-deps test demo bench bench-detect bench-scale bench-agent bench-restart fuzz proto clean
 
 all: venv
 
@@ -26,7 +26,11 @@ ebpf-setup: venv
 	@if [ "$$(id -u)" = 0 ]; then bash deploy/install-node.sh --venv $(VENV); \
 	 else echo "ebpf-setup: not root; eBPF prerequisites not installed (eBPF tests will skip)"; fi
 
-test: venv ebpf-setup
+# a real Slurm (slurm-wlm, munge) for the eviction tests, when root
+test-deps:
+	@bash tests/install-test-deps.sh
+
+test: venv ebpf-setup test-deps
 	$(PY) -m pytest -q tests
 
 demo: venv

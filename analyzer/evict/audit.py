@@ -160,7 +160,7 @@ class Audit:
         with self._lock:
             rows = self._conn.execute(
                 "SELECT proposal_id, ts_ns, state, actor, detail FROM evict_events "
-                + ("WHERE proposal_id = ? " if pid else "") + "ORDER BY ts_ns, rowid",
+                + ("WHERE proposal_id = ? " if pid else "") + "ORDER BY rowid",
                 (pid,) if pid else ()).fetchall()
         return [{"proposal": r[0], "time": _iso(r[1]), "state": r[2], "actor": r[3],
                  "detail": r[4]} for r in rows]
