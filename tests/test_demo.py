@@ -12,6 +12,9 @@ def test_demo_names_exactly_the_slow_node_and_cleans_up():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK: the report names node-0005" in proc.stdout
     assert "node-0005" in proc.stdout.split("hypertrace report")[1]
+    # it ends with the dry-run proposal for the slow node, with its predicted gain
+    log = proc.stdout.split("hypertrace evict log")[1]
+    assert "dry_run" in log and "node node-0005" in log and "predicted gain +" in log
     # the analyzer it started is gone
     assert "analyzer on" in proc.stdout
     pid = int(proc.stdout.split("(pid ")[1].split(")")[0])

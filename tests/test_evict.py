@@ -307,3 +307,21 @@ def test_slurm_dry_run_drain_undo_and_a_node_drained_by_hand(tmp_path, slurm, on
     assert main(["evict", "--db", str(tmp_path / "b.db"), "log"]) == 0
     out = capsys.readouterr().out
     assert "undone" in out and "refused" in out and "n2" in out
+
+
+def test_an_action_a_crash_left_acting_is_retried_with_the_same_key(tmp_path, one_slow):
+    """The analyzer died after marking a proposal acting and before the backend answered: the
+    next pass calls the backend again with the same proposal id, once."""
+    audit = Audit(tmp_path / "a.db")
+    policy = EvictPolicy(enforce=True, backend="exec")
+    (c,) = [v.candidate for v in judge(one_slow, policy) if v.propose]
+    p = audit.create(c.job_id, c.node, c.node, "approved", "test", {"effect": c.effect},
+                     c.predicted_gain, NOW)
+    audit.transition(p.id, "acting", "exec", "calling backend", NOW, attempt=True)
+    audit.close()                                            # the crash
+    audit = Audit(tmp_path / "a.db")
+    ev = Evictor(policy, audit, ExecBackend(_recorder(tmp_path), Retry(attempts=1)))
+    ev.act(NOW + 10**9)
+    assert audit.get(p.id).state == "done" and audit.get(p.id).attempts == 2
+    assert [c["data"]["id"] for c in _calls(tmp_path)] == [p.id]
+    assert ev.review(one_slow, NOW + 2 * 10**9) == [] and len(_calls(tmp_path)) == 1
