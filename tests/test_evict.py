@@ -325,3 +325,117 @@ def test_an_action_a_crash_left_acting_is_retried_with_the_same_key(tmp_path, on
     assert audit.get(p.id).state == "done" and audit.get(p.id).attempts == 2
     assert [c["data"]["id"] for c in _calls(tmp_path)] == [p.id]
     assert ev.review(one_slow, NOW + 2 * 10**9) == [] and len(_calls(tmp_path)) == 1
+
+
+# ---- Kubernetes ---------------------------------------------------------------------------
+# No Kubernetes API server can be installed on these machines (checked). The client's requests
+# go to a local HTTP server that answers as the API server does (Node objects in the official
+# v1 schema, strategic-merge PATCH of spec and of the status subresource); the objects are
+# written from the official v1 API reference, not recorded from a live server. Against a real
+# cluster: README "Acting on stragglers" (KUBECONFIG, a scratch node, evict undo).
+
+def _node_json(name: str, unschedulable: bool = False, taints: list | None = None) -> dict:
+    return {"kind": "Node", "apiVersion": "v1",
+            "metadata": {"name": name, "uid": "7b0f1c7e-0000-4000-8000-00000000000" + name[-1],
+                         "resourceVersion": "1001", "creationTimestamp": "2026-11-01T00:00:00Z",
+                         "labels": {"kubernetes.io/hostname": name}},
+            "spec": {"podCIDR": "10.244.2.0/24", "unschedulable": unschedulable,
+                     "taints": taints or []},
+            "status": {"conditions": [{"type": "Ready", "status": "True", "reason":
+                                       "KubeletReady", "message": "kubelet is posting ready",
+                                       "lastHeartbeatTime": "2026-12-01T00:00:00Z",
+                                       "lastTransitionTime": "2026-11-01T00:00:00Z"}],
+                       "nodeInfo": {"architecture": "amd64", "bootID": "b-" + name,
+                                    "containerRuntimeVersion": "containerd://1.7.22",
+                                    "kernelVersion": "6.8.0-48-generic",
+                                    "kubeProxyVersion": "v1.31.2", "kubeletVersion": "v1.31.2",
+                                    "machineID": "m-" + name, "operatingSystem": "linux",
+                                    "osImage": "Ubuntu 24.04.1 LTS", "systemUUID": "s-" + name}}}
+
+
+@pytest.fixture
+def fake_api():
+    import http.server
+    import threading
+    nodes = {"n2": _node_json("n2"),
+             "n1": _node_json("n1", unschedulable=True,
+                              taints=[{"key": "ops/maintenance", "effect": "NoSchedule"}])}
+    requests: list[tuple[str, str, str, dict | None]] = []
+
+    class Api(http.server.BaseHTTPRequestHandler):
+        def _node(self):
+            parts = self.path.split("?")[0].strip("/").split("/")   # api v1 nodes NAME [status]
+            return parts[3], parts[4:] == ["status"]
+
+        def _send(self, code: int, obj: dict) -> None:
+            body = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):                                      # noqa: N802
+            name, _ = self._node()
+            requests.append(("GET", self.path, "", None))
+            if name not in nodes:
+                return self._send(404, {"kind": "Status", "apiVersion": "v1", "status":
+                                        "Failure", "reason": "NotFound", "code": 404,
+                                        "message": f'nodes "{name}" not found'})
+            self._send(200, nodes[name])
+
+        def do_PATCH(self):                                    # noqa: N802
+            name, status = self._node()
+            patch = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            requests.append(("PATCH", self.path, self.headers["Content-Type"], patch))
+            node = nodes[name]
+            if status:
+                conds = {c["type"]: c for c in node["status"]["conditions"]}
+                for c in patch["status"]["conditions"]:
+                    conds[c["type"]] = c
+                node["status"]["conditions"] = list(conds.values())
+            else:
+                node["spec"].update(patch["spec"])
+            node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"])
+                                                      + 1)
+            self._send(200, node)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", nodes, requests
+    server.shutdown()
+
+
+def test_kubernetes_cordons_taints_and_undoes_only_its_own(tmp_path, fake_api, one_slow):
+    from hypertrace.analyzer.evict.backends import KubernetesBackend
+    host, nodes, requests = fake_api
+    backend = KubernetesBackend.connect(host=host, retry=Retry(attempts=1))
+    audit = Audit(tmp_path / "a.db")
+    table = tmp_path / "nodes.txt"
+    table.write_text("node-0013 n2\nnode-0021 n1\n")
+    policy = EvictPolicy(enforce=True, backend="kubernetes", node_table=str(table),
+                         breaker_max_share=1.0)
+    ev = Evictor(policy, audit, backend, NodeMap.load("{node}", str(table)))
+    (p,) = ev.review(one_slow, NOW)
+    assert audit.get(p.id).state == "done"
+    spec = nodes["n2"]["spec"]
+    assert spec["unschedulable"] is True
+    assert spec["taints"] == [{"key": "hypertrace.dev/straggler", "value": p.id,
+                               "effect": "NoSchedule"}]
+    cond = {c["type"]: c for c in nodes["n2"]["status"]["conditions"]}["HypertraceStraggler"]
+    assert cond["status"] == "True" and p.id in cond["message"] and "sim-job" in cond["message"]
+    patches = [r for r in requests if r[0] == "PATCH"]
+    assert [r[1] for r in patches] == ["/api/v1/nodes/n2", "/api/v1/nodes/n2/status"]
+    assert all("strategic-merge-patch" in r[2] for r in patches)
+    assert not any("NoExecute" in json.dumps(r[3]) for r in patches)
+    ev.undo("n2", "dave", NOW + 10**9)
+    assert nodes["n2"]["spec"]["unschedulable"] is False and nodes["n2"]["spec"]["taints"] == []
+    # n1 was cordoned by someone else: refused, and never uncordoned by us
+    (r,) = ev.review(_job("node-0021"), NOW + 2 * 10**9)
+    assert audit.get(r.id).state == "refused" and nodes["n1"]["spec"]["unschedulable"] is True
+    with pytest.raises(ValueError, match="no action of ours"):
+        ev.undo("n1", "dave", NOW + 3 * 10**9)
+    assert nodes["n1"]["spec"]["taints"] == [{"key": "ops/maintenance", "effect": "NoSchedule"}]

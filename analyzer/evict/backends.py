@@ -11,6 +11,8 @@ node that someone else took out, and undoes only what it did itself.
 * ``webhook``: an HTTPS POST of the proposal JSON, signed ``X-Hypertrace-Signature:
   sha256=<hex HMAC of the body>`` with the secret from a file, the proposal id in
   ``Idempotency-Key``, the action in ``X-Hypertrace-Action``.
+* ``kubernetes``: cordon, a ``hypertrace.dev/straggler=<proposal>:NoSchedule`` taint and a
+  ``HypertraceStraggler`` node condition with the evidence; never NoExecute.
 * ``none``: dry-run only (``enforce`` with it is a configuration error).
 """
 from __future__ import annotations
@@ -198,9 +200,97 @@ class WebhookBackend:
         return self._post(p, "undo")
 
 
+@dataclass
+class KubernetesBackend:
+    """Cordon, taint ``hypertrace.dev/straggler=<proposal>:NoSchedule`` and set the node
+    condition ``HypertraceStraggler``, through the official client. Never NoExecute: that
+    deletes pods and ignores PodDisruptionBudgets. A node cordoned by someone else is refused;
+    undo removes only our taint (and our cordon) and sets our condition False."""
+
+    api: Any                                   # kubernetes.client.CoreV1Api
+    retry: Retry = field(default_factory=Retry)
+    name: str = "kubernetes"
+
+    TAINT = "hypertrace.dev/straggler"
+    CONDITION = "HypertraceStraggler"
+
+    @classmethod
+    def connect(cls, kubeconfig: str = "", context: str = "", host: str = "",
+                retry: Retry | None = None) -> "KubernetesBackend":
+        """A client from ``kubeconfig`` (or $KUBECONFIG / ~/.kube/config), else the in-cluster
+        service account; ``host`` alone: a plain API endpoint (tests)."""
+        from kubernetes import client, config
+        if host:
+            conf = client.Configuration()
+            conf.host = host
+            return cls(client.CoreV1Api(client.ApiClient(conf)), retry or Retry())
+        try:
+            config.load_kube_config(config_file=kubeconfig or None, context=context or None)
+        except Exception:                       # noqa: BLE001 - then try the pod's account
+            config.load_incluster_config()
+        return cls(client.CoreV1Api(), retry or Retry())
+
+    def _call(self, fn: Callable[[], str]) -> str:
+        from kubernetes.client.exceptions import ApiException
+
+        def act() -> str:
+            try:
+                return fn()
+            except ApiException as exc:
+                if exc.status in (401, 403, 404, 422):
+                    raise Refused(f"API server: HTTP {exc.status} {exc.reason}") from None
+                raise BackendError(f"API server: HTTP {exc.status} {exc.reason}") from None
+        return self.retry.run(act)
+
+    def _condition(self, status: str, reason: str, message: str) -> dict:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return {"type": self.CONDITION, "status": status, "reason": reason,
+                "message": message[:1000], "lastTransitionTime": now, "lastHeartbeatTime": now}
+
+    def drain(self, p: Proposal) -> str:
+        def act() -> str:
+            node = self.api.read_node(p.sched_node)
+            taints = [t.to_dict() for t in (node.spec.taints or [])]
+            ours = [t for t in taints if t["key"] == self.TAINT]
+            if any(t.get("value") == p.id for t in ours):
+                return f"{p.sched_node} already tainted by this proposal"
+            if node.spec.unschedulable or ours:
+                raise Refused(f"{p.sched_node} is already cordoned or tainted by someone else: "
+                              "not touched")
+            taints.append({"key": self.TAINT, "value": p.id, "effect": "NoSchedule"})
+            self.api.patch_node(p.sched_node, {"spec": {"unschedulable": True,
+                                                        "taints": _clean(taints)}})
+            effect = p.evidence.get("effect", 0.0)
+            self.api.patch_node_status(p.sched_node, {"status": {"conditions": [
+                self._condition("True", "Straggler", f"hypertrace proposal {p.id}: job "
+                                f"{p.job_id}, effect {effect:+.1%}, predicted gain "
+                                f"{p.predicted_gain:+.1%}")]}})
+            return f"{p.sched_node}: cordoned, tainted {self.TAINT}={p.id}:NoSchedule"
+        return self._call(act)
+
+    def undo(self, p: Proposal) -> str:
+        def act() -> str:
+            node = self.api.read_node(p.sched_node)
+            taints = [t.to_dict() for t in (node.spec.taints or [])]
+            if not any(t["key"] == self.TAINT and t.get("value") == p.id for t in taints):
+                raise Refused(f"{p.sched_node} carries no taint of proposal {p.id}: not ours, "
+                              "not uncordoned")
+            rest = [t for t in taints if t["key"] != self.TAINT]
+            self.api.patch_node(p.sched_node, {"spec": {"unschedulable": False,
+                                                        "taints": _clean(rest)}})
+            self.api.patch_node_status(p.sched_node, {"status": {"conditions": [
+                self._condition("False", "Undone", f"hypertrace proposal {p.id} undone")]}})
+            return f"{p.sched_node}: our taint removed, uncordoned"
+        return self._call(act)
+
+
+def _clean(taints: list[dict]) -> list[dict]:
+    return [{k: v for k, v in t.items() if v is not None} for t in taints]
+
+
 #: Settings of the backends, beside the policy's in the ``[evict]`` table.
-BACKEND_KEYS = ("command", "url", "secret_file", "ca_file", "scontrol", "timeout_s", "retries",
-                "retry_base_s")
+BACKEND_KEYS = ("command", "url", "secret_file", "ca_file", "scontrol", "kubeconfig",
+                "kube_context", "timeout_s", "retries", "retry_base_s")
 
 
 def make_backend(name: str, settings: dict[str, Any]) -> Backend:
@@ -226,4 +316,12 @@ def make_backend(name: str, settings: dict[str, Any]) -> Backend:
             raise ConfigError(f"evict.secret_file {secret_file!r} cannot be read "
                               f"({exc.strerror})") from None
         return WebhookBackend(str(url), secret, str(settings.get("ca_file", "")), retry)
-    raise ConfigError(f"evict.backend {name!r}: not available here (none, slurm, exec, webhook)")
+    if name == "kubernetes":
+        try:
+            import kubernetes  # noqa: F401
+        except ImportError:
+            raise ConfigError("evict.backend kubernetes needs the official client: pip install "
+                              "'hypertrace[kubernetes]' (or kubernetes)") from None
+        return KubernetesBackend.connect(str(settings.get("kubeconfig", "")),
+                                         str(settings.get("kube_context", "")), retry=retry)
+    raise ConfigError(f"evict.backend {name!r}: one of none, slurm, exec, webhook, kubernetes")

@@ -201,6 +201,10 @@ class Evictor:
         except BackendError as exc:
             log.error("evict: proposal %s failed: %s", p.id, exc)
             return self.audit.transition(p.id, "failed", self.backend.name, str(exc), now)
+        except Exception as exc:             # a backend bug: recorded, never a crash of scoring
+            log.exception("evict: proposal %s: the backend raised", p.id)
+            return self.audit.transition(p.id, "failed", self.backend.name,
+                                         f"{type(exc).__name__}: {str(exc)[:300]}", now)
         return self.audit.transition(p.id, "done", self.backend.name, detail, now)
 
     def approve(self, pid: str, who: str, now_ns: int | None = None) -> Proposal:
