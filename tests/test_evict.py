@@ -439,3 +439,45 @@ def test_kubernetes_cordons_taints_and_undoes_only_its_own(tmp_path, fake_api, o
     with pytest.raises(ValueError, match="no action of ours"):
         ev.undo("n1", "dave", NOW + 3 * 10**9)
     assert nodes["n1"]["spec"]["taints"] == [{"key": "ops/maintenance", "effect": "NoSchedule"}]
+
+
+def test_slurm_requeue_puts_the_job_back_without_the_drained_node(tmp_path, slurm, one_slow,
+                                                                monkeypatch):
+    """Off by default; with requeue = true the job (its id a Slurm job id) is requeued, with the
+    drained node in its ExcNodeList."""
+    import subprocess
+    from hypertrace.analyzer.evict.backends import SlurmBackend
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    out = subprocess.run(["sbatch", "--parsable", "-N1", "-w", "n3", "--requeue", "--wrap",
+                          "sleep 300"], env=slurm.env, capture_output=True, text=True,
+                         timeout=30, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.strip().split(";")[0]
+    import time
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "JobState=RUNNING" not in subprocess.run(
+            ["scontrol", "show", "job", job_id], env=slurm.env, capture_output=True, text=True,
+            timeout=30).stdout:
+        time.sleep(0.5)
+    job = type(one_slow)()
+    job.CopyFrom(one_slow)
+    job.job_id = job_id
+    table = tmp_path / "nodes.txt"
+    table.write_text("node-0013 n3\n")
+    backend = SlurmBackend(retry=Retry(attempts=2, base_s=0.2), requeue=True)
+    audit = Audit(tmp_path / "a.db")
+    ev = Evictor(EvictPolicy(enforce=True, backend="slurm", node_table=str(table),
+                             breaker_max_share=1.0), audit, backend,
+                 NodeMap.load("{node}", str(table)))
+    try:
+        (p,) = ev.review(job, NOW)
+        detail = audit.events(p.id)[-1]["detail"]
+        assert audit.get(p.id).state == "done", detail
+        assert f"job {job_id} requeued without n3" in detail
+        shown = subprocess.run(["scontrol", "show", "job", job_id], env=slurm.env,
+                               capture_output=True, text=True, timeout=30).stdout
+        assert "ExcNodeList=n3" in shown
+        assert slurm.state("n3") in ("drained", "draining")
+    finally:
+        subprocess.run(["scancel", job_id], env=slurm.env, timeout=30)
+        slurm.scontrol("update", "NodeName=n3", "State=RESUME")

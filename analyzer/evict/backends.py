@@ -5,7 +5,8 @@ idempotency key, so a retry after a crash does not act twice. Every backend refu
 node that someone else took out, and undoes only what it did itself.
 
 * ``slurm``: ``scontrol update NodeName=X State=DRAIN Reason="hypertrace: ..."``; undo is
-  ``State=RESUME``, only while the Reason is ours (proposal id in it).
+  ``State=RESUME``, only while the Reason is ours (proposal id in it). With ``requeue`` (off by
+  default) the job, when its id is a Slurm job id, is requeued with the node excluded.
 * ``exec``: a command run with the proposal JSON on stdin and ``HYPERTRACE_ACTION=drain|undo``
   and ``HYPERTRACE_PROPOSAL=<id>`` in its environment; exit 0 means done.
 * ``webhook``: an HTTPS POST of the proposal JSON, signed ``X-Hypertrace-Signature:
@@ -94,6 +95,7 @@ class SlurmBackend:
 
     scontrol: str = "scontrol"
     retry: Retry = field(default_factory=Retry)
+    requeue: bool = False     # also requeue the job (a Slurm job id) without the drained node
     name: str = "slurm"
 
     def _run(self, *args: str) -> str:
@@ -122,8 +124,29 @@ class SlurmBackend:
             self._run("update", f"NodeName={p.sched_node}", "State=DRAIN",
                       f"Reason={REASON_PREFIX} job {p.job_id[:40]}, effect {effect:+.1%}, "
                       f"proposal {p.id}")
-            return f"scontrol: {p.sched_node} State=DRAIN"
+            return f"scontrol: {p.sched_node} State=DRAIN" + self._requeue(p)
         return self.retry.run(act)
+
+    def _requeue(self, p: Proposal) -> str:
+        """With ``requeue``: the job (when its id is a Slurm job id) goes back to the queue with
+        the drained node excluded. A drained node alone lets a running job finish on it."""
+        if not self.requeue:
+            return ""
+        if not p.job_id.isdigit():
+            return f"; not requeued: job id {p.job_id[:40]!r} is not a Slurm job id"
+        try:
+            # requeue first: a running job's node list cannot change, a pending one's can (and
+            # the drained node is not given to it meanwhile); a pending job only needs the list
+            if "JobState=PENDING" not in self._run("show", "job", p.job_id):
+                self._run("requeue", p.job_id)
+            out = self._run("show", "job", p.job_id)
+            m = re.search(r"\bExcNodeList=(\S+)", out)
+            exclude = [x for x in (m.group(1).split(",") if m else []) if x and x != "(null)"]
+            self._run("update", f"JobId={p.job_id}",
+                      f"ExcNodeList={','.join(exclude + [p.sched_node])}")
+        except (BackendError, OSError, subprocess.SubprocessError) as exc:
+            return f"; requeue of job {p.job_id} failed: {exc}"
+        return f"; job {p.job_id} requeued without {p.sched_node}"
 
     def undo(self, p: Proposal) -> str:
         def act() -> str:
@@ -289,7 +312,7 @@ def _clean(taints: list[dict]) -> list[dict]:
 
 
 #: Settings of the backends, beside the policy's in the ``[evict]`` table.
-BACKEND_KEYS = ("command", "url", "secret_file", "ca_file", "scontrol", "kubeconfig",
+BACKEND_KEYS = ("command", "url", "secret_file", "ca_file", "scontrol", "requeue", "kubeconfig",
                 "kube_context", "timeout_s", "retries", "retry_base_s")
 
 
@@ -300,7 +323,8 @@ def make_backend(name: str, settings: dict[str, Any]) -> Backend:
     if name == "none":
         return NoBackend()
     if name == "slurm":
-        return SlurmBackend(str(settings.get("scontrol", "scontrol")), retry)
+        return SlurmBackend(str(settings.get("scontrol", "scontrol")), retry,
+                            bool(settings.get("requeue", False)))
     if name == "exec":
         cmd = settings.get("command")
         if not cmd or not isinstance(cmd, list):
