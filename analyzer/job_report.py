@@ -119,7 +119,9 @@ def _prediction(job: JobState, rates: np.ndarray, node_reports: list[pb.NodeRepo
                       f"{what}, from each rank's histogram of recent windows (older ones fade); spike rate: "
                       + ("share of steps" if step_spikes else "share of epochs whose p99 is")
                       + f" > {1 + cfg.spike_threshold:g} x the job median"
-                      + note)
+                      + note
+                      + ("" if use_steps or not evicted else
+                         "; no eviction proposal: no step-time basis for the what-if"))
     elif note:
         pred.basis = note[2:]
     return pred

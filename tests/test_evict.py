@@ -481,3 +481,16 @@ def test_slurm_requeue_puts_the_job_back_without_the_drained_node(tmp_path, slur
     finally:
         subprocess.run(["scancel", job_id], env=slurm.env, timeout=30)
         slurm.scontrol("update", "NodeName=n3", "State=RESUME")
+
+
+def test_the_report_says_when_no_step_time_basis_allows_a_proposal():
+    cfg = SimConfig(gpus=128, gpus_per_node=8, windows=8, seed=3, step_ms=0,
+                    stragglers=(Straggler("node-0013", 1.3),))
+    e = Engine(ScoringConfig())
+    for w in generate(cfg):
+        e.ingest(w)
+    e.flush()
+    job = e.report("sim-job").jobs[0]
+    assert "node-0013" in {n.node for n in job.nodes if n.verdict == "straggler"}
+    assert "no eviction proposal: no step-time basis" in job.cluster.basis
+    assert all(not v.propose for v in judge(job, EvictPolicy()))
