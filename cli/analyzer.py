@@ -115,25 +115,6 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
     return server, scoring
 
 
-def make_evictor(settings: dict[str, Any], db: str):
-    """The evictor of an ``[evict]`` table (analyzer/evict; dry-run by default, and on by
-    default: every straggler's decision is recorded, nothing is done without enforce)."""
-    from hypertrace.analyzer.evict.audit import Audit
-    from hypertrace.analyzer.evict.backends import BACKEND_KEYS, make_backend
-    from hypertrace.analyzer.evict.evictor import Evictor, NodeMap
-    from hypertrace.analyzer.evict.policy import EvictPolicy
-    policy_keys = set(EvictPolicy.__dataclass_fields__)
-    unknown = sorted(set(settings) - policy_keys - set(BACKEND_KEYS))
-    if unknown:
-        raise ValueError(f"[evict]: unknown key(s) {unknown}; known: "
-                         f"{sorted(policy_keys | set(BACKEND_KEYS))}")
-    policy = EvictPolicy.from_mapping({k: v for k, v in settings.items() if k in policy_keys})
-    backend = make_backend(policy.backend, {k: v for k, v in settings.items()
-                                            if k in BACKEND_KEYS})
-    return Evictor(policy, Audit(db), backend,
-                   NodeMap.load(policy.node_template, policy.node_table))
-
-
 def _check_server_settings(server: dict[str, Any]) -> None:
     """Types and ranges of the server settings (a TOML file can hold anything): a negative
     retention would put the prune cutoff in the future and delete every acked window."""
@@ -193,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"hypertrace analyzer: {exc}", file=sys.stderr)
         return 2
     try:
-        evictor = make_evictor(server_cfg["evict"], server_cfg["db"])
+        from hypertrace.analyzer.evict.evictor import from_settings
+        evictor = from_settings(server_cfg["evict"], server_cfg["db"])
     except (ValueError, ConfigError) as exc:
         print(f"hypertrace analyzer: {exc}", file=sys.stderr)
         storage.close()

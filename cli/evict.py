@@ -85,15 +85,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _evictor(args: argparse.Namespace, audit):
     from hypertrace.analyzer.config import read_analyzer_toml
-    from hypertrace.analyzer.evict.backends import BACKEND_KEYS, make_backend
-    from hypertrace.analyzer.evict.evictor import Evictor, NodeMap
-    from hypertrace.analyzer.evict.policy import EvictPolicy
+    from hypertrace.analyzer.evict.evictor import from_settings
     settings = read_analyzer_toml(args.config).get("evict", {}) if args.config else {}
-    policy_keys = set(EvictPolicy.__dataclass_fields__)
-    policy = EvictPolicy.from_mapping({k: v for k, v in settings.items() if k in policy_keys})
-    backend = make_backend(policy.backend, {k: v for k, v in settings.items()
-                                            if k in BACKEND_KEYS})
-    return Evictor(policy, audit, backend, NodeMap.load(policy.node_template, policy.node_table))
+    return from_settings(settings, args.db, audit)
 
 
 def _log(audit, as_json: bool) -> int:

@@ -272,17 +272,17 @@ def _slurm_config(tmp_path, enforce: bool) -> "Path":
 
 def test_slurm_dry_run_drain_undo_and_a_node_drained_by_hand(tmp_path, slurm, one_slow,
                                                            monkeypatch, capsys):
-    from hypertrace.cli.analyzer import make_evictor
+    from hypertrace.analyzer.evict.evictor import from_settings
     from hypertrace.cli.main import main
     from hypertrace.analyzer.config import read_analyzer_toml
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     db = str(tmp_path / "a.db")
     # dry-run: proposed for n2, nothing changed in sinfo
-    dry = make_evictor(read_analyzer_toml(_slurm_config(tmp_path, False))["evict"], db)
+    dry = from_settings(read_analyzer_toml(_slurm_config(tmp_path, False))["evict"], db)
     (p,) = dry.review(one_slow, NOW)
     assert p.state == "dry_run" and p.sched_node == "n2" and slurm.state("n2") == "idle"
     # enforce: n2 drained, with our Reason
-    live = make_evictor(read_analyzer_toml(_slurm_config(tmp_path, True))["evict"],
+    live = from_settings(read_analyzer_toml(_slurm_config(tmp_path, True))["evict"],
                         str(tmp_path / "b.db"))
     (q,) = live.review(one_slow, NOW)
     assert live.audit.get(q.id).state == "done"

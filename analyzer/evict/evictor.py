@@ -224,3 +224,20 @@ class Evictor:
         p = done[-1]
         detail = self.backend.undo(p)
         return self.audit.transition(p.id, "undone", who, detail, now)
+
+
+def from_settings(settings: dict, db: str, audit: Audit | None = None) -> Evictor:
+    """The evictor of an analyzer's ``[evict]`` table: policy keys and backend keys
+    (:data:`~hypertrace.analyzer.evict.backends.BACKEND_KEYS`), ConfigError on an unknown one.
+    ``audit``: an open trail of ``db`` to reuse."""
+    from hypertrace.analyzer.evict.backends import BACKEND_KEYS, make_backend
+    policy_keys = set(pol.EvictPolicy.__dataclass_fields__)
+    unknown = sorted(set(settings) - policy_keys - set(BACKEND_KEYS))
+    if unknown:
+        raise ConfigError(f"[evict]: unknown key(s) {unknown}; known: "
+                          f"{sorted(policy_keys | set(BACKEND_KEYS))}")
+    policy = pol.EvictPolicy.from_mapping({k: v for k, v in settings.items() if k in policy_keys})
+    backend = make_backend(policy.backend, {k: v for k, v in settings.items()
+                                            if k in BACKEND_KEYS})
+    return Evictor(policy, audit or Audit(db), backend,
+                   NodeMap.load(policy.node_template, policy.node_table))
