@@ -36,3 +36,15 @@ def test_one_toml_serves_analyzer_and_analyze(tmp_path, capsys):
     assert server["retention_hours"] == 24.0 and scoring["z_threshold"] == 4.0
     cfg.write_text('[scoring]\nz_threshold = 4.0\n')
     assert load_scoring_config(cfg).z_threshold == 4.0
+
+
+def test_an_evict_table_is_checked_at_start(tmp_path, capsys):
+    cfg = tmp_path / "analyzer.toml"
+    cfg.write_text("[evict]\nenforce = true\n")
+    assert main(["analyzer", "--db", str(tmp_path / "a.db"), "--config", str(cfg),
+                 "--insecure"]) == 2
+    assert "needs a backend" in capsys.readouterr().err
+    cfg.write_text("[evict]\nenforse = true\n")
+    assert main(["analyzer", "--db", str(tmp_path / "b.db"), "--config", str(cfg),
+                 "--insecure"]) == 2
+    assert "unknown key" in capsys.readouterr().err
