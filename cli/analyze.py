@@ -55,7 +55,8 @@ def register(subparsers) -> None:
         description="Score recorded hypertrace.v1 NodeWindow JSON lines with the same Engine as "
                     "the analyzer server and print the report. Exit 0: no straggler, 3: "
                     "stragglers, 2: bad input.")
-    p.add_argument("file", metavar="FILE.jsonl", help="recorded windows, one JSON object a line")
+    p.add_argument("file", metavar="FILE.jsonl",
+                   help="recorded windows, one JSON object a line (gzip read as is; - is stdin)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--job", default=None, help="report only this job id")
     add_scoring_flags(p)

@@ -14,8 +14,8 @@ import importlib
 import logging
 import sys
 
-SUBCOMMANDS = ("agent", "analyzer", "report", "analyze", "predict", "probe", "simulate", "certs",
-               "evict")
+SUBCOMMANDS = ("agent", "analyzer", "report", "jobs", "analyze", "predict", "probe", "simulate",
+               "certs", "evict")
 
 EPILOG = """\
 typical use (mutual TLS: `hypertrace certs --help` makes the files; TLS=--tls-ca ca.crt
@@ -29,6 +29,15 @@ exit status: 0 ok / no straggler, 2 bad usage or input, 3 stragglers reported, 1
 """
 
 
+def version() -> str:
+    """The installed package's version (the source tree's when it is not installed)."""
+    from importlib import metadata
+    try:
+        return metadata.version("hypertrace")
+    except metadata.PackageNotFoundError:
+        return "0.1.0 (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hypertrace",
@@ -36,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more logging (-v info, -vv debug)")
+    parser.add_argument("--version", action="version", version=f"hypertrace {version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"hypertrace.cli.{name}").register(subparsers)

@@ -321,13 +321,42 @@ def write_jsonl(windows: Iterable[pb.NodeWindow], out: IO[str]) -> int:
     return n
 
 
+def _open_text(path: str | Path) -> IO[str]:
+    """A JSON-lines source: ``-`` is stdin, gzip is read transparently (by its magic bytes), and
+    anything else that is not UTF-8 text is a WireError saying what the file seems to be."""
+    import gzip
+    import io
+    import sys
+    if str(path) == "-":
+        return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8")
+    with open(path, "rb") as fh:
+        head = fh.read(4096)
+    if head[:2] == b"\x1f\x8b":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+    if b"\x00" in head or (head and head.lstrip()[:1] not in (b"{", b"")):
+        try:
+            head.decode("utf-8")
+            looks = "not JSON lines"
+        except UnicodeDecodeError:
+            looks = "binary"
+        raise WireError(str(path), f"is {looks}; pass a JSON-lines file (.jsonl, or .jsonl.gz) "
+                        "as `hypertrace simulate --output` writes")
+    return open(path, encoding="utf-8")
+
+
 def read_jsonl(path: str | Path) -> Iterator[pb.NodeWindow]:
-    """Yield windows from a JSON-lines file; a bad line raises WireError naming the line."""
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                yield window_from_json(line)
-            except json_format.ParseError as exc:
-                raise WireError(f"{path}:{lineno}", f"not a hypertrace.v1 NodeWindow: {exc}") from exc
+    """Yield windows from a JSON-lines file (``-``: stdin; gzip read transparently); a bad line
+    or a binary file raises WireError naming it."""
+    with _open_text(path) as fh:
+        try:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield window_from_json(line)
+                except json_format.ParseError as exc:
+                    raise WireError(f"{path}:{lineno}",
+                                    f"not a hypertrace.v1 NodeWindow: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise WireError(str(path), f"is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                            "pass a JSON-lines file") from None

@@ -1,0 +1,66 @@
+"""Small CLI behaviours a new user meets: --version, `jobs`, a refused connection that fails at
+once, and recorded files given as gzip, binary or stdin. Each checks the exit status and that
+no traceback is printed."""
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+import time
+
+from hypertrace.cli.main import main
+from hypertrace.sim.simulate import SimConfig, generate
+from hypertrace.proto.wire import write_jsonl
+
+from test_server import free_port, send, start_server, stop_server
+
+
+def _cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hypertrace.cli.main", *args], input=stdin,
+                          capture_output=True, timeout=120)
+
+
+def test_version():
+    out = _cli("--version")
+    assert out.returncode == 0 and out.stdout.decode().startswith("hypertrace ")
+
+
+def test_jobs_lists_what_the_analyzer_knows(tmp_path, capsys):
+    server, target = start_server(tmp_path / "a.db")
+    try:
+        assert main(["jobs", "--analyzer", target, "--insecure"]) == 0
+        assert "no jobs yet" in capsys.readouterr().out
+        send(target, list(generate(SimConfig(gpus=16, gpus_per_node=8, windows=2, seed=1))))
+        assert main(["jobs", "--analyzer", target, "--insecure"]) == 0
+        out = capsys.readouterr().out
+        assert "sim-job" in out and "    16" in out
+        assert main(["jobs", "--analyzer", target, "--insecure", "--format", "json"]) == 0
+        assert '"gpus": 16' in capsys.readouterr().out
+    finally:
+        stop_server(server)
+
+
+def test_a_refused_connection_fails_at_once_not_after_the_timeout():
+    t0 = time.monotonic()
+    out = _cli("report", "--analyzer", f"127.0.0.1:{free_port()}", "--insecure",
+               "--timeout", "10")
+    assert out.returncode == 1 and time.monotonic() - t0 < 8
+    assert b"unreachable" in out.stderr and b"Traceback" not in out.stderr
+    out = _cli("jobs", "--analyzer", f"127.0.0.1:{free_port()}", "--insecure")
+    assert out.returncode == 1 and b"Traceback" not in out.stderr
+
+
+def test_analyze_reads_gzip_and_stdin_and_names_a_binary_file(tmp_path):
+    path = tmp_path / "w.jsonl"
+    with open(path, "w") as fh:
+        write_jsonl(generate(SimConfig(gpus=32, gpus_per_node=8, windows=3, seed=2)), fh)
+    gz = tmp_path / "w.jsonl.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    plain = _cli("analyze", str(path))
+    assert plain.returncode == 0
+    assert _cli("analyze", str(gz)).stdout == plain.stdout
+    assert _cli("analyze", "-", stdin=path.read_bytes()).stdout == plain.stdout
+    binary = tmp_path / "w.pb"
+    binary.write_bytes(bytes(range(256)) * 8)
+    out = _cli("analyze", str(binary))
+    assert out.returncode == 2 and b"is binary" in out.stderr and b"Traceback" not in out.stderr
