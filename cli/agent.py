@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from hypertrace.proto.settings import fraction
+
 from hypertrace.daemon.config import DEFAULT_CONFIG_PATH
 
 
@@ -25,9 +27,9 @@ def register(subparsers) -> None:
                    "here or in the config file)")
     p.add_argument("--window", type=float, metavar="SECONDS",
                    help="window length; match the analyzer's --window-seconds (default 10)")
-    p.add_argument("--overhead-budget", type=float, metavar="F",
-                   help="max fraction of a training process's time spent in probes "
-                        "(default 0.005 = 0.5%%)")
+    p.add_argument("--overhead-budget", type=fraction, metavar="F",
+                   help="max fraction of a training process's time spent in probes: 0.005 "
+                        "or 0.5%% (default 0.5%%)")
     p.add_argument("--config", metavar="FILE",
                    help=f"TOML config file (default {DEFAULT_CONFIG_PATH} when it exists)")
     p.add_argument("--spool-dir", metavar="DIR",

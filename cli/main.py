@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"hypertrace.cli.{name}").register(subparsers)
+    for sub in subparsers.choices.values():     # -v after the subcommand works too
+        sub.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                         help="more logging (-v info, -vv debug)")
     return parser
 
 

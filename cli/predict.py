@@ -24,12 +24,14 @@ class _UsageError(ValueError):
     pass
 
 
+from hypertrace.proto.settings import fraction
+
 def _parse_p(text: str) -> list[float]:
     out = []
     for part in text.split(","):
         part = part.strip()
         try:
-            v = float(part[:-1]) / 100.0 if part.endswith("%") else float(part)
+            v = fraction(part)
         except ValueError:
             raise _UsageError(f"--p: {part!r} is not a probability; write 0.01 or 1%") from None
         if not 0.0 <= v <= 1.0:

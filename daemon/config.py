@@ -70,7 +70,7 @@ from typing import Any, Mapping
 
 from hypertrace.collector.attribution import DEFAULT_JOB_ENV
 
-from hypertrace.proto.settings import ConfigError, read_toml
+from hypertrace.proto.settings import ConfigError, fraction, read_toml
 from hypertrace.proto.transport import TransportError, tls_files
 
 DEFAULT_CONFIG_PATH = "/etc/hypertrace/agent.toml"
@@ -136,8 +136,14 @@ def _coerce(key: str, value: Any, source: str) -> Any:
             raise ConfigError(f"{where} is empty; name at least one variable")
         return items
     if isinstance(default, float):
+        if isinstance(value, str) and value.strip().endswith("%"):
+            try:
+                return fraction(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where} must be a number, got {value!r}")
+            raise ConfigError(f"{where} must be a number (or a percentage like \"0.5%\"), got "
+                              f"{value!r}")
         return float(value)
     if isinstance(default, int):
         if isinstance(value, bool) or not isinstance(value, int):

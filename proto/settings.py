@@ -36,3 +36,9 @@ def read_toml(path: str | Path, example: str = "") -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+
+
+def fraction(text: str) -> float:
+    """A fraction written either way: ``0.005`` or ``0.5%`` (ValueError otherwise)."""
+    t = str(text).strip()
+    return float(t[:-1]) / 100.0 if t.endswith("%") else float(t)

@@ -64,3 +64,21 @@ def test_analyze_reads_gzip_and_stdin_and_names_a_binary_file(tmp_path):
     binary.write_bytes(bytes(range(256)) * 8)
     out = _cli("analyze", str(binary))
     assert out.returncode == 2 and b"is binary" in out.stderr and b"Traceback" not in out.stderr
+
+
+def test_verbose_works_before_and_after_the_subcommand():
+    from hypertrace.cli.main import build_parser
+    p = build_parser()
+    assert p.parse_args(["-v", "jobs", "--analyzer", "a:1"]).verbose == 1
+    assert p.parse_args(["jobs", "--analyzer", "a:1", "-vv"]).verbose == 2
+    assert p.parse_args(["jobs", "--analyzer", "a:1"]).verbose == 0
+
+
+def test_a_budget_can_be_written_as_a_percentage(tmp_path):
+    from hypertrace.daemon.config import load_config
+    from hypertrace.cli.main import build_parser
+    args = build_parser().parse_args(["agent", "--analyzer", "a:1", "--overhead-budget", "0.5%"])
+    assert args.overhead_budget == 0.005
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text('analyzer = "a:1"\noverhead_budget = "0.25%"\n')
+    assert load_config(str(cfg)).overhead_budget == 0.0025
