@@ -19,12 +19,13 @@ import argparse
 import json
 import sys
 
+from hypertrace.proto.settings import fraction
+
 
 class _UsageError(ValueError):
     pass
 
 
-from hypertrace.proto.settings import fraction
 
 def _parse_p(text: str) -> list[float]:
     out = []
