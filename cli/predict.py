@@ -26,7 +26,6 @@ class _UsageError(ValueError):
     pass
 
 
-
 def _parse_p(text: str) -> list[float]:
     out = []
     for part in text.split(","):
