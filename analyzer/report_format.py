@@ -69,6 +69,11 @@ def _fmt_value(x: float, unit: str) -> str:
     return _fmt(x)
 
 
+def plural(n: int, noun: str) -> str:
+    """``1 node``, ``2 nodes``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def _cluster_line(c: pb.ClusterPrediction) -> str:
     """``cluster: ...`` line: spike probability, expected step now and after the what-if.
 
@@ -116,9 +121,10 @@ def report_to_table(report: pb.Report) -> str:
         summary = ", ".join(f"{counts[k]} {k}" for k in
                             ("straggler", "suspect", "insufficient_data", "healthy") if k in counts)
         mode = f"mode {job.mode}" if job.mode else "mode unknown (no step data)"
-        out.append(f"job {job.job_id}: {job.gpus} GPUs on {len(job.nodes)} nodes, "
-                   f"{job.windows} windows scored ({job.windows_sampled} with a full launch "
-                   f"cross-section), {mode}; GPUs: {summary or 'none scored yet'}")
+        nodes = len(job.nodes) + job.healthy_nodes_omitted
+        out.append(f"job {job.job_id}: {plural(job.gpus, 'GPU')} on {plural(nodes, 'node')}, "
+                   f"{plural(job.windows, 'window')} scored ({job.windows_sampled} with a full "
+                   f"launch cross-section), {mode}; GPUs: {summary or 'none scored yet'}")
         if rows:
             shown = rows[:TABLE_MAX_ROWS]
             widths = [max(len(h), *(len(r[i]) for r in shown)) for i, h in enumerate(header[:-1])]

@@ -82,3 +82,9 @@ def test_a_budget_can_be_written_as_a_percentage(tmp_path):
     cfg = tmp_path / "agent.toml"
     cfg.write_text('analyzer = "a:1"\noverhead_budget = "0.25%"\n')
     assert load_config(str(cfg)).overhead_budget == 0.0025
+
+
+def test_counts_are_singular_when_one():
+    from hypertrace.analyzer.report_format import plural
+    assert plural(1, "node") == "1 node" and plural(2, "node") == "2 nodes"
+    assert plural(16384, "GPU") == "16,384 GPUs"
