@@ -82,7 +82,7 @@ def test_json_schema_prints_every_field(slow_job):
 def test_table_names_the_node_worst_first(slow_job):
     text = report_to_table(slow_job)
     lines = text.splitlines()
-    assert lines[0].startswith("job job-1: 2048 GPUs on 256 nodes")
+    assert lines[0].startswith("job job-1: 2,048 GPUs on 256 nodes")
     assert lines[1].split()[:2] == ["NODE", "GPU"]
     assert lines[2].startswith("node-0042") and "straggler" in lines[2]
     assert "after evicting node-0042" in text
