@@ -15,7 +15,7 @@ import logging
 import sys
 
 SUBCOMMANDS = ("agent", "analyzer", "report", "jobs", "analyze", "predict", "probe", "simulate",
-               "certs", "evict")
+               "export", "certs", "evict")
 
 EPILOG = """\
 typical use (mutual TLS: `hypertrace certs --help` makes the files; TLS=--tls-ca ca.crt

@@ -88,3 +88,20 @@ def test_counts_are_singular_when_one():
     from hypertrace.analyzer.report_format import plural
     assert plural(1, "node") == "1 node" and plural(2, "node") == "2 nodes"
     assert plural(16384, "GPU") == "16,384 GPUs"
+
+
+def test_export_writes_what_analyze_reads(tmp_path, capsys):
+    cfg = SimConfig(gpus=32, gpus_per_node=8, windows=3, seed=4)
+    server, target = start_server(tmp_path / "a.db")
+    try:
+        send(target, list(generate(cfg)))
+    finally:
+        stop_server(server)
+    out = tmp_path / "job.jsonl.gz"
+    assert main(["export", "--db", str(tmp_path / "a.db"), "--job", "sim-job", "-o",
+                 str(out)]) == 0
+    assert main(["analyze", str(out), "--format", "json"]) == 0
+    assert '"job_id": "sim-job"' in capsys.readouterr().out
+    assert main(["export", "--db", str(tmp_path / "a.db"), "--job", "nope", "-o",
+                 str(tmp_path / "x.jsonl")]) == 2
+    assert not (tmp_path / "x.jsonl").exists()
