@@ -108,12 +108,20 @@ def run(args: argparse.Namespace) -> int:
         if args.output == "-":
             n = write_jsonl(generate(cfg), sys.stdout)
         else:
-            try:
-                with open(args.output, "w", encoding="utf-8") as fh:
+            import os
+            partial = f"{args.output}.partial"        # renamed when complete: an interrupted
+            try:                                      # run leaves no empty or cut file
+                with open(partial, "w", encoding="utf-8") as fh:
                     n = write_jsonl(generate(cfg), fh)
+                os.replace(partial, args.output)
             except OSError as exc:
                 print(f"hypertrace simulate: cannot write {args.output}: {exc}", file=sys.stderr)
                 return 2
+            except KeyboardInterrupt:
+                if os.path.exists(partial):
+                    os.unlink(partial)
+                print("hypertrace simulate: interrupted; nothing written", file=sys.stderr)
+                return 130
             print(f"wrote {n} windows ({cfg.n_nodes} nodes x {cfg.windows} windows, "
                   f"{cfg.gpus} GPUs) to {args.output}", file=sys.stderr)
         return 0

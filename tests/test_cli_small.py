@@ -105,3 +105,19 @@ def test_export_writes_what_analyze_reads(tmp_path, capsys):
     assert main(["export", "--db", str(tmp_path / "a.db"), "--job", "nope", "-o",
                  str(tmp_path / "x.jsonl")]) == 2
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_an_interrupted_simulate_leaves_no_file(tmp_path):
+    import signal
+    out = tmp_path / "big.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "hypertrace.cli.main", "simulate", "--gpus",
+                             "16384", "--windows", "50", "--output", str(out)],
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "big.jsonl.partial").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130 and b"Traceback" not in err
+    assert not out.exists() and not (tmp_path / "big.jsonl.partial").exists()
