@@ -78,6 +78,41 @@ def _print_table(res: dict) -> None:
         print(f"  [{b['lower_us']:>10.2f}, {b['upper_us']:>10.2f}) us {b['count']:>9}  {bar}")
 
 
+def resolve_library(name: str, pid: int | None = None) -> str | None:
+    """A library named as the loader would find it: a path as is; a bare name (libcudart.so.13)
+    in the maps of ``pid`` (or of any process, when none is given: the copy a job really uses),
+    then in LD_LIBRARY_PATH, then in the loader's cache."""
+    import glob
+    import os
+    import subprocess
+    if os.sep in name:
+        return name if os.path.isfile(name) else None
+    maps = [f"/proc/{pid}/maps"] if pid else glob.glob("/proc/[0-9]*/maps")
+    for path in maps:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    mapped = line.rsplit(None, 1)[-1] if "/" in line else ""
+                    if os.path.basename(mapped) == name and os.path.isfile(mapped):
+                        return mapped
+        except OSError:
+            continue
+    for d in os.environ.get("LD_LIBRARY_PATH", "").split(":"):
+        if d and os.path.isfile(os.path.join(d, name)):
+            return os.path.join(d, name)
+    try:
+        cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True,
+                               timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        cache = ""
+    for line in cache.splitlines():
+        if line.strip().startswith(name + " ") and "=>" in line:
+            found = line.split("=>", 1)[1].strip()
+            if os.path.isfile(found):
+                return found
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     import os
     import time
@@ -88,10 +123,13 @@ def run(args: argparse.Namespace) -> int:
     if args.duration <= 0:
         print("hypertrace probe: --duration must be > 0 seconds", file=sys.stderr)
         return 2
-    if not os.path.isfile(args.lib):
-        print(f"hypertrace probe: --lib {args.lib}: no such file (give the full path of the "
-              "library, e.g. from: grep libcudart /proc/PID/maps)", file=sys.stderr)
+    lib = resolve_library(args.lib, args.pid)
+    if lib is None:
+        print(f"hypertrace probe: --lib {args.lib}: not found as a file, in the process's maps, "
+              "in LD_LIBRARY_PATH or in the loader's cache (ldconfig -p); give its full path, "
+              "e.g. from: grep libcudart /proc/PID/maps", file=sys.stderr)
         return 2
+    args.lib = lib
     if args.pid is not None and not os.path.exists(f"/proc/{args.pid}"):
         print(f"hypertrace probe: --pid {args.pid}: no such process", file=sys.stderr)
         return 2

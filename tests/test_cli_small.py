@@ -121,3 +121,27 @@ def test_an_interrupted_simulate_leaves_no_file(tmp_path):
     err = proc.communicate(timeout=60)[1]
     assert proc.returncode == 130 and b"Traceback" not in err
     assert not out.exists() and not (tmp_path / "big.jsonl.partial").exists()
+
+
+def test_probe_finds_a_library_by_its_bare_name_as_the_loader_would(fakecuda, tmp_path):
+    """`probe --lib libcudart.so.13` (the help's own example): found in a running process's
+    maps, in LD_LIBRARY_PATH, or in the loader's cache."""
+    import os
+    from hypertrace.cli.probe import resolve_library
+    assert resolve_library("libc.so.6") is not None                  # the loader's cache
+    w = subprocess.Popen([str(fakecuda.worker), "--api", "none", "--wait-stdin"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        time.sleep(0.5)
+        assert resolve_library("libcudart.so.13", w.pid) == str(fakecuda.cudart)
+    finally:
+        w.kill()
+        w.wait()
+    lone = tmp_path / "libhtprobe-only-here.so.1"               # mapped by no process
+    lone.write_bytes(fakecuda.cudart.read_bytes())
+    assert resolve_library(lone.name) is None
+    os.environ["LD_LIBRARY_PATH"] = str(tmp_path)
+    try:
+        assert resolve_library(lone.name) == str(lone)
+    finally:
+        del os.environ["LD_LIBRARY_PATH"]
