@@ -194,7 +194,33 @@ class ScoringConfig:
         unknown = sorted(set(values) - names)
         if unknown:
             raise ConfigError(f"unknown scoring setting(s) {unknown}; known: {sorted(names)}")
-        return cls(**dict(values))
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        return cls(**{k: _typed(k, v, defaults[k]) for k, v in values.items()})
+
+
+def _typed(name: str, value: Any, default: Any) -> Any:
+    """``value`` as the type of the setting's default; ConfigError naming the key otherwise (a
+    quoted number in TOML once surfaced as "'>' not supported between 'str' and 'int'")."""
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, (int, float)):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and isinstance(default, float):
+            value = float(value)
+        elif ok and isinstance(default, int) and not float(value).is_integer():
+            ok = False
+        elif ok:
+            value = int(value)
+    elif isinstance(default, tuple):
+        value = tuple(value) if isinstance(value, (list, tuple)) else value
+        ok = isinstance(value, tuple) and all(isinstance(x, str) for x in value)
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        kind = {bool: "true or false", int: "an integer", float: "a number",
+                tuple: "a list of strings", str: "a string"}.get(type(default), "a value")
+        raise ConfigError(f"{name} must be {kind}, got {value!r}")
+    return value
 
 
 def read_analyzer_toml(path: str | Path) -> dict[str, Any]:

@@ -145,3 +145,12 @@ def test_probe_finds_a_library_by_its_bare_name_as_the_loader_would(fakecuda, tm
         assert resolve_library(lone.name) == str(lone)
     finally:
         del os.environ["LD_LIBRARY_PATH"]
+
+
+def test_a_wrongly_typed_toml_value_names_its_key(tmp_path, capsys):
+    cfg = tmp_path / "analyzer.toml"
+    cfg.write_text('z_threshold = "4"\n')
+    assert main(["analyzer", "--db", str(tmp_path / "a.db"), "--config", str(cfg),
+                 "--insecure"]) == 2
+    err = capsys.readouterr().err
+    assert "z_threshold must be a number" in err and "not supported" not in err
