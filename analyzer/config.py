@@ -201,6 +201,8 @@ class ScoringConfig:
 def _typed(name: str, value: Any, default: Any) -> Any:
     """``value`` as the type of the setting's default; ConfigError naming the key otherwise (a
     quoted number in TOML once surfaced as "'>' not supported between 'str' and 'int'")."""
+    if default is dataclasses.MISSING:
+        return value
     if isinstance(default, bool):
         ok = isinstance(value, bool)
     elif isinstance(default, (int, float)):
