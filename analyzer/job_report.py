@@ -117,7 +117,7 @@ def _prediction(job: JobState, rates: np.ndarray, node_reports: list[pb.NodeRepo
         step_spikes = job.step_counts is not None and bool(job.step_counts.sum() > 0)
         pred.basis = (f"{basis}: E[max over {int((counts.sum(axis=0) > 0).sum())} ranks] of "
                       f"{what}, from each rank's histogram of recent windows (older ones fade); spike rate: "
-                      + ("share of steps" if step_spikes else "share of epochs whose p99 is")
+                      + ("share of steps" if step_spikes else "share of scored windows whose p99 is")
                       + f" > {1 + cfg.spike_threshold:g} x the job median"
                       + note
                       + ("" if use_steps or not evicted else

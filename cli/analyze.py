@@ -12,7 +12,7 @@ import sys
 
 #: Scoring settings exposed as flags (the rest via --config); names match ScoringConfig fields.
 FLAG_SETTINGS = (
-    ("window_seconds", float, "epoch length used to align windows (default 10)"),
+    ("window_seconds", float, "window length: windows of all nodes are aligned on it (default 10)"),
     ("z_threshold", float, "robust z cut (default 3.5)"),
     ("min_effect", float, "smallest slowdown worth flagging, relative to the job median "
                           "(default 0.05)"),
