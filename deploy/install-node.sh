@@ -116,7 +116,13 @@ else
 fi
 
 # ---- tracefs -------------------------------------------------------------------------------
-if [ -e /sys/kernel/tracing/uprobe_events ] || [ -e /sys/kernel/debug/tracing/uprobe_events ]; then
+# Read the mount table: /sys/kernel/tracing is root-only, so a user's -e test says "missing"
+# for a tracefs that is there.
+tracefs_mounted() {
+    awk '$3 == "tracefs" { found = 1 } END { exit !found }' /proc/mounts 2>/dev/null ||
+        [ -e /sys/kernel/tracing/uprobe_events ] || [ -e /sys/kernel/debug/tracing/uprobe_events ]
+}
+if tracefs_mounted; then
     say "tracefs: mounted"
 elif [ "$CHECK" = 1 ]; then
     missing "tracefs (fix: mount -t tracefs nodev /sys/kernel/tracing)"
@@ -152,7 +158,9 @@ if [ -n "$VENV" ]; then
 fi
 
 # ---- summary -------------------------------------------------------------------------------
-if [ ${#DID[@]} = 0 ]; then say "nothing to do: everything was already in place"; fi
+if [ ${#DID[@]} = 0 ] && [ ${#MISSING[@]} = 0 ]; then
+    say "nothing to do: everything was already in place"
+fi
 if [ ${#MISSING[@]} != 0 ]; then
     say "${#MISSING[@]} prerequisite(s) missing; the eBPF probes will not work until fixed:"
     for m in "${MISSING[@]}"; do echo "  - $m"; done

@@ -154,3 +154,23 @@ def test_a_wrongly_typed_toml_value_names_its_key(tmp_path, capsys):
                  "--insecure"]) == 2
     err = capsys.readouterr().err
     assert "z_threshold must be a number" in err and "not supported" not in err
+
+
+def test_install_node_check_reads_tracefs_from_the_mount_table_and_never_says_both(tmp_path):
+    """As a non-root user tracefs is not readable, yet mounted; and "nothing to do" must never
+    stand before a list of what is missing."""
+    import os
+    import shutil
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "deploy" / "install-node.sh"
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        import pytest
+        pytest.skip("needs root to run the check as another user (setpriv)")
+    mounted = any(line.split()[2] == "tracefs" for line in open("/proc/mounts"))
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                          "bash", str(script), "--check"], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    text = out.stdout + out.stderr
+    if mounted:
+        assert "tracefs: mounted" in text
+    assert not ("nothing to do" in text and "missing" in text)
