@@ -164,8 +164,8 @@ def test_install_node_check_reads_tracefs_from_the_mount_table_and_never_says_bo
     from pathlib import Path
     script = Path(__file__).resolve().parent.parent / "deploy" / "install-node.sh"
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        import pytest
-        pytest.skip("needs root to run the check as another user (setpriv)")
+        from conftest import missing_prerequisite
+        missing_prerequisite("root and setpriv, to run the check as another user")
     mounted = any(line.split()[2] == "tracefs" for line in open("/proc/mounts"))
     out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                           "bash", str(script), "--check"], capture_output=True, text=True,
