@@ -144,10 +144,12 @@ def run(args: argparse.Namespace) -> int:
         except ProbeError as exc:
             print(f"hypertrace probe: {exc}", file=sys.stderr)
             return 2
+        start = time.monotonic()
         try:
             time.sleep(args.duration)
         except KeyboardInterrupt:
             pass
+        args.duration = round(time.monotonic() - start, 3)   # what was probed, not asked for
         session.detach_all()
         samples = [s for (pid, api), s in sorted(session.read_and_clear().items())
                    if api == args.sym and (args.pid is None or pid == args.pid)]
