@@ -174,3 +174,23 @@ def test_install_node_check_reads_tracefs_from_the_mount_table_and_never_says_bo
     if mounted:
         assert "tracefs: mounted" in text
     assert not ("nothing to do" in text and "missing" in text)
+
+
+def test_an_interrupted_probe_reports_the_seconds_it_probed(fakecuda, tmp_path):
+    import json
+    import shutil
+    import signal
+    from conftest import require_ebpf
+    require_ebpf()
+    lib = tmp_path / "libcudart.so.13"               # a private inode: no other test's probes
+    shutil.copy2(fakecuda.cudart, lib)
+    proc = subprocess.Popen([sys.executable, "-m", "hypertrace.cli.main", "probe", "--lib",
+                             str(lib), "--sym", "cudaLaunchKernel", "--duration",
+                             "60", "--format", "json", "--probe-cost-ns", "1000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(8)                                     # compiled and attached by then
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    res = json.loads(out)
+    assert 0 < res["duration_s"] < 30 and b"Traceback" not in err
