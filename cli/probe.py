@@ -125,8 +125,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     lib = resolve_library(args.lib, args.pid)
     if lib is None:
-        print(f"hypertrace probe: --lib {args.lib}: not found as a file, in the process's maps, "
-              "in LD_LIBRARY_PATH or in the loader's cache (ldconfig -p); give its full path, "
+        where = ("no such file" if os.sep in args.lib else "not found in the process's maps, "
+                 "in LD_LIBRARY_PATH or in the loader's cache (ldconfig -p)")
+        print(f"hypertrace probe: --lib {args.lib}: {where}; give the library's full path, "
               "e.g. from: grep libcudart /proc/PID/maps", file=sys.stderr)
         return 2
     args.lib = lib
