@@ -96,7 +96,8 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     for api, hists in cs.apis.items():
         if cfg.api_kind(api) == "launch":
             launch_calls += hists.total()
-    if cs.signals is not None and cs.step_time is not None and not any(job.group_names):
+    if (cfg.auto_groups and cs.signals is not None and cs.step_time is not None
+            and not any(job.group_names)):
         job.auto_groups.update(
             rows, auto_groups.calls_per_step(launch_calls, cs.signals.attached_s,
                                              cs.step_time.quantiles_us([0.5])[:, 0]),

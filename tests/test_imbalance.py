@@ -52,8 +52,8 @@ def test_imbalance_is_reported_only_after_consecutive_epochs():
     assert t.persistent(1) == []
 
 
-def _report(cfg):
-    e = Engine(ScoringConfig())
+def _report(cfg, scoring: ScoringConfig = ScoringConfig()):
+    e = Engine(scoring)
     for w in simulate.generate(cfg):
         e.ingest(w)
     e.flush(now_ns=2**62)
@@ -92,7 +92,7 @@ def test_an_unnamed_stage_that_launches_other_kernels_is_found_and_reported_as_i
     reports the stage as imbalance; no GPU is convicted."""
     cfg = scenarios.get("pipeline-8-unlabeled").config(gpus=256, seed=seed, windows=10,
                                                       wide=False)
-    job = _report(cfg).jobs[0]
+    job = _report(cfg, ScoringConfig(auto_groups=True)).jobs[0]
     assert all(g.verdict != "straggler" for n in job.nodes for g in n.gpus)
     groups = {d.group for d in job.imbalance}
     assert len(groups) == 1 and next(iter(groups)).startswith("auto-2 (")
