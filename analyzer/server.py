@@ -60,6 +60,10 @@ def _default_engine_factory(config: Any) -> Any:
     return Engine(config)
 
 
+#: How often the evictor re-reviews a job whose convicted GPUs did not change (ns).
+REVIEW_EVERY_NS = 60 * 10**9
+
+
 class Analyzer:
     """Engine + Storage behind one lock: the state the gRPC handlers share."""
 
@@ -76,6 +80,8 @@ class Analyzer:
         self._inbox: deque[tuple[pb.NodeWindow, int]] = deque()   # stored, not yet in the Engine
         self.replay_pending_max = 0      # most epochs held in memory during the last resume()
         self.broken = ""                 # why ingest stopped (a corrupt database), once it did
+        #: job -> (its convicted GPUs, when the evictor last reviewed it)
+        self._reviewed: dict[str, tuple[frozenset, int]] = {}
 
     def resume(self) -> int:
         """Replay every stored window into the (fresh) Engine, epoch by epoch; returns how many
@@ -150,8 +156,19 @@ class Analyzer:
     def _review(self, results: list, now: int) -> None:
         """Hand the report of every job that has a straggler after this pass to the evictor
         (which records its decisions, and acts only under its policy)."""
-        jobs = sorted({r.job_id for r in results
-                       if any(v == "straggler" for v in r.verdicts.values())})
+        convicted: dict[str, frozenset] = {}
+        for r in results:                       # the latest epoch of a job counts
+            convicted[r.job_id] = frozenset(k for k, v in r.verdicts.items() if v == "straggler")
+        jobs = []
+        for job_id, nodes in sorted(convicted.items()):
+            last = self._reviewed.get(job_id)
+            # a job report of 16k GPUs takes about a second under the Engine's lock: build it
+            # when the convicted set changed, or once a minute while it stays the same
+            if nodes and (last is None or last[0] != nodes or now - last[1] >= REVIEW_EVERY_NS):
+                jobs.append(job_id)
+                self._reviewed[job_id] = (nodes, now)
+            elif not nodes:
+                self._reviewed.pop(job_id, None)
         for job_id in jobs:
             with self._lock:
                 report = self._engine.report(job_id)
