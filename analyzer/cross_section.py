@@ -105,6 +105,16 @@ class Hists:
         out[total <= 0] = np.nan
         return out
 
+    def mean_us(self) -> np.ndarray:
+        """(G,) mean in µs from the bucket midpoints; NaN for GPUs with no samples."""
+        k = self.counts_t.shape[0]
+        mid = buckets.MID_NS[self.first:self.first + k].astype(np.float64)
+        total = self.total().astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = (mid @ self.counts_t) / total / 1000.0
+        out[total <= 0] = np.nan
+        return out
+
     def dense(self) -> np.ndarray:
         """(G, NUM_BUCKETS) counts, for code that needs the whole scheme (theory, tests)."""
         out = np.zeros((self.size, buckets.NUM_BUCKETS))

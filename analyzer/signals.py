@@ -16,7 +16,8 @@ signal                  value                                  implicating tail
                                                                ``min_effect`` of wall time
                                                                above the job median
 ``step.time``           p50 of the step durations              high, independent mode only
-``step.own``            p50 step less its mean peer wait       high, both modes
+``step.own``            step less its mean peer wait           high, both modes
+                        (:func:`_own_per_step`)
 ``step.busy``           p50 of (step less all its waits)       never: says *what* grew
 ``step.gpu_wait``       sync-call time per step                never: says *what* grew
 ``step.peer_wait``      process-idle time per step             never (low = arrives last at a
@@ -198,6 +199,26 @@ def infer_mode(step_p50_us: np.ndarray, has_steps: np.ndarray, cfg: ScoringConfi
     return "collective" if agree.mean() >= COLLECTIVE_SHARE else "independent"
 
 
+def _own_per_step(mode: str, step_p50: np.ndarray, step_n: np.ndarray, mean_step: np.ndarray,
+                  peer_wait: np.ndarray, busy: Hists | None, busy_p50: np.ndarray,
+                  busy_n: np.ndarray, cfg: ScoringConfig) -> np.ndarray:
+    """(G,) a rank's own time per step (µs): its step less its mean wait for peers.
+
+    Independent ranks: the median step less the wait, robust to the rank's own pauses. A
+    collective job's ranks time the same steps, and a step that another rank delayed is peer
+    wait on this one. Once most steps of a large job carry some rank's spike, the median step
+    sits in the spike mode, and the mean wait, which holds the others' spikes, no longer matches
+    it. So collective ranks take the mean step less the mean wait (exact), less the rank's own
+    pauses: the excess of its mean busy time over its median busy time."""
+    if mode != "collective":
+        return np.where(step_n >= cfg.min_steps, step_p50, mean_step) - peer_wait
+    own = mean_step - peer_wait
+    if busy is None:
+        return own
+    pauses = np.maximum(busy.mean_us() - busy_p50, 0.0)
+    return np.where(busy_n >= cfg.min_steps, own - pauses, own)
+
+
 def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray],
                   launch_calls: np.ndarray) -> SignalEpoch:
     """Score every signal of one epoch's cross-section, per GPU kind group.
@@ -225,9 +246,10 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
             gpu_wait = np.where(steps > 0, sig.gpu_wait_us / per, np.nan)
             peer_wait = np.where(steps > 0, sig.peer_wait_us / per, np.nan)
             mean_step = np.where(steps > 0, sig.step_sum_us / per, np.nan)
-            # own time per step: the median step (robust to a rank's GC pauses and cold reads,
-            # which would move a mean) less the mean wait for peers
-            own = np.where(step_n >= cfg.min_steps, step_p50, mean_step) - peer_wait
+            # own time per step: the step less the wait for peers, robust to the rank's own
+            # rare pauses (GC, a cold read), which must not read as a slow rank
+            own = _own_per_step(mode, step_p50, step_n, mean_step, peer_wait, sig.busy, busy_p50,
+                                busy_n, cfg)
             rate = np.where(sig.attached_s > 0, launch_calls / np.maximum(sig.attached_s, 1e-300),
                             np.nan)
             clock = sig.sm_clock_ratio

@@ -86,11 +86,14 @@ The model (all latencies per GPU, per window, per API):
   reads, ``Burst``, hiccups) and, with ``step_tail_prob``, Pareto spikes. Busy time carries each
   rank's *own* (:func:`burst_matrices`). The step of a collective job carries the *job's*
   (:func:`job_step_bursts`): a rank delayed in a step delays every rank's step, so every rank's
-  step histogram holds the spikes of all; ``step_tail_prob`` is then the job's step tail.
+  step histogram holds the spikes of all; ``step_tail_prob`` is then the job's step tail. All
+  ranks of a collective job time the same steps: one step histogram per window, shared.
   Independent ranks' steps carry their own. Steps per window: ``round(window / step)``, the
   same on every rank of a collective job. ``gpu_wait_us`` / ``peer_wait_us`` are the model's
   per-step means x steps with a per-window noise (``wait_jitter`` 2%), ``step_sum_us`` the
-  step histogram's sum. ``step_ms = 0`` emits no steps. Draws: streams ``[seed, 11]`` (steps),
+  step histogram's sum. In a collective job the time a rank's step was delayed by *others*
+  (the shared step's excess over the model, less the rank's own busy excess) is peer wait:
+  it waited for them. ``step_ms = 0`` emits no steps. Draws: streams ``[seed, 11]`` (steps),
   ``[seed, 17]`` (busy), ``[seed, 19]`` (wait noise), so the API histograms never move.
 * **Scheduler evidence** (``ProcessWindow.sched``, always on). Run-queue share of wall time of
   a healthy rank: lognormal around ``runq_share`` (0.3%) with a persistent per-node spread
@@ -675,10 +678,15 @@ def step_model(cfg: SimConfig, compute: np.ndarray | None = None,
 
 def _step_histograms(cfg: SimConfig, median_ms: np.ndarray, sigma: float, steps: np.ndarray,
                      stream: int, tail: bool,
-                     bursts: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+                     bursts: tuple[np.ndarray, np.ndarray] | None,
+                     shared: bool = False) -> np.ndarray:
     """(windows, gpus, NUM_BUCKETS) per-step histograms around ``median_ms``: lognormal body,
     the second modes ``bursts`` (frac, scale) and, with ``tail``, the Pareto step spikes; drawn
-    from the seeded stream ``[seed, stream]``, one vectorized draw per window."""
+    from the seeded stream ``[seed, stream]``, one vectorized draw per window.
+
+    ``shared``: one draw per window that every rank gets. A collective step ends on every rank
+    together, so all ranks time the same steps; independent draws would let a median near a
+    burst's share land on either mode rank by rank, which no real job shows."""
     rng = np.random.default_rng([cfg.seed, stream])
     model = ApiModel("step", "step", median_us=1.0, sigma=sigma, calls_per_second=0.0,
                      tail_prob=cfg.step_tail_prob if tail else 0.0,
@@ -687,7 +695,10 @@ def _step_histograms(cfg: SimConfig, median_ms: np.ndarray, sigma: float, steps:
     for w in range(cfg.windows):
         probs = _mixture_bucket_probs(
             median_ms[w] * 1e3, model, None if bursts is None else (bursts[0][w], bursts[1][w]))
-        out[w] = rng.multinomial(steps[w], probs).astype(np.uint64)
+        if shared:
+            out[w] = rng.multinomial(steps[w][0], probs[0]).astype(np.uint64)
+        else:
+            out[w] = rng.multinomial(steps[w], probs).astype(np.uint64)
     return out
 
 
@@ -699,9 +710,10 @@ def simulate_step_counts(cfg: SimConfig, model: StepModel | None = None) -> np.n
     model = model or step_model(cfg)
     if model is None:
         return None
-    bursts = job_step_bursts(cfg) if cfg.mode == "collective" else burst_matrices(cfg)
+    collective = cfg.mode == "collective"
+    bursts = job_step_bursts(cfg) if collective else burst_matrices(cfg)
     return _step_histograms(cfg, model.step, cfg.step_sigma, model.steps, 11, tail=True,
-                            bursts=bursts)
+                            bursts=bursts, shared=collective)
 
 
 def simulate_busy_counts(cfg: SimConfig, model: StepModel | None = None) -> np.ndarray | None:
@@ -869,6 +881,12 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
             0.0, cfg.wait_jitter, (2, cfg.windows, cfg.gpus)))
         gpu_wait_us = model.gpu_wait * model.steps * 1e3 * jit[0]
         peer_wait_us = model.peer_wait * model.steps * 1e3 * jit[1]
+        if cfg.mode == "collective":
+            # a step another rank delayed is time this rank waits for its peers: the shared
+            # step's excess over the model, less the rank's own busy excess, is peer wait
+            step_excess = steps.sum_us - model.step * model.steps * 1e3
+            own_excess = np.maximum(busy.sum_us - model.busy * model.steps * 1e3, 0.0)
+            peer_wait_us = peer_wait_us + np.maximum(step_excess - own_excess, 0.0)
     sched = simulate_sched(cfg)
     runq = _ApiArrays.of(sched.runq_hist)
     win_ns = int(round(cfg.window_seconds * 1e9))
