@@ -22,8 +22,11 @@ product does not: being slow cannot make a group.
 
 The GPUs are sorted by it and split where two neighbours differ by more than
 :data:`SPLIT_GAP`. The partition is accepted only when every part holds at least ``min_gpus``
-GPUs, and it becomes the job's groups only after the same partition was read in ``persist_k``
-consecutive epochs. Failure modes: a stage that differs only in speed (the same kernels, each
+GPUs. An epoch that reads a partition scores its GPUs by it at once: a rank that launches a
+different number of kernels per step runs other work, and comparing it with the rest in the
+epochs before the partition is trusted convicted healthy last-stage GPUs. The partition becomes
+the job's groups (kept through epochs that read none, and reported as imbalance) only after the
+same partition was read in ``persist_k`` consecutive epochs. Failure modes: a stage that differs only in speed (the same kernels, each
 slower) is not found and needs a label; so is one of fewer than ``min_gpus`` GPUs; GPUs without
 launch or step data in an epoch keep their last group. A host whose step reading is broken
 (its step p50 off by 15% or more while its peers' is right) would be set apart as a group of its
@@ -84,7 +87,10 @@ class AutoGroups:
     codes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     names: list[str] = field(default_factory=list)
     _candidate: np.ndarray | None = None
+    _candidate_names: list[str] = field(default_factory=list)
     _streak: int = 0
+    #: the partition read in the latest epoch (per job row), None when it read none
+    _latest: np.ndarray | None = None
 
     def update(self, rows: np.ndarray, cps: np.ndarray, min_gpus: int, persist_k: int,
                n_rows: int) -> None:
@@ -93,7 +99,7 @@ class AutoGroups:
             self.codes = np.concatenate((self.codes, np.full(n_rows - self.codes.size, -1)))
         found = partition(cps, min_gpus)
         if found is None:
-            self._candidate, self._streak = None, 0
+            self._candidate, self._streak, self._latest = None, 0, None
             return
         whole = np.full(n_rows, -1, dtype=np.int64)
         whole[rows] = found
@@ -102,14 +108,31 @@ class AutoGroups:
                 and np.array_equal(prev[rows][found >= 0], found[found >= 0]))
         self._candidate = whole if not same else np.where(whole >= 0, whole, prev)
         self._streak = self._streak + 1 if same else 1
+        read = found >= 0
+        k = int(found.max()) + 1
+        if not same:
+            # named once per partition: imbalance persistence is kept per name
+            self._candidate_names = [
+                f"auto-{i + 1} (~{np.median(cps[found == i]):,.0f} launches/step)"
+                for i in range(k)]
+        self._latest = self._candidate
         if self._streak >= persist_k:
-            read = found >= 0
-            k = int(found.max()) + 1
             if len(self.names) != k or not np.array_equal(self.codes[rows[read]], found[read]):
-                # named once per adopted partition: imbalance persistence is kept per name
-                self.names = [f"auto-{i + 1} (~{np.median(cps[found == i]):,.0f} launches/step)"
-                              for i in range(k)]
+                self.names = list(self._candidate_names)
             self.codes[rows[read]] = found[read]
+
+    def forget(self, rows: np.ndarray) -> None:
+        """Retired job rows (reused by other GPUs later) belong to no group."""
+        for codes in (self.codes, self._candidate, self._latest):
+            if codes is not None and codes.size:
+                codes[rows[rows < codes.size]] = -1
+
+    def scoring(self) -> tuple[np.ndarray, list[str]] | None:
+        """(codes per job row, names) to score the latest epoch by: the partition it read, else
+        the adopted one; None when there is neither."""
+        if self._latest is not None:
+            return self._latest, self._candidate_names
+        return (self.codes, self.names) if self.names else None
 
     @property
     def active(self) -> bool:

@@ -10,9 +10,8 @@ Defaults and why:
   ``floor(midpoint / window_seconds)``, so agents need not start their windows together.
 * ``grace_seconds`` 5.0: a live epoch is scored once ``epoch end + grace`` has passed, which leaves
   time for the last agents' windows to arrive. Later windows are counted, never re-scored.
-* ``auto_groups`` false: find workload groups without labels, by launches per step
-  (analyzer/auto_groups.py). Off: on fresh held-out seeds it convicted hundreds of healthy GPUs
-  in unlabeled 8-stage jobs of 2,048 GPUs and more (BENCHMARKS.md); label the stages instead.
+* ``auto_groups`` true: find workload groups without labels, by launches per step
+  (analyzer/auto_groups.py). Labels, where the job sets them, always win.
 * ``job_expiry_seconds`` 3600: a job with no window for this long is forgotten from memory (a
   finished job); its windows and results stay in the database. 0 keeps every job.
 * ``z_threshold`` 3.5: the usual robust-z cut (Iglewicz & Hoaglin), about 1 in 2,000 for a normal
@@ -124,7 +123,7 @@ class ScoringConfig:
     min_steps: int = 3
     sched_min_seconds: float = 1.0
     job_expiry_seconds: float = 3600.0
-    auto_groups: bool = False
+    auto_groups: bool = True
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, rule: str) -> None:

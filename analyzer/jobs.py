@@ -159,8 +159,7 @@ class JobState:
             if mat is not None:
                 mat[:, idx] = 0
         self.persistence.reset(idx)
-        if self.auto_groups.codes.size:
-            self.auto_groups.codes[idx[idx < self.auto_groups.codes.size]] = -1
+        self.auto_groups.forget(idx)
         self.free_rows.extend(rows)
         self.seen_nodes = {k[0] for k in self.keys if k is not None}
         self._keys_cache = self._verdict_cache = self._layout_cache = None
@@ -246,11 +245,12 @@ class JobState:
         """Local indices of ``rows`` per peer class (GPU kind x workload group, small groups
         folded into their kind), and each class's group label (analyzer/imbalance.py)."""
         codes, names = self.group_codes, self.group_names
-        if self.auto_groups.active and not any(self.group_names):
+        auto = self.auto_groups.scoring() if not any(self.group_names) else None
+        if auto is not None:
             codes = np.zeros(len(self.keys), dtype=np.int64)          # 0: "" (no group)
-            found = self.auto_groups.codes[: codes.size]
+            found = auto[0][: codes.size]
             codes[: found.size] = found + 1
-            names = [""] + self.auto_groups.names
+            names = [""] + auto[1]
         if len(self.kind_names) <= 1 and len(names) <= 1:
             return [np.arange(rows.size)], [names[0] if names else ""]
         return peer_classes(np.asarray(self.kind_codes, dtype=np.int64)[rows],

@@ -881,12 +881,17 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
             0.0, cfg.wait_jitter, (2, cfg.windows, cfg.gpus)))
         gpu_wait_us = model.gpu_wait * model.steps * 1e3 * jit[0]
         peer_wait_us = model.peer_wait * model.steps * 1e3 * jit[1]
+        step_sum_us = steps.sum_us
         if cfg.mode == "collective":
             # a step another rank delayed is time this rank waits for its peers: the shared
-            # step's excess over the model, less the rank's own busy excess, is peer wait
+            # step's excess over the model, less the rank's own busy excess, is peer wait. The
+            # step and busy histograms are separate draws, so where a rank's own excess is the
+            # larger the job's steps are lengthened to hold it (the job waited for that rank)
             step_excess = steps.sum_us - model.step * model.steps * 1e3
             own_excess = np.maximum(busy.sum_us - model.busy * model.steps * 1e3, 0.0)
-            peer_wait_us = peer_wait_us + np.maximum(step_excess - own_excess, 0.0)
+            short = np.maximum((own_excess - step_excess).max(axis=1, keepdims=True), 0.0)
+            step_sum_us = steps.sum_us + short
+            peer_wait_us = peer_wait_us + (step_excess + short - own_excess)
     sched = simulate_sched(cfg)
     runq = _ApiArrays.of(sched.runq_hist)
     win_ns = int(round(cfg.window_seconds * 1e9))
@@ -933,7 +938,7 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
                     st.busy_time.CopyFrom(busy.histogram(w, g))
                     st.gpu_wait_us = float(gpu_wait_us[w, g])
                     st.peer_wait_us = float(peer_wait_us[w, g])
-                    st.step_sum_us = float(steps.sum_us[w, g])
+                    st.step_sum_us = float(step_sum_us[w, g])
             yield nw
 
 
