@@ -105,13 +105,19 @@ class Hists:
         out[total <= 0] = np.nan
         return out
 
-    def mean_us(self) -> np.ndarray:
-        """(G,) mean in µs from the bucket midpoints; NaN for GPUs with no samples."""
+    def excess_above_us(self, base_us: np.ndarray, factor: float) -> np.ndarray:
+        """(G,) mean excess per sample (µs) over ``base_us`` (G,) of the samples in buckets that
+        start at or above ``factor`` x ``base_us``: the share a second mode (a pause) adds to
+        the mean. Exactly 0 for a distribution with no such mode, where a midpoint mean less a
+        quantile would carry the buckets' rounding. NaN for GPUs with no samples."""
         k = self.counts_t.shape[0]
-        mid = buckets.MID_NS[self.first:self.first + k].astype(np.float64)
+        lower = buckets.LOWER_NS[self.first:self.first + k][:, None] / 1000.0
+        mid = buckets.MID_NS[self.first:self.first + k][:, None] / 1000.0
+        base = np.nan_to_num(base_us, nan=np.inf)[None, :]
+        excess = np.where(lower >= factor * base, mid - base, 0.0)
         total = self.total().astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
-            out = (mid @ self.counts_t) / total / 1000.0
+            out = (excess * self.counts_t).sum(axis=0) / total
         out[total <= 0] = np.nan
         return out
 

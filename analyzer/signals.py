@@ -209,13 +209,14 @@ def _own_per_step(mode: str, step_p50: np.ndarray, step_n: np.ndarray, mean_step
     wait on this one. Once most steps of a large job carry some rank's spike, the median step
     sits in the spike mode, and the mean wait, which holds the others' spikes, no longer matches
     it. So collective ranks take the mean step less the mean wait (exact), less the rank's own
-    pauses: the excess of its mean busy time over its median busy time."""
+    pauses: what its busy steps longer than ``1 + spike_threshold`` times its median busy step
+    add to its mean (:meth:`Hists.excess_above_us`)."""
     if mode != "collective":
         return np.where(step_n >= cfg.min_steps, step_p50, mean_step) - peer_wait
     own = mean_step - peer_wait
     if busy is None:
         return own
-    pauses = np.maximum(busy.mean_us() - busy_p50, 0.0)
+    pauses = busy.excess_above_us(busy_p50, 1.0 + cfg.spike_threshold)
     return np.where(busy_n >= cfg.min_steps, own - pauses, own)
 
 
