@@ -133,3 +133,24 @@ def test_found_groups_are_adopted_only_after_persist_k_epochs_and_keep_their_nam
     g.update(rows, np.full(32, 1000.0), min_gpus=4, persist_k=3, n_rows=32)
     assert g.active and g.names == names                       # one uniform epoch: kept
 
+
+def test_an_epoch_is_scored_by_the_partition_it_read_before_the_partition_is_adopted():
+    """The stage's GPUs must never be compared with the whole job, not even in the epochs
+    before the partition persisted (they convicted healthy last-stage GPUs there)."""
+    from hypertrace.analyzer.auto_groups import AutoGroups
+    cps = np.r_[np.full(24, 1000.0), np.full(8, 1400.0)]
+    rows = np.arange(32)
+    g = AutoGroups()
+    assert g.scoring() is None
+    g.update(rows, cps, min_gpus=4, persist_k=3, n_rows=32)
+    assert not g.active                                        # not adopted, not reported
+    codes, names = g.scoring()
+    assert list(codes[24:]) == [1] * 8 and list(codes[:24]) == [0] * 24 and len(names) == 2
+    g.update(rows, np.full(32, 1000.0), min_gpus=4, persist_k=3, n_rows=32)
+    assert g.scoring() is None                                 # a uniform epoch, none adopted
+    g.forget(np.array([30, 31]))
+    for _ in range(3):
+        g.update(rows, cps, min_gpus=4, persist_k=3, n_rows=32)
+    g.forget(np.array([31]))                                   # a retired row has no group
+    assert g.codes[31] == -1 and g.scoring()[0][31] == -1
+
