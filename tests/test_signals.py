@@ -523,3 +523,21 @@ def test_refused_step_inference_gives_no_step_values_and_sched_still_scores():
     for name in ("step.busy", "step.time", "step.gpu_wait", "step.peer_wait"):
         assert not sig.by_name[name].scored[SLOW] and np.isnan(sig.by_name[name].value[SLOW])
     assert sig.by_name["sched.runq"].scored[SLOW] and sig.by_name["sched.runq"].high[SLOW]
+
+
+def test_a_collective_ranks_own_pauses_are_not_its_own_time_per_step():
+    """One node pauses in 20% of its steps (a GC burst, window 1). Every rank's steps are
+    delayed, the others wait for it, and its own mean time per step is far above the job's;
+    but a pause is a spike, not a slow rank: step.own leaves it out (the busy steps beyond
+    1.5x the rank's median) and does not flag the node."""
+    from hypertrace.sim.simulate import Burst, SimConfig, generate
+    cfg = SimConfig(gpus=64, windows=3, seed=4, mode="collective",
+                    bursts=(Burst("node-0002", (1,), 0.2, 6.0),))
+    e = Engine(ScoringConfig())
+    for w in generate(cfg):
+        e.ingest(w)
+    results = e.flush(now_ns=2**62)
+    assert len(results) == 3
+    own_rows = [r for res in results for r in res.rows
+                if r.api == "step.own" and r.node == "node-0002" and r.direction == "high"]
+    assert own_rows == []

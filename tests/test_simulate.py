@@ -312,3 +312,36 @@ def test_a_collective_step_carries_every_ranks_delays_and_busy_time_only_its_own
     quiet = own[:, :].max(axis=0) == 0                      # ranks never hit themselves
     assert quiet.any() and busy[:, quiet, spike_edge:].sum() == 0
     assert steps[:, quiet, np.searchsorted(buckets.LOWER_NS, 2.0 * 100e6):].sum() > 0
+
+
+def _steps_by_rank(cfg: SimConfig) -> dict[tuple[int, int], tuple]:
+    """(window, rank) -> (step histogram counts, step sum µs, peer wait µs, steps)."""
+    out = {}
+    for nw in generate(cfg):
+        w = (nw.start.ToNanoseconds() - cfg.first_start_ns) // int(cfg.window_seconds * 1e9)
+        for p in nw.processes:
+            out[(int(w), p.rank)] = (tuple(p.step_time.counts), p.steps.step_sum_us,
+                                     p.steps.peer_wait_us, p.steps.steps)
+    return out
+
+
+def test_collective_ranks_time_the_same_steps_and_wait_for_a_delayed_peer():
+    """A collective step ends on every rank together: every rank gets the same step histogram,
+    and a pause on one node (a GC burst in window 1) is peer wait on every other node, not
+    their own time."""
+    from hypertrace.sim.simulate import Burst
+    cfg = SimConfig(gpus=64, windows=3, seed=4, mode="collective",
+                    bursts=(Burst("node-0002", (1,), 0.2, 6.0),))
+    steps = _steps_by_rank(cfg)
+    for w in range(3):
+        assert len({steps[(w, r)][0] for r in range(64)}) == 1
+        assert len({steps[(w, r)][1] for r in range(64)}) == 1
+    other = [r for r in range(64) if r // 8 != 2]
+    own = {w: np.median([(steps[(w, r)][1] - steps[(w, r)][2]) / steps[(w, r)][3]
+                         for r in other]) for w in range(3)}
+    peer = {w: np.median([steps[(w, r)][2] / steps[(w, r)][3] for r in other])
+            for w in range(3)}
+    assert peer[1] > 2 * peer[0]                     # they waited for node-0002's pauses
+    assert own[1] == pytest.approx(own[0], rel=0.03)  # their own time did not move
+    paused = [(steps[(1, r)][1] - steps[(1, r)][2]) / steps[(1, r)][3] for r in range(16, 24)]
+    assert min(paused) > 1.3 * own[1]                # the paused node's own time holds them
