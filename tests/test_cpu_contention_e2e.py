@@ -35,6 +35,17 @@ def _cpus() -> tuple[int, int]:
     return cpus[0], cpus[-1]
 
 
+def _ahead_of_the_tools(pid: int) -> None:
+    """The healthy workers share their CPU with the agent and the analyzer. Left at the same
+    priority, a worker that kept waking behind the analyzer's scoring ran 7.5% longer per step
+    on a 2-vCPU machine and was (rightly) convicted. The test's own tools must not be the
+    contention, so the workers run ahead of them (root only; otherwise as they are)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, -10)
+    except PermissionError:
+        pass
+
+
 def test_a_cpu_hog_on_one_workers_core_is_convicted_as_cpu_contention(fakecuda, tmp_path,
                                                                      procs):
     require_ebpf()
@@ -57,6 +68,7 @@ def test_a_cpu_hog_on_one_workers_core_is_convicted_as_cpu_contention(fakecuda, 
                              stdout=subprocess.PIPE, text=True)
         procs.append(w)
         os.sched_setaffinity(w.pid, {hog_cpu if rank == HOGGED else rest})
+        _ahead_of_the_tools(w.pid)
         assert w.stdout.readline().startswith("ready")
 
     agent = subprocess.Popen(
