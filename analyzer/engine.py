@@ -147,6 +147,15 @@ class Engine:
     def job_ids(self) -> list[str]:
         return sorted(self._jobs)
 
+    def scored_windows(self) -> list[tuple[str, int]]:
+        """(job, windows scored so far) of every job in memory: what changed since a look."""
+        return [(j, self._jobs[j].epochs_scored) for j in sorted(self._jobs)]
+
+    def gpu_uuids(self, job_id: str) -> dict[tuple[str, str], str]:
+        """(node, gpu) -> the GPU's UUID as its agent named it ("" when unknown)."""
+        job = self._job(job_id)
+        return {k: u for k, u in zip(job.keys, job.uuids) if k is not None}
+
     def late_windows(self, job_id: str) -> int:
         return self._job(job_id).late_windows
 

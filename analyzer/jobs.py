@@ -40,6 +40,7 @@ class JobState:
     keys: list[GpuKey | None] = field(default_factory=list)   # None: a retired row
     ranks: list[int] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
+    uuids: list[str] = field(default_factory=list)
     kind_codes: list[int] = field(default_factory=list)
     kind_names: dict[str, int] = field(default_factory=dict)
     #: workload group per GPU (a pipeline stage; analyzer/imbalance.py), as codes into names
@@ -97,13 +98,13 @@ class JobState:
         key = (node, gpu_label(p))
         row = self.index.get(key)
         if row is None:
-            values = (key, p.rank, p.gpu_kind,
+            values = (key, p.rank, p.gpu_kind, p.gpu_uuid,
                       self.kind_names.setdefault(p.gpu_kind, len(self.kind_names)),
                       self._group_code(p.group),
                       self.host_names.setdefault(node, len(self.host_names)),
                       p.nvml if p.HasField("nvml") else None, None, order)
-            lists = (self.keys, self.ranks, self.kinds, self.kind_codes, self.group_codes,
-                     self.host_codes, self.nvml, self.nvml_prev, self.order)
+            lists = (self.keys, self.ranks, self.kinds, self.uuids, self.kind_codes,
+                     self.group_codes, self.host_codes, self.nvml, self.nvml_prev, self.order)
             if self.free_rows:                 # a retired row: its state was reset
                 row = self.free_rows.pop()
                 for lst, v in zip(lists, values):
@@ -121,6 +122,8 @@ class JobState:
             self.order[row] = order
             if p.rank >= 0:
                 self.ranks[row] = p.rank
+            if p.gpu_uuid:
+                self.uuids[row] = p.gpu_uuid
             if p.gpu_kind and p.gpu_kind != self.kinds[row]:
                 self.kinds[row] = p.gpu_kind
                 self.kind_codes[row] = self.kind_names.setdefault(p.gpu_kind,

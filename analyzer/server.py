@@ -37,6 +37,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from hypertrace.analyzer.metrics import AnalyzerMetrics, JobCollector, serve as serve_metrics
 from hypertrace.analyzer.storage import (ConflictingDuplicate, Storage, StorageCorrupt,
                                          StorageError)
 from hypertrace.proto import hypertrace_pb2 as pb
@@ -68,13 +69,15 @@ class Analyzer:
     """Engine + Storage behind one lock: the state the gRPC handlers share."""
 
     def __init__(self, storage: Storage, config: Any = None,
-                 engine_factory: Callable[[Any], Any] | None = None, evictor: Any = None):
+                 engine_factory: Callable[[Any], Any] | None = None, evictor: Any = None,
+                 metrics: AnalyzerMetrics | None = None):
         if config is None:
             from hypertrace.analyzer.config import ScoringConfig
             config = ScoringConfig()
         self.config = config
         self.storage = storage
         self.evictor = evictor           # analyzer/evict: reviews jobs whose scoring convicted
+        self.metrics = metrics or AnalyzerMetrics()   # analyzer/metrics.py (served or not)
         self._engine = (engine_factory or _default_engine_factory)(config)
         self._lock = threading.Lock()
         self._inbox: deque[tuple[pb.NodeWindow, int]] = deque()   # stored, not yet in the Engine
@@ -118,8 +121,10 @@ class Analyzer:
         behind it. The queue is drained (in arrival order) by the background pass, and before
         every flush, report and job list, so they see every window acked before them."""
         if not self.storage.add_window(w, payload):
+            self.metrics.duplicates.inc()
             return False
         self._inbox.append((w, time.time_ns()))       # deque.append: atomic, no lock
+        self.metrics.received.inc()
         return True
 
     def drain(self) -> int:
@@ -139,15 +144,20 @@ class Analyzer:
                                   w.agent_id, w.seq)
         for agent_id, seq in late:
             self.storage.mark_late(agent_id, seq)
+        if late:
+            self.metrics.late.inc(len(late))
         return n
 
     def flush(self, now_ns: int | None = None) -> int:
         """Score complete epochs and store the results; returns the number of epochs scored."""
         self.drain()
         now = now_ns if now_ns is not None else time.time_ns()
+        t0 = time.perf_counter()
         with self._lock:
             results = self._engine.flush(now, expire=True) or []
         if results:
+            self.metrics.scoring_seconds.observe(time.perf_counter() - t0)
+            self.metrics.scored.inc(len(results))
             self.storage.add_results(results)
         if self.evictor is not None:
             self._review(results, now)
@@ -191,6 +201,29 @@ class Analyzer:
         self.drain()
         with self._lock:
             return self._engine.list_jobs()
+
+    def job_collector(self, refresh_s: float = 15.0, max_gpus: int = 64) -> JobCollector:
+        """The per-job and per-GPU series (analyzer/metrics.py), read from this analyzer."""
+        def jobs() -> list[tuple[str, int]]:
+            self.drain()
+            with self._lock:
+                return self._engine.scored_windows()
+
+        def report(job_id: str) -> pb.JobReport | None:
+            with self._lock:
+                try:
+                    jobs = self._engine.report(job_id).jobs
+                except KeyError:               # expired between the two looks
+                    return None
+            return jobs[0] if jobs else None
+
+        def uuids(job_id: str) -> dict[tuple[str, str], str]:
+            with self._lock:
+                try:
+                    return self._engine.gpu_uuids(job_id)
+                except KeyError:
+                    return {}
+        return JobCollector(jobs, report, uuids, refresh_s, max_gpus)
 
 
 @dataclass(frozen=True)
@@ -275,28 +308,41 @@ def _ingest_handler(analyzer: Analyzer, access: Access | None,
     def stream(request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[pb.Ack]:
         for raw in request_iterator:
             if len(raw) > MAX_WINDOW_BYTES:
+                analyzer.metrics.reject("too_large")
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"NodeWindow: is {len(raw)} bytes, over the {MAX_WINDOW_BYTES}-byte "
                               "limit; send smaller windows")
             try:
                 w = pb.NodeWindow.FromString(raw)
             except DecodeError as exc:
+                analyzer.metrics.reject("malformed")
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"NodeWindow: not a valid hypertrace.v1 NodeWindow protobuf ({exc}); "
                               "is the agent speaking another protocol?")
             try:
                 dropped = accept_window(w, encoded_size=len(raw))
-                check_clock(w, time.time_ns(), max_skew_s)
             except WireError as exc:
+                analyzer.metrics.reject("invalid")
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"window seq {w.seq} of agent {quote(w.agent_id)}: {exc}")
             except Exception as exc:  # a validator bug must reject the window, not wedge the agent
                 log.exception("validating window %.64r/%d failed", w.agent_id, w.seq)
+                analyzer.metrics.reject("invalid")
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"window seq {w.seq} of agent {quote(w.agent_id)}: cannot be "
                               f"validated ({type(exc).__name__})")
+            try:
+                check_clock(w, time.time_ns(), max_skew_s)
+            except WireError as exc:
+                analyzer.metrics.reject("clock_skew")
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"window seq {w.seq} of agent {quote(w.agent_id)}: {exc}")
             if access is not None:
-                access.check_window(context, w)
+                try:
+                    access.check_window(context, w)
+                except Exception:                    # the abort: counted, then raised on
+                    analyzer.metrics.reject("identity")
+                    raise
             if dropped:
                 w.rejected_processes = len(dropped)
                 raw = w.SerializeToString()          # what is stored is what was accepted
@@ -305,9 +351,11 @@ def _ingest_handler(analyzer: Analyzer, access: Access | None,
             try:
                 new = analyzer.ingest(w, raw)
             except ConflictingDuplicate as exc:
+                analyzer.metrics.reject("invalid")
                 log.error("%s", exc)
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
             except StorageCorrupt as exc:
+                analyzer.metrics.reject("storage")
                 if not analyzer.broken:
                     analyzer.broken = str(exc)
                     log.critical("%s", exc)
@@ -315,8 +363,10 @@ def _ingest_handler(analyzer: Analyzer, access: Access | None,
                         on_broken()
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"analyzer cannot store windows: {exc}")
             except StorageError as exc:
+                analyzer.metrics.reject("storage")
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"analyzer cannot store windows: {exc}")
             except Exception as exc:   # e.g. sqlite3 disk full: the agent keeps it and retries
+                analyzer.metrics.reject("storage")
                 log.exception("storing window %s/%d failed", w.agent_id, w.seq)
                 context.abort(grpc.StatusCode.UNAVAILABLE,
                               f"analyzer cannot store windows right now ({exc}); retry later")
@@ -340,6 +390,7 @@ class ServerOptions:
     insecure: bool = False               # plaintext without identities: tests on one machine
     trust_domain: str = DEFAULT_TRUST_DOMAIN
     max_clock_skew_s: float = MAX_CLOCK_SKEW_S   # live windows may end at most this far ahead
+    metrics_listen: str | None = None    # HOST:PORT of the Prometheus /metrics endpoint
 
 
 class AnalyzerServer:
@@ -349,6 +400,8 @@ class AnalyzerServer:
         self.analyzer = analyzer
         self.options = options
         self.port: int | None = None
+        self.metrics_port: int | None = None
+        self._metrics_server = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._health = health.HealthServicer()
@@ -393,6 +446,19 @@ class AnalyzerServer:
                               f"address is not local ({detail or 'bind failed'}); stop the other "
                               "process or pass another --listen HOST:PORT (port 0 picks a free one)")
         self.port = port
+        if self.options.metrics_listen:
+            m = self.analyzer.metrics
+            m.add_collector(self.analyzer.job_collector())
+            m.watch_files(self.analyzer.storage.files)
+            if self.analyzer.evictor is not None:
+                m.add_collector(self.analyzer.evictor.collector())
+            try:
+                self._metrics_server, self.metrics_port = serve_metrics(
+                    m, self.options.metrics_listen)
+            except (OSError, ValueError) as exc:
+                self._server.stop(0)
+                raise ServerError(f"cannot serve metrics on {self.options.metrics_listen} "
+                                  f"({exc}); pass another --metrics-listen HOST:PORT") from None
         self._server.start()
         for service in ("", INGEST_SERVICE, QUERY_SERVICE):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -429,6 +495,9 @@ class AnalyzerServer:
         self._health.enter_graceful_shutdown()
         self._stop.set()
         self._server.stop(self.options.shutdown_grace_s).wait()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=10)
         try:

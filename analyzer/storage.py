@@ -192,6 +192,10 @@ class Storage:
                                f"{SCHEMA_VERSION}; point --db at a new file")
         return cls(conn, str(p))
 
+    def files(self) -> list[str]:
+        """The database file and its WAL and shared-memory files (what it takes on disk)."""
+        return [str(self.path), f"{self.path}-wal", f"{self.path}-shm"]
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()

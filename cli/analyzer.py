@@ -29,7 +29,7 @@ from typing import Any
 SERVER_KEYS = {"listen": str, "db": str, "retention_hours": float, "flush_interval": float,
                "synchronous": str, "max_workers": int, "tls_ca": str, "tls_cert": str,
                "tls_key": str, "insecure": bool, "trust_domain": str,
-               "max_clock_skew_s": float}
+               "max_clock_skew_s": float, "metrics_listen": str}
 
 
 def _scoring_fields() -> list[dataclasses.Field]:
@@ -57,6 +57,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-clock-skew-s", type=float,
                    help="refuse live windows that end more than this many seconds after the "
                    "analyzer's clock (a node with a broken clock; default 300)")
+    p.add_argument("--metrics-listen", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off; "
+                   "series and labels: hypertrace.analyzer.metrics, README 'Monitoring')")
     tls = p.add_argument_group(
         "transport security (mutual TLS; make test files with `hypertrace certs init`)")
     tls.add_argument("--tls-ca", help="PEM of the CA that signs agent and reader certificates")
@@ -95,7 +98,8 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
                               "retention_hours": None, "flush_interval": 1.0,
                               "synchronous": "FULL", "max_workers": 4096, "tls_ca": None,
                               "tls_cert": None, "tls_key": None, "insecure": False,
-                              "trust_domain": "hypertrace", "max_clock_skew_s": 300.0}
+                              "trust_domain": "hypertrace", "max_clock_skew_s": 300.0,
+                              "metrics_listen": None}
     scoring: dict[str, Any] = {}
     for key, value in file_values.items():
         if key in SERVER_KEYS:
@@ -129,6 +133,11 @@ def _check_server_settings(server: dict[str, Any]) -> None:
     host, _, port = server["listen"].rpartition(":")
     if not host or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"listen must be HOST:PORT (e.g. 0.0.0.0:50051), got {server['listen']!r}")
+    if server["metrics_listen"] is not None:
+        mhost, _, mport = server["metrics_listen"].rpartition(":")
+        if not mhost or not mport.isdigit() or int(mport) > 65535:
+            raise ValueError(f"metrics_listen must be HOST:PORT (e.g. 0.0.0.0:9464), got "
+                             f"{server['metrics_listen']!r}")
     if server["retention_hours"] is not None and not server["retention_hours"] > 0:
         raise ValueError(f"retention_hours must be > 0 (omit it to keep everything), got "
                          f"{server['retention_hours']}")
@@ -193,7 +202,8 @@ def run(args: argparse.Namespace) -> int:
                             max_workers=int(server_cfg["max_workers"]),
                             tls=server_cfg["tls"], insecure=bool(server_cfg["insecure"]),
                             trust_domain=server_cfg["trust_domain"],
-                            max_clock_skew_s=float(server_cfg["max_clock_skew_s"]))
+                            max_clock_skew_s=float(server_cfg["max_clock_skew_s"]),
+                            metrics_listen=server_cfg["metrics_listen"])
     server = AnalyzerServer(analyzer, options)
     try:
         port = server.start()
@@ -204,6 +214,10 @@ def run(args: argparse.Namespace) -> int:
     host = server_cfg["listen"].rsplit(":", 1)[0]
     print(f"hypertrace analyzer listening on {host}:{port} (db {storage.path}, "
           f"{resumed} windows resumed)", flush=True)
+    if server.metrics_port is not None:
+        mhost = server_cfg["metrics_listen"].rsplit(":", 1)[0]
+        print(f"hypertrace analyzer metrics on http://{mhost}:{server.metrics_port}/metrics",
+              flush=True)
     stop = threading.Event()
 
     def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature

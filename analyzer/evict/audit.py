@@ -127,6 +127,13 @@ class Audit:
             self._conn.execute("COMMIT")
         return self.get(pid)
 
+    def counts(self) -> dict[str, int]:
+        """Proposals per state (for the analyzer's metrics)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT state, COUNT(*) FROM evict_proposals GROUP BY state").fetchall()
+        return {state: int(n) for state, n in rows}
+
     def get(self, pid: str) -> Proposal:
         rows = self._select("WHERE id = ?", (pid,))
         if not rows:

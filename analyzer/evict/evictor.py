@@ -171,6 +171,27 @@ class Evictor:
                     c.node, sched, why)
         return prop
 
+    def collector(self):
+        """Prometheus series of the audit trail: proposals per state, and the breaker."""
+        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.registry import Collector
+
+        audit = self.audit
+
+        class _Evictions(Collector):
+            def collect(self):
+                g = GaugeMetricFamily("hypertrace_eviction_proposals",
+                                      "Eviction proposals in the audit trail, by state",
+                                      labels=["state"])
+                for state, n in sorted(audit.counts().items()):
+                    g.add_metric([state], float(n))
+                yield g
+                b = GaugeMetricFamily("hypertrace_eviction_breaker_tripped",
+                                      "1 while the eviction breaker is tripped")
+                b.add_metric([], 0.0 if audit.breaker() is None else 1.0)
+                yield b
+        return _Evictions()
+
     # ---- actions ---------------------------------------------------------------------------
 
     def act(self, now_ns: int | None = None) -> None:
