@@ -2,19 +2,21 @@
 # Test-only prerequisites that come from the distribution, installed when root (make test):
 #   slurm-wlm, munge   a real Slurm cluster on loopback for the eviction tests
 #                      (tests/slurm_cluster.py; Debian 12 ships Slurm 22.05)
+#   prometheus         a real Prometheus that scrapes the analyzer (tests/test_prometheus.py)
 # Not root: nothing is installed, and the tests that need them skip (or fail under CI=true).
 set -u
 need=()
 for bin in slurmctld slurmd munged; do
   command -v "$bin" >/dev/null 2>&1 || need=(slurm-wlm munge)
 done
-[ ${#need[@]} -eq 0 ] && { echo "test deps: slurm and munge present"; exit 0; }
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+[ ${#need[@]} -eq 0 ] && { echo "test deps: slurm, munge and prometheus present"; exit 0; }
 if [ "$(id -u)" != 0 ]; then
-  echo "test deps: not root; ${need[*]} not installed (the Slurm tests will skip)"; exit 0
+  echo "test deps: not root; ${need[*]} not installed (the tests that need them will skip)"; exit 0
 fi
 DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1 || echo "test deps: apt-get update failed"
 if DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; then
   echo "test deps: installed ${need[*]}"
 else
-  echo "test deps: apt-get install ${need[*]} failed (the Slurm tests will say so)"
+  echo "test deps: apt-get install ${need[*]} failed (the tests that need them will say so)"
 fi
