@@ -94,82 +94,188 @@ def _cluster_line(c: pb.ClusterPrediction) -> str:
     return text
 
 
-def report_to_table(report: pb.Report) -> str:
-    """Worst first: node, GPU/rank, API, value vs job median (ratio), robust z, windows flagged,
-    verdict, probable cause; then the cluster prediction of each job."""
+#: How launch and sync APIs read in a table's evidence (anything else keeps its name).
+API_WORDS = {"cudaLaunchKernel": "launch", "cuLaunchKernel": "driver launch",
+             "cudaLaunchKernelExC": "launch", "cuLaunchKernelEx": "driver launch",
+             "cudaGraphLaunch": "graph launch", "cuGraphLaunch": "driver graph launch",
+             "cudaMemcpyAsync": "memcpy", "cudaStreamSynchronize": "stream sync",
+             "cudaDeviceSynchronize": "device sync", "cudaEventSynchronize": "event sync",
+             "cuStreamSynchronize": "driver stream sync"}
+SIGNAL_WORDS = {"sched.runq": "run-queue wait", "step.own": "own time per step",
+                "step.time": "step time", "step.busy": "busy time per step",
+                "step.gpu_wait": "GPU wait per step", "step.peer_wait": "peer wait per step",
+                "launch.rate": "launch rate", "gpu.sm_clock": "SM clock"}
+#: Healthy nodes listed after the flagged ones before the table says "N more".
+TABLE_HEALTHY_NODES = 10
+WIDTH = 100
+
+
+def evidence_words(f: pb.Finding) -> str:
+    """A finding in words: ``launch p50 1.25x job median``, ``run-queue wait 35% vs 0.3%``."""
+    where = "host " if f.basis == "host" else ""
+    if f.unit == "share":
+        return (f"{where}{SIGNAL_WORDS.get(f.api, f.api)} {_fmt_value(f.value_us, 'share')} of "
+                f"time vs {_fmt_value(f.job_median_us, 'share')}")
+    name = SIGNAL_WORDS.get(f.api) or f"{API_WORDS.get(f.api, f.api)} {f.stat}"
+    return f"{where}{name} {f.ratio:.2f}x job median"
+
+
+def _lead(node: pb.NodeReport) -> tuple[pb.GpuReport | None, pb.Finding | None]:
+    """The node's worst GPU (nodes list GPUs worst first) and its leading finding."""
+    for g in node.gpus:
+        if g.findings:
+            return g, g.findings[0]
+    return (node.gpus[0] if node.gpus else None), None
+
+
+def _columns(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    return ["  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+            for cells in [header, *rows]]
+
+
+def _wrapped(text: str, indent: str = "  ", width: int = WIDTH) -> list[str]:
+    import textwrap
+    return textwrap.wrap(text, width=width, initial_indent=indent,
+                         subsequent_indent=indent + "  ", break_on_hyphens=False) or [indent]
+
+
+def _short(name: str, n: int = 28) -> str:
+    return name if len(name) <= n else name[: n - 1] + "~"
+
+
+def _node_rows(job: pb.JobReport, only_flagged: bool) -> tuple[list[tuple[str, ...]], list[str],
+                                                                 int]:
+    """One row per node (flagged first), the causes of the flagged ones, healthy not shown."""
+    rows, causes, hidden = [], [], 0
+    healthy_shown = 0
+    evicted = set(job.cluster.evicted_nodes)
+    for node in job.nodes:
+        flagged = node.verdict in ("straggler", "suspect")
+        if not flagged:
+            if only_flagged or healthy_shown >= TABLE_HEALTHY_NODES:
+                hidden += 1
+                continue
+            healthy_shown += 1
+        g, f = _lead(node)
+        windows = max((x.windows_flagged for x in node.gpus), default=0)
+        seen = max((x.windows_seen for x in node.gpus), default=0)
+        rows.append((_short(node.node), node.verdict, node.scope or "-",
+                     evidence_words(f) if f is not None and flagged else "-",
+                     f"{f.ratio:.2f}" if f is not None and flagged else "-",
+                     f"{f.robust_z:+.0f}" if f is not None and flagged else "-",
+                     f"{windows}/{seen}",
+                     f"{job.cluster.predicted_gain:+.0%}" if node.node in evicted else "-"))
+        if flagged and node.probable_cause:
+            causes.append(f"{node.node}: {node.probable_cause}")
+    return rows, causes, hidden
+
+
+def _gpu_rows(job: pb.JobReport, only_flagged: bool) -> list[tuple[str, ...]]:
+    rows = []
+    for node in job.nodes:
+        for g in node.gpus:
+            if only_flagged and g.verdict not in ("straggler", "suspect"):
+                continue
+            f = g.findings[0] if g.findings else None
+            rows.append((_short(node.node), g.gpu, str(g.rank), g.verdict,
+                         evidence_words(f) if f is not None else "-",
+                         f"{f.ratio:.2f}" if f is not None else "-",
+                         f"{f.robust_z:+.0f}" if f is not None else "-",
+                         f"{g.windows_flagged}/{g.windows_seen}"))
+    return rows
+
+
+def only_flagged(report: pb.Report) -> pb.Report:
+    """A copy of ``report`` without its healthy nodes and GPUs (``--only-flagged``)."""
+    out = pb.Report()
+    out.CopyFrom(report)
+    for job in out.jobs:
+        keep = []
+        for node in job.nodes:
+            gpus = [g for g in node.gpus if g.verdict in ("straggler", "suspect")]
+            if gpus or node.verdict in ("straggler", "suspect"):
+                del node.gpus[:]
+                node.gpus.extend(gpus)
+                keep.append(node)
+        job.healthy_nodes_omitted += len(job.nodes) - len(keep)
+        del job.nodes[:]
+        job.nodes.extend(keep)
+    return out
+
+
+def report_to_table(report: pb.Report, verbose: bool = False,
+                    flagged_only: bool = False) -> str:
+    """A job at a glance, at most :data:`WIDTH` columns: one row per node (flagged first, a few
+    healthy ones after), its strongest evidence in words, ratio, robust z, windows flagged and
+    the predicted gain of evicting it; each flagged node's probable cause below. ``verbose``: one
+    row per GPU instead. Then imbalance, late windows and the what-if of each job."""
     out: list[str] = []
-    header = ("NODE", "GPU", "RANK", "API", "STAT", "VALUE", "MEDIAN", "RATIO", "Z",
-              "FLAGGED", "VERDICT", "SCOPE", "PROBABLE CAUSE")
     for job in report.jobs:
         counts: dict[str, int] = {}
-        rows: list[tuple[str, ...]] = []
         for node in job.nodes:
             for g in node.gpus:
                 counts[g.verdict] = counts.get(g.verdict, 0) + 1
-                if g.verdict in ("healthy", "insufficient_data"):
-                    continue
-                f = g.findings[0] if g.findings else None
-                cause = g.probable_cause if node.scope == "gpu" else node.probable_cause
-                rows.append((
-                    node.node, g.gpu, str(g.rank),
-                    (f.api + (" [host]" if f.basis == "host" else "")) if f else "-",
-                    f.stat if f else "-",
-                    _fmt_value(f.value_us, f.unit) if f else "-",
-                    _fmt_value(f.job_median_us, f.unit) if f else "-",
-                    f"{f.ratio:.3f}" if f else "-", f"{f.robust_z:+.1f}" if f else "-",
-                    f"{g.windows_flagged}/{g.windows_seen}", g.verdict, node.scope, cause))
         summary = ", ".join(f"{counts[k]} {k}" for k in
                             ("straggler", "suspect", "insufficient_data", "healthy") if k in counts)
         mode = f"mode {job.mode}" if job.mode else "mode unknown (no step data)"
         nodes = len(job.nodes) + job.healthy_nodes_omitted
-        out.append(f"job {job.job_id}: {plural(job.gpus, 'GPU')} on {plural(nodes, 'node')}, "
-                   f"{plural(job.windows, 'window')} scored ({job.windows_sampled} with a full "
-                   f"launch cross-section), {mode}; GPUs: {summary or 'none scored yet'}")
+        out.extend(_wrapped(
+            f"job {job.job_id}: {plural(job.gpus, 'GPU')} on {plural(nodes, 'node')}, "
+            f"{plural(job.windows, 'window')} scored ({job.windows_sampled} with a full launch "
+            f"cross-section), {mode}; GPUs: {summary or 'none scored yet'}", indent=""))
+        causes: list[str] = []
+        hidden = 0
+        if verbose:
+            rows = _gpu_rows(job, flagged_only)
+            header = ("NODE", "GPU", "RANK", "VERDICT", "EVIDENCE", "RATIO", "Z", "WINDOWS")
+        else:
+            rows, causes, hidden = _node_rows(job, flagged_only)
+            header = ("NODE", "VERDICT", "SCOPE", "EVIDENCE", "RATIO", "Z", "WINDOWS", "GAIN")
         if rows:
             shown = rows[:TABLE_MAX_ROWS]
-            widths = [max(len(h), *(len(r[i]) for r in shown)) for i, h in enumerate(header[:-1])]
-            line = lambda cells: "  ".join(  # noqa: E731  (a local formatter)
-                c.ljust(w) for c, w in zip(cells, widths)) + "  " + cells[-1]
-            out.append(line(header))
-            out.extend(line(r) for r in shown)
+            out.extend(_columns(header, shown))
             if len(rows) > TABLE_MAX_ROWS:
-                out.append(f"... {len(rows) - TABLE_MAX_ROWS} more flagged GPUs "
-                           "(use --format json)")
-            tails = {(f.api, f.direction): f.meaning for n in job.nodes for g in n.gpus
-                     if g.verdict in ("suspect", "straggler") for f in g.findings[:1]}
-            for (api, direction), text in sorted(tails.items()):
-                out.append(f"  {api} {direction}: {text}")
-        else:
+                out.append(f"  ... {len(rows) - TABLE_MAX_ROWS} more rows (--format json has "
+                           "all)")
+        if hidden:
+            out.append(f"  {plural(hidden, 'more healthy node')} not listed")
+        if not any(v in counts for v in ("straggler", "suspect")):
             out.append("  no suspect or straggler GPU")
+        for cause in causes[:TABLE_MAX_ROWS]:
+            out.extend(_wrapped(f"cause {cause}"))
         by_group: dict[str, list[pb.GroupImbalance]] = {}
         for d in job.imbalance:
             by_group.setdefault(d.group, []).append(d)
         for group, ds in by_group.items():
             d = ds[0]
             also = f" (also {', '.join(x.signal for x in ds[1:])})" if ds[1:] else ""
-            out.append(f"  imbalance: group {group} ({d.gpus} GPUs) {d.signal} "
-                       f"{_fmt_value(d.value, d.unit)} vs {_fmt_value(d.reference, d.unit)} across "
-                       f"groups ({d.ratio - 1:+.1%}){also}: the group does more work; rebalance "
-                       "it, evicting its nodes would not help")
+            out.extend(_wrapped(
+                f"imbalance: group {group} ({d.gpus} GPUs) {d.signal} "
+                f"{_fmt_value(d.value, d.unit)} vs {_fmt_value(d.reference, d.unit)} across "
+                f"groups ({d.ratio - 1:+.1%}){also}: the group does more work; rebalance it, "
+                "evicting its nodes would not help"))
         if job.healthy_nodes_omitted:
-            out.append(f"  {job.healthy_nodes_omitted} more healthy nodes not listed "
-                       "(hypertrace report --all-nodes lists them)")
+            out.extend(_wrapped(f"{job.healthy_nodes_omitted} more healthy nodes not in this "
+                                "report (hypertrace report --all-nodes lists them)"))
         if job.late_windows:
             named = ", ".join(f"{x.node} {x.windows}" for x in job.late_nodes[:5])
             more = len(job.late_nodes) - 5
-            out.append(f"  late: {job.late_windows} windows arrived after their window was "
-                       f"scored ({named}{f', {more} more nodes' if more > 0 else ''}): stored, "
-                       "not scored; check those nodes' clocks (chrony) and uplinks")
+            out.extend(_wrapped(
+                f"late: {job.late_windows} windows arrived after their window was scored "
+                f"({named}{f', {more} more nodes' if more > 0 else ''}): stored, not scored; "
+                "check those nodes' clocks (chrony) and uplinks"))
         c = job.cluster
         if c.basis:
-            out.append(_cluster_line(c))
+            out.extend(_wrapped(_cluster_line(c).strip()))
             rates = [(g.spike_rate, f"{n.node}/{g.gpu}") for n in job.nodes for g in n.gpus]
             if rates:
                 worst = max(rates)
                 mid = sorted(r for r, _ in rates)[len(rates) // 2]
                 where = f" ({worst[1]})" if worst[0] > 0 else ""
                 out.append(f"  spike rate per GPU: median {mid:.1%}, max {worst[0]:.1%}{where}")
-            out.append(f"  basis: {c.basis}")
+            if verbose:
+                out.extend(_wrapped(f"basis: {c.basis}"))
         out.append("")
     if not report.jobs:
         out.append("no jobs")

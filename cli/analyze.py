@@ -57,7 +57,11 @@ def register(subparsers) -> None:
                     "stragglers, 2: bad input.")
     p.add_argument("file", metavar="FILE.jsonl",
                    help="recorded windows, one JSON object a line (gzip read as is; - is stdin)")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="table: one row per node, at most 100 columns (-v: one row per GPU); "
+                   "json: the full report")
+    p.add_argument("--only-flagged", action="store_true",
+                   help="leave out healthy nodes and GPUs (table and JSON)")
     p.add_argument("--job", default=None, help="report only this job id")
     add_scoring_flags(p)
     p.set_defaults(func=run)
@@ -66,7 +70,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from hypertrace.analyzer.config import ConfigError
     from hypertrace.analyzer.engine import Engine, UnknownJobError
-    from hypertrace.analyzer.report_format import exit_status, report_to_json, report_to_table
+    from hypertrace.analyzer.report_format import exit_status
+    from hypertrace.cli.report import render
     from hypertrace.proto import wire
 
     try:
@@ -100,6 +105,6 @@ def run(args: argparse.Namespace) -> int:
     except UnknownJobError as exc:
         print(f"hypertrace analyze: {exc}", file=sys.stderr)
         return 2
-    out = report_to_json(report) if args.format == "json" else report_to_table(report)
+    out = render(report, args)
     sys.stdout.write(out if out.endswith("\n") else out + "\n")
     return exit_status(report)

@@ -1,6 +1,6 @@
 """`hypertrace evict`: the eviction audit trail, and the human's side of the policy.
 
-    hypertrace evict log [--json]            every proposal, its state and evidence, and the
+    hypertrace evict log [--format json]            every proposal, its state and evidence, and the
                                              last decision on every straggler node
     hypertrace evict approve ID              approval mode: let a pending proposal act
     hypertrace evict undo NODE               reverse our last action on a scheduler node (only
@@ -29,7 +29,10 @@ def register(subparsers) -> None:
     p.add_argument("--config", help="the analyzer's TOML (its [evict] table)")
     sub = p.add_subparsers(dest="evict_command", metavar="log|approve|undo|reset")
     log = sub.add_parser("log", help="proposals, states, evidence, decisions")
-    log.add_argument("--json", action="store_true", help="one JSON document")
+    log.add_argument("--format", choices=("table", "json"), default="table",
+                     help="json: one JSON document")
+    log.add_argument("--json", action="store_const", const="json", dest="format",
+                     help=argparse.SUPPRESS)        # the old spelling of --format json
     approve = sub.add_parser("approve", help="approve a pending proposal")
     approve.add_argument("id")
     undo = sub.add_parser("undo", help="reverse our last action on a scheduler node")
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     audit = Audit(args.db)
     try:
         if args.evict_command == "log":
-            return _log(audit, args.json)
+            return _log(audit, args.format == "json")
         if args.evict_command == "reset":
             import time
             n = audit.reset(who, time.time_ns())
@@ -105,10 +108,10 @@ def _log(audit, as_json: bool) -> int:
         print("no eviction proposals")
     for p in proposals:
         ev = p.evidence
-        print(f"{p.as_json()['created']}  {p.id}  {p.state:<11} job {p.job_id}  node "
-              f"{p.node} -> {p.sched_node}  effect {ev.get('effect', 0):+.1%}  predicted gain "
-              f"{p.predicted_gain:+.1%}" + (f"  approved by {p.approved_by}"
-                                            if p.approved_by else ""))
+        print(f"{p.as_json()['created']}  {p.id}  {p.state:<11} job {p.job_id}")
+        print(f"    node {p.node} -> {p.sched_node}  effect {ev.get('effect', 0):+.1%}  "
+              f"predicted gain {p.predicted_gain:+.1%}"
+              + (f"  approved by {p.approved_by}" if p.approved_by else ""))
         print(f"    {p.reason}")
         for e in audit.events(p.id)[1:]:
             print(f"    {e['time']}  {e['state']:<11} {e['actor']}: {e['detail']}")

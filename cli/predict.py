@@ -68,7 +68,9 @@ def register(subparsers) -> None:
     p.add_argument("--spike-threshold", type=float, default=None,
                    help="spike = above (1 + this) x the rank's median (default: the scoring "
                         "default, 0.5)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--json", action="store_const", const="json", dest="format",
+                   help=argparse.SUPPRESS)          # the old spelling of --format json
     p.set_defaults(func=run)
 
 
@@ -85,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     except _UsageError as exc:
         print(f"hypertrace predict: {exc}", file=sys.stderr)
         return 2
-    if args.json:
+    if args.format == "json":
         print(json.dumps(result, indent=2))
     else:
         print(_as_table(result))

@@ -21,7 +21,11 @@ def register(subparsers) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_analyzer_flags(p)
     p.add_argument("--job", default="", help="only this job (default: every job)")
-    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--format", choices=["table", "json"], default="table",
+                   help="table: one row per node, at most 100 columns (-v: one row per GPU); "
+                   "json: the full report")
+    p.add_argument("--only-flagged", action="store_true",
+                   help="leave out healthy nodes and GPUs (table and JSON)")
     p.add_argument("--all-nodes", action="store_true",
                    help="list every healthy node too (default: at most 100 per job)")
     p.set_defaults(func=run)
@@ -39,7 +43,7 @@ def fetch_report(target: str, job: str = "", timeout: float = 10.0,
 
 
 def run(args: argparse.Namespace) -> int:
-    from hypertrace.analyzer.report_format import exit_status, report_to_json, report_to_table
+    from hypertrace.analyzer.report_format import exit_status
     from hypertrace.proto import hypertrace_pb2 as pb
 
     request = pb.ReportRequest(job_id=args.job, all_nodes=args.all_nodes)
@@ -47,8 +51,16 @@ def run(args: argparse.Namespace) -> int:
                            lambda stub: stub.GetReport(request, timeout=args.timeout))
     if rc:
         return rc
-    if args.format == "json":
-        print(report_to_json(report))
-    else:
-        print(report_to_table(report))
+    out = render(report, args)
+    sys.stdout.write(out if out.endswith("\n") else out + "\n")
     return exit_status(report)
+
+
+def render(report, args: argparse.Namespace) -> str:
+    """The report in ``--format``, with ``--only-flagged`` and ``-v`` applied (report and
+    analyze share it)."""
+    from hypertrace.analyzer.report_format import only_flagged, report_to_json, report_to_table
+    if args.format == "json":
+        return report_to_json(only_flagged(report) if args.only_flagged else report)
+    return report_to_table(report, verbose=getattr(args, "verbose", 0) > 0,
+                           flagged_only=args.only_flagged)

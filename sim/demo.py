@@ -87,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
                         stragglers=(Straggler(args.slow_node, args.factor),))
         cfg = dataclasses.replace(cfg, start_ns=live_start_ns(cfg, time.time_ns()))
         proc, target = start_analyzer(os.path.join(tmp, "analyzer.db"))
-        print(f"== analyzer on {target} (pid {proc.pid}); streaming {cfg.n_nodes} simulated agents "
-              f"x {cfg.windows} windows, {cfg.gpus} GPUs, {args.slow_node} {args.factor:g}x slower",
-              flush=True)
+        print(f"== analyzer on {target} (pid {proc.pid})\n== streaming {cfg.n_nodes} simulated "
+              f"agents x {cfg.windows} windows, {cfg.gpus} GPUs, {args.slow_node} "
+              f"{args.factor:g}x slower", flush=True)
         res = stream_windows(generate(cfg), target, os.path.join(tmp, "spool"), timeout=120)
         if res.pending:
             print(f"demo: {res.pending} windows were not acked", file=sys.stderr)
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         found = flagged_nodes(js.stdout)
         if found == [args.slow_node]:
             print(f"\n== OK: the report names {args.slow_node}, the injected slow node, and no "
-                  "other (exit status 3: stragglers reported)")
+                  "other\n   (exit status 3: stragglers reported)")
             log = subprocess.run(CLI + ["evict", "--db", os.path.join(tmp, "analyzer.db"), "log"],
                                  text=True, capture_output=True, timeout=60)
             print("\n== hypertrace evict log (the default policy is a dry-run: proposed, "

@@ -33,10 +33,35 @@ def test_json_names_the_slow_node_and_exits_3(slow_file, capsys):
     assert doc["jobs"][0]["cluster"]["evicted_nodes"] == ["node-0013"]
 
 
+def _first_row(out: str) -> str:
+    lines = out.splitlines()
+    return lines[next(i for i, x in enumerate(lines) if x.startswith("NODE ")) + 1]
+
+
 def test_table_is_the_default(slow_file, capsys):
+    """One row per node, worst first, the evidence in words, within 100 columns."""
     assert main(["analyze", slow_file]) == 3
     out = capsys.readouterr().out
-    assert out.splitlines()[2].startswith("node-0013")
+    row = _first_row(out).split()
+    assert row[:3] == ["node-0013", "straggler", "host"]
+    assert " ".join(row[3:8]) == f"launch p50 {row[5]} job median" and row[5].endswith("x")
+    assert max(len(x) for x in out.splitlines()) <= 100
+    assert "cause node-0013:" in out
+
+
+def test_verbose_table_has_a_row_per_gpu_and_only_flagged_drops_the_healthy(slow_file, capsys):
+    assert main(["analyze", slow_file, "-v", "--only-flagged"]) == 3
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    head = next(i for i, x in enumerate(lines) if x.startswith("NODE "))
+    assert lines[head].split()[:4] == ["NODE", "GPU", "RANK", "VERDICT"]
+    rows = [x.split() for x in lines[head + 1:] if x.startswith("node-")]
+    assert len(rows) == 8 and {r[0] for r in rows} == {"node-0013"}
+    assert max(len(x) for x in lines) <= 100
+    assert main(["analyze", slow_file, "--only-flagged", "--format", "json"]) == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert [n["node"] for n in doc["jobs"][0]["nodes"]] == ["node-0013"]
+    assert doc["jobs"][0]["healthy_nodes_omitted"] >= 1
 
 
 def test_clean_file_exits_0(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """`make demo` end to end: analyzer subprocess, simulated agents over gRPC, report, cleanup."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -12,6 +13,12 @@ def test_demo_names_exactly_the_slow_node_and_cleans_up():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK: the report names node-0005" in proc.stdout
     assert "node-0005" in proc.stdout.split("hypertrace report")[1]
+    # at a glance: the slow node is the first row, its launch evidence in words, 100 columns
+    lines = proc.stdout.splitlines()
+    first = lines[next(i for i, x in enumerate(lines) if x.startswith("NODE ")) + 1]
+    assert first.split()[:2] == ["node-0005", "straggler"]
+    assert re.search(r"(launch p50|own time per step) 1\.\d\dx job median", first), first
+    assert max(len(x) for x in lines) <= 100
     # it ends with the dry-run proposal for the slow node, with its predicted gain
     log = proc.stdout.split("hypertrace evict log")[1]
     assert "dry_run" in log and "node node-0005" in log and "predicted gain +" in log
