@@ -195,12 +195,27 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
         by_row.setdefault(job.index[(r.node, r.gpu)], []).append(r)
     # a GPU's findings are those of the latest epoch that implicated it (what convicted it)
     job.findings.update({r: fs for r, fs in by_row.items() if any(f.implicates for f in fs)})
+    _remember_window(job, cs.epoch, rows, found)
     _accumulate_theory(job, cs, groups, quantiles, cfg)
     _find_imbalance(job, groups, labels, sig, quantiles, cfg)
     job.epochs_scored += 1
     job.last_scored_epoch = cs.epoch if job.last_scored_epoch is None else max(
         job.last_scored_epoch, cs.epoch)
     return EpochResult(job.job_id, cs.epoch, found, job.verdict_dict(rows, codes))
+
+def _remember_window(job: JobState, epoch: int, rows: np.ndarray,
+                     found: list[ScoreRow]) -> None:
+    """Each node's worst implicating finding this epoch, as a slowness (the ratio of a high
+    tail, the inverse of a low one), for the report's node x window heatmap."""
+    worst: dict[str, float] = {}
+    for r in found:
+        if r.implicates and r.ratio > 0 and np.isfinite(r.ratio):
+            slow = r.ratio if r.direction == "high" else 1.0 / r.ratio
+            if slow > worst.get(r.node, 0.0):
+                worst[r.node] = slow
+    present = frozenset(job.keys[int(x)][0] for x in rows if job.keys[int(x)] is not None)
+    job.history.append((epoch, worst, present))
+
 
 def _find_imbalance(job: JobState, groups: list[np.ndarray], labels: list[str],
                     sig: signals.SignalEpoch, quantiles: dict[str, np.ndarray],

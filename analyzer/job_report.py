@@ -72,6 +72,11 @@ def job_report(job: JobState, cfg: ScoringConfig) -> pb.JobReport:
         if nr.scope != "gpu" and flapping and not nr.probable_cause.startswith("intermittent"):
             nr.probable_cause = _intermittent(job, flapping[0], cfg) + nr.probable_cause
         node_reports.append(nr)
+    history = sorted(job.history, key=lambda h: h[0])
+    for nr in node_reports:
+        nr.window_ratios.extend(worst.get(nr.node, 1.0) if nr.node in present else float("nan")
+                                for _, worst, present in history)
+    jr.history_windows.extend(epoch * cfg.window_ns for epoch, _, _ in history)
     node_reports.sort(key=lambda n: (_SEVERITY[n.verdict], -_worst_z(n), n.node))
     jr.nodes.extend(node_reports)
     jr.imbalance.extend(job.imbalance.persistent(cfg.persist_k))

@@ -8,6 +8,7 @@ row without lookups.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +23,8 @@ from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
 
 _VERDICTS = np.array(VERDICT_NAMES, dtype=object)
+#: Scored windows a job remembers per node for the report's heatmap.
+HISTORY_WINDOWS = 60
 
 
 class UnknownJobError(KeyError):
@@ -81,6 +84,9 @@ class JobState:
     pending: dict[int, EpochAccumulator] = field(default_factory=dict)
     seen_nodes: set[str] = field(default_factory=set)
     epochs_scored: int = 0
+    #: the recent scored epochs, oldest first: (epoch, node -> its worst implicating ratio,
+    #: the nodes present); for the report's node x window heatmap (NodeReport.window_ratios)
+    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
     last_scored_epoch: int | None = None
     windows: int = 0
     late_windows: int = 0

@@ -57,9 +57,12 @@ def register(subparsers) -> None:
                     "stragglers, 2: bad input.")
     p.add_argument("file", metavar="FILE.jsonl",
                    help="recorded windows, one JSON object a line (gzip read as is; - is stdin)")
-    p.add_argument("--format", choices=("table", "json"), default="table",
+    p.add_argument("--format", choices=("table", "json", "html"), default="table",
                    help="table: one row per node, at most 100 columns (-v: one row per GPU); "
-                   "json: the full report")
+                   "json: the full report; html: one offline file with a node x window heatmap "
+                   "(use -o)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of "
+                   "to stdout")
     p.add_argument("--only-flagged", action="store_true",
                    help="leave out healthy nodes and GPUs (table and JSON)")
     p.add_argument("--job", default=None, help="report only this job id")
@@ -70,8 +73,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from hypertrace.analyzer.config import ConfigError
     from hypertrace.analyzer.engine import Engine, UnknownJobError
-    from hypertrace.analyzer.report_format import exit_status
-    from hypertrace.cli.report import render
+    from hypertrace.cli.report import emit
     from hypertrace.proto import wire
 
     try:
@@ -105,6 +107,4 @@ def run(args: argparse.Namespace) -> int:
     except UnknownJobError as exc:
         print(f"hypertrace analyze: {exc}", file=sys.stderr)
         return 2
-    out = render(report, args)
-    sys.stdout.write(out if out.endswith("\n") else out + "\n")
-    return exit_status(report)
+    return emit(report, args, "analyze")

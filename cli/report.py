@@ -21,9 +21,12 @@ def register(subparsers) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_analyzer_flags(p)
     p.add_argument("--job", default="", help="only this job (default: every job)")
-    p.add_argument("--format", choices=["table", "json"], default="table",
+    p.add_argument("--format", choices=("table", "json", "html"), default="table",
                    help="table: one row per node, at most 100 columns (-v: one row per GPU); "
-                   "json: the full report")
+                   "json: the full report; html: one offline file with a node x window heatmap "
+                   "(use -o)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of "
+                   "to stdout")
     p.add_argument("--only-flagged", action="store_true",
                    help="leave out healthy nodes and GPUs (table and JSON)")
     p.add_argument("--all-nodes", action="store_true",
@@ -43,7 +46,6 @@ def fetch_report(target: str, job: str = "", timeout: float = 10.0,
 
 
 def run(args: argparse.Namespace) -> int:
-    from hypertrace.analyzer.report_format import exit_status
     from hypertrace.proto import hypertrace_pb2 as pb
 
     request = pb.ReportRequest(job_id=args.job, all_nodes=args.all_nodes)
@@ -51,8 +53,27 @@ def run(args: argparse.Namespace) -> int:
                            lambda stub: stub.GetReport(request, timeout=args.timeout))
     if rc:
         return rc
+    return emit(report, args, "report")
+
+
+def emit(report, args: argparse.Namespace, command: str) -> int:
+    """Write the rendered report to ``--output`` or stdout; the report's exit status, or 2 when
+    the file cannot be written."""
+    from hypertrace.analyzer.report_format import exit_status
     out = render(report, args)
-    sys.stdout.write(out if out.endswith("\n") else out + "\n")
+    if not out.endswith("\n"):
+        out += "\n"
+    if args.output:
+        try:
+            with open(args.output, "w", encoding="utf-8") as fh:
+                fh.write(out)
+        except OSError as exc:
+            print(f"hypertrace {command}: cannot write {args.output}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(out)
     return exit_status(report)
 
 
@@ -62,5 +83,8 @@ def render(report, args: argparse.Namespace) -> str:
     from hypertrace.analyzer.report_format import only_flagged, report_to_json, report_to_table
     if args.format == "json":
         return report_to_json(only_flagged(report) if args.only_flagged else report)
+    if args.format == "html":
+        from hypertrace.analyzer.report_html import report_to_html
+        return report_to_html(only_flagged(report) if args.only_flagged else report)
     return report_to_table(report, verbose=getattr(args, "verbose", 0) > 0,
                            flagged_only=args.only_flagged)

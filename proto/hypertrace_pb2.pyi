@@ -246,18 +246,20 @@ class GpuReport(_message.Message):
     def __init__(self, gpu: _Optional[str] = ..., rank: _Optional[int] = ..., verdict: _Optional[str] = ..., windows_flagged: _Optional[int] = ..., windows_seen: _Optional[int] = ..., spike_rate: _Optional[float] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., probable_cause: _Optional[str] = ..., gpu_kind: _Optional[str] = ...) -> None: ...
 
 class NodeReport(_message.Message):
-    __slots__ = ("node", "verdict", "scope", "probable_cause", "gpus")
+    __slots__ = ("node", "verdict", "scope", "probable_cause", "gpus", "window_ratios")
     NODE_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     PROBABLE_CAUSE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_RATIOS_FIELD_NUMBER: _ClassVar[int]
     node: str
     verdict: str
     scope: str
     probable_cause: str
     gpus: _containers.RepeatedCompositeFieldContainer[GpuReport]
-    def __init__(self, node: _Optional[str] = ..., verdict: _Optional[str] = ..., scope: _Optional[str] = ..., probable_cause: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuReport, _Mapping]]] = ...) -> None: ...
+    window_ratios: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, node: _Optional[str] = ..., verdict: _Optional[str] = ..., scope: _Optional[str] = ..., probable_cause: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuReport, _Mapping]]] = ..., window_ratios: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ClusterPrediction(_message.Message):
     __slots__ = ("spike_probability", "basis", "step_time_now_us", "step_time_after_eviction_us", "predicted_gain", "evicted_nodes", "spike_basis")
@@ -278,7 +280,7 @@ class ClusterPrediction(_message.Message):
     def __init__(self, spike_probability: _Optional[float] = ..., basis: _Optional[str] = ..., step_time_now_us: _Optional[float] = ..., step_time_after_eviction_us: _Optional[float] = ..., predicted_gain: _Optional[float] = ..., evicted_nodes: _Optional[_Iterable[str]] = ..., spike_basis: _Optional[str] = ...) -> None: ...
 
 class JobReport(_message.Message):
-    __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster", "windows_sampled", "mode", "imbalance", "late_windows", "late_nodes", "healthy_nodes_omitted")
+    __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster", "windows_sampled", "mode", "imbalance", "late_windows", "late_nodes", "healthy_nodes_omitted", "history_windows")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -290,6 +292,7 @@ class JobReport(_message.Message):
     LATE_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     LATE_NODES_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_NODES_OMITTED_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     windows: int
     gpus: int
@@ -301,7 +304,8 @@ class JobReport(_message.Message):
     late_windows: int
     late_nodes: _containers.RepeatedCompositeFieldContainer[LateNode]
     healthy_nodes_omitted: int
-    def __init__(self, job_id: _Optional[str] = ..., windows: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeReport, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterPrediction, _Mapping]] = ..., windows_sampled: _Optional[int] = ..., mode: _Optional[str] = ..., imbalance: _Optional[_Iterable[_Union[GroupImbalance, _Mapping]]] = ..., late_windows: _Optional[int] = ..., late_nodes: _Optional[_Iterable[_Union[LateNode, _Mapping]]] = ..., healthy_nodes_omitted: _Optional[int] = ...) -> None: ...
+    history_windows: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_id: _Optional[str] = ..., windows: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeReport, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterPrediction, _Mapping]] = ..., windows_sampled: _Optional[int] = ..., mode: _Optional[str] = ..., imbalance: _Optional[_Iterable[_Union[GroupImbalance, _Mapping]]] = ..., late_windows: _Optional[int] = ..., late_nodes: _Optional[_Iterable[_Union[LateNode, _Mapping]]] = ..., healthy_nodes_omitted: _Optional[int] = ..., history_windows: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LateNode(_message.Message):
     __slots__ = ("node", "windows")

@@ -3,6 +3,7 @@
 #   slurm-wlm, munge   a real Slurm cluster on loopback for the eviction tests
 #                      (tests/slurm_cluster.py; Debian 12 ships Slurm 22.05)
 #   prometheus         a real Prometheus that scrapes the analyzer (tests/test_prometheus.py)
+#   chromium           a real headless browser for the HTML report (tests/test_html_report.py)
 # Not root: nothing is installed, and the tests that need them skip (or fail under CI=true).
 set -u
 need=()
@@ -10,7 +11,8 @@ for bin in slurmctld slurmd munged; do
   command -v "$bin" >/dev/null 2>&1 || need=(slurm-wlm munge)
 done
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
-[ ${#need[@]} -eq 0 ] && { echo "test deps: slurm, munge and prometheus present"; exit 0; }
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+[ ${#need[@]} -eq 0 ] && { echo "test deps: slurm, munge, prometheus and chromium present"; exit 0; }
 if [ "$(id -u)" != 0 ]; then
   echo "test deps: not root; ${need[*]} not installed (the tests that need them will skip)"; exit 0
 fi
