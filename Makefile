@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 HT     := $(VENV)/bin/hypertrace
 STAMP  := $(VENV)/.installed
 
-.PHONY: all venv ebpf-setup test-deps test demo bench bench-detect bench-scale bench-agent bench-restart fuzz proto clean
+.PHONY: all venv ebpf-setup test-deps test demo bench bench-html bench-detect bench-scale bench-agent bench-restart fuzz proto clean
 
 all: venv
 
@@ -38,6 +38,10 @@ demo: venv
 
 bench: venv
 	$(PY) -m hypertrace.sim.bench_scoring
+
+# the HTML report of a 16,384-GPU job: size and a headless Chromium's load time (~1 min)
+bench-html: venv
+	$(PY) -m hypertrace.sim.bench_html $(ARGS)
 
 # scenario catalog x 64..16,384 GPUs, hypertrace vs mean±3σ vs NVRx (~20 min; ARGS=--quick: ~30 s)
 bench-detect: venv
