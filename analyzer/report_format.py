@@ -120,6 +120,12 @@ def evidence_words(f: pb.Finding) -> str:
     return f"{where}{name} {f.ratio:.2f}x job median"
 
 
+def _ratio_text(f: pb.Finding) -> str:
+    """The RATIO column: a share of wall time has none worth reading (40% over 0.2% is 200);
+    its evidence says both shares."""
+    return "-" if f.unit == "share" else f"{f.ratio:.2f}"
+
+
 def _lead(node: pb.NodeReport) -> tuple[pb.GpuReport | None, pb.Finding | None]:
     """The node's worst GPU (nodes list GPUs worst first) and its leading finding."""
     for g in node.gpus:
@@ -160,12 +166,14 @@ def _node_rows(job: pb.JobReport, only_flagged: bool) -> tuple[list[tuple[str, .
         g, f = _lead(node)
         windows = max((x.windows_flagged for x in node.gpus), default=0)
         seen = max((x.windows_seen for x in node.gpus), default=0)
+        gain = job.cluster.predicted_gain
         rows.append((_short(node.node), node.verdict, node.scope or "-",
                      evidence_words(f) if f is not None and flagged else "-",
-                     f"{f.ratio:.2f}" if f is not None and flagged else "-",
+                     _ratio_text(f) if f is not None and flagged else "-",
                      f"{f.robust_z:+.0f}" if f is not None and flagged else "-",
                      f"{windows}/{seen}",
-                     f"{job.cluster.predicted_gain:+.0%}" if node.node in evicted else "-"))
+                     ("~0%" if abs(gain) < 0.005 else f"{gain:+.0%}") if node.node in evicted
+                     else "-"))
         if flagged and node.probable_cause:
             causes.append(f"{node.node}: {node.probable_cause}")
     return rows, causes, hidden
@@ -180,7 +188,7 @@ def _gpu_rows(job: pb.JobReport, only_flagged: bool) -> list[tuple[str, ...]]:
             f = g.findings[0] if g.findings else None
             rows.append((_short(node.node), g.gpu, str(g.rank), g.verdict,
                          evidence_words(f) if f is not None else "-",
-                         f"{f.ratio:.2f}" if f is not None else "-",
+                         _ratio_text(f) if f is not None else "-",
                          f"{f.robust_z:+.0f}" if f is not None else "-",
                          f"{g.windows_flagged}/{g.windows_seen}"))
     return rows

@@ -68,6 +68,9 @@ def register(subparsers) -> None:
                    help="seconds between /proc scans (default 1)")
     p.add_argument("--nvml", action=argparse.BooleanOptionalAction, default=None,
                    help="read NVML GPU context when a driver exists (default on)")
+    p.add_argument("--metrics-textfile", metavar="FILE.prom",
+                   help="write the agent's own metrics (overhead, duty, spool, last ack) here "
+                   "every window, for node_exporter's textfile collector (default: off)")
     tls = p.add_argument_group("transport security (mutual TLS; see `hypertrace certs --help`)")
     tls.add_argument("--tls-ca", metavar="PEM", help="CA that signed the analyzer's certificate")
     tls.add_argument("--tls-cert", metavar="PEM",

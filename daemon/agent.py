@@ -55,6 +55,7 @@ from hypertrace.collector.schedule import window_index
 from hypertrace.collector.step_cost import StepCostMeter, step_api
 from hypertrace.collector.steps import MARKER_API, StepInference, infer_steps
 from hypertrace.daemon.config import AgentConfig
+from hypertrace.daemon.metrics_file import AgentMetrics, write as write_metrics_file
 from hypertrace.proto.transport import channel_credentials, tls_files
 from hypertrace.daemon.systemd import SdNotifier, watchdog_interval
 from hypertrace.daemon.windows import (TIER_ALWAYS, TIER_SLICED, ProcessProbe, ProcessRecord,
@@ -569,8 +570,37 @@ class Agent:
                   + f", cadence {g.k}, credit {g.credit_s * 1e3:.1f} ms")
         log.info("%s", status)
         self.notifier.status(status)
+        if self.cfg.metrics_textfile:
+            self._write_metrics(window, probes, hits, cost_by_pid, window_s, win)
         self._forget_exited(win)
         return end_ns
+
+    def _write_metrics(self, window: Any, probes: dict, hits: dict,
+                       cost_by_pid: dict[int, float], window_s: float, win: WindowState) -> None:
+        """The agent's own metrics file (daemon/metrics_file.py); a failure is logged, never
+        fatal: the windows matter more than the file."""
+        try:
+            tiers: dict[str, str] = {}
+            for p in self.probed.values():
+                tiers.update(p.tiers())
+            up = self.uplink
+            spool = getattr(up, "spool", None)
+            m = AgentMetrics(
+                node=self.cfg.node, windows_sent=self.windows_sent,
+                windows_acked=getattr(up, "acked", 0),
+                windows_rejected=getattr(up, "rejected", 0),
+                spool_windows=len(spool) if spool is not None else 0,
+                spool_bytes=spool.bytes_used if spool is not None else 0,
+                last_ack_s=getattr(up, "last_ack_s", 0.0), processes=len(window.processes),
+                probe_hits=sum(sum(h.values()) for h in hits.values()),
+                overhead_fraction=max(cost_by_pid.values(), default=0.0) / window_s,
+                budget_fraction=self.cfg.overhead_budget, duty=win.attached_s / window_s,
+                cadence=self.governor.k, tiers=tiers)
+            write_metrics_file(self.cfg.metrics_textfile, m)
+        except OSError as exc:
+            log.warning("cannot write the metrics file %s: %s", self.cfg.metrics_textfile, exc)
+        except Exception:                  # a bug here must not cost the window
+            log.exception("the metrics file %s was not written", self.cfg.metrics_textfile)
 
     def _step_cost(self, win: WindowState, pid: int, steps: StepInference, window_s: float,
                    always_cpu: float) -> tuple[float, str]:

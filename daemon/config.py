@@ -58,6 +58,10 @@ tls_cert            (required unless insecure)     PEM of this agent's certifica
 tls_key             (required unless insecure)     PEM private key of that certificate (0600)
 insecure            false                          send in plaintext to an analyzer started
                                                    with --insecure (tests on one machine only)
+metrics_textfile    "" (off)                       write the agent's own metrics here every
+                                                   window, e.g. /var/lib/node_exporter/
+                                                   textfile_collector/hypertrace.prom
+                                                   (daemon/metrics_file.py)
 ==================  =============================  ============================================
 """
 from __future__ import annotations
@@ -98,6 +102,7 @@ class AgentConfig:
     tls_cert: str = ""
     tls_key: str = ""
     insecure: bool = False
+    metrics_textfile: str = ""
 
     def resolved(self) -> "AgentConfig":
         """Fill the defaults that depend on the machine (node name, agent id)."""

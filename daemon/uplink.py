@@ -231,6 +231,7 @@ class Uplink:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.acked = 0
+        self.last_ack_s = 0.0          # Unix time of the last ack (the agent's metrics file)
         self.duplicates = 0
         self.rejected = 0
         self.connect_failures = 0
@@ -328,6 +329,7 @@ class Uplink:
                         in_flight.remove(ack.seq)
                     self.spool.remove(int(ack.seq))
                     self.acked += 1
+                    self.last_ack_s = time.time()
                     self.duplicates += int(ack.duplicate)
                     if ack.rejected_processes:
                         log.error("analyzer dropped %d process entries of window seq %d: %s",

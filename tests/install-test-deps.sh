@@ -3,6 +3,7 @@
 #   slurm-wlm, munge   a real Slurm cluster on loopback for the eviction tests
 #                      (tests/slurm_cluster.py; Debian 12 ships Slurm 22.05)
 #   prometheus         a real Prometheus that scrapes the analyzer (tests/test_prometheus.py)
+#   prometheus-node-exporter  its textfile collector serves the agent's metrics file (ibid.)
 #   chromium           a real headless browser for the HTML report (tests/test_html_report.py)
 # Not root: nothing is installed, and the tests that need them skip (or fail under CI=true).
 set -u
@@ -11,8 +12,9 @@ for bin in slurmctld slurmd munged; do
   command -v "$bin" >/dev/null 2>&1 || need=(slurm-wlm munge)
 done
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+command -v prometheus-node-exporter >/dev/null 2>&1 || need+=(prometheus-node-exporter)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
-[ ${#need[@]} -eq 0 ] && { echo "test deps: slurm, munge, prometheus and chromium present"; exit 0; }
+[ ${#need[@]} -eq 0 ] && { echo "test deps: slurm, munge, prometheus, node exporter and chromium present"; exit 0; }
 if [ "$(id -u)" != 0 ]; then
   echo "test deps: not root; ${need[*]} not installed (the tests that need them will skip)"; exit 0
 fi

@@ -18,3 +18,21 @@ def test_unknown_config_key_exits_2(tmp_path, capsys):
     cfg.write_text('analyzer = "127.0.0.1:1"\nwindow_seconds = 10\n')
     assert main(["agent", "--config", str(cfg)]) == 2
     assert "window_seconds" in capsys.readouterr().err
+
+
+def test_the_metrics_file_is_written_whole_or_not_at_all(tmp_path):
+    """node_exporter must never read half a file: it appears by rename, and a failed write
+    leaves the previous file and no temporary one."""
+    from hypertrace.daemon.metrics_file import AgentMetrics, render, write
+    path = tmp_path / "hypertrace.prom"
+    write(path, AgentMetrics(node='n"1', windows_sent=3, tiers={"cudaLaunchKernel": "sliced"}))
+    text = path.read_text()
+    assert text == render(AgentMetrics(node='n"1', windows_sent=3,
+                                       tiers={"cudaLaunchKernel": "sliced"}))
+    assert 'hypertrace_agent_windows_sent_total{Hostname="n\\"1"} 3.0' in text
+    assert 'hypertrace_agent_api_tier{Hostname="n\\"1",api="cudaLaunchKernel",tier="sliced"}' \
+        in text
+    import pytest
+    with pytest.raises(OSError):
+        write(tmp_path / "missing-dir" / "x.prom", AgentMetrics(node="n"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hypertrace.prom"]

@@ -206,6 +206,7 @@ def test_agent_finds_the_slow_rank_end_to_end(fakecuda, tmp_path, procs, pki):
                    "--spool-dir", str(tmp_path / "spool"), "--node", "e2e-node",
                    "--scan-interval", "0.5", "--no-nvml", "--overhead-budget", str(BUDGET),
                    *SLICE_ARGS, *JOB_ENV_ARGS, "--config", str(_empty_config(tmp_path)),
+                   "--metrics-textfile", str(tmp_path / "hypertrace.prom"),
                    *pki.args("agent", "e2e-node")),
         env=env, stdout=agent_log, stderr=subprocess.STDOUT)
     procs.append(agent)
@@ -255,6 +256,16 @@ def test_agent_finds_the_slow_rank_end_to_end(fakecuda, tmp_path, procs, pki):
             assert f"found pid {w.pid} (fakecuda-worker): job e2e rank {rank} local rank " \
                    f"{rank} gpu {rank}" in log_text, log_text[-3000:]
         assert agent.poll() is None                 # the symbol-less library did no harm
+
+        # the agent's own metrics, for node_exporter's textfile collector
+        prom = (tmp_path / "hypertrace.prom").read_text()
+        values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+                  for line in prom.splitlines() if line.startswith("hypertrace_agent_")}
+        assert values["hypertrace_agent_windows_acked_total"] >= 5
+        assert values["hypertrace_agent_processes"] == 8
+        assert 0 < values["hypertrace_agent_overhead_fraction"] <= 2 * BUDGET
+        assert values["hypertrace_agent_last_ack_timestamp_seconds"] > time.time() - 60
+        assert 'Hostname="e2e-node"' in prom and 'tier="always"' in prom
 
         # -- SIGTERM: STOPPING=1, the partial window is flushed, exit 0 ---------------------
         agent.send_signal(signal.SIGTERM)

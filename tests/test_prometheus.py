@@ -2,7 +2,8 @@
 
 All real: the analyzer (`hypertrace analyzer --metrics-listen`), the windows (`hypertrace
 simulate --analyzer`, over gRPC), Prometheus (Debian's `prometheus`, started here on loopback)
-and its HTTP API. The one mock is dcgm-exporter, which cannot run without NVIDIA GPUs: a small
+and its HTTP API, and node_exporter's textfile collector serving an agent metrics file written
+by the agent's own writer (daemon/metrics_file.py). The one mock is dcgm-exporter, which cannot run without NVIDIA GPUs: a small
 HTTP server here serves its exposition lines (its metric and label names) for the straggler's
 node and a healthy one, so the dashboard's DCGM join panels have something to join.
 
@@ -81,9 +82,10 @@ def _dashboard_queries() -> list[str]:
 
 def test_prometheus_scrapes_the_straggler_and_every_dashboard_query_has_data(tmp_path, procs):
     prometheus = shutil.which("prometheus")
-    if prometheus is None:
-        missing_prerequisite("prometheus is not installed (Debian package `prometheus`; "
-                             "tests/install-test-deps.sh installs it as root)")
+    node_exporter = shutil.which("prometheus-node-exporter")
+    if prometheus is None or node_exporter is None:
+        missing_prerequisite("prometheus or prometheus-node-exporter is not installed (Debian "
+                             "packages; tests/install-test-deps.sh installs them as root)")
     log = tmp_path / "analyzer.log"
     analyzer = subprocess.Popen(
         hypertrace("analyzer", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
@@ -105,6 +107,20 @@ def test_prometheus_scrapes_the_straggler_and_every_dashboard_query_has_data(tmp
             capture_output=True, text=True, timeout=300)
         assert sim.returncode == 0, sim.stderr
 
+        from hypertrace.daemon.metrics_file import AgentMetrics, write
+        textfiles = tmp_path / "textfile"
+        textfiles.mkdir()
+        write(textfiles / "hypertrace.prom",
+              AgentMetrics(node=STRAGGLER, windows_sent=6, windows_acked=6, processes=8,
+                           overhead_fraction=0.0031, budget_fraction=0.005, duty=0.01,
+                           tiers={"cudaLaunchKernel": "sliced"}))
+        ne_port = _free_port()
+        exporter = subprocess.Popen(
+            [node_exporter, "--collector.disable-defaults", "--collector.textfile",
+             f"--collector.textfile.directory={textfiles}",
+             f"--web.listen-address=127.0.0.1:{ne_port}"],
+            stdout=open(tmp_path / "node_exporter.log", "w"), stderr=subprocess.STDOUT)
+        procs.append(exporter)
         prom_port = _free_port()
         (tmp_path / "prometheus.yml").write_text(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
@@ -112,7 +128,9 @@ def test_prometheus_scrapes_the_straggler_and_every_dashboard_query_has_data(tmp
             f"  - job_name: hypertrace\n    static_configs:\n"
             f"      - targets: ['127.0.0.1:{metrics_port}']\n"
             f"  - job_name: dcgm\n    static_configs:\n"
-            f"      - targets: ['127.0.0.1:{dcgm.server_port}']\n")
+            f"      - targets: ['127.0.0.1:{dcgm.server_port}']\n"
+            f"  - job_name: node\n    static_configs:\n"
+            f"      - targets: ['127.0.0.1:{ne_port}']\n")
         prom = subprocess.Popen(
             [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
              f"--storage.tsdb.path={tmp_path / 'tsdb'}",
