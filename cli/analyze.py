@@ -81,8 +81,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"hypertrace analyze: bad scoring setting: {exc}", file=sys.stderr)
         return 2
+    from hypertrace.cli.progress import Progress
+
     engine = Engine(cfg)
     n = 0
+    progress = Progress("analyze: read", "windows")
     try:
         for n, window in enumerate(wire.read_jsonl(args.file), 1):
             try:
@@ -90,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
             except wire.WireError as exc:
                 raise wire.WireError(f"{args.file}: window {n}: {exc.field}", exc.problem) from exc
             engine.ingest(window)
+            progress.add()
     except OSError as exc:
         print(f"hypertrace analyze: cannot read {args.file}: {exc.strerror or exc}; pass a "
               "JSON-lines file written by `hypertrace simulate --output` or the analyzer",
@@ -98,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     except wire.WireError as exc:
         print(f"hypertrace analyze: {exc}", file=sys.stderr)
         return 2
+    progress.close()
     if n == 0:
         print(f"hypertrace analyze: {args.file} holds no windows", file=sys.stderr)
         return 2

@@ -103,16 +103,26 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"hypertrace simulate: {exc}", file=sys.stderr)
         return 2
+    from hypertrace.cli.progress import Progress
+
+    progress = Progress("simulate", "windows", cfg.n_nodes * cfg.windows)
+
+    def counted():
+        for w in generate(cfg):
+            yield w
+            progress.add()
+        progress.close()
+
     if args.output:
         from hypertrace.proto.wire import write_jsonl
         if args.output == "-":
-            n = write_jsonl(generate(cfg), sys.stdout)
+            n = write_jsonl(counted(), sys.stdout)
         else:
             import os
             partial = f"{args.output}.partial"        # renamed when complete: an interrupted
             try:                                      # run leaves no empty or cut file
                 with open(partial, "w", encoding="utf-8") as fh:
-                    n = write_jsonl(generate(cfg), fh)
+                    n = write_jsonl(counted(), fh)
                 os.replace(partial, args.output)
             except OSError as exc:
                 print(f"hypertrace simulate: cannot write {args.output}: {exc}", file=sys.stderr)
@@ -132,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = dataclasses.replace(cfg, start_ns=live_start_ns(cfg, time.time_ns()))
     with tempfile.TemporaryDirectory(prefix="hypertrace-sim-spool-") as spool_root:
-        res = stream_windows(generate(cfg), args.analyzer, spool_root, timeout=args.timeout)
+        res = stream_windows(counted(), args.analyzer, spool_root, timeout=args.timeout)
     if res.pending:
         print(f"hypertrace simulate: {res.pending} of {res.windows} windows not acked by "
               f"{args.analyzer} within {args.timeout:g}s; is the analyzer running there?",

@@ -53,6 +53,7 @@ import numpy as np
 
 from hypertrace.sim import scenarios
 from hypertrace.analyzer.config import ScoringConfig
+from hypertrace.cli.progress import Progress
 
 METHODS = ("hypertrace", "mean3sigma", "nvrx")
 TRAIN_SEEDS = tuple(range(0, 50))
@@ -430,27 +431,6 @@ def _job(args: tuple) -> RunResult:
     return run_one(scenario, gpus, windows, seed, config, methods=methods)
 
 
-class Progress:
-    """Runs done, the share of the GPU-windows done, and an ETA, on stderr (a line at most
-    every 10 s, and only to a terminal or when HYPERTRACE_PROGRESS=1)."""
-
-    def __init__(self, runs: int, work: int):
-        self.runs, self.work, self.n, self.w = runs, max(work, 1), 0, 0
-        self.t0 = self.last = time.monotonic()
-        self.on = sys.stderr.isatty() or os.environ.get("HYPERTRACE_PROGRESS") == "1"
-
-    def done(self, work: int) -> None:
-        self.n += 1
-        self.w += work
-        now = time.monotonic()
-        if self.on and (now - self.last >= 10 or self.n == self.runs):
-            self.last = now
-            share = self.w / self.work
-            eta = (now - self.t0) * (1 - share) / share if share > 0 else float("nan")
-            print(f"  bench-detect: {self.n}/{self.runs} runs, {share:.0%} of the GPU-windows, "
-                  f"{now - self.t0:.0f} s, about {eta:.0f} s left", file=sys.stderr, flush=True)
-
-
 def run_plan(plan: tuple[SizePlan, ...], names: list[str], seeds: tuple[int, ...],
              config: ScoringConfig, workers: int, methods: tuple[str, ...] = METHODS,
              ) -> dict[tuple[str, int], list[RunResult]]:
@@ -461,16 +441,18 @@ def run_plan(plan: tuple[SizePlan, ...], names: list[str], seeds: tuple[int, ...
     order = sorted(range(len(jobs)), key=lambda i: -jobs[i][1] * jobs[i][2])
     results: list[RunResult | None] = [None] * len(jobs)
     work = sum(jobs[i][1] * jobs[i][2] for i in order)
-    progress = Progress(len(jobs), work)
+    # GPU-windows done (a run's share of the work), a line at most every 10 s
+    progress = Progress(f"bench-detect ({len(jobs)} runs)", "GPU-windows", work, every_s=10.0)
     if workers <= 1:
         for i in order:
             results[i] = _job(jobs[i])
-            progress.done(jobs[i][1] * jobs[i][2])
+            progress.add(jobs[i][1] * jobs[i][2])
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             for i, r in zip(order, pool.map(_job, [jobs[i] for i in order])):
                 results[i] = r
-                progress.done(jobs[i][1] * jobs[i][2])
+                progress.add(jobs[i][1] * jobs[i][2])
+    progress.close()
     groups: dict[tuple[str, int], list[RunResult]] = {}
     for p in plan:
         for n in names:

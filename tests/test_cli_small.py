@@ -195,3 +195,32 @@ def test_an_interrupted_probe_reports_the_seconds_it_probed(fakecuda, tmp_path):
     assert proc.returncode == 0, err
     res = json.loads(out)
     assert 0 < res["duration_s"] < 30 and b"Traceback" not in err
+
+
+def test_progress_says_done_rate_and_eta_only_to_a_terminal_and_only_after_two_seconds(
+        monkeypatch):
+    import io
+
+    from hypertrace.cli.progress import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+    monkeypatch.delenv("HYPERTRACE_PROGRESS", raising=False)
+    quiet = io.StringIO()                               # a pipe: nothing
+    p = Progress("analyze: read", "windows", 100, after_s=0, every_s=0, stream=quiet)
+    p.add(10)
+    p.close()
+    assert quiet.getvalue() == ""
+    tty = Tty()
+    p = Progress("analyze: read", "windows", 100, after_s=3600, stream=tty)
+    p.add(10)
+    p.close()
+    assert tty.getvalue() == ""                         # a short run prints nothing
+    p = Progress("analyze: read", "windows", 100, after_s=0, every_s=0, stream=tty)
+    p.add(25)
+    line = p.line()
+    assert line.startswith("analyze: read: 25 of 100 windows (25%), ")
+    assert "/s, " in line and "s left" in line
+    p.close()
+    assert tty.getvalue().startswith("\ranalyze: read: 25 of 100") and tty.getvalue().endswith("\n")
