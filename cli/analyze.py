@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hypertrace.cli.report import add_output_flags
+
 #: Scoring settings exposed as flags (the rest via --config); names match ScoringConfig fields.
 FLAG_SETTINGS = (
     ("window_seconds", float, "window length: windows of all nodes are aligned on it (default 10)"),
@@ -57,14 +59,7 @@ def register(subparsers) -> None:
                     "stragglers, 2: bad input.")
     p.add_argument("file", metavar="FILE.jsonl",
                    help="recorded windows, one JSON object a line (gzip read as is; - is stdin)")
-    p.add_argument("--format", choices=("table", "json", "html"), default="table",
-                   help="table: one row per node, at most 100 columns (-v: one row per GPU); "
-                   "json: the full report; html: one offline file with a node x window heatmap "
-                   "(use -o)")
-    p.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of "
-                   "to stdout")
-    p.add_argument("--only-flagged", action="store_true",
-                   help="leave out healthy nodes and GPUs (table and JSON)")
+    add_output_flags(p)
     p.add_argument("--job", default=None, help="report only this job id")
     add_scoring_flags(p)
     p.set_defaults(func=run)

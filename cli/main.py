@@ -38,20 +38,24 @@ def version() -> str:
         return "0.1.0 (not installed)"
 
 
+VERBOSE_HELP = ("more detail: report and analyze tables show one row per GPU; more logging "
+                "(-v info, -vv debug)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hypertrace",
         description="Find slow GPUs and nodes in training jobs from CUDA API latency.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="more logging (-v info, -vv debug)")
+                        help=VERBOSE_HELP)
     parser.add_argument("--version", action="version", version=f"hypertrace {version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"hypertrace.cli.{name}").register(subparsers)
     for sub in subparsers.choices.values():     # -v after the subcommand works too
         sub.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
-                         help="more logging (-v info, -vv debug)")
+                         help=VERBOSE_HELP)
     return parser
 
 

@@ -21,6 +21,14 @@ def register(subparsers) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_analyzer_flags(p)
     p.add_argument("--job", default="", help="only this job (default: every job)")
+    add_output_flags(p)
+    p.add_argument("--all-nodes", action="store_true",
+                   help="list every healthy node too (default: at most 100 per job)")
+    p.set_defaults(func=run)
+
+
+def add_output_flags(p: argparse.ArgumentParser) -> None:
+    """--format, -o and --only-flagged: the same for every command that prints a report."""
     p.add_argument("--format", choices=("table", "json", "html"), default="table",
                    help="table: one row per node, at most 100 columns (-v: one row per GPU); "
                    "json: the full report; html: one offline file with a node x window heatmap "
@@ -29,9 +37,6 @@ def register(subparsers) -> None:
                    "to stdout")
     p.add_argument("--only-flagged", action="store_true",
                    help="leave out healthy nodes and GPUs (table and JSON)")
-    p.add_argument("--all-nodes", action="store_true",
-                   help="list every healthy node too (default: at most 100 per job)")
-    p.set_defaults(func=run)
 
 
 def fetch_report(target: str, job: str = "", timeout: float = 10.0,
