@@ -7,9 +7,16 @@
 #   * tracefs mounted at /sys/kernel/tracing;
 #   * optionally (--venv DIR) bcc importable from a virtualenv WITHOUT exposing the rest of
 #     dist-packages (a folder holding only a symlink to the bcc package, added by a .pth file).
+#   * with --agent or --analyzer, hypertrace itself, as the systemd units expect it: this
+#     checkout installed into its own venv /opt/hypertrace/.venv, the unit in /etc/systemd/system,
+#     /etc/hypertrace (and pki/, 0700), and for the agent /etc/hypertrace/agent.toml (from
+#     deploy/agent.toml.example, kept if present) and its spool /var/lib/hypertrace/spool (0700).
+#     The analyzer needs none of the eBPF parts and skips them.
 # Idempotent and fast when already done: every step checks before acting and says what it did.
 #
-# usage: sudo bash deploy/install-node.sh [--venv DIR] [--no-apt] [--check]
+# usage: sudo bash deploy/install-node.sh [--agent | --analyzer] [--venv DIR] [--no-apt] [--check]
+#   --agent      the eBPF prerequisites plus the agent (venv, unit, config, spool)
+#   --analyzer   the analyzer (venv, unit, /etc/hypertrace); no eBPF prerequisites
 #   --venv DIR   also make bcc importable from the virtualenv DIR
 #   --no-apt     never call apt-get (air-gapped node: install the packages yourself)
 #   --check      change nothing; report what is present and what is missing (exit 1 if any)
@@ -18,13 +25,18 @@ set -u
 VENV=""
 NO_APT=0
 CHECK=0
+ROLE=""
+PREFIX=/opt/hypertrace
+REPO="$(cd "$(dirname "$0")/.." 2>/dev/null && pwd)"
 while [ $# -gt 0 ]; do
     case "$1" in
         --venv) VENV="${2:?--venv needs a directory}"; shift 2 ;;
         --venv=*) VENV="${1#--venv=}"; shift ;;
         --no-apt) NO_APT=1; shift ;;
         --check) CHECK=1; shift ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        --agent) ROLE=agent; shift ;;
+        --analyzer) ROLE=analyzer; shift ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         *) echo "install-node.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -82,6 +94,46 @@ apt_install() {   # apt_install PKG...: install what is not installed yet
     fi
 }
 
+# ---- hypertrace itself (--agent / --analyzer) ----------------------------------------------
+install_hypertrace() {
+    local venv="$PREFIX/.venv" unit="hypertrace-$ROLE.service"
+    if [ "$CHECK" = 1 ]; then
+        [ -x "$venv/bin/hypertrace" ] || missing "$venv/bin/hypertrace (fix: bash $0 --$ROLE)"
+        [ -e "/etc/systemd/system/$unit" ] || missing "/etc/systemd/system/$unit (fix: bash $0 --$ROLE)"
+        return
+    fi
+    if [ ! -f "$REPO/setup.cfg" ]; then
+        missing "the hypertrace checkout next to this script ($REPO has no setup.cfg)"; return
+    fi
+    "$SYS_PY" -c 'import ensurepip, venv' >/dev/null 2>&1 || apt_install python3-venv || return
+    if [ ! -x "$venv/bin/python" ]; then
+        mkdir -p "$PREFIX" && "$SYS_PY" -m venv "$venv" && did "created the venv $venv" \
+            || { missing "venv $venv could not be created"; return; }
+    fi
+    if "$venv/bin/pip" install -q --disable-pip-version-check "$REPO" >/tmp/hypertrace-pip.log 2>&1; then
+        did "installed $("$venv/bin/hypertrace" --version 2>/dev/null) into $venv"
+    else
+        missing "pip install of $REPO into $venv failed (see /tmp/hypertrace-pip.log)"; return
+    fi
+    install -m 0644 "$REPO/README.md" "$PREFIX/README.md"
+    install -d -m 0755 /etc/hypertrace
+    install -d -m 0700 /etc/hypertrace/pki
+    install -d -m 0755 /etc/systemd/system
+    install -m 0644 "$REPO/deploy/$unit" "/etc/systemd/system/$unit"
+    did "installed /etc/systemd/system/$unit and /etc/hypertrace (pki/ 0700)"
+    if [ "$ROLE" = agent ]; then
+        if [ -e /etc/hypertrace/agent.toml ]; then
+            say "/etc/hypertrace/agent.toml: present, kept"
+        else
+            install -m 0640 "$REPO/deploy/agent.toml.example" /etc/hypertrace/agent.toml
+            did "wrote /etc/hypertrace/agent.toml from deploy/agent.toml.example (set analyzer and the tls_* files)"
+        fi
+        install -d -m 0700 /var/lib/hypertrace /var/lib/hypertrace/spool
+        VENV="$venv"                  # the venv section below makes bcc importable from it
+    fi
+}
+
+if [ "$ROLE" != analyzer ]; then
 # ---- bcc -----------------------------------------------------------------------------------
 if bcc_ok; then say "bcc: present ($DIST_BCC)"
 else apt_install python3-bpfcc bpfcc-tools && { bcc_ok || missing "bcc still not importable by $SYS_PY after install"; }
@@ -132,6 +184,10 @@ else
     missing "tracefs could not be mounted (fix: mount -t tracefs nodev /sys/kernel/tracing; in a container run privileged or mount it from the host)"
 fi
 
+fi   # eBPF prerequisites
+
+[ -n "$ROLE" ] && install_hypertrace
+
 # ---- virtualenv ----------------------------------------------------------------------------
 if [ -n "$VENV" ]; then
     VPY="$VENV/bin/python"
@@ -166,5 +222,9 @@ if [ ${#MISSING[@]} != 0 ]; then
     for m in "${MISSING[@]}"; do echo "  - $m"; done
     exit 1
 fi
-say "ready: bcc, kernel headers and tracefs are in place"
+case "$ROLE" in
+    agent) say "ready: the agent is installed. Next: certificates in /etc/hypertrace/pki, the analyzer in /etc/hypertrace/agent.toml, then systemctl daemon-reload && systemctl enable --now hypertrace-agent" ;;
+    analyzer) say "ready: the analyzer is installed. Next: certificates in /etc/hypertrace/pki (the unit names them), then systemctl daemon-reload && systemctl enable --now hypertrace-analyzer" ;;
+    *) say "ready: bcc, kernel headers and tracefs are in place" ;;
+esac
 exit 0
