@@ -138,6 +138,8 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
                 host_high[sel] = hs.high[of_gpu] & mine
                 host_low[sel] = hs.low[of_gpu] & mine
             parts.append(_Part(sel, sc, hs, of_gpu))
+            if "p50" in cfg.stats:
+                _remember_p50_ratio(job, api, rows[sel], sc, cfg.stats.index("p50"))
         # one quantile never convicts alone: the whole distribution must have shifted
         if kind == "sync":                   # never convicts: nothing for a shift to back
             shift_gpu = shift_host = np.ones(g, dtype=bool)
@@ -202,6 +204,18 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     job.last_scored_epoch = cs.epoch if job.last_scored_epoch is None else max(
         job.last_scored_epoch, cs.epoch)
     return EpochResult(job.job_id, cs.epoch, found, job.verdict_dict(rows, codes))
+
+def _remember_p50_ratio(job: JobState, api: str, rows: np.ndarray, sc, j: int) -> None:
+    """The scored GPUs' p50 over their group's median, for GpuReport.p50_ratio."""
+    store = job.p50_ratio.get(api)
+    if store is None or store.size < len(job.keys):
+        grown = np.full(len(job.keys), np.nan)
+        if store is not None:
+            grown[:store.size] = store
+        store = job.p50_ratio[api] = grown
+    ok = sc.scored
+    store[rows[ok]] = sc.ratio[ok, j]
+
 
 def _remember_window(job: JobState, epoch: int, rows: np.ndarray,
                      found: list[ScoreRow]) -> None:

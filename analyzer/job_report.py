@@ -9,6 +9,7 @@ from hypertrace.analyzer import causes, theory
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.jobs import _VERDICTS, JobState
 from hypertrace.analyzer.persistence import STRAGGLER, SUSPECT
+from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
 
 #: Nodes with late windows named in a report (the count covers all).
@@ -59,6 +60,9 @@ def job_report(job: JobState, cfg: ScoringConfig) -> pb.JobReport:
                                 basis=f.basis, unit=f.unit)
                 if np.isfinite(f.step_share):
                     gr.findings[-1].step_share = f.step_share
+            for api, ratios in job.p50_ratio.items():
+                if r < ratios.size and np.isfinite(ratios[r]):
+                    gr.p50_ratio[api] = float(ratios[r])
             if codes[r] in (SUSPECT, STRAGGLER):
                 gr.probable_cause = causes.gpu_cause(job.nvml[r], fs, bases[r])
             if codes[r] == STRAGGLER and job.persistence.intermittent[r]:
@@ -77,11 +81,50 @@ def job_report(job: JobState, cfg: ScoringConfig) -> pb.JobReport:
         nr.window_ratios.extend(worst.get(nr.node, 1.0) if nr.node in present else float("nan")
                                 for _, worst, present in history)
     jr.history_windows.extend(epoch * cfg.window_ns for epoch, _, _ in history)
+    jr.latency_cdfs.extend(_latency_cdfs(job, by_node, node_reports))
     node_reports.sort(key=lambda n: (_SEVERITY[n.verdict], -_worst_z(n), n.node))
     jr.nodes.extend(node_reports)
     jr.imbalance.extend(job.imbalance.persistent(cfg.persist_k))
     jr.cluster.CopyFrom(_prediction(job, rates, node_reports, cfg))
     return jr
+
+
+#: Flagged nodes whose latency CDF the report carries.
+CDF_NODES = 8
+
+
+def _latency_cdfs(job: JobState, by_node: dict[str, list[int]],
+                  node_reports: list[pb.NodeReport]) -> list[pb.LatencyCdf]:
+    """The basis API's CDF of each flagged node (its GPUs pooled) against the job's, from the
+    recent windows' histograms, over the buckets where the job's CDF is between 0.1% and
+    99.9% (and the node's own range)."""
+    counts = job.basis_counts
+    if job.basis_api is None or counts.size == 0:
+        return []
+    flagged = [n.node for n in node_reports if n.verdict in ("straggler", "suspect")]
+    if not flagged:
+        return []
+    live = [r for r in job.live_rows() if r < counts.shape[1]]
+    pooled = counts[:, live].sum(axis=1, dtype=np.float64)
+    if pooled.sum() <= 0:
+        return []
+    job_cdf = np.cumsum(pooled) / pooled.sum()
+    out = []
+    for node in flagged[:CDF_NODES]:
+        rows = [r for r in by_node.get(node, []) if r < counts.shape[1]]
+        mine = counts[:, rows].sum(axis=1, dtype=np.float64)
+        if mine.sum() <= 0:
+            continue
+        node_cdf = np.cumsum(mine) / mine.sum()
+        used = np.flatnonzero(((job_cdf > 0.001) & (job_cdf < 0.999))
+                              | ((node_cdf > 0.001) & (node_cdf < 0.999)))
+        if used.size == 0:
+            continue
+        lo, hi = max(int(used[0]) - 1, 0), min(int(used[-1]) + 2, counts.shape[0])
+        out.append(pb.LatencyCdf(node=node, api=job.basis_api,
+                                 upper_us=(buckets.UPPER_NS[lo:hi] / 1e3).tolist(),
+                                 job=job_cdf[lo:hi].tolist(), node_cdf=node_cdf[lo:hi].tolist()))
+    return out
 
 
 def _prediction(job: JobState, rates: np.ndarray, node_reports: list[pb.NodeReport],

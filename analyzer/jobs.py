@@ -87,6 +87,9 @@ class JobState:
     #: the recent scored epochs, oldest first: (epoch, node -> its worst implicating ratio,
     #: the nodes present); for the report's node x window heatmap (NodeReport.window_ratios)
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
+    #: per latency API, per row: the p50 over the peer group's median in the latest window that
+    #: scored the GPU (NaN: never); GpuReport.p50_ratio
+    p50_ratio: dict[str, np.ndarray] = field(default_factory=dict)
     last_scored_epoch: int | None = None
     windows: int = 0
     late_windows: int = 0
@@ -168,6 +171,8 @@ class JobState:
             if mat is not None:
                 mat[:, idx] = 0
         self.persistence.reset(idx)
+        for store in self.p50_ratio.values():
+            store[idx[idx < store.size]] = np.nan
         self.auto_groups.forget(idx)
         self.free_rows.extend(rows)
         self.seen_nodes = {k[0] for k in self.keys if k is not None}

@@ -2,8 +2,9 @@
 
 What an operator looks at first: a **node x window heatmap** of each node's worst ratio (its
 strongest implicating finding over the job median, per scored window; ``NodeReport.
-window_ratios``), where a straggler is one red row; a **strip plot** of every node's worst ratio
-in the latest window; the **what-if** (step time now and after evicting the convicted nodes);
+window_ratios``), where a straggler is one red row; a **strip plot** of every GPU's p50 over its
+peers' median per API (``GpuReport.p50_ratio``); the **latency CDF** of each flagged node against
+the job (``JobReport.latency_cdfs``); the **what-if** (step time now and after evicting the convicted nodes);
 and the **evidence table** of the flagged GPUs.
 
 Offline by construction: the CSS, the script and the data are inline; nothing is fetched (no
@@ -58,24 +59,60 @@ function num(v){ return (v === 'NaN' || v === undefined) ? NaN : Number(v); }
     heat.dataset.cells = String(cells);
   }
   const strip = document.getElementById('strip-' + j);
-  if (strip && nodes.length){
-    strip.width = 900; strip.height = 120;
-    const ctx = strip.getContext('2d'); let lo = 0.9, hi = 1.1;
-    const last = nodes.map(function(n){
-      const w = n.window_ratios || []; return w.length ? num(w[w.length - 1]) : NaN; });
-    last.forEach(function(v){ if (!Number.isNaN(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); } });
-    ctx.strokeStyle = '#d0d7de'; const x1 = 880 * (1 - lo) / (hi - lo) + 10;
-    ctx.beginPath(); ctx.moveTo(x1, 0); ctx.lineTo(x1, 120); ctx.stroke();
-    last.forEach(function(v, i){
-      if (Number.isNaN(v)) return;
-      const bad = ['straggler', 'suspect'].indexOf(nodes[i].verdict) >= 0;
-      ctx.fillStyle = bad ? '#b42318' : 'rgba(9,105,218,0.5)';
-      const x = 880 * (v - lo) / (hi - lo) + 10, y = 20 + ((i * 37) % 80);
-      ctx.beginPath(); ctx.arc(x, y, bad ? 4 : 2.5, 0, 6.3); ctx.fill();
+  if (strip){
+    const apis = {};
+    nodes.forEach(function(n){
+      const bad = ['straggler', 'suspect'].indexOf(n.verdict) >= 0;
+      (n.gpus || []).forEach(function(g){
+        Object.keys(g.p50_ratio || {}).forEach(function(api){
+          (apis[api] = apis[api] || []).push([num(g.p50_ratio[api]), bad]);
+        });
+      });
     });
-    ctx.fillStyle = '#57606a'; ctx.fillText(lo.toFixed(2), 2, 116);
-    ctx.fillText(hi.toFixed(2), 870, 116); ctx.fillText('1.00', x1 + 3, 116);
-    strip.dataset.points = String(last.filter(function(v){ return !Number.isNaN(v); }).length);
+    const names = Object.keys(apis).sort(), rowH = 36, left = 190;
+    strip.width = 900; strip.height = Math.max(1, names.length) * rowH + 16;
+    const ctx = strip.getContext('2d'); let lo = 0.9, hi = 1.1, points = 0;
+    names.forEach(function(a){ apis[a].forEach(function(p){
+      if (!Number.isNaN(p[0])) { lo = Math.min(lo, p[0]); hi = Math.max(hi, p[0]); } }); });
+    const x = function(v){ return left + (880 - left) * (v - lo) / (hi - lo); };
+    ctx.strokeStyle = '#d0d7de'; ctx.beginPath(); ctx.moveTo(x(1), 0);
+    ctx.lineTo(x(1), strip.height); ctx.stroke();
+    names.forEach(function(api, r){
+      ctx.fillStyle = '#1b1f24'; ctx.fillText(api + ' p50 / median', 4, r * rowH + 20);
+      apis[api].forEach(function(p, i){
+        if (Number.isNaN(p[0])) return;
+        ctx.fillStyle = p[1] ? '#b42318' : 'rgba(9,105,218,0.35)';
+        ctx.beginPath();
+        ctx.arc(x(p[0]), r * rowH + 6 + ((i * 37) % (rowH - 12)), p[1] ? 3.5 : 2, 0, 6.3);
+        ctx.fill(); points++;
+      });
+    });
+    ctx.fillStyle = '#57606a'; const base = strip.height - 3;
+    ctx.fillText(lo.toFixed(2), left, base); ctx.fillText(hi.toFixed(2), 860, base);
+    ctx.fillText('1.00', x(1) + 3, base);
+    strip.dataset.points = String(points);
+  }
+  const cdf = document.getElementById('cdf-' + j);
+  const curves = job.latency_cdfs || [];
+  if (cdf && curves.length){
+    cdf.width = 900; cdf.height = 260;
+    const ctx = cdf.getContext('2d'); let lo = Infinity, hi = 0;
+    curves.forEach(function(c){ (c.upper_us || []).forEach(function(u){
+      lo = Math.min(lo, u); hi = Math.max(hi, u); }); });
+    const x = function(u){ return 40 + 840 * Math.log(u / lo) / Math.log(hi / lo || 2); };
+    const y = function(p){ return 230 - 210 * p; };
+    const line = function(us, ps, color, width){
+      ctx.strokeStyle = color; ctx.lineWidth = width; ctx.beginPath();
+      us.forEach(function(u, i){ const px = x(u), py = y(num(ps[i]));
+        if (i) ctx.lineTo(px, py); else ctx.moveTo(px, py); });
+      ctx.stroke();
+    };
+    line(curves[0].upper_us, curves[0].job, '#57606a', 2.5);
+    curves.forEach(function(c){ line(c.upper_us, c.node_cdf, '#b42318', 1.5); });
+    ctx.fillStyle = '#57606a';
+    ctx.fillText(lo.toFixed(1) + ' us', 40, 250); ctx.fillText(hi.toFixed(1) + ' us', 830, 250);
+    ctx.fillText('1.0', 10, y(1) + 4); ctx.fillText('0.5', 10, y(0.5) + 4);
+    cdf.dataset.curves = String(curves.length);
   }
 });
 // what the page fetched (the test checks it fetched nothing: everything is inline)
@@ -125,9 +162,21 @@ def _evidence(job: pb.JobReport) -> str:
             "<th>z</th><th>windows</th><th>meaning</th></tr>" + "".join(rows[:500]) + "</table>")
 
 
+def _rounded(x):
+    """Floats to 4 decimals (a ratio's 1e-4 is below anything drawn): halves a 16k-GPU page."""
+    if isinstance(x, float):
+        return round(x, 4)
+    if isinstance(x, list):
+        return [_rounded(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    return x
+
+
 def report_to_html(report: pb.Report, title: str = "hypertrace report") -> str:
     """The whole report as one offline HTML document (module docstring)."""
-    data = json_format.MessageToJson(report, preserving_proto_field_name=True, indent=None)
+    doc = _rounded(json_format.MessageToDict(report, preserving_proto_field_name=True))
+    data = json.dumps(doc, separators=(",", ":"))
     data = data.replace("</", "<\\/")          # never closes the script element early
     parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_esc(title)}"
              f"</title><style>{_CSS}</style></head><body><h1>{_esc(title)}</h1>"]
@@ -149,8 +198,12 @@ def report_to_html(report: pb.Report, title: str = "hypertrace report") -> str:
             f"<span style='background:#d0d7de'></span> no data; rows worst first, "
             f"{len(job.history_windows)} latest windows</p>"
             f"<canvas id=heat-{j} aria-label='node by window heatmap'></canvas>"
-            f"<h2>Every node's worst ratio in the latest window</h2>"
+            f"<h2>Every GPU's p50 over its peers' median, per API (red: flagged nodes)</h2>"
             f"<canvas id=strip-{j} aria-label='strip plot'></canvas>"
+            + (f"<h2>{_esc(job.latency_cdfs[0].api)} latency CDF: the job (gray) and the "
+               f"flagged nodes (red: {_esc(', '.join(c.node for c in job.latency_cdfs))})</h2>"
+               f"<canvas id=cdf-{j} aria-label='latency CDF'></canvas>"
+               if job.latency_cdfs else "") +
             f"<h2>What-if</h2>{_what_if(job)}"
             f"<h2>Evidence</h2>{_evidence(job)}</section>")
     parts.append(f"<script type=application/json id=report-data>{data}</script>"

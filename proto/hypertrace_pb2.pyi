@@ -224,7 +224,14 @@ class Finding(_message.Message):
     def __init__(self, api: _Optional[str] = ..., stat: _Optional[str] = ..., value_us: _Optional[float] = ..., job_median_us: _Optional[float] = ..., ratio: _Optional[float] = ..., robust_z: _Optional[float] = ..., direction: _Optional[str] = ..., meaning: _Optional[str] = ..., basis: _Optional[str] = ..., unit: _Optional[str] = ..., step_share: _Optional[float] = ...) -> None: ...
 
 class GpuReport(_message.Message):
-    __slots__ = ("gpu", "rank", "verdict", "windows_flagged", "windows_seen", "spike_rate", "findings", "probable_cause", "gpu_kind")
+    __slots__ = ("gpu", "rank", "verdict", "windows_flagged", "windows_seen", "spike_rate", "findings", "probable_cause", "gpu_kind", "p50_ratio")
+    class P50RatioEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     GPU_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +241,7 @@ class GpuReport(_message.Message):
     FINDINGS_FIELD_NUMBER: _ClassVar[int]
     PROBABLE_CAUSE_FIELD_NUMBER: _ClassVar[int]
     GPU_KIND_FIELD_NUMBER: _ClassVar[int]
+    P50_RATIO_FIELD_NUMBER: _ClassVar[int]
     gpu: str
     rank: int
     verdict: str
@@ -243,7 +251,22 @@ class GpuReport(_message.Message):
     findings: _containers.RepeatedCompositeFieldContainer[Finding]
     probable_cause: str
     gpu_kind: str
-    def __init__(self, gpu: _Optional[str] = ..., rank: _Optional[int] = ..., verdict: _Optional[str] = ..., windows_flagged: _Optional[int] = ..., windows_seen: _Optional[int] = ..., spike_rate: _Optional[float] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., probable_cause: _Optional[str] = ..., gpu_kind: _Optional[str] = ...) -> None: ...
+    p50_ratio: _containers.ScalarMap[str, float]
+    def __init__(self, gpu: _Optional[str] = ..., rank: _Optional[int] = ..., verdict: _Optional[str] = ..., windows_flagged: _Optional[int] = ..., windows_seen: _Optional[int] = ..., spike_rate: _Optional[float] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., probable_cause: _Optional[str] = ..., gpu_kind: _Optional[str] = ..., p50_ratio: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class LatencyCdf(_message.Message):
+    __slots__ = ("node", "api", "upper_us", "job", "node_cdf")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    API_FIELD_NUMBER: _ClassVar[int]
+    UPPER_US_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NODE_CDF_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    api: str
+    upper_us: _containers.RepeatedScalarFieldContainer[float]
+    job: _containers.RepeatedScalarFieldContainer[float]
+    node_cdf: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, node: _Optional[str] = ..., api: _Optional[str] = ..., upper_us: _Optional[_Iterable[float]] = ..., job: _Optional[_Iterable[float]] = ..., node_cdf: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class NodeReport(_message.Message):
     __slots__ = ("node", "verdict", "scope", "probable_cause", "gpus", "window_ratios")
@@ -280,7 +303,7 @@ class ClusterPrediction(_message.Message):
     def __init__(self, spike_probability: _Optional[float] = ..., basis: _Optional[str] = ..., step_time_now_us: _Optional[float] = ..., step_time_after_eviction_us: _Optional[float] = ..., predicted_gain: _Optional[float] = ..., evicted_nodes: _Optional[_Iterable[str]] = ..., spike_basis: _Optional[str] = ...) -> None: ...
 
 class JobReport(_message.Message):
-    __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster", "windows_sampled", "mode", "imbalance", "late_windows", "late_nodes", "healthy_nodes_omitted", "history_windows")
+    __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster", "windows_sampled", "mode", "imbalance", "late_windows", "late_nodes", "healthy_nodes_omitted", "history_windows", "latency_cdfs")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -293,6 +316,7 @@ class JobReport(_message.Message):
     LATE_NODES_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_NODES_OMITTED_FIELD_NUMBER: _ClassVar[int]
     HISTORY_WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_CDFS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     windows: int
     gpus: int
@@ -305,7 +329,8 @@ class JobReport(_message.Message):
     late_nodes: _containers.RepeatedCompositeFieldContainer[LateNode]
     healthy_nodes_omitted: int
     history_windows: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, job_id: _Optional[str] = ..., windows: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeReport, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterPrediction, _Mapping]] = ..., windows_sampled: _Optional[int] = ..., mode: _Optional[str] = ..., imbalance: _Optional[_Iterable[_Union[GroupImbalance, _Mapping]]] = ..., late_windows: _Optional[int] = ..., late_nodes: _Optional[_Iterable[_Union[LateNode, _Mapping]]] = ..., healthy_nodes_omitted: _Optional[int] = ..., history_windows: _Optional[_Iterable[int]] = ...) -> None: ...
+    latency_cdfs: _containers.RepeatedCompositeFieldContainer[LatencyCdf]
+    def __init__(self, job_id: _Optional[str] = ..., windows: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeReport, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterPrediction, _Mapping]] = ..., windows_sampled: _Optional[int] = ..., mode: _Optional[str] = ..., imbalance: _Optional[_Iterable[_Union[GroupImbalance, _Mapping]]] = ..., late_windows: _Optional[int] = ..., late_nodes: _Optional[_Iterable[_Union[LateNode, _Mapping]]] = ..., healthy_nodes_omitted: _Optional[int] = ..., history_windows: _Optional[_Iterable[int]] = ..., latency_cdfs: _Optional[_Iterable[_Union[LatencyCdf, _Mapping]]] = ...) -> None: ...
 
 class LateNode(_message.Message):
     __slots__ = ("node", "windows")

@@ -52,6 +52,9 @@ def test_the_html_report_draws_its_heatmap_offline_in_a_real_browser(tmp_path):
                   run.stdout)
     cells = int(m.group(1) or m.group(2))
     assert cells == 16 * 6                             # every node x window drawn
+    points = int(re.search(r'data-points="(\d+)"', run.stdout).group(1))
+    assert points == 128 * 3                           # every GPU, per API (3 in the simulator)
+    assert 'data-curves="1"' in run.stdout             # node-0011's CDF against the job
     assert "node-0011" in run.stdout and "predicted gain" in run.stdout
 
     shot = Path(os.environ.get("HYPERTRACE_ARTIFACTS", tmp_path)) / "html-report.png"
