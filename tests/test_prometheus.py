@@ -158,6 +158,8 @@ def test_prometheus_scrapes_the_straggler_and_every_dashboard_query_has_data(tmp
         assert {s["metric"]["gpu"] for s in series} == {str(g) for g in range(8)}
         verdict = _query(prom_port, f'hypertrace_gpu_verdict{{Hostname="{STRAGGLER}"}} == 2')
         assert len(verdict) == 8
+        states = {s["metric"]["state"] for s in _query(prom_port, "hypertrace_eviction_proposals")}
+        assert {"dry_run", "pending", "done"} <= states      # every state, 0 or not
 
         time.sleep(3)                    # rate() over the dashboard's windows needs 2 scrapes
         empty = [e for e in _dashboard_queries() if not _query(prom_port, e)]

@@ -50,6 +50,9 @@ CREATE TABLE IF NOT EXISTS evict_decisions (
 ACTED = ("acting", "done")
 #: States in which a proposal is still open: no second proposal for the node meanwhile.
 OPEN = ("pending", "approved", "acting")
+#: Every state a proposal can be in (module docstring).
+STATES = ("dry_run", "pending", "approved", "acting", "done", "failed", "expired", "undone",
+          "needs_human", "refused")
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,8 @@ class Evictor:
     def collector(self):
         """Prometheus series of the audit trail: proposals per state, and the breaker."""
         from prometheus_client.core import GaugeMetricFamily
+
+        from hypertrace.analyzer.evict.audit import STATES
         from prometheus_client.registry import Collector
 
         audit = self.audit
@@ -183,8 +185,9 @@ class Evictor:
                 g = GaugeMetricFamily("hypertrace_eviction_proposals",
                                       "Eviction proposals in the audit trail, by state",
                                       labels=["state"])
-                for state, n in sorted(audit.counts().items()):
-                    g.add_metric([state], float(n))
+                counts = audit.counts()
+                for state in sorted(set(STATES) | set(counts)):   # every state, 0 included
+                    g.add_metric([state], float(counts.get(state, 0)))
                 yield g
                 b = GaugeMetricFamily("hypertrace_eviction_breaker_tripped",
                                       "1 while the eviction breaker is tripped")
