@@ -227,7 +227,7 @@ def _remember_window(job: JobState, epoch: int, rows: np.ndarray,
             slow = r.ratio if r.direction == "high" else 1.0 / r.ratio
             if slow > worst.get(r.node, 0.0):
                 worst[r.node] = slow
-    present = frozenset(job.keys[int(x)][0] for x in rows if job.keys[int(x)] is not None)
+    present = np.unique(np.asarray(job.host_codes, dtype=np.int64)[rows])   # host codes
     job.history.append((epoch, worst, present))
 
 

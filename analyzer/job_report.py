@@ -77,9 +77,11 @@ def job_report(job: JobState, cfg: ScoringConfig) -> pb.JobReport:
             nr.probable_cause = _intermittent(job, flapping[0], cfg) + nr.probable_cause
         node_reports.append(nr)
     history = sorted(job.history, key=lambda h: h[0])
+    present = [set(codes.tolist()) for _, _, codes in history]
     for nr in node_reports:
-        nr.window_ratios.extend(worst.get(nr.node, 1.0) if nr.node in present else float("nan")
-                                for _, worst, present in history)
+        code = job.host_names.get(nr.node, -1)
+        nr.window_ratios.extend(worst.get(nr.node, 1.0) if code in here else float("nan")
+                                for (_, worst, _), here in zip(history, present))
     jr.history_windows.extend(epoch * cfg.window_ns for epoch, _, _ in history)
     jr.latency_cdfs.extend(_latency_cdfs(job, by_node, node_reports))
     node_reports.sort(key=lambda n: (_SEVERITY[n.verdict], -_worst_z(n), n.node))

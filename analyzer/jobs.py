@@ -85,7 +85,7 @@ class JobState:
     seen_nodes: set[str] = field(default_factory=set)
     epochs_scored: int = 0
     #: the recent scored epochs, oldest first: (epoch, node -> its worst implicating ratio,
-    #: the nodes present); for the report's node x window heatmap (NodeReport.window_ratios)
+    #: the host codes present); for the report's node x window heatmap (NodeReport.window_ratios)
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
     #: per latency API, per row: the p50 over the peer group's median in the latest window that
     #: scored the GPU (NaN: never); GpuReport.p50_ratio
