@@ -12,6 +12,7 @@
 #                   grpcio-health-checking==1.85.1  (not in the image; the analyzer serves it)
 #                   grpcio==1.85.3                  (hypertrace_pb2_grpc.py needs >= 1.85.1)
 #                   protobuf==7.36.2                (hypertrace_pb2.py needs >= 7.35.1)
+#                   prometheus-client==0.26.0       (the analyzer's metrics; not in the image)
 # Already in the image and used as is: numpy, scipy, nvidia-ml-py (pynvml), torch.
 #
 # The repo's folders are mapped onto the hypertrace.* namespace with symlinks (no pip install of
@@ -44,6 +45,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 python3 - <<'PY' || { sed 's/^/  gpu-carry: /' /tmp/ht-gpu-carry.log >&2; _ht_fail "imports failed (list above; gpu-carry's log too)"; return 1; }
 import importlib, sys
 mods = ["grpc", "grpc_health.v1.health", "google.protobuf", "numpy", "scipy", "pynvml", "bcc",
+        "prometheus_client",
         "hypertrace.proto.hypertrace_pb2_grpc", "hypertrace.analyzer.server",
         "hypertrace.cli.main", "hypertrace.daemon.agent", "hypertrace.sim.simulate"]
 missing = []

@@ -13,6 +13,7 @@
 #                           generated it (1.85.1); the image's version is not pinned
 #   protobuf                proto/hypertrace_pb2.py refuses a runtime older than its gencode
 #                           (7.35.1); the image's version is not pinned
+#   prometheus-client       the analyzer's /metrics (analyzer/metrics.py); pure Python
 # Versions are the ones the dev venv runs (tests pass with them); one version of each, or the
 # install on the box stops.
 set -euo pipefail
@@ -23,5 +24,6 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$dest" \
   grpcio==1.85.3 grpcio-health-checking==1.85.1 protobuf==7.36.2
+python3 -m pip download -q --no-deps --only-binary=:all: -d "$dest" prometheus-client==0.26.0
 ls -l "$dest"
 du -sh "$dest"
