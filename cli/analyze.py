@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from hypertrace.analyzer.config import ConfigError
     from hypertrace.analyzer.engine import Engine, UnknownJobError
     from hypertrace.cli.report import emit
+    from hypertrace.proto.records import read_windows
     from hypertrace.proto import wire
 
     try:
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     n = 0
     progress = Progress("analyze: read", "windows")
     try:
-        for n, window in enumerate(wire.read_jsonl(args.file), 1):
+        for n, window in enumerate(read_windows(args.file), 1):
             try:
                 wire.validate_window(window)
             except wire.WireError as exc:

@@ -110,6 +110,7 @@ def _histogram_prediction(args: argparse.Namespace, nodes: list[int]) -> dict:
     from hypertrace.analyzer.config import ScoringConfig
     from hypertrace.analyzer.theory import cluster_spike_probability, expected_max_us
     from hypertrace.proto import buckets, wire
+    from hypertrace.proto.records import read_windows
 
     cfg = ScoringConfig()
     threshold = cfg.spike_threshold if args.spike_threshold is None else args.spike_threshold
@@ -117,7 +118,7 @@ def _histogram_prediction(args: argparse.Namespace, nodes: list[int]) -> dict:
         raise _UsageError("--spike-threshold must be > 0, e.g. 0.5 for +50%")
     merged: dict[tuple[str, int, str], np.ndarray] = {}
     try:
-        for w in wire.read_jsonl(args.histogram):
+        for w in read_windows(args.histogram):
             wire.validate_window(w)
             for p in w.processes:
                 if args.job and p.job_id != args.job:

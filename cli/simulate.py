@@ -56,7 +56,10 @@ def register(subparsers) -> None:
     p.add_argument("--list-scenarios", action="store_true",
                    help="print the scenario catalog and exit")
     out = p.add_mutually_exclusive_group()
-    out.add_argument("--output", metavar="FILE.jsonl", help="write JSON lines ('-' = stdout)")
+    out.add_argument("--output", metavar="FILE",
+                     help="write the windows: FILE.jsonl JSON lines ('-' = stdout), FILE.pb "
+                     "binary length-delimited records (about 200x faster to read back); .gz "
+                     "compresses either")
     out.add_argument("--analyzer", metavar="HOST:PORT",
                      help="stream to a running analyzer, in plaintext: many simulated nodes share "
                      "one channel, so no node certificate fits; start the analyzer with "
@@ -114,15 +117,16 @@ def run(args: argparse.Namespace) -> int:
         progress.close()
 
     if args.output:
-        from hypertrace.proto.wire import write_jsonl
+        from hypertrace.proto.records import is_binary_name, open_for_write, write_windows
+        binary = is_binary_name(args.output)
         if args.output == "-":
-            n = write_jsonl(counted(), sys.stdout)
+            n = write_windows(counted(), sys.stdout.buffer, binary=False)
         else:
             import os
             partial = f"{args.output}.partial"        # renamed when complete: an interrupted
             try:                                      # run leaves no empty or cut file
-                with open(partial, "w", encoding="utf-8") as fh:
-                    n = write_jsonl(counted(), fh)
+                with open_for_write(partial, gz=args.output.endswith(".gz")) as fh:
+                    n = write_windows(counted(), fh, binary)
                 os.replace(partial, args.output)
             except OSError as exc:
                 print(f"hypertrace simulate: cannot write {args.output}: {exc}", file=sys.stderr)

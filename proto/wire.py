@@ -348,15 +348,20 @@ def read_jsonl(path: str | Path) -> Iterator[pb.NodeWindow]:
     """Yield windows from a JSON-lines file (``-``: stdin; gzip read transparently); a bad line
     or a binary file raises WireError naming it."""
     with _open_text(path) as fh:
-        try:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield window_from_json(line)
-                except json_format.ParseError as exc:
-                    raise WireError(f"{path}:{lineno}",
-                                    f"not a hypertrace.v1 NodeWindow: {exc}") from exc
-        except UnicodeDecodeError as exc:
-            raise WireError(str(path), f"is not UTF-8 text ({exc.reason} at byte {exc.start}); "
-                            "pass a JSON-lines file") from None
+        yield from read_jsonl_stream(fh, str(path))
+
+
+def read_jsonl_stream(fh: IO[str], name: str) -> Iterator[pb.NodeWindow]:
+    """Yield windows from an open JSON-lines text stream (``name`` for errors)."""
+    try:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield window_from_json(line)
+            except json_format.ParseError as exc:
+                raise WireError(f"{name}:{lineno}",
+                                f"not a hypertrace.v1 NodeWindow: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise WireError(name, f"is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                        "pass a JSON-lines file") from None
