@@ -86,11 +86,10 @@ class AutoGroups:
 
     codes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     names: list[str] = field(default_factory=list)
+    #: the partition read in the latest epoch (per job row), None when it read none
     _candidate: np.ndarray | None = None
     _candidate_names: list[str] = field(default_factory=list)
     _streak: int = 0
-    #: the partition read in the latest epoch (per job row), None when it read none
-    _latest: np.ndarray | None = None
 
     def update(self, rows: np.ndarray, cps: np.ndarray, min_gpus: int, persist_k: int,
                n_rows: int) -> None:
@@ -99,7 +98,7 @@ class AutoGroups:
             self.codes = np.concatenate((self.codes, np.full(n_rows - self.codes.size, -1)))
         found = partition(cps, min_gpus)
         if found is None:
-            self._candidate, self._streak, self._latest = None, 0, None
+            self._candidate, self._streak = None, 0
             return
         whole = np.full(n_rows, -1, dtype=np.int64)
         whole[rows] = found
@@ -115,7 +114,6 @@ class AutoGroups:
             self._candidate_names = [
                 f"auto-{i + 1} (~{np.median(cps[found == i]):,.0f} launches/step)"
                 for i in range(k)]
-        self._latest = self._candidate
         if self._streak >= persist_k:
             if len(self.names) != k or not np.array_equal(self.codes[rows[read]], found[read]):
                 self.names = list(self._candidate_names)
@@ -123,15 +121,15 @@ class AutoGroups:
 
     def forget(self, rows: np.ndarray) -> None:
         """Retired job rows (reused by other GPUs later) belong to no group."""
-        for codes in (self.codes, self._candidate, self._latest):
+        for codes in (self.codes, self._candidate):
             if codes is not None and codes.size:
                 codes[rows[rows < codes.size]] = -1
 
     def scoring(self) -> tuple[np.ndarray, list[str]] | None:
         """(codes per job row, names) to score the latest epoch by: the partition it read, else
         the adopted one; None when there is neither."""
-        if self._latest is not None:
-            return self._latest, self._candidate_names
+        if self._candidate is not None:
+            return self._candidate, self._candidate_names
         return (self.codes, self.names) if self.names else None
 
     @property

@@ -126,12 +126,9 @@ def _ratio_text(f: pb.Finding) -> str:
     return "-" if f.unit == "share" else f"{f.ratio:.2f}"
 
 
-def _lead(node: pb.NodeReport) -> tuple[pb.GpuReport | None, pb.Finding | None]:
-    """The node's worst GPU (nodes list GPUs worst first) and its leading finding."""
-    for g in node.gpus:
-        if g.findings:
-            return g, g.findings[0]
-    return (node.gpus[0] if node.gpus else None), None
+def _lead(node: pb.NodeReport) -> pb.Finding | None:
+    """The leading finding of the node's worst GPU with one (nodes list GPUs worst first)."""
+    return next((g.findings[0] for g in node.gpus if g.findings), None)
 
 
 def _columns(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
@@ -163,7 +160,7 @@ def _node_rows(job: pb.JobReport, only_flagged: bool) -> tuple[list[tuple[str, .
                 hidden += 1
                 continue
             healthy_shown += 1
-        g, f = _lead(node)
+        f = _lead(node)
         windows = max((x.windows_flagged for x in node.gpus), default=0)
         seen = max((x.windows_seen for x in node.gpus), default=0)
         gain = job.cluster.predicted_gain
