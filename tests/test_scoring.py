@@ -10,7 +10,7 @@ import pytest
 from hypertrace.analyzer.config import ConfigError, ScoringConfig, load_scoring_config
 from hypertrace.analyzer.cross_section import Hists
 from hypertrace.analyzer.engine import Engine
-from hypertrace.analyzer.scoring import (MAX_HOST_ALLOWANCE, HostLayout, host_allowance,
+from hypertrace.analyzer.scoring import (HOST_FENCE_MIN, MAX_HOST_ALLOWANCE, HostLayout, host_allowance,
                                          host_medians, implicates, sampling_se_us, score_hosts,
                                          score_values)
 from hypertrace.sim.synthetic import job_windows
@@ -129,6 +129,34 @@ def test_healthy_hosts_of_a_large_job_are_not_flagged():
         gpu = score_values(v, np.full(v.shape[0], 1000), CFG, ("p50",))
         hs, _ = score_hosts(v, gpu.scored, layout, CFG, ("p50",))
         assert not hs.high.any() and not hs.low.any()
+
+
+def test_a_few_hosts_are_not_fenced_so_a_naturally_slow_neighbour_cannot_hide_a_slow_host():
+    # 8 hosts (a 64-GPU job): one 5.6% slow, one naturally 3.5% slow, the rest within -1..+1.5%.
+    # Q3 of eight values leans on the 3.5% host, so Q3 + 1.5 IQR lands near +6% and the fence
+    # alone would hide the slow host, which the z cut and the effect gate both see.
+    host = np.array([1.056, 1.035, 1.015, 1.0, 0.998, 0.995, 0.992, 0.99])
+    v = 10.0 * np.repeat(host, 8)[:, None]
+    layout = HostLayout.of(np.repeat(np.arange(8), 8))
+    gpu = score_values(v, np.full(64, 1000), CFG, ("p50",))
+    hs, _ = score_hosts(v, gpu.scored, layout, CFG, ("p50",))
+    assert hs.high[layout.host[0], 0] and hs.high.sum() == 1
+    x = np.sort(host)
+    q1, q3 = np.percentile(x, [25, 75])
+    assert host[0] / np.median(host) < q3 + CFG.iqr_k * (q3 - q1)        # the fence would hide it
+    # the effect gate still holds: a host 3% high among tight hosts is a z outlier, not flagged
+    calm = np.array([1.03, 1.01, 1.002, 1.0, 0.999, 0.998, 0.997, 0.996])
+    v2 = 10.0 * np.repeat(calm, 8)[:, None]
+    hs2, _ = score_hosts(v2, np.ones(64, bool), layout, CFG, ("p50",))
+    assert hs2.robust_z[layout.host[0], 0] > CFG.z_threshold and not hs2.high.any()
+    # from HOST_FENCE_MIN hosts on, the fence applies again
+    many = np.concatenate([host, np.tile(host[2:], 5)])
+    v3 = 10.0 * np.repeat(many, 8)[:, None]
+    lay3 = HostLayout.of(np.repeat(np.arange(many.size), 8))
+    assert many.size >= HOST_FENCE_MIN
+    hs3, _ = score_hosts(v3, np.ones(v3.shape[0], bool), lay3, CFG, ("p50",))
+    q1, q3 = np.percentile(many, [25, 75])
+    assert hs3.high[lay3.host[0], 0] == (1.056 / np.median(many) > q3 + CFG.iqr_k * (q3 - q1))
 
 
 def test_hosts_with_too_few_scored_gpus_are_not_scored():
