@@ -3,13 +3,14 @@
 #   make test    installs what the tests need (venv; bcc + kernel headers when root) and runs them
 #   make bench   scoring time per window at 2k/16k/131k GPUs
 #   make bench-agent  the agent's coverage and cost on this machine's CPUs (stand-in ranks)
+#   make dashboard-png  docs/img/grafana-dashboard.png: the Grafana dashboard from real queries
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 HT     := $(VENV)/bin/hypertrace
 STAMP  := $(VENV)/.installed
 
-.PHONY: all venv ebpf-setup test-deps test demo bench bench-html bench-detect bench-scale bench-agent bench-restart fuzz proto clean
+.PHONY: all venv ebpf-setup test-deps test demo bench bench-html bench-detect bench-scale bench-agent bench-restart fuzz dashboard-png proto clean
 
 all: venv
 
@@ -66,6 +67,12 @@ bench-agent: venv ebpf-setup
 	$(PY) tests/gpu/overhead_concurrent.py --loop tests/gpu/standin_loop.py --shared-cores \
 	  --cores 0-$$(($$(nproc) - 1)) --agent-cores 0-$$(($$(nproc) - 1)) --out .bench/agent \
 	  --phases 8 --phase-s 30 --settle-s 10 $(ARGS)
+
+# the Grafana dashboard's panels and queries drawn from a real Prometheus that scraped an
+# analyzer during a live simulated 512-GPU job, screenshotted by headless Chromium (~2 min;
+# needs prometheus, prometheus-node-exporter and chromium: tests/install-test-deps.sh)
+dashboard-png: venv
+	$(PY) -m hypertrace.sim.dashboard_preview -o docs/img/grafana-dashboard.png $(ARGS)
 
 proto: venv
 	$(PY) proto/generate.py

@@ -8,4 +8,7 @@ baselines    the methods hypertrace is compared with (mean +- 3 sigma, an NVRx-l
 synthetic    a small fixed model for the scoring tests and `make bench`
 demo         `make demo`: an analyzer and a simulated job over real gRPC
 bench_*      `make bench`, `make bench-detect`, `make bench-scale`
+prom_stack   a real Prometheus, node_exporter and a dcgm-exporter stand-in around an analyzer
+chromium     headless Chromium: load a page, screenshot it
+dashboard_preview  `make dashboard-png`: the Grafana dashboard drawn from real Prometheus queries
 """

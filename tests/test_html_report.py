@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,15 +15,12 @@ from conftest import missing_prerequisite
 
 from hypertrace.cli.main import main
 from hypertrace.proto.wire import write_jsonl
+from hypertrace.sim.chromium import CHROMIUM_FLAGS, find_chromium, screenshot
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
-
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--enable-logging=stderr", "--v=0")
 
 
 def _chromium() -> str:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    exe = find_chromium()
     if exe is None:
         missing_prerequisite("chromium is not installed (Debian package `chromium`; "
                              "tests/install-test-deps.sh installs it as root)")
@@ -59,7 +55,5 @@ def test_the_html_report_draws_its_heatmap_offline_in_a_real_browser(tmp_path):
 
     shot = Path(os.environ.get("HYPERTRACE_ARTIFACTS", tmp_path)) / "html-report.png"
     shot.parent.mkdir(parents=True, exist_ok=True)
-    run = subprocess.run([chromium, *CHROMIUM_FLAGS, "--hide-scrollbars",
-                          "--window-size=1100,900", f"--screenshot={shot}", page.as_uri()],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    run = screenshot(chromium, page, shot, 1100, 900)
     assert run.returncode == 0 and shot.stat().st_size > 10_000, run.stderr[-2000:]

@@ -1,0 +1,34 @@
+"""Headless Debian ``chromium``, the one way pages are loaded and screenshotted here: the HTML
+report's browser test (tests/test_html_report.py) and the dashboard preview
+(:mod:`hypertrace.sim.dashboard_preview`).
+
+Why these flags: ``--no-sandbox`` because tests and ``make`` targets often run as root in a
+container, and the rest keep the browser from reaching out (no background networking, no
+component updates, no first-run page), so a page that loads proves it needs nothing external.
+``--enable-logging=stderr --v=0`` puts the page's console messages on stderr, where a test can
+read them.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--enable-logging=stderr", "--v=0")
+
+
+def find_chromium() -> str | None:
+    """The chromium executable (Debian's ``chromium``, or ``chromium-browser``), None if absent."""
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def screenshot(chromium: str, page: Path, png: Path, width: int, height: int,
+               timeout: float = 120.0) -> subprocess.CompletedProcess:
+    """Load ``page`` (a local file) at ``width`` x ``height`` CSS pixels and write a PNG of the
+    viewport to ``png``. Returns the finished process (its ``returncode`` and ``stderr``)."""
+    return subprocess.run([chromium, *CHROMIUM_FLAGS, "--hide-scrollbars",
+                           f"--window-size={width},{height}", f"--screenshot={png}",
+                           page.resolve().as_uri()],
+                          capture_output=True, text=True, timeout=timeout, cwd=png.parent)
