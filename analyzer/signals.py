@@ -12,9 +12,10 @@ Which tail implicates a GPU depends on the signal and on the job's **mode**:
 ======================  =====================================  ==============================
 signal                  value                                  implicating tail
 ======================  =====================================  ==============================
-``sched.runq``          run-queue time / covered wall time     high, and at least
-                                                               ``min_effect`` of wall time
-                                                               above the job median
+``sched.runq``          run-queue time / covered wall time     high, at least ``min_effect``
+                                                               of wall time above the job
+                                                               median, and seen in the steps
+                                                               where the GPU has them
 ``step.time``           p50 of the step durations              high, independent mode only
 ``step.own``            step less its mean peer wait           high, both modes
                         (:func:`_own_per_step`)
@@ -62,6 +63,13 @@ step time (independent mode) is at least ``1 + min_effect`` times the job median
 slower launches lengthen the CPU side of a step first, and a GPU-bound step may hide that from the
 job for now; the launch finding then still stands on its own numbers.) Without step data (an
 agent without step inference) launch latency alone convicts, as it always did.
+
+**So does the run-queue share** (:func:`steps_corroborate`, the GPU basis of the same rule).
+Threads that wait for a CPU while the step waits for the GPU anyway cost the job nothing:
+simulated at 16,384 GPUs, a healthy rank with run-queue bursts of 5-7% of wall time in 3 of 5
+windows, and its own time per step under the job's, was convicted by the share alone. A CPU hog
+that matters lengthens the rank's own or busy time per step (on an H200: 1.4-1.9x), and is
+convicted by the share, with CPU contention as its cause.
 """
 from __future__ import annotations
 
@@ -285,9 +293,19 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
         if s.scored.any():
             scores.append(s)
     by_name = {s.name: s for s in scores}
+    with np.errstate(invalid="ignore"):
+        busy_mean = mean_step - gpu_wait - peer_wait
+    busy_us = np.where(step_ok & np.isfinite(busy_mean), busy_mean,
+                       np.where(busy_n >= cfg.min_steps, busy_p50, np.nan))
+    step_us = np.where(step_ok & np.isfinite(mean_step), mean_step,
+                       np.where(step_n >= cfg.min_steps, step_p50, np.nan))
+    own_us = np.where(step_ok & np.isfinite(own), own, np.nan)
     for s in scores:
-        if s.name in ("sched.runq", "step.own"):
+        if s.name == "step.own":
             s.implicating = s.high.copy()
+        elif s.name == "sched.runq":      # CPU wait that the steps do not show is not a straggler
+            s.implicating = s.high & steps_corroborate(
+                _step_measures(mode, own_us, busy_us, step_us), cfg, groups)
         elif s.name == "step.time":
             s.implicating = s.high & (mode == "independent")
         elif s.name == "launch.rate":
@@ -301,13 +319,6 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
     for s in scores:
         sufficient |= s.scored
         flagged |= s.implicating
-    with np.errstate(invalid="ignore"):
-        busy_mean = mean_step - gpu_wait - peer_wait
-    busy_us = np.where(step_ok & np.isfinite(busy_mean), busy_mean,
-                       np.where(busy_n >= cfg.min_steps, busy_p50, np.nan))
-    step_us = np.where(step_ok & np.isfinite(mean_step), mean_step,
-                       np.where(step_n >= cfg.min_steps, step_p50, np.nan))
-    own_us = np.where(step_ok & np.isfinite(own), own, np.nan)
     return SignalEpoch(mode, scores, runq_p50, sufficient, flagged, by_name, busy_us, step_us,
                        own_us)
 
@@ -363,9 +374,7 @@ def launch_corroboration(sig: SignalEpoch, cfg: ScoringConfig, groups: list[np.n
     64 and 512 GPUs), and its launch finding already passed the host gate; slow launches over
     unmoved steps (what this rule is for) put about half of a host's GPUs on each side."""
     n = sig.runq_p50_us.size
-    values = [sig.own_us, sig.busy_us] + ([sig.step_us] if sig.mode == "independent" else [])
-    has = np.zeros(n, dtype=bool)
-    gpu_up = np.zeros(n, dtype=bool)
+    values = _step_measures(sig.mode, sig.own_us, sig.busy_us, sig.step_us)
     host_has = np.zeros(n, dtype=bool)
     host_up = np.zeros(n, dtype=bool)
     for v in values:
@@ -377,8 +386,6 @@ def launch_corroboration(sig: SignalEpoch, cfg: ScoringConfig, groups: list[np.n
             job_med = float(np.median(x[okx]))
             if job_med <= 0:
                 continue
-            has[sel] |= okx
-            gpu_up[sel] |= okx & (np.where(okx, x, 0.0) >= (1.0 + cfg.min_effect) * job_med)
             med_h, n_h = host_medians(x[:, None], okx, layout)
             ok_h = n_h >= cfg.host_min_gpus
             if not ok_h.any():
@@ -391,9 +398,39 @@ def launch_corroboration(sig: SignalEpoch, cfg: ScoringConfig, groups: list[np.n
                            | (above == n_h))
             host_has[sel] |= ok_h[layout.host]
             host_up[sel] |= up_h[layout.host]
-    return ~has | gpu_up, ~host_has | host_up
+    return steps_corroborate(values, cfg, groups), ~host_has | host_up
+
+
+def _step_measures(mode: str, own_us: np.ndarray, busy_us: np.ndarray,
+                   step_us: np.ndarray) -> list[np.ndarray]:
+    """The per-step values a finding outside the steps must be backed by: own and busy time
+    per step, and the step itself where it is the rank's own (independent mode)."""
+    return [own_us, busy_us] + ([step_us] if mode == "independent" else [])
+
+
+def steps_corroborate(values: list[np.ndarray], cfg: ScoringConfig,
+                      groups: list[np.ndarray]) -> np.ndarray:
+    """(G,) True where a GPU has no usable step data (nothing to check against) or where one
+    of ``values`` (:func:`_step_measures`) is at least ``1 + min_effect`` times its group's
+    median: the rank's steps moved. Groups with fewer than ``min_gpus`` GPUs with steps say
+    nothing about what is normal, and leave their GPUs unchecked."""
+    n = values[0].size if values else 0
+    has = np.zeros(n, dtype=bool)
+    up = np.zeros(n, dtype=bool)
+    for v in values:
+        ok = np.isfinite(v)
+        for sel in groups:
+            if int(ok[sel].sum()) < cfg.min_gpus:
+                continue
+            x, okx = v[sel], ok[sel]
+            job_med = float(np.median(x[okx]))
+            if job_med <= 0:
+                continue
+            has[sel] |= okx
+            up[sel] |= okx & (np.where(okx, x, 0.0) >= (1.0 + cfg.min_effect) * job_med)
+    return ~has | up
 
 
 __all__ = ["COLLECTIVE_SHARE", "SIGNALS", "SIGNAL_MEANINGS", "SIGNAL_NAMES", "SignalEpoch",
            "SignalScore", "infer_mode", "launch_corroboration", "score_signals",
-           "signal_meaning"]
+           "signal_meaning", "steps_corroborate"]

@@ -254,10 +254,26 @@ def test_identical_values_mad_zero_score_nothing_and_one_outlier_still_flags():
     assert set(verdicts(engine).values()) == {"healthy"}
     assert all(not res.rows or all(np.isfinite(r.robust_z) for r in res.rows) for res in results)
 
-    def one_hog(e, k, rng):
-        return Rank(runq_share=0.3 if k == SLOW else 0.0, spread=0.0)
+    def one_hog(e, k, rng):           # it arrives last: its own time per step grew
+        return Rank(runq_share=0.3 if k == SLOW else 0.0, spread=0.0,
+                    peer_wait_ms=0.5 if k == SLOW else 10.0)
     engine, _ = run(windows(4, one_hog))
     assert verdicts(engine)[SLOW] == "straggler"
+
+
+def test_run_queue_wait_that_the_steps_do_not_show_does_not_convict():
+    """A rank whose threads wait 7% of wall time for a CPU while its steps are the job's (the
+    wait hides behind GPU work): reported as CPU contention, never a straggler. Without step
+    data the share alone still convicts (test_refused_step_inference_...)."""
+    def rank_of(e, k, rng):
+        return Rank(runq_share=0.07 if k == SLOW else rng.uniform(0.0015, 0.0035),
+                    peer_wait_ms=rng.uniform(9, 11))
+    engine, results = run(windows(6, rank_of, seed=31))
+    assert set(verdicts(engine).values()) == {"healthy"}
+    runq = [r for res in results for r in res.rows if r.api == "sched.runq"]
+    assert runq and all(r.rank == SLOW and r.direction == "high" for r in runq)
+    assert not any(r.implicates for r in runq)
+    assert convicted(results) == set()
 
 
 def test_run_queue_below_the_absolute_gate_is_not_a_finding():
@@ -326,7 +342,8 @@ def test_marker_is_not_scored_as_an_api_and_graph_launches_count_as_launches():
 
 def test_report_table_and_json_show_mode_sampling_and_units():
     def rank_of(e, k, rng):
-        return Rank(runq_share=0.4 if k == SLOW else 0.002, runq_p50_us=2900.0)
+        return Rank(runq_share=0.4 if k == SLOW else 0.002, runq_p50_us=2900.0,
+                    peer_wait_ms=0.5 if k == SLOW else 10.0)
     engine, _ = run(windows(5, rank_of, seed=11))
     rep = engine.report(now_ns=0)
     text = report_to_table(rep)
@@ -350,7 +367,7 @@ def test_what_if_on_busy_time_predicts_the_gain_of_removing_the_slow_rank():
     def rank_of(e, k, rng):
         b = slow_ms if k == SLOW else busy_ms
         return Rank(busy_ms=b, runq_share=0.4 if k == SLOW else 0.002, spread=sd,
-                    steps=200, step_ms=slow_ms + 10.0)
+                    steps=200, step_ms=slow_ms + 10.0, peer_wait_ms=0.5 if k == SLOW else 10.0)
     engine, _ = run(windows(8, rank_of, seed=12))
     c = engine.report(now_ns=0).jobs[0].cluster
     assert c.basis.startswith("step.busy: E[max over 8 ranks] of own time per step")
