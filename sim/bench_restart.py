@@ -5,7 +5,8 @@ A job's windows (``--gpus``, ``--windows``, one node 10% slow, wide noise) go in
 file through ``Analyzer.ingest``, as the server stores them, with the live scoring pass after
 every window period. Then a fresh Analyzer opens the file and replays it (``resume``), and the
 two reports are compared GPU by GPU. Printed: windows, the replay's time and peak RSS growth,
-the most epochs held in memory during the replay, and whether the verdicts match. Exit status 1
+the most epochs held in memory during the replay, whether the verdicts match, and the bytes
+on disk per node-window (database and WAL, with the scores and verdicts stored beside). Exit status 1
 when they differ or more than ``--max-pending`` epochs were held.
 
     python -m hypertrace.sim.bench_restart --gpus 4096 --windows 120
@@ -80,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         live_verdicts = _verdicts(live.report())
         t1 = time.monotonic()
         storage.close()
-        size_mb = db.stat().st_size / 2**20
+        on_disk = sum(f.stat().st_size for f in (db, db.with_name(db.name + "-wal"))
+                      if f.exists())
+        size_mb = on_disk / 2**20
         # the restart in a child process of its own, so its peak RSS is its own
         ctx = multiprocessing.get_context("fork")
         out = ctx.Queue()
@@ -92,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         rss1 = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
     same = live_verdicts == restarted_verdicts
     print(f"history: {args.gpus:,} GPUs x {args.windows} windows = {n:,} node-windows "
-          f"({size_mb:.0f} MB of SQLite), stored and scored live in {t1 - t0:.0f} s")
+          f"({size_mb:.0f} MB of SQLite, {on_disk / n:,.0f} B per node-window with its scores "
+          f"and verdicts), stored and scored live in {t1 - t0:.0f} s")
     print(f"restart: replayed {replayed:,} windows in {t2 - t1:.1f} s, at most {held} epochs held "
           f"in memory (limit {args.max_pending}); the restarted process's peak RSS "
           f"{rss1:.0f} MB ({rss0:.0f} MB before its replay)")

@@ -99,6 +99,41 @@ def test_a_database_of_the_previous_schema_is_upgraded_in_place(tmp_path):
         storage.close()
 
 
+def test_a_schema_2_database_keeps_its_verdicts_as_a_change_log(tmp_path):
+    import sqlite3
+
+    from hypertrace.analyzer.storage import SCHEMA_VERSION, Storage
+    db = tmp_path / "v2.db"
+    conn = sqlite3.connect(db)
+    conn.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "INSERT INTO meta VALUES ('schema_version', '2');"
+        "CREATE TABLE windows (agent_id TEXT NOT NULL, seq INTEGER NOT NULL, node TEXT NOT NULL,"
+        " start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, received_ns INTEGER NOT NULL,"
+        " payload BLOB NOT NULL, late INTEGER NOT NULL DEFAULT 0,"
+        " PRIMARY KEY (agent_id, seq)) WITHOUT ROWID;"
+        "CREATE TABLE verdicts (job_id TEXT NOT NULL, epoch INTEGER NOT NULL, node TEXT NOT NULL,"
+        " gpu TEXT NOT NULL, verdict TEXT NOT NULL, created_ns INTEGER NOT NULL,"
+        " PRIMARY KEY (job_id, epoch, node, gpu));"
+        "CREATE INDEX verdicts_created ON verdicts (created_ns);"
+        "INSERT INTO verdicts VALUES ('j', 1, 'n1', '0', 'healthy', 5);"
+        "INSERT INTO verdicts VALUES ('j', 2, 'n1', '0', 'straggler', 6);")
+    conn.commit()
+    conn.close()
+    storage = Storage.open(db)
+    try:
+        assert storage.verdicts("j") == [("j", 1, "n1", "0", "healthy"),
+                                         ("j", 2, "n1", "0", "straggler")]
+        sql = storage._conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'verdicts'").fetchone()[0]
+        assert "WITHOUT ROWID" in sql
+        assert int(storage._conn.execute(
+            "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]) == SCHEMA_VERSION
+        assert storage._last_verdict == {("j", "n1", "0"): "straggler"}
+    finally:
+        storage.close()
+
+
 def test_a_finished_job_is_forgotten_after_job_expiry_seconds():
     from hypertrace.analyzer.config import ScoringConfig
     from hypertrace.analyzer.engine import Engine, UnknownJobError

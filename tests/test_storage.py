@@ -8,7 +8,8 @@ import pytest
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.engine import Engine
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
-from hypertrace.analyzer.storage import Storage, StorageError
+from hypertrace.analyzer.storage import ConflictingDuplicate, Storage, StorageError
+from hypertrace.proto import hypertrace_pb2 as pb
 
 CFG = SimConfig(gpus=32, gpus_per_node=8, windows=4, seed=5,
                 stragglers=(Straggler("node-0001", 1.3),))
@@ -67,11 +68,23 @@ def test_scores_and_verdicts_are_stored_and_replaced_not_duplicated(tmp_path):
     assert st.add_results(results) == n            # re-storing replaces the same keys
     assert st.count_scores() == n
     verdicts = st.verdicts("sim-job")
-    assert len(verdicts) == CFG.windows * CFG.gpus
-    last_epoch = max(e for _, e, *_ in verdicts)
-    slow = {node for _, e, node, _, v in verdicts if e == last_epoch and v == "straggler"}
-    assert slow == {"node-0001"}
+    # a change log: every GPU's first verdict, then only the epochs where it changed
+    first_epoch = min(e for _, e, *_ in verdicts)
+    assert len({(n, g) for _, e, n, g, _ in verdicts if e == first_epoch}) == CFG.gpus
+    by_gpu: dict[tuple[str, str], list[str]] = {}
+    for _, _, node, gpu, v in verdicts:
+        by_gpu.setdefault((node, gpu), []).append(v)
+    assert all(a != b for vs in by_gpu.values() for a, b in zip(vs, vs[1:]))
+    assert {n for (n, _), vs in by_gpu.items() if vs[-1] == "straggler"} == {"node-0001"}
+    assert all(vs == ["healthy"] for (n, _), vs in by_gpu.items() if n != "node-0001")
+    assert len(verdicts) < CFG.windows * CFG.gpus                  # not one row per epoch
+    st.add_results(results)
+    assert st.verdicts("sim-job") == verdicts                      # nothing changed: no rows
     st.close()
+    reopened = Storage.open(tmp_path / "a.db")                     # the last verdicts are read
+    reopened.add_results(results)
+    assert reopened.verdicts("sim-job") == verdicts
+    reopened.close()
 
 
 def test_retention_prunes_old_windows_and_results(tmp_path):
@@ -89,6 +102,44 @@ def test_retention_prunes_old_windows_and_results(tmp_path):
     left = list(st.iter_windows())
     assert left and all(b.end_ns == last_end for b in left)
     assert st.count_scores() == 0 and st.verdicts() == []
+    # the WAL gives its pages back after a prune instead of staying at its high-water mark
+    assert (tmp_path / "a.db-wal").stat().st_size == 0
+    # the verdicts are a change log: after a prune the next epoch's verdicts are stored anew
+    st.add_results([_one_epoch(engine)])
+    assert len(st.verdicts()) == CFG.gpus
+    st.close()
+
+
+def _one_epoch(engine: Engine):
+    """An EpochResult with every GPU's current verdict (what the next scoring pass stores)."""
+    from hypertrace.analyzer.epoch_scoring import EpochResult
+    job = engine.report(now_ns=0).jobs[0]
+    return EpochResult(job.job_id, 1, [], {(n.node, g.gpu): g.verdict for n in job.nodes
+                                          for g in n.gpus})
+
+
+def test_payloads_are_stored_compressed_and_read_back_as_the_wire_bytes(tmp_path):
+    st = Storage.open(tmp_path / "a.db")
+    ws = list(generate(SimConfig(gpus=64, gpus_per_node=8, windows=2, seed=4)))
+    for w in ws:
+        st.add_window(w)
+    stored, wire_bytes = st._conn.execute(
+        "SELECT SUM(LENGTH(payload)), COUNT(*) FROM windows WHERE codec = 1").fetchone()
+    assert wire_bytes == len(ws)
+    assert stored < 0.6 * sum(w.ByteSize() for w in ws)
+    assert [sw.payload for sw in st.iter_windows()] == [
+        w.SerializeToString() for w in sorted(ws, key=lambda w: (w.end.ToNanoseconds(),
+                                                                 w.agent_id, w.seq))]
+    assert st.add_window(ws[0]) is False                    # a replay of the same bytes
+    other = pb.NodeWindow()
+    other.CopyFrom(ws[0])
+    other.processes[0].rank += 1
+    with pytest.raises(ConflictingDuplicate):
+        st.add_window(other)
+    # a codec this analyzer does not know is named, not misread
+    st._conn.execute("UPDATE windows SET codec = 9 WHERE seq = ?", (ws[0].seq,))
+    with pytest.raises(StorageError, match="unknown payload codec 9"):
+        list(st.iter_windows())
     st.close()
 
 
