@@ -23,7 +23,8 @@ for 1.4x the CPU, LZMA 4 points for 4.4x), with a
 ``codec`` column so that rows written raw by an older analyzer still read. Verdicts are stored
 when they *change* (a GPU's first verdict, then each change), not once per GPU per epoch: at
 16,384 GPUs the per-epoch rows were a third of the disk, and a change log answers "since when is
-this GPU a straggler" just as well. After pruning, the WAL is checkpointed with TRUNCATE so the
+this GPU a straggler" just as well; one row per scored epoch (``epochs``: GPUs, suspects and
+stragglers counted) says which epochs were scored and when. After pruning, the WAL is checkpointed with TRUNCATE so the
 file shrinks back instead of staying at its high-water mark.
 
 Dedup: ``(agent_id, seq)`` is the primary key of ``windows``; :meth:`Storage.add_window` tells
@@ -108,6 +109,12 @@ CREATE TABLE IF NOT EXISTS scores (
     PRIMARY KEY (job_id, epoch, node, gpu, api, stat)
 );
 CREATE INDEX IF NOT EXISTS scores_created ON scores (created_ns);
+CREATE TABLE IF NOT EXISTS epochs (
+    job_id TEXT NOT NULL, epoch INTEGER NOT NULL, gpus INTEGER NOT NULL,
+    suspects INTEGER NOT NULL, stragglers INTEGER NOT NULL, created_ns INTEGER NOT NULL,
+    PRIMARY KEY (job_id, epoch)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS epochs_created ON epochs (created_ns);
 """
 #: Created after the migrations (an old database's verdicts table has other columns first).
 _SCHEMA_AFTER = _VERDICTS_TABLE + """;
@@ -298,8 +305,8 @@ class Storage:
                             stored = self._conn.execute(
                                 "SELECT payload, codec FROM windows WHERE agent_id = ? AND "
                                 "seq = ?", it.row[:2]).fetchone()
-                            if (stored is not None
-                                    and _decode(bytes(stored[0]), int(stored[1])) != it.raw):
+                            if stored is not None and decode_payload(
+                                    bytes(stored[0]), int(stored[1])) != it.raw:
                                 it.error = ConflictingDuplicate(it.row[0], it.row[1])
                     self._conn.execute("COMMIT")
                     self.commits += 1
@@ -337,7 +344,7 @@ class Storage:
                 return
             for r in rows:
                 try:
-                    payload = _decode(bytes(r[4]), r[7])
+                    payload = decode_payload(bytes(r[4]), r[7])
                 except zlib.error as exc:          # damaged pages inside a payload
                     raise _corruption(sqlite3.DatabaseError(
                         f"window {r[0]!r} seq {r[1]}: payload does not decompress ({exc})"),
@@ -366,8 +373,12 @@ class Storage:
         now = created_ns if created_ns is not None else time.time_ns()
         score_rows: list[tuple] = []
         verdict_rows: list[tuple] = []
+        epoch_rows: list[tuple] = []
         changed: dict[tuple[str, str, str], str] = {}
         for res in results:
+            kinds = list(res.verdicts.values())
+            epoch_rows.append((res.job_id, int(res.epoch), len(kinds), kinds.count("suspect"),
+                               kinds.count("straggler"), now))
             for r in res.rows:
                 score_rows.append((r.job_id, int(r.epoch), r.node, str(r.gpu), int(r.rank),
                                    r.api, r.stat, _f(r.value_us), _f(r.job_median_us),
@@ -380,7 +391,7 @@ class Storage:
                     changed[key] = verdict
                     verdict_rows.append((res.job_id, node, str(gpu), int(res.epoch), verdict,
                                          now))
-        if not score_rows and not verdict_rows:
+        if not epoch_rows:
             return 0
         with self._lock:
             self._conn.execute("BEGIN")
@@ -389,6 +400,8 @@ class Storage:
                     "INSERT OR REPLACE INTO scores VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", score_rows)
                 self._conn.executemany(
                     "INSERT OR REPLACE INTO verdicts VALUES (?,?,?,?,?,?)", verdict_rows)
+                self._conn.executemany(
+                    "INSERT OR REPLACE INTO epochs VALUES (?,?,?,?,?,?)", epoch_rows)
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
@@ -416,6 +429,13 @@ class Storage:
         with self._lock:
             return [tuple(r) for r in self._conn.execute(q + " ORDER BY epoch, node, gpu", args)]
 
+    def epochs(self, job_id: str) -> list[tuple[int, int, int, int, int]]:
+        """(epoch, GPUs, suspects, stragglers, stored at ns) of every scored epoch of a job."""
+        with self._lock:
+            return [tuple(r) for r in self._conn.execute(
+                "SELECT epoch, gpus, suspects, stragglers, created_ns FROM epochs "
+                "WHERE job_id = ? ORDER BY epoch", (job_id,))]
+
     def count_scores(self) -> int:
         with self._lock:
             return int(self._conn.execute("SELECT COUNT(*) FROM scores").fetchone()[0])
@@ -434,6 +454,8 @@ class Storage:
                                         (cutoff,)).rowcount
                 n += self._conn.execute("DELETE FROM verdicts WHERE created_ns < ?",
                                         (cutoff,)).rowcount
+                n += self._conn.execute("DELETE FROM epochs WHERE created_ns < ?",
+                                        (cutoff,)).rowcount
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
@@ -445,8 +467,9 @@ class Storage:
         return n
 
 
-def _decode(payload: bytes, codec: int) -> bytes:
-    """A stored payload's wire bytes (``codec``: :data:`CODEC_RAW` or :data:`CODEC_ZLIB`)."""
+def decode_payload(payload: bytes, codec: int) -> bytes:
+    """A stored payload's wire bytes (``codec``: :data:`CODEC_RAW` or :data:`CODEC_ZLIB`); for
+    tools that read the database file themselves too."""
     if codec == CODEC_ZLIB:
         return zlib.decompress(payload)
     if codec == CODEC_RAW:

@@ -33,7 +33,7 @@ What runs:
 Figures (from the database after the analyzer stopped, so nothing is estimated from the client):
 
 * latency ``window received -> its epoch's verdicts stored``: ``windows.received_ns`` against the
-  ``created_ns`` of the epoch's verdict rows. It includes the grace by design; the part beyond
+  ``created_ns`` of the epoch's row in ``epochs`` (stored with its verdicts). It includes the grace by design; the part beyond
   ``epoch end + grace`` is reported separately (the analyzer's own delay);
 * late windows: received after their epoch was scored (counted, never scored: a miss);
 * exactly once: windows stored == sent == acked, no duplicate acks;
@@ -508,8 +508,8 @@ def _from_database(db: Path, cfg: ScaleConfig, measured: range, res: ScaleResult
         res.windows_stored = int(conn.execute("SELECT COUNT(*) FROM windows").fetchone()[0])
         res.window_payload_bytes = float(conn.execute(
             "SELECT AVG(LENGTH(payload)) FROM windows").fetchone()[0] or 0.0)
-        scored = dict(conn.execute("SELECT epoch, MIN(created_ns) FROM verdicts WHERE job_id = ? "
-                                   "GROUP BY epoch", (JOB_ID,)).fetchall())
+        scored = dict(conn.execute("SELECT epoch, created_ns FROM epochs WHERE job_id = ?",
+                                   (JOB_ID,)).fetchall())
         res.epochs_scored = len(scored)
         n_verdicts = int(conn.execute("SELECT COUNT(*) FROM verdicts").fetchone()[0])
         res.verdict_rows_per_epoch = n_verdicts / max(1, len(scored))
@@ -517,9 +517,9 @@ def _from_database(db: Path, cfg: ScaleConfig, measured: range, res: ScaleResult
                         .fetchall(), dtype=np.int64).reshape(-1, 3)
         last = max(scored) if scored else None
         if last is not None:
-            res.stragglers = sorted({r[0] for r in conn.execute(
-                "SELECT node FROM verdicts WHERE job_id = ? AND epoch = ? AND "
-                "verdict = 'straggler'", (JOB_ID, last))})
+            res.stragglers = sorted({r[0] for r in conn.execute(   # the latest change by then
+                "SELECT node, verdict, MAX(epoch) FROM verdicts WHERE job_id = ? AND epoch <= ? "
+                "GROUP BY node, gpu", (JOB_ID, last)) if r[1] == "straggler"})
     finally:
         conn.close()
     res.db_bytes = sum(p.stat().st_size for p in db.parent.glob(db.name + "*"))
@@ -569,7 +569,7 @@ def describe(r: ScaleResult) -> str:
         f"beyond end+grace p99 {r.beyond_grace_p99_s:.2f} s",
         f"SQLite: {r.db_bytes / 1e6:,.1f} MB for {r.epochs_scored} scored epochs, "
         f"{r.window_payload_bytes:,.0f} B per window payload, {r.verdict_rows_per_epoch:,.0f} "
-        f"verdict rows per epoch -> {r.db_bytes_per_hour / 1e9:,.2f} GB per hour",
+        f"verdict rows (changes) per epoch -> {r.db_bytes_per_hour / 1e9:,.2f} GB per hour",
         f"stragglers in the last epoch: {', '.join(r.stragglers[:10]) or 'none'}",
         f"keeps up (< 1 core, no late window, exactly once): {'YES' if r.keeps_up else 'NO'}",
     ])

@@ -37,7 +37,8 @@ def test_64_agents_every_window_exactly_once_and_verdicts(tmp_path):
     assert r.duplicate_acks == 0
     assert r.exactly_once
     assert r.epochs_scored >= 4                       # warm-up + measured epochs got verdicts
-    assert r.verdict_rows_per_epoch == 512            # one verdict per GPU per scored epoch
+    # verdicts are a change log: every GPU's first verdict, then changes only
+    assert 512 / r.epochs_scored <= r.verdict_rows_per_epoch < 512
     assert r.stragglers == [SLOW_NODE]                # found, and nothing else
     assert r.cpu_cores > 0 and r.peak_rss_mb > 0      # measured from /proc of the subprocess
     assert r.window_payload_bytes > 0 and r.db_bytes_per_hour > 0
@@ -56,5 +57,5 @@ def test_agent_streams_one_connection_and_stream_per_agent_exactly_once(tmp_path
     assert r.windows_sent == 32 * (1 + 2 + 1)
     assert r.windows_acked == r.windows_sent == r.windows_stored
     assert r.exactly_once
-    assert r.verdict_rows_per_epoch == 256
+    assert 256 / r.epochs_scored <= r.verdict_rows_per_epoch < 256
     assert r.stragglers == [SLOW_NODE]

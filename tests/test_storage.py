@@ -78,6 +78,9 @@ def test_scores_and_verdicts_are_stored_and_replaced_not_duplicated(tmp_path):
     assert {n for (n, _), vs in by_gpu.items() if vs[-1] == "straggler"} == {"node-0001"}
     assert all(vs == ["healthy"] for (n, _), vs in by_gpu.items() if n != "node-0001")
     assert len(verdicts) < CFG.windows * CFG.gpus                  # not one row per epoch
+    epochs = st.epochs("sim-job")                                  # one row per scored epoch
+    assert [e for e, *_ in epochs] == sorted(r.epoch for r in results)
+    assert all(g == CFG.gpus for _, g, *_ in epochs) and epochs[-1][3] == 8   # node-0001's 8
     st.add_results(results)
     assert st.verdicts("sim-job") == verdicts                      # nothing changed: no rows
     st.close()

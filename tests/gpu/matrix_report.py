@@ -110,6 +110,7 @@ def extract_windows(db_path: str | Path) -> list[dict]:
     """
     import numpy as np
 
+    from hypertrace.analyzer.storage import decode_payload
     from hypertrace.collector.apis import api_by_name
     from hypertrace.proto import buckets
     from hypertrace.proto import hypertrace_pb2 as pb
@@ -124,9 +125,10 @@ def extract_windows(db_path: str | Path) -> list[dict]:
     conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     rows = []
     try:
-        for agent_id, seq, node, payload in conn.execute(
-                "SELECT agent_id, seq, node, payload FROM windows ORDER BY end_ns, agent_id, seq"):
-            w = pb.NodeWindow.FromString(bytes(payload))
+        for agent_id, seq, node, payload, codec in conn.execute(
+                "SELECT agent_id, seq, node, payload, codec FROM windows "
+                "ORDER BY end_ns, agent_id, seq"):
+            w = pb.NodeWindow.FromString(decode_payload(bytes(payload), codec))
             start = w.start.seconds + w.start.nanos / 1e9
             end = w.end.seconds + w.end.nanos / 1e9
             for p in w.processes:
