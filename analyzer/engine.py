@@ -90,9 +90,7 @@ class Engine:
                 rows_arrived.append((job, row))
         arrived = end_ns if arrived_ns is None else arrived_ns
         for job, row in rows_arrived:
-            if row >= job.row_arrival.size:
-                job.grow()
-            job.row_arrival[row] = max(job.row_arrival[row], arrived)
+            job.note_arrival(row, arrived)
         any_late = False
         for job_id, acc in touched.items():
             job = self._jobs[job_id]

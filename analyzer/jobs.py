@@ -76,7 +76,9 @@ class JobState:
     gpu_wait_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
     steps_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))
     #: per row: when its GPU's newest window arrived (0: never); a GPU silent for
-    #: job_expiry_seconds in a job that goes on has left it, and its row is retired (reused)
+    #: job_expiry_seconds in a job that goes on has left it, and its row is retired (reused).
+    #: Grown by doubling as windows arrive (:meth:`note_arrival`), so it may be longer than the
+    #: GPUs registered; the rows past them stay 0.
     row_arrival: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     free_rows: list[int] = field(default_factory=list)
     mode: str = ""
@@ -213,13 +215,23 @@ class JobState:
             self.step_total = np.concatenate((self.step_total, z))
             self.gpu_wait_us = np.concatenate((self.gpu_wait_us, z))
             self.steps_seen = np.concatenate((self.steps_seen, z))
-            self.row_arrival = np.concatenate((self.row_arrival, np.zeros(extra, np.int64)))
             pad = np.zeros((buckets.NUM_BUCKETS, extra), np.float32)
             self.basis_counts = np.concatenate((self.basis_counts, pad), axis=1)
             if self.step_counts is not None:
                 self.step_counts = np.concatenate((self.step_counts, pad), axis=1)
             if self.busy_counts is not None:
                 self.busy_counts = np.concatenate((self.busy_counts, pad), axis=1)
+
+    def note_arrival(self, row: int, arrived_ns: int) -> None:
+        """Record that a window of ``row``'s GPU arrived at ``arrived_ns``. Called for every
+        process of every window: the array grows by doubling, not to the exact size, because
+        growing it node by node copied it 2,048 times while a 16,384-GPU job first arrived."""
+        if row >= self.row_arrival.size:
+            size = max(row + 1, 2 * self.row_arrival.size, 64)
+            self.row_arrival = np.concatenate(
+                (self.row_arrival, np.zeros(size - self.row_arrival.size, np.int64)))
+        if arrived_ns > self.row_arrival[row]:
+            self.row_arrival[row] = arrived_ns
 
     def keys_of(self, rows: np.ndarray) -> list[GpuKey]:
         """(node, gpu) of ``rows``; cached while a job's set of GPUs does not change."""

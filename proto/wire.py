@@ -234,7 +234,7 @@ def check_process(p: pb.ProcessWindow, pf: str, extras: set[str], budget: list[i
         raise WireError(f"{pf}.apis", f"would take the window over {MAX_API_STATS_PER_WINDOW} "
                         "API entries in all")
     seen: set[str] = set()
-    for j, a in enumerate(p.apis):
+    for j, a in enumerate(() if _apis_plainly_valid(p.apis) else p.apis):
         af = f"{pf}.apis[{j}]"
         _check_api_name(a.api, f"{af}.api", extras)
         if a.api in seen:
@@ -267,16 +267,52 @@ def check_process(p: pb.ProcessWindow, pf: str, extras: set[str], budget: list[i
                 _check_finite_nonneg(getattr(p.nvml, stat), f"{pf}.nvml.{stat}")
 
 
+_INF = math.inf
+
+
+def _apis_plainly_valid(apis) -> bool:
+    """True when every ApiStats entry passes the per-entry checks of :func:`check_process` the
+    common way: a name from the probed table, seen once, finite non-negative sums, a histogram
+    of the known scheme and range whose total is its count, and min <= max. Why: the checks that
+    name the broken field build a field path per entry and per number, which was most of the
+    cost of validating a well-formed window. Anything else (an unknown name, a NaN, a mismatch)
+    returns False, and the detailed checks run and name the field."""
+    seen: set[str] = set()
+    for a in apis:
+        name = a.api
+        if name not in KNOWN_APIS or name in seen:
+            return False
+        seen.add(name)
+        lo, hi = a.min_us, a.max_us
+        if not (0.0 <= a.sum_us < _INF and 0.0 <= lo < _INF and 0.0 <= hi < _INF):
+            return False
+        h = a.histogram
+        counts = h.counts
+        if h.scheme != buckets.SCHEME_ID or h.first_bucket + len(counts) > buckets.NUM_BUCKETS:
+            return False
+        total = sum(counts)
+        if total != a.count or total > MAX_HISTOGRAM_COUNT or (total and lo > hi):
+            return False
+    return True
+
+
 def _check_text(value: str, field: str) -> None:
     if len(value) > MAX_TEXT_LEN:
         raise WireError(field, f"is {len(value):,} characters, over the limit of {MAX_TEXT_LEN} "
                         f"({quote(value)})")
 
 
+_OVERHEAD_NUMBERS = ("estimated_fraction", "duty", "probe_cost_ns", "call_rate_hz", "budget",
+                     "attached_s", "fixed_cost_s", "step_fraction")
+
+
 def _check_overhead(o: pb.Overhead, field: str, extras: set[str]) -> None:
-    for stat in ("estimated_fraction", "duty", "probe_cost_ns", "call_rate_hz", "budget",
-                 "attached_s", "fixed_cost_s", "step_fraction"):
-        _check_finite_nonneg(getattr(o, stat), f"{field}.{stat}")
+    if not (0.0 <= o.estimated_fraction < _INF and 0.0 <= o.duty < _INF
+            and 0.0 <= o.probe_cost_ns < _INF and 0.0 <= o.call_rate_hz < _INF
+            and 0.0 <= o.budget < _INF and 0.0 <= o.attached_s < _INF
+            and 0.0 <= o.fixed_cost_s < _INF and 0.0 <= o.step_fraction < _INF):
+        for stat in _OVERHEAD_NUMBERS:            # one is not: name it
+            _check_finite_nonneg(getattr(o, stat), f"{field}.{stat}")
     _check_text(o.unsampled_reason, f"{field}.unsampled_reason")
     _check_text(o.step_basis, f"{field}.step_basis")
     if len(o.tiers) > MAX_APIS_PER_PROCESS:

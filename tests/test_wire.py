@@ -42,6 +42,43 @@ def test_invalid_window_names_field(mutate, field):
     assert err.value.field == field
 
 
+def _second_api(w: pb.NodeWindow, name: str = "cudaStreamSynchronize") -> pb.ApiStats:
+    a = w.processes[0].apis.add()
+    a.CopyFrom(wire.api_stats_from_ns(name, np.full(10, 5_000.0)))
+    return a
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda w: setattr(w.processes[0].apis[0], "max_us", math.inf), "processes[0].apis[0].max_us"),
+    (lambda w: setattr(w.processes[0].apis[0], "min_us", 99.0), "processes[0].apis[0].min_us"),
+    (lambda w: setattr(_second_api(w), "sum_us", -2.0), "processes[0].apis[1].sum_us"),
+    (lambda w: _second_api(w, "cudaLaunchKernel"), "processes[0].apis[1].api"),
+    (lambda w: _second_api(w, "bad name!"), "processes[0].apis[1].api"),
+    (lambda w: setattr(w.processes[0].overhead, "duty", math.nan), "processes[0].overhead.duty"),
+    (lambda w: setattr(w.processes[0].overhead, "step_fraction", -0.1),
+     "processes[0].overhead.step_fraction"),
+])
+def test_the_quick_pass_over_well_formed_entries_still_names_each_broken_field(mutate, field):
+    """Well-formed entries take a quick pass that builds no field paths; anything it does not
+    accept goes through the detailed checks, which name the field as before."""
+    w = _window()
+    w.processes[0].overhead.CopyFrom(pb.Overhead(sampled=True, attached_s=2.0))
+    assert wire._apis_plainly_valid(w.processes[0].apis)
+    wire.validate_window(w)
+    mutate(w)
+    assert not wire._apis_plainly_valid(w.processes[0].apis) or "overhead" in field
+    with pytest.raises(wire.WireError) as err:
+        wire.validate_window(w)
+    assert err.value.field == field
+
+
+def test_an_unprobed_api_name_takes_the_detailed_checks_and_passes():
+    w = _window()
+    _second_api(w, "myLib.customLaunch")
+    assert not wire._apis_plainly_valid(w.processes[0].apis)
+    wire.validate_window(w)
+
+
 def _with_signals() -> pb.NodeWindow:
     w = _window()
     p = w.processes[0]
