@@ -50,6 +50,8 @@ from typing import Any, Iterable, Iterator
 from hypertrace.proto import hypertrace_pb2 as pb
 
 log = logging.getLogger(__name__)
+#: How long a statement waits for a lock held by another connection (sqlite3's timeout).
+BUSY_TIMEOUT_MS = 30_000
 #: Windows read per query when replaying the store after a restart.
 REPLAY_PAGE = 2000
 
@@ -176,9 +178,21 @@ class StoredWindow:
     seq: int
     node: str
     end_ns: int
-    payload: bytes
+    stored: bytes             # the payload as stored (see ``codec``)
     late: bool = False        # arrived after its epoch was scored: counted, never scored
     received_ns: int = 0      # when it reached the analyzer
+    codec: int = 0            # CODEC_RAW or CODEC_ZLIB
+
+    @property
+    def payload(self) -> bytes:
+        """The wire bytes. A stored payload that does not decode raises StorageError naming
+        this window: one damaged row costs that window (the replay logs and skips it), not the
+        database."""
+        try:
+            return decode_payload(self.stored, self.codec)
+        except zlib.error as exc:
+            raise StorageError(f"stored window {self.agent_id[:64]!r} seq {self.seq}: its "
+                               f"payload does not decompress ({exc}); skipped") from exc
 
     def message(self) -> pb.NodeWindow:
         return pb.NodeWindow.FromString(self.payload)
@@ -196,8 +210,9 @@ class Storage:
         self._committing = False
         self.commits = 0          # window transactions committed (groups), for benchmarks
         #: the last stored verdict of each (job, node, gpu): only changes are stored
-        self._last_verdict: dict[tuple[str, str, str], str] = {}
-        self._load_last_verdicts()
+        self._last_verdict: dict[tuple[str, str, str], tuple[int, str]] = {}
+        with self._lock:
+            self._load_last_verdicts()
 
     @classmethod
     def open(cls, path: str | Path, synchronous: str = "FULL") -> "Storage":
@@ -211,7 +226,7 @@ class Storage:
         conn: sqlite3.Connection | None = None
         try:
             conn = sqlite3.connect(str(p), check_same_thread=False, isolation_level=None,
-                                   timeout=30.0)
+                                   timeout=BUSY_TIMEOUT_MS / 1000)
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 log.warning("database %s: WAL mode unavailable (got %s)", p, mode)
@@ -234,7 +249,10 @@ class Storage:
                 conn.executescript(_SCHEMA_AFTER)
         except sqlite3.Error as exc:
             if conn is not None and conn.in_transaction:
-                conn.execute("ROLLBACK")             # a half-done upgrade leaves nothing
+                try:
+                    conn.execute("ROLLBACK")         # a half-done upgrade leaves nothing
+                except sqlite3.Error:
+                    pass                             # the first error is the one to report
             raise StorageError(f"cannot open database {p}: {exc}; check that the path is "
                                "writable by this user (or pass another --db)") from exc
         for suffix in ("", "-wal", "-shm"):          # windows name nodes and jobs: owner only
@@ -305,8 +323,7 @@ class Storage:
                             stored = self._conn.execute(
                                 "SELECT payload, codec FROM windows WHERE agent_id = ? AND "
                                 "seq = ?", it.row[:2]).fetchone()
-                            if stored is not None and decode_payload(
-                                    bytes(stored[0]), int(stored[1])) != it.raw:
+                            if stored is not None and not self._same_or_healed(it, stored):
                                 it.error = ConflictingDuplicate(it.row[0], it.row[1])
                     self._conn.execute("COMMIT")
                     self.commits += 1
@@ -322,6 +339,20 @@ class Storage:
             err = _corruption(exc, self.path) or exc
             for it in group:
                 it.new, it.error = False, err
+
+    def _same_or_healed(self, it: _Queued, stored: tuple) -> bool:
+        """Is a replayed window the bytes stored under its key? A stored copy that no longer
+        decodes (a damaged page) is replaced by the replay's bytes, which the agent kept because
+        it had no ack yet, or sent again: the store heals instead of refusing the agent forever.
+        Called with the lock held, inside the group's transaction."""
+        try:
+            return decode_payload(bytes(stored[0]), int(stored[1])) == it.raw
+        except (zlib.error, StorageError):
+            log.warning("window %.64r seq %d: the stored copy was damaged; replaced by the "
+                        "agent's replay", it.row[0], it.row[1])
+            self._conn.execute("UPDATE windows SET payload = ?, codec = ? WHERE agent_id = ? "
+                               "AND seq = ?", (it.row[6], it.row[7], it.row[0], it.row[1]))
+            return True
 
     def iter_windows(self, since_end_ns: int | None = None) -> Iterator[StoredWindow]:
         """Stored windows in (end time, agent, seq) order: the replay order after a restart."""
@@ -343,14 +374,8 @@ class Storage:
             if not rows:
                 return
             for r in rows:
-                try:
-                    payload = decode_payload(bytes(r[4]), r[7])
-                except zlib.error as exc:          # damaged pages inside a payload
-                    raise _corruption(sqlite3.DatabaseError(
-                        f"window {r[0]!r} seq {r[1]}: payload does not decompress ({exc})"),
-                        self.path) from exc
-                yield StoredWindow(r[0], int(r[1]), r[2], int(r[3]), payload, bool(r[5]),
-                                   int(r[6]))
+                yield StoredWindow(r[0], int(r[1]), r[2], int(r[3]), bytes(r[4]), bool(r[5]),
+                                   int(r[6]), int(r[7]))
             last = (int(rows[-1][3]), rows[-1][0], int(rows[-1][1]))
 
     def mark_late(self, agent_id: str, seq: int) -> None:
@@ -372,9 +397,8 @@ class Storage:
         Returns the score rows stored."""
         now = created_ns if created_ns is not None else time.time_ns()
         score_rows: list[tuple] = []
-        verdict_rows: list[tuple] = []
         epoch_rows: list[tuple] = []
-        changed: dict[tuple[str, str, str], str] = {}
+        results = list(results)
         for res in results:
             kinds = list(res.verdicts.values())
             epoch_rows.append((res.job_id, int(res.epoch), len(kinds), kinds.count("suspect"),
@@ -384,16 +408,10 @@ class Storage:
                                    r.api, r.stat, _f(r.value_us), _f(r.job_median_us),
                                    _f(r.ratio), _f(r.robust_z), int(bool(r.flagged)),
                                    r.direction, now))
-            last = self._last_verdict
-            for (node, gpu), verdict in res.verdicts.items():
-                key = (res.job_id, node, str(gpu))
-                if changed.get(key, last.get(key)) != verdict:
-                    changed[key] = verdict
-                    verdict_rows.append((res.job_id, node, str(gpu), int(res.epoch), verdict,
-                                         now))
         if not epoch_rows:
             return 0
         with self._lock:
+            verdict_rows, changed = self._verdict_changes(results, now)
             self._conn.execute("BEGIN")
             try:
                 self._conn.executemany(
@@ -409,14 +427,45 @@ class Storage:
             self._last_verdict.update(changed)
         return len(score_rows)
 
+    def _verdict_changes(self, results: list[Any], now: int
+                         ) -> tuple[list[tuple], dict[tuple[str, str, str], tuple[int, str]]]:
+        """(rows to store, cache updates) for ``results`` in epoch order; called with the lock
+        held. A GPU's verdict is stored when it differs from the newest one stored before it.
+        For an epoch older than the newest stored for the GPU (two scoring passes that stored
+        out of order, or an epoch stored again) that is read from the table; a later row that
+        then repeats it is harmless, a skipped change is not."""
+        rows: list[tuple] = []
+        changed: dict[tuple[str, str, str], tuple[int, str]] = {}
+        last = self._last_verdict
+        for res in sorted(results, key=lambda r: r.epoch):
+            epoch = int(res.epoch)
+            for (node, gpu), verdict in res.verdicts.items():
+                key = (res.job_id, node, str(gpu))
+                prev = changed.get(key) or last.get(key)
+                if prev is not None and epoch <= prev[0]:
+                    if self._verdict_as_of(key, epoch) != verdict:
+                        rows.append((res.job_id, node, str(gpu), epoch, verdict, now))
+                elif prev is None or prev[1] != verdict:
+                    rows.append((res.job_id, node, str(gpu), epoch, verdict, now))
+                    changed[key] = (epoch, verdict)
+                else:
+                    changed[key] = (epoch, verdict)
+        return rows, changed
+
+    def _verdict_as_of(self, key: tuple[str, str, str], epoch: int) -> str | None:
+        """A GPU's stored verdict as of ``epoch``: its latest change at or before it (lock held)."""
+        row = self._conn.execute(
+            "SELECT verdict FROM verdicts WHERE job_id = ? AND node = ? AND gpu = ? AND "
+            "epoch <= ? ORDER BY epoch DESC LIMIT 1", (*key, epoch)).fetchone()
+        return None if row is None else row[0]
+
     def _load_last_verdicts(self) -> None:
         """Read each GPU's latest stored verdict (after opening, and after a prune removed
-        rows): what the next epoch's verdicts are compared with."""
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT job_id, node, gpu, verdict, MAX(epoch) FROM verdicts "
-                "GROUP BY job_id, node, gpu").fetchall()
-        self._last_verdict = {(r[0], r[1], r[2]): r[3] for r in rows}
+        rows, with the lock held there): what the next epoch's verdicts are compared with."""
+        rows = self._conn.execute(
+            "SELECT job_id, node, gpu, verdict, MAX(epoch) FROM verdicts "
+            "GROUP BY job_id, node, gpu").fetchall()
+        self._last_verdict = {(r[0], r[1], r[2]): (int(r[4]), r[3]) for r in rows}
 
     def verdicts(self, job_id: str | None = None) -> list[tuple[str, int, str, str, str]]:
         """(job_id, epoch, node, gpu, verdict) of every stored change (a GPU's first verdict,
@@ -460,11 +509,23 @@ class Storage:
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
-            if n:           # give the pages back: the WAL would stay at its high-water mark
-                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        if n:
-            self._load_last_verdicts()
+            if n:
+                self._load_last_verdicts()
+                self._truncate_wal()
         return n
+
+    def _truncate_wal(self) -> None:
+        """Give the WAL's pages back after a prune (it would stay at its high-water mark).
+        Never waits: with another process reading the file (an export, the sqlite3 shell) the
+        checkpoint would wait out the busy timeout while ingest waits on the lock, so it is
+        tried without one and skipped when busy (the next prune tries again)."""
+        self._conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.OperationalError as exc:
+            log.info("WAL not truncated after the prune (%s); the next prune tries again", exc)
+        finally:
+            self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
 
 
 def decode_payload(payload: bytes, codec: int) -> bytes:

@@ -10,8 +10,11 @@ read them.
 """
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
+import tempfile
 from pathlib import Path
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
@@ -27,8 +30,21 @@ def find_chromium() -> str | None:
 def screenshot(chromium: str, page: Path, png: Path, width: int, height: int,
                timeout: float = 120.0) -> subprocess.CompletedProcess:
     """Load ``page`` (a local file) at ``width`` x ``height`` CSS pixels and write a PNG of the
-    viewport to ``png``. Returns the finished process (its ``returncode`` and ``stderr``)."""
-    return subprocess.run([chromium, *CHROMIUM_FLAGS, "--hide-scrollbars",
-                           f"--window-size={width},{height}", f"--screenshot={png}",
-                           page.resolve().as_uri()],
-                          capture_output=True, text=True, timeout=timeout, cwd=png.parent)
+    viewport to ``png``. Returns the finished process (its ``returncode`` and ``stderr``); a
+    run past ``timeout`` is killed with every process it started (renderer, zygote) and comes
+    back with returncode -9. A profile directory of its own per run, so that two runs (tests in
+    parallel, a make target beside a test) never share one."""
+    with tempfile.TemporaryDirectory(prefix="ht-chromium-") as profile:
+        args = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--hide-scrollbars",
+                f"--window-size={width},{height}", f"--screenshot={png}",
+                page.resolve().as_uri()]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=png.parent, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            err += f"\nchromium did not finish within {timeout:g} s and was killed"
+            return subprocess.CompletedProcess(args, -9, out, err)
+        return subprocess.CompletedProcess(args, proc.returncode, out, err)

@@ -445,6 +445,7 @@ def run_job(args: argparse.Namespace, prometheus: str, node_exporter: str, work:
         return port, start, time.time()
     finally:
         dcgm.shutdown()
+        dcgm.server_close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -502,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         page_path.parent.mkdir(parents=True, exist_ok=True)
         page_path.write_text(page, encoding="utf-8")
         out.parent.mkdir(parents=True, exist_ok=True)
+        out.unlink(missing_ok=True)          # an earlier run's picture must not pass for this one
         run = screenshot(chromium, page_path, out.resolve(), args.width, height)
         if run.returncode != 0 or not out.exists():
             print(f"dashboard-preview: chromium failed: {run.stderr[-2000:]}", file=sys.stderr)

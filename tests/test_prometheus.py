@@ -94,3 +94,4 @@ def test_prometheus_scrapes_the_straggler_and_every_dashboard_query_has_data(tmp
         assert "prom-job" in prom_stack.label_values(prom_port, "job_id", "hypertrace_job_gpus")
     finally:
         dcgm.shutdown()
+        dcgm.server_close()

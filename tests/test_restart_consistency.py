@@ -129,7 +129,7 @@ def test_a_schema_2_database_keeps_its_verdicts_as_a_change_log(tmp_path):
         assert "WITHOUT ROWID" in sql
         assert int(storage._conn.execute(
             "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]) == SCHEMA_VERSION
-        assert storage._last_verdict == {("j", "n1", "0"): "straggler"}
+        assert storage._last_verdict == {("j", "n1", "0"): (2, "straggler")}
     finally:
         storage.close()
 

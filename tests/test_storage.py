@@ -142,7 +142,49 @@ def test_payloads_are_stored_compressed_and_read_back_as_the_wire_bytes(tmp_path
     # a codec this analyzer does not know is named, not misread
     st._conn.execute("UPDATE windows SET codec = 9 WHERE seq = ?", (ws[0].seq,))
     with pytest.raises(StorageError, match="unknown payload codec 9"):
-        list(st.iter_windows())
+        [sw.payload for sw in st.iter_windows()]
+    st.close()
+
+
+def test_a_damaged_payload_costs_its_window_and_the_agents_replay_heals_it(tmp_path):
+    st = Storage.open(tmp_path / "a.db")
+    ws = list(generate(SimConfig(gpus=16, gpus_per_node=8, windows=2, seed=4)))
+    for w in ws:
+        st.add_window(w)
+    bad = ws[0]
+    st._conn.execute("UPDATE windows SET payload = ? WHERE agent_id = ? AND seq = ?",
+                     (b"\x78\x01garbage", bad.agent_id, bad.seq))
+    readable, damaged = [], []
+    for sw in st.iter_windows():
+        try:
+            readable.append(sw.message())
+        except StorageError as exc:
+            damaged.append(str(exc))
+    assert len(readable) == len(ws) - 1 and len(damaged) == 1
+    assert "does not decompress" in damaged[0] and f"seq {bad.seq}" in damaged[0]
+    # the agent sends it again (no ack reached it): not a conflict, and the store is whole again
+    assert st.add_window(bad) is False
+    assert sorted(sw.message().SerializeToString() for sw in st.iter_windows()) == sorted(
+        w.SerializeToString() for w in ws)
+    st.close()
+
+
+def test_verdicts_stored_out_of_epoch_order_keep_every_change(tmp_path):
+    """Two scoring passes may store their epochs in either order; no change may be skipped."""
+    from hypertrace.analyzer.epoch_scoring import EpochResult
+    st = Storage.open(tmp_path / "a.db")
+    k = ("node-0001", "0")
+    for epoch, v in ((5, "healthy"), (7, "straggler"), (6, "healthy"), (8, "healthy")):
+        st.add_results([EpochResult("j", epoch, [], {k: v})])
+    log = [(e, v) for _, e, _, _, v in st.verdicts("j")]
+    assert log == [(5, "healthy"), (7, "straggler"), (8, "healthy")]
+    st.add_results([EpochResult("j", 6, [], {k: "suspect"})])          # a real change, late
+    log = [(e, v) for _, e, _, _, v in st.verdicts("j")]
+    assert log == [(5, "healthy"), (6, "suspect"), (7, "straggler"), (8, "healthy")]
+
+    def as_of(epoch: int) -> str:
+        return max((e, v) for e, v in log if e <= epoch)[1]
+    assert [as_of(e) for e in (5, 6, 7, 8)] == ["healthy", "suspect", "straggler", "healthy"]
     st.close()
 
 
@@ -185,11 +227,13 @@ def test_a_corrupt_database_stops_the_analyzer_with_exit_2_and_the_recovery(tmp_
     for w in generate(SimConfig(gpus=64, gpus_per_node=8, windows=12, seed=2)):
         st.add_window(w)
     st._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    page = st._conn.execute("PRAGMA page_size").fetchone()[0]
+    root = st._conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'windows'"
+                            ).fetchone()[0]
     st.close()
-    size = db.stat().st_size
-    with open(db, "r+b") as fh:                     # damage the middle of the file, not its header
-        fh.seek(size // 2)
-        fh.write(b"\xa5" * 8192)
+    with open(db, "r+b") as fh:          # damage the windows table's root page, not the header
+        fh.seek((root - 1) * page)
+        fh.write(b"\xa5" * page)
     rc = main(["analyzer", "--listen", "127.0.0.1:0", "--db", str(db), "--insecure"])
     err = capsys.readouterr().err
     assert rc == 2 and "is corrupt" in err and ".recover" in err and "Traceback" not in err
