@@ -185,7 +185,10 @@ class _Flat:
     firsts: array = field(default_factory=lambda: array("q"))
     lens: array = field(default_factory=lambda: array("q"))
     totals: array = field(default_factory=lambda: array("d"))
-    vals: array = field(default_factory=lambda: array("d"))
+    #: the counts as sent (uint64): extending an unsigned array from the wire's repeated field
+    #: costs half of converting every count to a float on the way in (measured: 3.0 vs 6.2 µs
+    #: per histogram); they become floats once, vectorized, in :meth:`hists`
+    vals: array = field(default_factory=lambda: array("Q"))
 
     def add(self, row: int, hist: pb.Histogram, total: int | None = None) -> None:
         """``total``: the sample count when the sender stated it (ApiStats.count, validated to
@@ -213,7 +216,7 @@ class _Flat:
         # flat index bucket * n_local + local[h] in the (K, n_local) matrix
         pos = np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(firsts - lo - starts, lens)
         flat = pos * n_local + np.repeat(local, lens)
-        vals = np.frombuffer(self.vals, dtype=np.float64)
+        vals = np.frombuffer(self.vals, dtype=np.uint64).astype(np.float64)
         totals = np.frombuffer(self.totals, dtype=np.float64)
         if lens.size == n_local and np.bincount(local, minlength=n_local).max() <= 1:
             dense = np.zeros(width * n_local)        # one histogram per GPU: plain scatter
