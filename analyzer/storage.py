@@ -492,7 +492,8 @@ class Storage:
     # ---- retention ---------------------------------------------------------------------------
 
     def prune(self, retention_seconds: float, now_ns: int | None = None) -> int:
-        """Delete windows that ended, and results computed, more than ``retention_seconds`` ago."""
+        """Delete windows that ended, and results computed, more than ``retention_seconds`` ago,
+        except each GPU's current verdict while its job is still being scored."""
         now = now_ns if now_ns is not None else time.time_ns()
         cutoff = now - int(retention_seconds * 1e9)
         with self._lock:
@@ -501,8 +502,15 @@ class Storage:
                 n = self._conn.execute("DELETE FROM windows WHERE end_ns < ?", (cutoff,)).rowcount
                 n += self._conn.execute("DELETE FROM scores WHERE created_ns < ?",
                                         (cutoff,)).rowcount
-                n += self._conn.execute("DELETE FROM verdicts WHERE created_ns < ?",
-                                        (cutoff,)).rowcount
+                # a GPU's newest verdict is its current one: kept while its job is still scored
+                # (an epoch stored since the cutoff), so "straggler since epoch E" outlives the
+                # retention of the rows that led to it
+                n += self._conn.execute(
+                    "DELETE FROM verdicts WHERE created_ns < ? AND NOT ("
+                    "  epoch = (SELECT MAX(v.epoch) FROM verdicts v WHERE v.job_id = "
+                    "           verdicts.job_id AND v.node = verdicts.node AND v.gpu = verdicts.gpu)"
+                    "  AND EXISTS (SELECT 1 FROM epochs e WHERE e.job_id = verdicts.job_id"
+                    "              AND e.created_ns >= ?))", (cutoff, cutoff)).rowcount
                 n += self._conn.execute("DELETE FROM epochs WHERE created_ns < ?",
                                         (cutoff,)).rowcount
                 self._conn.execute("COMMIT")

@@ -169,6 +169,25 @@ def test_a_damaged_payload_costs_its_window_and_the_agents_replay_heals_it(tmp_p
     st.close()
 
 
+def test_a_prune_keeps_each_gpus_current_verdict_while_its_job_is_scored(tmp_path):
+    from hypertrace.analyzer.epoch_scoring import EpochResult
+    st = Storage.open(tmp_path / "a.db")
+    old, recent, cutoff_age = 1_000 * 10**9, 5_000 * 10**9, 2_000
+    k = ("node-0001", "0")
+    st.add_results([EpochResult("live", 1, [], {k: "straggler"}),
+                    EpochResult("gone", 1, [], {k: "straggler"})], created_ns=old)
+    st.add_results([EpochResult("live", 2, [], {k: "healthy"})], created_ns=old + 1)
+    st.add_results([EpochResult("live", 3, [], {k: "healthy"})], created_ns=recent)
+    assert [(e, v) for _, e, *_, v in st.verdicts("live")] == [(1, "straggler"), (2, "healthy")]
+    st.prune(retention_seconds=cutoff_age, now_ns=recent + 10**9)   # cutoff between old, recent
+    # "live" is still scored: its GPU keeps its current verdict (healthy since epoch 2), not the
+    # change before it; "gone" has not been scored since the cutoff and is forgotten
+    assert [(e, v) for _, e, *_, v in st.verdicts("live")] == [(2, "healthy")]
+    assert st.verdicts("gone") == []
+    assert [e for e, *_ in st.epochs("live")] == [3]
+    st.close()
+
+
 def test_verdicts_stored_out_of_epoch_order_keep_every_change(tmp_path):
     """Two scoring passes may store their epochs in either order; no change may be skipped."""
     from hypertrace.analyzer.epoch_scoring import EpochResult
