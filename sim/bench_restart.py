@@ -23,6 +23,15 @@ from pathlib import Path
 
 
 def _rss_mb() -> float:
+    """This process's peak RSS in MB: VmHWM, which starts afresh with the process image (the
+    rusage maximum is kept across exec, so a spawned child would report its parent's peak)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
@@ -32,7 +41,7 @@ def _verdicts(report) -> dict[tuple[str, str], str]:
 
 def _restart(db: Path, now_ns: int, out) -> None:
     """A fresh analyzer on ``db``: replay, score, and put (replayed, epochs held at most,
-    verdicts, RSS MB before the replay) on ``out``."""
+    verdicts, peak RSS MB before the replay and at the end) on ``out``."""
     from hypertrace.analyzer.server import Analyzer
     from hypertrace.analyzer.storage import Storage
     before = _rss_mb()
@@ -40,7 +49,7 @@ def _restart(db: Path, now_ns: int, out) -> None:
     a = Analyzer(storage)
     n = a.resume()
     a.flush(now_ns)
-    out.put((n, a.replay_pending_max, _verdicts(a.report()), before))
+    out.put((n, a.replay_pending_max, _verdicts(a.report()), before, _rss_mb()))
     storage.close()
 
 
@@ -84,15 +93,15 @@ def main(argv: list[str] | None = None) -> int:
         on_disk = sum(f.stat().st_size for f in (db, db.with_name(db.name + "-wal"))
                       if f.exists())
         size_mb = on_disk / 2**20
-        # the restart in a child process of its own, so its peak RSS is its own
-        ctx = multiprocessing.get_context("fork")
+        # the restart in a fresh process of its own (spawned, not forked: a forked child's peak
+        # RSS counts the parent's pages it touches, and read 112 or 470 MB for the same work)
+        ctx = multiprocessing.get_context("spawn")
         out = ctx.Queue()
         child = ctx.Process(target=_restart, args=(db, last_flush + 10 * win_ns, out))
         child.start()
-        replayed, held, restarted_verdicts, rss0 = out.get()
+        replayed, held, restarted_verdicts, rss0, rss1 = out.get()
         child.join()
         t2 = time.monotonic()
-        rss1 = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
     same = live_verdicts == restarted_verdicts
     print(f"history: {args.gpus:,} GPUs x {args.windows} windows = {n:,} node-windows "
           f"({size_mb:.0f} MB of SQLite, {on_disk / n:,.0f} B per node-window with its scores "
