@@ -200,3 +200,48 @@ def test_a_slow_host_measured_under_5pct_is_convicted_through_its_host_median():
     assert findings and all(1.0 < f.ratio < 1.05 for f in findings)   # under min_effect
     plain = _run(generate(cfg), ScoringConfig(host_effect_sigmas=0.0)).report(now_ns=0)
     assert not [n for n in plain.jobs[0].nodes if n.verdict == "straggler" and n.scope == "host"]
+
+
+def test_an_epoch_keeps_every_implicated_gpus_rows_and_the_strongest_others():
+    """Wide noise at 1,024 GPUs flags hundreds of cells per epoch that implicate nobody; the
+    result keeps the implicated GPUs' rows whole and OTHER_ROWS_KEPT of the rest, the strongest
+    by |z|, and the report (built from the implicated GPUs' findings) is the same either way."""
+    import numpy as np
+
+    from hypertrace.analyzer import epoch_scoring
+    from hypertrace.sim import scenarios
+    from hypertrace.sim.simulate import generate
+    cfg = scenarios.get("host-10").config(1024, windows=4, seed=7)
+    ws = list(generate(cfg))
+
+    def run(keep: int):
+        old = epoch_scoring.OTHER_ROWS_KEPT
+        epoch_scoring.OTHER_ROWS_KEPT = keep
+        try:
+            e = Engine(ScoringConfig())
+            for w in ws:
+                e.ingest(w)
+            return e.flush(None), report_to_json(e.report(now_ns=0))
+        finally:
+            epoch_scoring.OTHER_ROWS_KEPT = old
+    full, full_report = run(10**9)
+    kept, kept_report = run(epoch_scoring.OTHER_ROWS_KEPT)
+    assert kept_report == full_report
+    trimmed = 0
+    for a, b in zip(full, kept):
+        implicated = {(r.node, r.gpu) for r in a.rows if r.implicates}
+        assert implicated                                        # the slow host, every epoch
+        def key(r):                                              # rows hold NaNs: compare keys
+            return (r.node, r.gpu, r.api, r.stat, r.basis, r.direction, r.robust_z)
+        mine = [key(r) for r in a.rows if (r.node, r.gpu) in implicated]
+        assert [key(r) for r in b.rows if (r.node, r.gpu) in implicated] == mine
+        others = [r for r in a.rows if (r.node, r.gpu) not in implicated]
+        kept_others = {key(r) for r in b.rows if (r.node, r.gpu) not in implicated}
+        assert len(kept_others) == min(len(others), epoch_scoring.OTHER_ROWS_KEPT)
+        if len(others) > len(kept_others):
+            trimmed += 1
+            floor = min(abs(k[-1]) for k in kept_others if np.isfinite(k[-1]))
+            dropped = [r for r in others if key(r) not in kept_others]
+            assert all(not abs(r.robust_z) > floor for r in dropped)
+        assert a.verdicts == b.verdicts
+    assert trimmed                                               # the rule was exercised
