@@ -168,6 +168,9 @@ class SignalEpoch:
     step_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
     #: (G,) own time per step (µs): mean step less mean peer wait; NaN without step sums
     own_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: (G,) the GPU's steps moved, or it has none to check (:func:`steps_corroborate`): what a
+    #: run-queue share and a GPU's own launch tail need to convict
+    steps_moved: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     def evidence(self, i: int) -> dict[str, tuple[float, float]]:
         """{signal: (this GPU's value, its job median)} of GPU ``i`` for every scored signal,
@@ -300,12 +303,12 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
     step_us = np.where(step_ok & np.isfinite(mean_step), mean_step,
                        np.where(step_n >= cfg.min_steps, step_p50, np.nan))
     own_us = np.where(step_ok & np.isfinite(own), own, np.nan)
+    steps_moved = steps_corroborate(_step_measures(mode, own_us, busy_us, step_us), cfg, groups)
     for s in scores:
         if s.name == "step.own":
             s.implicating = s.high.copy()
         elif s.name == "sched.runq":      # CPU wait that the steps do not show is not a straggler
-            s.implicating = s.high & steps_corroborate(
-                _step_measures(mode, own_us, busy_us, step_us), cfg, groups)
+            s.implicating = s.high & steps_moved
         elif s.name == "step.time":
             s.implicating = s.high & (mode == "independent")
         elif s.name == "launch.rate":
@@ -320,7 +323,7 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
         sufficient |= s.scored
         flagged |= s.implicating
     return SignalEpoch(mode, scores, runq_p50, sufficient, flagged, by_name, busy_us, step_us,
-                       own_us)
+                       own_us, steps_moved)
 
 
 def _score(name: str, unit: str, stat: str, value: np.ndarray, usable: np.ndarray,
@@ -398,7 +401,7 @@ def launch_corroboration(sig: SignalEpoch, cfg: ScoringConfig, groups: list[np.n
                            | (above == n_h))
             host_has[sel] |= ok_h[layout.host]
             host_up[sel] |= up_h[layout.host]
-    return steps_corroborate(values, cfg, groups), ~host_has | host_up
+    return sig.steps_moved, ~host_has | host_up
 
 
 def _step_measures(mode: str, own_us: np.ndarray, busy_us: np.ndarray,
