@@ -442,14 +442,13 @@ class Storage:
             for (node, gpu), verdict in res.verdicts.items():
                 key = (res.job_id, node, str(gpu))
                 prev = changed.get(key) or last.get(key)
-                if prev is not None and epoch <= prev[0]:
-                    if self._verdict_as_of(key, epoch) != verdict:
-                        rows.append((res.job_id, node, str(gpu), epoch, verdict, now))
-                elif prev is None or prev[1] != verdict:
-                    rows.append((res.job_id, node, str(gpu), epoch, verdict, now))
-                    changed[key] = (epoch, verdict)
+                if prev is not None and epoch <= prev[0]:          # older than the newest
+                    differs = self._verdict_as_of(key, epoch) != verdict
                 else:
+                    differs = prev is None or prev[1] != verdict
                     changed[key] = (epoch, verdict)
+                if differs:
+                    rows.append((res.job_id, node, str(gpu), epoch, verdict, now))
         return rows, changed
 
     def _verdict_as_of(self, key: tuple[str, str, str], epoch: int) -> str | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=16384)
     ap.add_argument("--windows", type=int, default=8)
     args = ap.parse_args(argv)
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    from hypertrace.sim.chromium import CHROMIUM_FLAGS, find_chromium
+    chromium = find_chromium()
     if chromium is None:
         print("bench-html: chromium is not installed (Debian package `chromium`)",
               file=sys.stderr)
@@ -56,9 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         times = []
         for _ in range(3):
             t0 = time.perf_counter()
-            run = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
-                                  "--no-first-run", "--disable-background-networking",
-                                  "--dump-dom", f"file://{path}"],
+            run = subprocess.run([chromium, *CHROMIUM_FLAGS, "--dump-dom", f"file://{path}"],
                                  capture_output=True, text=True, timeout=120, cwd=tmp)
             times.append(time.perf_counter() - t0)
             drawn = 'data-drawn="1"' in run.stdout

@@ -1,5 +1,5 @@
 """Headless Debian ``chromium``, the one way pages are loaded and screenshotted here: the HTML
-report's browser test (tests/test_html_report.py) and the dashboard preview
+report's browser test (tests/test_html_report.py), its benchmark (sim/bench_html.py) and the dashboard preview
 (:mod:`hypertrace.sim.dashboard_preview`).
 
 Why these flags: ``--no-sandbox`` because tests and ``make`` targets often run as root in a
