@@ -91,7 +91,7 @@ static int slot_kind[HT_MAX_SLOTS];
 static int slot_count;
 static signed char rt_slot[HT_MAX_CBID], drv_slot[HT_MAX_CBID];   // cbid -> slot, -1 none
 static unsigned char slot_on[HT_MAX_SLOTS];
-static volatile u64 generation;       // bumped by every enable/disable
+static volatile u64 slot_gen[HT_MAX_SLOTS];   // bumped when a slot is disabled
 static __thread u64 tl_outer_corr, tl_outer_gen;
 static __thread int tl_outer_slot = -1;
 
@@ -151,25 +151,27 @@ static void on_callback(void *userdata, int domain, u32 cbid, const void *data) 
     int slot = domain == HT_DOMAIN_RUNTIME ? rt_slot[cbid]
              : domain == HT_DOMAIN_DRIVER ? drv_slot[cbid] : -1;
     if (slot < 0) return;
-    u64 gen = generation;
     if (cb->callbackSite == 0) {
         if (cb->correlationData) *cb->correlationData = t0;
         // The outermost probed call of this thread; a driver call made inside a runtime call is
-        // counted once, as the runtime call (nested). A call whose exit was lost to a disable
-        // (generation changed) no longer counts as open.
-        if (tl_outer_slot < 0 || tl_outer_gen != gen) {
+        // counted once, as the runtime call (nested). An open call whose slot was disabled since
+        // its entry may have lost its exit: it no longer counts as open.
+        if (tl_outer_slot < 0 || slot_gen[tl_outer_slot] != tl_outer_gen) {
             tl_outer_slot = slot;
             tl_outer_corr = ((u64)domain << 32) | cb->correlationId;
-            tl_outer_gen = gen;
+            tl_outer_gen = slot_gen[slot];
         }
     } else {
         u64 corr = ((u64)domain << 32) | cb->correlationId;
-        if (tl_outer_slot >= 0 && tl_outer_gen == gen && corr != tl_outer_corr) {
-            __atomic_fetch_add(&cur.api[tl_outer_slot].nested, 1, __ATOMIC_RELAXED);
-        } else if (cb->correlationData && *cb->correlationData && t0 > *cb->correlationData) {
-            record_call(slot, t0 - *cb->correlationData, t0);
+        int open = tl_outer_slot >= 0 && slot_gen[tl_outer_slot] == tl_outer_gen;
+        if (!open) {
+            // Its entry was not seen (the slot was enabled during the call): no duration.
             tl_outer_slot = -1;
+        } else if (corr != tl_outer_corr) {
+            __atomic_fetch_add(&cur.api[tl_outer_slot].nested, 1, __ATOMIC_RELAXED);
         } else {
+            if (cb->correlationData && t0 > *cb->correlationData)
+                record_call(slot, t0 - *cb->correlationData, t0);
             tl_outer_slot = -1;
         }
     }
@@ -288,7 +290,7 @@ int ht_enable(int slot, int on) {
             bad++;
     }
     slot_on[slot] = on && !bad;
-    __atomic_fetch_add(&generation, 1, __ATOMIC_RELAXED);
+    if (!on) __atomic_fetch_add(&slot_gen[slot], 1, __ATOMIC_RELAXED);
     if (bad) snprintf(last_error, sizeof last_error, "cuptiEnableCallback failed for %d ids", bad);
     return bad ? -1 : 0;
 }
