@@ -198,11 +198,7 @@ class Agent:
             self.notifier.status("compiling the BPF program")
             self.session = UprobeSession(exclude_pids=[os.getpid()])
         if self.cfg.cupti_socket:
-            self.hub = InProcessHub(self.cfg.cupti_socket, pb.LocalConfig(
-                agent_id=self.cfg.agent_id, node=self.cfg.node, window_s=self.cfg.window,
-                overhead_budget=self.cfg.overhead_budget, always_share=self.cfg.always_share,
-                max_slice_s=self.cfg.max_slice_s, slice_guard_s=self.cfg.slice_guard_s,
-                min_samples=self.cfg.min_samples), standby=not self.cupti_only).start()
+            self._start_hub()
         if self.probe_cost_ns is None:
             from hypertrace.collector.probe_cost import measure_probe_cost_ns
             self.notifier.status("measuring the probe cost")
@@ -217,6 +213,23 @@ class Agent:
                  self.probe_cost_ns, self.cfg.overhead_budget * 100, self.cfg.window,
                  self.cfg.max_slice_s, "probing every CUDA process" if
                  self.cfg.probe_unattributed else "probing processes attributed to a job")
+
+    def _start_hub(self) -> None:
+        """Listen for in-process backends. Without uprobes that is the agent's only source, so
+        a failure is fatal then; beside uprobes it is logged and the agent goes on."""
+        hub = InProcessHub(self.cfg.cupti_socket, pb.LocalConfig(
+            agent_id=self.cfg.agent_id, node=self.cfg.node, window_s=self.cfg.window,
+            overhead_budget=self.cfg.overhead_budget, always_share=self.cfg.always_share,
+            max_slice_s=self.cfg.max_slice_s, slice_guard_s=self.cfg.slice_guard_s,
+            min_samples=self.cfg.min_samples), standby=not self.cupti_only)
+        try:
+            self.hub = hub.start()
+        except OSError as exc:
+            msg = (f"cannot listen on cupti_socket {self.cfg.cupti_socket}: {exc}; set "
+                   "cupti_socket to a writable path (or \"\" to accept no in-process backends)")
+            if self.cupti_only:
+                raise RuntimeError(msg) from None
+            log.warning("%s; in-process (CUPTI) backends cannot connect", msg)
 
     def _ebpf_unavailable(self) -> bool:
         """Whether this agent runs without uprobes (``backend``: cupti, or auto where eBPF's

@@ -62,19 +62,29 @@ def library_path() -> Path:
 
 
 def find_libcupti() -> str:
-    """Path of libcupti: ``$HYPERTRACE_CUPTI_LIB``, the CUDA toolkit's (``$CUDA_HOME``,
-    /usr/local/cuda), the nvidia-cuda-cupti wheel's, else the loader's search by soname."""
+    """Path of libcupti, in this order: ``$HYPERTRACE_CUPTI_LIB``; the one this process has
+    mapped already (a framework's own copy: one CUPTI per process); the nvidia-cuda-cupti wheel
+    on ``sys.path`` (what PyTorch loads later); the CUDA toolkit's (``$CUDA_HOME``,
+    /usr/local/cuda); else the loader's search by name."""
     explicit = os.environ.get("HYPERTRACE_CUPTI_LIB")
     if explicit:
         if not Path(explicit).exists():
             raise CuptiUnavailable(f"HYPERTRACE_CUPTI_LIB={explicit} does not exist")
         return explicit
-    roots = [os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"]
-    patterns = [f"{r}/extras/CUPTI/lib64/libcupti.so*" for r in roots if r]
-    patterns += [f"{r}/lib64/libcupti.so*" for r in roots if r]
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                if "/libcupti.so" in line:
+                    return line.split(None, 5)[-1].strip()
+    except OSError:
+        pass
+    patterns = []
     for entry in sys.path:
         if entry and os.path.isdir(os.path.join(entry, "nvidia")):
             patterns += [f"{entry}/nvidia/*/lib/libcupti.so*", f"{entry}/nvidia/lib/libcupti.so*"]
+    roots = [os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"]
+    patterns += [f"{r}/extras/CUPTI/lib64/libcupti.so*" for r in roots if r]
+    patterns += [f"{r}/lib64/libcupti.so*" for r in roots if r]
     for pattern in patterns:
         hits = sorted(glob.glob(pattern), key=len)
         if hits:

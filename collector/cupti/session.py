@@ -297,8 +297,14 @@ class InProcessBackend:
                 self._apply_config(msg.config)
         if self._sock is sock:
             self._close_link()
-            log.warning("hypertrace: the agent closed the link; reconnecting in %.0f s",
-                        self.opts.retry_s)
+            # Nobody receives the windows now: stop paying for callbacks until an agent is back.
+            with self._lock:
+                self.state.mode = "no_agent"
+                if self.recorder.subscribed():
+                    self.recorder.unsubscribe()
+                self.state.subscribed = False
+            self._next_link = time.monotonic() + min(self.opts.retry_s, 5.0)
+            log.warning("hypertrace: the agent closed the link; unsubscribed, reconnecting")
 
     def _close_link(self) -> None:
         sock, self._sock = self._sock, None
