@@ -507,9 +507,25 @@ class InProcessBackend:
         if win.sampled:
             g.observe_slice(sliced_hits, win.attached_s)
         g.observe_always(always_hits, window_s)
+        self._demote({api: probe_hits(s) / window_s for (_, api), s in samples.items()
+                      if api in self._always}, g)
         if not self.state.cost_measured and self.state.subscribed and always_hits + sliced_hits:
             self._calibrate()
         self._send(node_window, pw, win)
+
+    def _demote(self, rates: dict[str, float], g: Governor) -> None:
+        """An always-tier API that would cost more than its share of the budget moves to the
+        sliced tier, as the agent does for uprobes (Governor.always_split)."""
+        _, demote = g.always_split({api: rates.get(api, 0.0) for api in self._always})
+        if not demote:
+            return
+        with self._lock:
+            if self.recorder.subscribed():
+                self.recorder.enable(demote, False)
+            self._always = [a for a in self._always if a not in demote]
+            self._sliced += demote
+        log.info("hypertrace: %s fire%s too often for the always tier; sliced from now on",
+                 ", ".join(demote), "s" if len(demote) == 1 else "")
 
     def _send(self, node_window: pb.NodeWindow, pw: pb.ProcessWindow, win: _Window) -> None:
         sock = self._sock
