@@ -247,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         import logging
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        os.environ["HYPERTRACE_CUPTI_SOCKET"] = args.sock
         res = globals()[f"child_{args.child}"](args.sock)
         (args.out / f"{args.child}.json").write_text(json.dumps(res, indent=1, default=str))
         return 0
