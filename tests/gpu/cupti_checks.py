@@ -45,17 +45,26 @@ def _hub(sock: str, window_s: float = 2.0):
 
 
 def _collect(hub, seconds: float, work, window_s: float = 2.0) -> list:
-    """Run ``work()`` repeatedly for ``seconds``, taking the frames of each window."""
-    frames = []
-    t_end = time.time() + seconds
+    """Run ``work()`` repeatedly for ``seconds`` while a thread takes the frames of each window
+    as an agent does (waiting up to the hub's grace for them)."""
+    import threading
+    frames, done = [], threading.Event()
     w_ns = int(window_s * 1e9)
-    next_end = (time.time_ns() // w_ns + 1) * w_ns
+
+    def taker():
+        end = (time.time_ns() // w_ns + 1) * w_ns
+        while not done.is_set():
+            time.sleep(max(0.0, (end - time.time_ns()) / 1e9))
+            frames.extend(hub.take(end - w_ns, end).values())
+            end += w_ns
+    th = threading.Thread(target=taker, daemon=True)
+    th.start()
+    t_end = time.time() + seconds
     while time.time() < t_end:
         work()
-        if time.time_ns() > next_end + int(0.3e9):
-            frames += list(hub.take(next_end - w_ns, next_end, wait=False).values())
-            next_end += w_ns
-    return frames
+    done.set()
+    th.join(window_s + 3)
+    return list(frames)
 
 
 def _summary(frames) -> list[dict]:
