@@ -507,7 +507,10 @@ class InProcessBackend:
         pw.backend = BACKEND
         pw.overhead.blocked_by = self.state.blocked_by
         # The account, as the agent keeps it for eBPF (collector/governor.py).
-        g.earn(window_s)
+        if self.state.subscribed:
+            # Credit is earned only while probing: a process paused, backed off or without an
+            # agent for a while must not save up a burst of slices for later.
+            g.earn(window_s)
         g.spend(g.cost_s(always_hits + sliced_hits) + fixed)
         if win.sampled:
             g.observe_slice(sliced_hits, win.attached_s)

@@ -174,7 +174,8 @@ def child_profiler(sock: str) -> dict:
             "frames_after": _summary(frames_after),
             "ok": bool(busy_state["blocked_by"]) and not busy_state["subscribed"]
             and kernels >= expected
-            and any(f.window.overhead.unsampled_reason == "cupti_busy" for f in frames_busy)}
+            and any(f.window.overhead.unsampled_reason == "cupti_busy"
+                    and f.window.overhead.blocked_by for f in frames_busy + frames_after)}
 
 
 def child_pause(sock: str) -> dict:
