@@ -603,7 +603,12 @@ class Agent:
         if self.hub is not None:
             # In-process windows of this window; a pid the uprobes cover is counted once (theirs).
             skip = set() if self.cupti_only else set(report)
-            self.hub.merge(window, self.hub.take(win.start_ns, end_ns, skip, wait=not stopping))
+            frames = self.hub.take(win.start_ns, end_ns, skip, wait=not stopping)
+            if self.cupti_only:
+                for pw in window.processes:
+                    if pw.pid not in frames:     # found, but measures nothing: say why
+                        pw.overhead.unsampled_reason = "no_cupti_backend"
+            self.hub.merge(window, frames)
         if self.uplink.submit(window):
             self.windows_sent += 1
         # The account: earn the wall time, pay what the most charged process paid.

@@ -31,7 +31,9 @@ FLAGS = ["-O2", "-shared", "-fPIC", "-pthread"]
 KIND_CODES = {"launch": 0, "sync": 1, "graph": 2}
 MAX_SLOTS = 16
 _API_FIELDS = 5            # count, sum_ns, min_ns, max_ns, nested
-_PERIOD_FIELDS = 5         # last_ns, last_sync_ns, count, interval_sum_ns, sync_wait_ns
+_PERIOD_FIELDS = 7         # last_ns, last_sync_ns, last_offcpu_ns, count, interval_sum_ns,
+                           # sync_wait_ns, offcpu_wait_ns
+_TAIL = 4                  # callbacks, callback_ns, sched_reads, offcpu_ns
 
 
 class CuptiUnavailable(RuntimeError):
@@ -100,6 +102,8 @@ class Snapshot:
     periodic: dict[str, PeriodicSample]
     callbacks: int
     callback_ns: int
+    sched_reads: int = 0          # schedstat reads at periodic calls (each costs a syscall)
+    offcpu_ns: int = 0            # blocked off-CPU time outside CUDA calls, all threads
 
 
 class Recorder:
@@ -117,12 +121,16 @@ class Recorder:
         L.ht_read.argtypes = [ctypes.c_void_p]
         L.ht_snapshot_size.restype = ctypes.c_size_t
         L.ht_test_record.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
+        L.ht_test_edge.argtypes = [ctypes.c_int, ctypes.c_uint64]
+        L.ht_threads.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        L.ht_time_sched_reads.argtypes = [ctypes.c_int]
+        L.ht_time_sched_reads.restype = ctypes.c_double
         nb = buckets.NUM_BUCKETS
         if L.ht_num_buckets() != nb or L.ht_max_slots() != MAX_SLOTS:
             raise BuildError("the recorder library does not match this hypertrace version")
         self._api_len = _API_FIELDS + nb
         self._period_len = _PERIOD_FIELDS + 2 * nb
-        words = MAX_SLOTS * (self._api_len + self._period_len) + 2
+        words = MAX_SLOTS * (self._api_len + self._period_len) + _TAIL
         if L.ht_snapshot_size() != words * 8:
             raise BuildError("the recorder's snapshot layout does not match native.py")
         self._buf = np.zeros(words, dtype=np.uint64)
@@ -189,7 +197,7 @@ class Recorder:
         self.lib.ht_read(self._buf.ctypes.data)
         nb = buckets.NUM_BUCKETS
         apis = self._buf[:MAX_SLOTS * self._api_len].reshape(MAX_SLOTS, self._api_len)
-        periods = self._buf[MAX_SLOTS * self._api_len:-2].reshape(MAX_SLOTS, self._period_len)
+        periods = self._buf[MAX_SLOTS * self._api_len:-_TAIL].reshape(MAX_SLOTS, self._period_len)
         samples: dict[str, ApiSample] = {}
         periodic: dict[str, PeriodicSample] = {}
         for name, slot in self.slots.items():
@@ -199,9 +207,26 @@ class Recorder:
                                           sum_ns=int(a[1]), min_ns=int(a[2]), max_ns=int(a[3]),
                                           nested=int(a[4]))
             p = periods[slot]
-            if self.kinds[name] != "launch" and p[2]:
+            if self.kinds[name] != "launch" and p[3]:
+                f = _PERIOD_FIELDS
                 periodic[name] = PeriodicSample(
-                    api=name, intervals=p[5:5 + nb].copy(), busy=p[5 + nb:].copy(),
-                    count=int(p[2]), interval_sum_ns=int(p[3]), sync_wait_ns=int(p[4]),
-                    offcpu_wait_ns=0)
-        return Snapshot(samples, periodic, int(self._buf[-2]), int(self._buf[-1]))
+                    api=name, intervals=p[f:f + nb].copy(), busy=p[f + nb:].copy(),
+                    count=int(p[3]), interval_sum_ns=int(p[4]), sync_wait_ns=int(p[5]),
+                    offcpu_wait_ns=int(p[6]))
+        tail = self._buf[-_TAIL:]
+        return Snapshot(samples, periodic, int(tail[0]), int(tail[1]), int(tail[2]),
+                        int(tail[3]))
+
+    def threads(self) -> list[int]:
+        """Thread ids that made a probed call."""
+        out = (ctypes.c_int * 256)()
+        n = self.lib.ht_threads(out, 256)
+        return list(out[:n])
+
+    def sched_read_cost_ns(self, reads: int = 200) -> float:
+        """What one schedstat read costs this thread (0: schedstat unavailable here)."""
+        return float(self.lib.ht_time_sched_reads(reads))
+
+    def test_edge(self, entry: bool, now_ns: int) -> None:
+        """A periodic call's entry or exit on this thread (tests)."""
+        self.lib.ht_test_edge(int(entry), now_ns)

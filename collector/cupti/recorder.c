@@ -15,7 +15,11 @@
 // The bucket block placeholder below is replaced by the bucket arithmetic of collector/ebpf_program.c (one scheme,
 // proto/buckets.py; collector/cupti/native.py does the substitution).
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -72,8 +76,8 @@ struct ht_api {                       // one API's calls since the last read
     u64 hist[HT_NUM_BUCKETS];
 };
 struct ht_period {                    // one periodic API's return-to-return intervals
-    u64 last_ns, last_sync_ns;
-    u64 count, interval_sum_ns, sync_wait_ns;
+    u64 last_ns, last_sync_ns, last_offcpu_ns;
+    u64 count, interval_sum_ns, sync_wait_ns, offcpu_wait_ns;
     u64 intervals[HT_NUM_BUCKETS];
     u64 busy[HT_NUM_BUCKETS];
 };
@@ -82,11 +86,28 @@ struct ht_snapshot {                  // what ht_read hands to Python (layout mi
     struct ht_period period[HT_MAX_SLOTS];
     u64 callbacks;                    // callbacks run (enter + exit)
     u64 callback_ns;                  // time spent inside them (the recorder's own share)
+    u64 sched_reads;                  // reads of a thread's schedstat (priced apart)
+    u64 offcpu_ns;                    // blocked off-CPU time outside CUDA calls (all threads)
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ht_snapshot cur;
 static u64 sync_total_ns;             // the process's synchronize time, ever
+static u64 offcpu_total_ns;           // the process's blocked time outside CUDA calls, ever
+
+// Threads that made a probed call, for the scheduler evidence Python reads per window
+// (/proc/self/task/TID/schedstat): the threads whose waits matter, as the eBPF program's
+// "active threads".
+#define HT_MAX_THREADS 256
+static int tids[HT_MAX_THREADS];
+static int ntids;
+static __thread int tl_registered;
+// Off-CPU time outside CUDA calls, per thread: between a periodic call's exit and the next
+// periodic call's entry, the wall time not spent on a CPU nor waiting for one (schedstat's
+// run time and run delay) was blocked: waiting on a peer, a queue, I/O. It is what a rank that
+// waits for others spends, and what a CPU-starved rank does not.
+static __thread int tl_sched_fd = -1;     // -1 not opened yet, -2 unavailable
+static __thread u64 tl_exec_ns, tl_runq_ns, tl_wall_ns;
 static int slot_kind[HT_MAX_SLOTS];
 static int slot_count;
 static signed char rt_slot[HT_MAX_CBID], drv_slot[HT_MAX_CBID];   // cbid -> slot, -1 none
@@ -112,6 +133,57 @@ static __always_inline u64 now_ns(void) {
     return (u64)ts.tv_sec * 1000000000ULL + (u64)ts.tv_nsec;
 }
 
+static pthread_key_t fd_key;
+static pthread_once_t fd_once = PTHREAD_ONCE_INIT;
+static void close_fd(void *v) { close((int)(intptr_t)v - 1); }   // at the thread's exit
+static void make_fd_key(void) { pthread_key_create(&fd_key, close_fd); }
+
+static int read_schedstat(u64 *exec_ns, u64 *runq_ns) {
+    if (tl_sched_fd == -1) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/task/%ld/schedstat", (long)syscall(SYS_gettid));
+        tl_sched_fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (tl_sched_fd < 0) {
+            tl_sched_fd = -2;
+        } else {
+            pthread_once(&fd_once, make_fd_key);
+            pthread_setspecific(fd_key, (void *)(intptr_t)(tl_sched_fd + 1));
+        }
+    }
+    if (tl_sched_fd < 0) return -1;
+    char buf[96];
+    ssize_t n = pread(tl_sched_fd, buf, sizeof buf - 1, 0);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    char *end;
+    *exec_ns = strtoull(buf, &end, 10);
+    *runq_ns = strtoull(end, NULL, 10);
+    __atomic_fetch_add(&cur.sched_reads, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static void register_thread(void) {
+    tl_registered = 1;
+    int i = __atomic_fetch_add(&ntids, 1, __ATOMIC_RELAXED);
+    if (i < HT_MAX_THREADS) tids[i] = (int)syscall(SYS_gettid);
+}
+
+// A periodic call of this thread begins (entry) or ends (exit) at `now`.
+static void periodic_edge(int entry, u64 now) {
+    u64 exec_ns, runq_ns;
+    if (read_schedstat(&exec_ns, &runq_ns) != 0) return;
+    if (entry && tl_wall_ns) {
+        u64 wall = now - tl_wall_ns;
+        u64 busy = (exec_ns - tl_exec_ns) + (runq_ns - tl_runq_ns);
+        if (wall > busy) __atomic_fetch_add(&offcpu_total_ns, wall - busy, __ATOMIC_RELAXED);
+    }
+    if (!entry) {
+        tl_exec_ns = exec_ns;
+        tl_runq_ns = runq_ns;
+        tl_wall_ns = now;
+    }
+}
+
 static void record_call(int slot, u64 ns, u64 end) {
     struct ht_api *a = &cur.api[slot];
     u32 b = ht_bucket(ns);
@@ -124,21 +196,25 @@ static void record_call(int slot, u64 ns, u64 end) {
     if (slot_kind[slot] == HT_KIND_SYNC) sync_total_ns += ns;
     if (slot_kind[slot] != HT_KIND_LAUNCH) {
         // A step boundary: close the interval since this API's previous return. What the process
-        // spent in synchronize calls inside it is a wait; the rest is busy (no off-CPU part:
-        // in-process there is no scheduler view).
+        // spent in synchronize calls inside it, and blocked off-CPU outside calls, are waits;
+        // the rest is busy (as the eBPF program splits it).
         struct ht_period *p = &cur.period[slot];
+        u64 off = __atomic_load_n(&offcpu_total_ns, __ATOMIC_RELAXED);
         if (p->last_ns && end > p->last_ns) {
             u64 interval = end - p->last_ns;
             u64 ws = sync_total_ns - p->last_sync_ns;
-            u64 busy = interval > ws ? interval - ws : 0;
+            u64 wo = off - p->last_offcpu_ns;
+            u64 busy = interval > ws + wo ? interval - ws - wo : 0;
             p->count++;
             p->interval_sum_ns += interval;
             p->sync_wait_ns += ws;
+            p->offcpu_wait_ns += wo;
             p->intervals[ht_bucket(interval)]++;
             p->busy[ht_bucket(busy)]++;
         }
         p->last_ns = end;
         p->last_sync_ns = sync_total_ns;
+        p->last_offcpu_ns = off;
     }
     pthread_mutex_unlock(&lock);
 }
@@ -151,7 +227,11 @@ static void on_callback(void *userdata, int domain, u32 cbid, const void *data) 
     int slot = domain == HT_DOMAIN_RUNTIME ? rt_slot[cbid]
              : domain == HT_DOMAIN_DRIVER ? drv_slot[cbid] : -1;
     if (slot < 0) return;
+    if (!tl_registered) register_thread();
+    int periodic = slot_kind[slot] != HT_KIND_LAUNCH;
     if (cb->callbackSite == 0) {
+        if (periodic && (tl_outer_slot < 0 || slot_gen[tl_outer_slot] != tl_outer_gen))
+            periodic_edge(1, t0);
         if (cb->correlationData) *cb->correlationData = t0;
         // The outermost probed call of this thread; a driver call made inside a runtime call is
         // counted once, as the runtime call (nested). An open call whose slot was disabled since
@@ -170,6 +250,7 @@ static void on_callback(void *userdata, int domain, u32 cbid, const void *data) 
         } else if (corr != tl_outer_corr) {
             __atomic_fetch_add(&cur.api[tl_outer_slot].nested, 1, __ATOMIC_RELAXED);
         } else {
+            if (periodic) periodic_edge(0, t0);
             if (cb->correlationData && t0 > *cb->correlationData)
                 record_call(slot, t0 - *cb->correlationData, t0);
             tl_outer_slot = -1;
@@ -310,15 +391,22 @@ void ht_read(struct ht_snapshot *out) {
     pthread_mutex_lock(&lock);
     u64 cbs = __atomic_exchange_n(&cur.callbacks, 0, __ATOMIC_RELAXED);
     u64 cbns = __atomic_exchange_n(&cur.callback_ns, 0, __ATOMIC_RELAXED);
+    u64 reads = __atomic_exchange_n(&cur.sched_reads, 0, __ATOMIC_RELAXED);
+    static u64 offcpu_read;
+    u64 off = __atomic_load_n(&offcpu_total_ns, __ATOMIC_RELAXED);
     memcpy(out, &cur, sizeof cur);
     out->callbacks = cbs;
     out->callback_ns = cbns;
+    out->sched_reads = reads;
+    out->offcpu_ns = off - offcpu_read;
+    offcpu_read = off;
     for (int s = 0; s < HT_MAX_SLOTS; s++) {
-        u64 last = cur.period[s].last_ns, last_sync = cur.period[s].last_sync_ns;
+        struct ht_period keep = cur.period[s];
         memset(&cur.api[s], 0, sizeof cur.api[s]);
         memset(&cur.period[s], 0, sizeof cur.period[s]);
-        cur.period[s].last_ns = last;
-        cur.period[s].last_sync_ns = last_sync;
+        cur.period[s].last_ns = keep.last_ns;
+        cur.period[s].last_sync_ns = keep.last_sync_ns;
+        cur.period[s].last_offcpu_ns = keep.last_offcpu_ns;
     }
     pthread_mutex_unlock(&lock);
 }
@@ -329,6 +417,27 @@ void ht_reset_periods(void) {
     for (int s = 0; s < HT_MAX_SLOTS; s++) cur.period[s].last_ns = 0;
     pthread_mutex_unlock(&lock);
 }
+
+// The threads that made a probed call (at most `max`); their count.
+int ht_threads(int *out, int max) {
+    int n = __atomic_load_n(&ntids, __ATOMIC_RELAXED);
+    if (n > HT_MAX_THREADS) n = HT_MAX_THREADS;
+    if (n > max) n = max;
+    for (int i = 0; i < n; i++) out[i] = tids[i];
+    return n;
+}
+
+// The cost of one schedstat read on this thread, in ns (averaged over n reads); 0 if none.
+double ht_time_sched_reads(int n) {
+    u64 e, r, t0 = now_ns();
+    int ok = 0;
+    for (int i = 0; i < n; i++) ok += read_schedstat(&e, &r) == 0;
+    __atomic_fetch_sub(&cur.sched_reads, (u64)ok, __ATOMIC_RELAXED);
+    return ok ? (double)(now_ns() - t0) / ok : 0.0;
+}
+
+// For tests: a periodic call's entry or exit on this thread at `now_ns`.
+void ht_test_edge(int entry, u64 now) { periodic_edge(entry, now); }
 
 size_t ht_snapshot_size(void) { return sizeof(struct ht_snapshot); }
 int ht_max_slots(void) { return HT_MAX_SLOTS; }

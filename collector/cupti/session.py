@@ -40,6 +40,7 @@ from typing import Any
 
 from hypertrace.collector.attribution import DEFAULT_JOB_ENV, attribute
 from hypertrace.collector.cupti.native import CuptiUnavailable, Recorder
+from hypertrace.collector.cupti.threads import ThreadSched
 from hypertrace.collector.governor import Governor
 from hypertrace.collector.schedule import window_end, window_index
 from hypertrace.collector.steps import infer_steps
@@ -170,6 +171,8 @@ class InProcessBackend:
         self._step_prefer: str | None = None
         self._calibrated_slot = False
         self._link_config: pb.LocalConfig | None = None
+        self._sched = ThreadSched()
+        self._sched_read_ns = 0.0
 
     @staticmethod
     def _governor(window: float, budget: float, always_share: float, max_slice_s: float,
@@ -192,6 +195,9 @@ class InProcessBackend:
         self._always = [n for n, k in cupti_apis() if k in PERIODIC_KINDS and n in known]
         self._sliced = [n for n, k in cupti_apis() if k not in PERIODIC_KINDS and n in known]
         self.state.apis = sorted(known)
+        # Each periodic call reads its thread's schedstat twice (threads.py): priced here, paid
+        # from the same account as the callbacks.
+        self._sched_read_ns = self.recorder.sched_read_cost_ns()
         self._thread = threading.Thread(target=self._run, name="hypertrace-cupti", daemon=True)
         self._thread.start()
 
@@ -487,7 +493,8 @@ class InProcessBackend:
         sliced_hits = sum(probe_hits(s) for (_, api), s in samples.items()
                           if api not in self._always)
         g = self.governor
-        fixed = Governor.fixed_cost_s(win.ops)
+        fixed = Governor.fixed_cost_s(win.ops) + snap.sched_reads * self._sched_read_ns * 1e-9
+        sched = self._sched.sample(self.recorder.threads(), snap.offcpu_ns, window_s)
         if win.sampled and sliced_hits == 0:
             win.sampled, win.reason = False, "no_calls"
         steps = infer_steps(ProcessStats(self.pid, None, dict(snap.periodic)),
@@ -496,7 +503,8 @@ class InProcessBackend:
         tiers = {api: TIER_ALWAYS for api in self._always}
         tiers.update({api: TIER_SLICED for api in self._sliced})
         probe = ProcessProbe(sampled=win.sampled, unsampled_reason=win.reason, tiers=tiers,
-                             attached_s=win.attached_s, fixed_cost_s=fixed, steps=steps)
+                             attached_s=win.attached_s, fixed_cost_s=fixed, steps=steps,
+                             sched=sched if self.state.subscribed else None)
         rec = ProcessRecord(pid=self.pid, attribution=attribute(
             self.pid, dict(os.environ), self._node(), DEFAULT_JOB_ENV))
         node_window = build_window(
