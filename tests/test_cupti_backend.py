@@ -155,6 +155,45 @@ def test_blocked_time_outside_calls_is_a_wait_not_busy(fakecupti):
     assert snap.sched_reads == 12 and snap.offcpu_ns == p.offcpu_wait_ns
 
 
+def test_another_threads_sleep_is_not_this_steps_wait(fakecupti):
+    """A second thread that syncs and then sleeps long (a loader, a communication thread) must
+    not turn the main thread's steps into waits: blocked time is the boundary thread's own."""
+    import threading
+    r = _recorder(fakecupti)
+    fake = _fake(fakecupti)
+    r.add_api("cudaStreamSynchronize", "sync")
+    r.add_api("cudaEventSynchronize", "sync")
+    assert r.subscribe() is None
+    r.enable(["cudaStreamSynchronize", "cudaEventSynchronize"], True)
+    stop = threading.Event()
+
+    def sleeper():                                       # syncs on an event, then sleeps
+        while not stop.is_set():
+            fake.fakecupti_call(2, 166, 100_000, 0)
+            time.sleep(0.05)
+    th = threading.Thread(target=sleeper)
+    th.start()
+    try:
+        time.sleep(0.12)
+        for _ in range(9):                               # the main thread: busy 20-ms steps
+            fake.fakecupti_call(2, 131, 200_000, 0)
+            t_end = time.monotonic() + 0.02
+            while time.monotonic() < t_end:
+                pass
+    finally:
+        stop.set()
+        th.join()
+    snap = r.read(1)
+    r.unsubscribe()
+    main = snap.periodic["cudaStreamSynchronize"]
+    assert main.count == 8
+    assert main.offcpu_wait_ns < 0.2 * main.interval_sum_ns     # the sleeper's are not its
+    assert buckets.quantiles_us(main.busy[None, :], [0.5])[0][0] > 10_000
+    # the sleeper's own steps are mostly its sleep
+    other = snap.periodic["cudaEventSynchronize"]
+    assert other.offcpu_wait_ns > 0.5 * other.interval_sum_ns
+
+
 def test_another_subscriber_is_named(fakecupti, monkeypatch):
     monkeypatch.setenv("FAKECUPTI_HELD_BY", "Nsight Systems")
     r = _recorder(fakecupti)

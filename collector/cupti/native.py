@@ -31,8 +31,8 @@ FLAGS = ["-O2", "-shared", "-fPIC", "-pthread"]
 KIND_CODES = {"launch": 0, "sync": 1, "graph": 2}
 MAX_SLOTS = 16
 _API_FIELDS = 5            # count, sum_ns, min_ns, max_ns, nested
-_PERIOD_FIELDS = 7         # last_ns, last_sync_ns, last_offcpu_ns, count, interval_sum_ns,
-                           # sync_wait_ns, offcpu_wait_ns
+_PERIOD_FIELDS = 8         # last_ns, last_sync_ns, last_offcpu_ns, last_tid, count,
+                           # interval_sum_ns, sync_wait_ns, offcpu_wait_ns
 _TAIL = 4                  # callbacks, callback_ns, sched_reads, offcpu_ns
 
 
@@ -207,12 +207,12 @@ class Recorder:
                                           sum_ns=int(a[1]), min_ns=int(a[2]), max_ns=int(a[3]),
                                           nested=int(a[4]))
             p = periods[slot]
-            if self.kinds[name] != "launch" and p[3]:
+            if self.kinds[name] != "launch" and p[4]:
                 f = _PERIOD_FIELDS
                 periodic[name] = PeriodicSample(
                     api=name, intervals=p[f:f + nb].copy(), busy=p[f + nb:].copy(),
-                    count=int(p[3]), interval_sum_ns=int(p[4]), sync_wait_ns=int(p[5]),
-                    offcpu_wait_ns=int(p[6]))
+                    count=int(p[4]), interval_sum_ns=int(p[5]), sync_wait_ns=int(p[6]),
+                    offcpu_wait_ns=int(p[7]))
         tail = self._buf[-_TAIL:]
         return Snapshot(samples, periodic, int(tail[0]), int(tail[1]), int(tail[2]),
                         int(tail[3]))

@@ -76,7 +76,7 @@ struct ht_api {                       // one API's calls since the last read
     u64 hist[HT_NUM_BUCKETS];
 };
 struct ht_period {                    // one periodic API's return-to-return intervals
-    u64 last_ns, last_sync_ns, last_offcpu_ns;
+    u64 last_ns, last_sync_ns, last_offcpu_ns, last_tid;
     u64 count, interval_sum_ns, sync_wait_ns, offcpu_wait_ns;
     u64 intervals[HT_NUM_BUCKETS];
     u64 busy[HT_NUM_BUCKETS];
@@ -108,6 +108,8 @@ static __thread int tl_registered;
 // waits for others spends, and what a CPU-starved rank does not.
 static __thread int tl_sched_fd = -1;     // -1 not opened yet, -2 unavailable
 static __thread u64 tl_exec_ns, tl_runq_ns, tl_wall_ns;
+static __thread u64 tl_offcpu_ns;         // this thread's blocked time outside calls, ever
+static __thread u64 tl_tid;
 static int slot_kind[HT_MAX_SLOTS];
 static int slot_count;
 static signed char rt_slot[HT_MAX_CBID], drv_slot[HT_MAX_CBID];   // cbid -> slot, -1 none
@@ -175,7 +177,10 @@ static void periodic_edge(int entry, u64 now) {
     if (entry && tl_wall_ns) {
         u64 wall = now - tl_wall_ns;
         u64 busy = (exec_ns - tl_exec_ns) + (runq_ns - tl_runq_ns);
-        if (wall > busy) __atomic_fetch_add(&offcpu_total_ns, wall - busy, __ATOMIC_RELAXED);
+        if (wall > busy) {
+            tl_offcpu_ns += wall - busy;
+            __atomic_fetch_add(&offcpu_total_ns, wall - busy, __ATOMIC_RELAXED);
+        }
     }
     if (!entry) {
         tl_exec_ns = exec_ns;
@@ -198,12 +203,16 @@ static void record_call(int slot, u64 ns, u64 end) {
         // A step boundary: close the interval since this API's previous return. What the process
         // spent in synchronize calls inside it, and blocked off-CPU outside calls, are waits;
         // the rest is busy (as the eBPF program splits it).
+        // The blocked time is the boundary thread's own: other threads' sleeps (a data loader,
+        // a communication thread) are not this step's waits. After the boundary moved to
+        // another thread there is no baseline for one interval: it counts no blocked time.
         struct ht_period *p = &cur.period[slot];
-        u64 off = __atomic_load_n(&offcpu_total_ns, __ATOMIC_RELAXED);
+        if (!tl_tid) tl_tid = (u64)syscall(SYS_gettid);
+        u64 off = tl_offcpu_ns;
         if (p->last_ns && end > p->last_ns) {
             u64 interval = end - p->last_ns;
             u64 ws = sync_total_ns - p->last_sync_ns;
-            u64 wo = off - p->last_offcpu_ns;
+            u64 wo = p->last_tid == tl_tid && off >= p->last_offcpu_ns ? off - p->last_offcpu_ns : 0;
             u64 busy = interval > ws + wo ? interval - ws - wo : 0;
             p->count++;
             p->interval_sum_ns += interval;
@@ -215,6 +224,7 @@ static void record_call(int slot, u64 ns, u64 end) {
         p->last_ns = end;
         p->last_sync_ns = sync_total_ns;
         p->last_offcpu_ns = off;
+        p->last_tid = tl_tid;
     }
     pthread_mutex_unlock(&lock);
 }
@@ -407,6 +417,7 @@ void ht_read(struct ht_snapshot *out) {
         cur.period[s].last_ns = keep.last_ns;
         cur.period[s].last_sync_ns = keep.last_sync_ns;
         cur.period[s].last_offcpu_ns = keep.last_offcpu_ns;
+        cur.period[s].last_tid = keep.last_tid;
     }
     pthread_mutex_unlock(&lock);
 }

@@ -62,6 +62,7 @@ class ThreadSched:
                 invol += max(cur[2] - prev[2], 0)
         if not seen:
             return None
-        return SchedSample(runq_ns=min(runq, int(window_s * 1e9)), offcpu_ns=max(offcpu_ns, 0),
+        cap = int(window_s * 1e9)
+        return SchedSample(runq_ns=min(runq, cap), offcpu_ns=min(max(offcpu_ns, 0), cap),
                            involuntary=invol, voluntary=vol,
                            runq_hist=np.zeros(buckets.NUM_BUCKETS, dtype=np.uint64))

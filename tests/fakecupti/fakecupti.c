@@ -49,6 +49,7 @@ static const struct name names[] = {
     {2, 430, "cudaLaunchKernelExC_v11060"},
     {2, 131, "cudaStreamSynchronize_v3020"},
     {2, 165, "cudaDeviceSynchronize_v3020"},
+    {2, 166, "cudaEventSynchronize_v3020"},
     {2, 311, "cudaGraphLaunch_v10000"},
     {1, 307, "cuLaunchKernel"},
     {1, 442, "cuLaunchKernel_ptsz"},

@@ -67,11 +67,23 @@ def _collect(hub, seconds: float, work, window_s: float = 2.0) -> list:
     return list(frames)
 
 
+def _p50_ms(hist) -> float | None:
+    import numpy as np
+    from hypertrace.proto import buckets
+    from hypertrace.proto.wire import unpack_histogram
+    dense = unpack_histogram(hist)
+    return float(buckets.quantiles_us(dense[None, :], [0.5])[0][0]) / 1e3 if dense.sum() else None
+
+
 def _summary(frames) -> list[dict]:
     return [{"sampled": f.window.overhead.sampled, "reason": f.window.overhead.unsampled_reason,
              "blocked_by": f.window.overhead.blocked_by,
              "apis": {a.api: a.count for a in f.window.apis},
              "steps": f.window.steps.steps, "source": f.window.steps.source,
+             "step_ms": f.window.steps.step_sum_us / max(f.window.steps.steps, 1) / 1e3,
+             "busy_p50_ms": _p50_ms(f.window.steps.busy_time),
+             "runq_share": (f.window.sched.runq_ns / (f.window.sched.window_s * 1e9)
+                            if f.window.sched.window_s else None),
              "duty": round(f.window.overhead.duty, 4),
              "est_fraction": f.window.overhead.estimated_fraction,
              "probe_cost_ns": f.window.overhead.probe_cost_ns} for f in frames]
