@@ -10,7 +10,9 @@ uprobes, so it answers a connecting process with mode ``standby``: the process s
 nothing and sends nothing. A frame that arrives anyway for a pid the agent probes is dropped.
 
 **Trust.** The pid of a frame is the peer's, from ``SO_PEERCRED``; a frame's own pid is ignored,
-so a process can report only about itself. Attribution (job, rank, GPU) comes from the agent's
+so a process can report only about itself. (A process in another PID namespace, a pod seen by
+an agent without the host's PID namespace, has no pid here; its hello's pid is used then, and
+the log says so.) Attribution (job, rank, GPU) comes from the agent's
 own reading of /proc/PID/environ and NVML when it has one, else from the frame. Frames are
 validated like the analyzer validates windows (proto/wire.py); a bad frame is dropped with a
 log line naming the peer, and the connection is closed after :data:`MAX_BAD_FRAMES`.
@@ -47,6 +49,7 @@ class _Peer:
     sock: socket.socket
     cred: local.PeerCred
     mode: str
+    pid: int                            # the kernel's, or the process's own word (see _accept)
     frames: list[pb.LocalFrame] = field(default_factory=list)
     bad: int = 0
 
@@ -165,13 +168,19 @@ class InProcessHub:
             conn.close()
             return
         conn.settimeout(None)
+        # A process in another PID namespace (a pod, when the agent runs without hostPID) is
+        # not visible here: the kernel reports pid 0, and the process's own pid is all there is.
+        pid = cred.pid or hello.hello.pid
+        if not cred.pid:
+            log.info("in-process backend of pid %d (its own word) is in another PID namespace; "
+                     "run the agent with the host's PID namespace to verify pids",
+                     hello.hello.pid)
         with self._lock:
-            old = self._peers.pop(cred.pid, None)
+            old = self._peers.pop(pid, None)
             if old is not None:
                 old.sock.close()
-            self._peers[cred.pid] = _Peer(conn, cred, cfg.mode)
-        log.info("in-process backend connected: pid %d (uid %d), %s", cred.pid, cred.uid,
-                 cfg.mode)
+            self._peers[pid] = _Peer(conn, cred, cfg.mode, pid)
+        log.info("in-process backend connected: pid %d (uid %d), %s", pid, cred.uid, cfg.mode)
 
     def _operator(self, conn: socket.socket, cred: local.PeerCred, ctl: pb.LocalControl) -> None:
         """`hypertrace cupti pause|resume`: forward, answer with the pids told, close."""
@@ -224,9 +233,9 @@ class InProcessHub:
 
     def _bad(self, peer: _Peer, why: str) -> None:
         peer.bad += 1
-        log.warning("dropping a frame from pid %d: %s", peer.cred.pid, why)
+        log.warning("dropping a frame from pid %d: %s", peer.pid, why)
         if peer.bad >= MAX_BAD_FRAMES:
-            self._drop(peer.cred.pid, f"{MAX_BAD_FRAMES} bad frames")
+            self._drop(peer.pid, f"{MAX_BAD_FRAMES} bad frames")
 
     # -- merging ----------------------------------------------------------------------------------
     def take(self, start_ns: int, end_ns: int, skip_pids: set[int] = frozenset(),
