@@ -1,3 +1,3 @@
-"""Probes: eBPF uprobes (bcc) on the CUDA runtime and driver, the overhead governor, NVML
-context and discovery of training processes. (A CUPTI backend inside the training process, for
-hosts where eBPF is not allowed, is planned; it does not exist yet.)"""
+"""Probes: eBPF uprobes (bcc) on the CUDA runtime and driver, the in-process CUPTI backend for
+hosts where eBPF is not allowed (collector/cupti), the overhead governor both obey, NVML context
+and discovery of training processes."""

@@ -111,8 +111,7 @@ def check_all() -> list[Problem]:
     """Every missing prerequisite (empty list: the probes can be loaded)."""
     if sys.platform != "linux":
         return [Problem(f"eBPF uprobes need Linux (this is {sys.platform})",
-                        "run the agent on the Linux GPU node itself (an in-process CUPTI "
-                        "backend for hosts without eBPF is planned and does not exist yet)")]
+                        "run the agent on the Linux GPU node itself")]
     checks = (check_privileges, check_tracefs, check_kernel_headers, check_bcc)
     return [p for p in (c() for c in checks) if p is not None]
 
