@@ -36,6 +36,8 @@ def main() -> int:
     ap.add_argument("--graph", action="store_true", help="steps are one cudaGraphLaunch + sync")
     ap.add_argument("--release-after", type=float, default=None,
                     help="the other CUPTI holder (FAKECUPTI_HELD_BY) lets go after S seconds")
+    ap.add_argument("--load-after", nargs=2, metavar=("S", "LIB"), default=None,
+                    help="load library LIB (a stand-in libcuda.so.1) after S seconds")
     ap.add_argument("--no-start", action="store_true",
                     help="do not call start() (the autostart sitecustomize already did)")
     args = ap.parse_args()
@@ -48,10 +50,14 @@ def main() -> int:
         cupti.start()
     t0 = time.monotonic()
     next_state = 0.0
+    modes_seen: list[str] = []
     launch_ns = int(args.launch_us * 1000)
     while time.monotonic() - t0 < args.seconds:
         if args.release_after is not None and time.monotonic() - t0 > args.release_after:
             fake.fakecupti_release()
+        if args.load_after and time.monotonic() - t0 > float(args.load_after[0]):
+            ctypes.CDLL(args.load_after[1])
+            args.load_after = None
         if args.graph:
             fake.fakecupti_call(RUNTIME, CBID["cudaGraphLaunch"], launch_ns, CBID["cuGraphLaunch"])
         else:
@@ -65,6 +71,9 @@ def main() -> int:
             st = cupti.state()
             doc = dataclasses.asdict(st) if st is not None else {}
             doc["fake_subscribed"] = fake.fakecupti_subscribed()
+            if doc.get("mode") and doc["mode"] not in modes_seen:
+                modes_seen.append(doc["mode"])
+            doc["modes_seen"] = modes_seen
             tmp = args.state + ".tmp"
             with open(tmp, "w") as f:
                 json.dump(doc, f)

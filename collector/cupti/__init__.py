@@ -31,17 +31,19 @@ _lock = threading.Lock()
 _backend: InProcessBackend | None = None
 
 
-def start(options: CuptiOptions | None = None) -> InProcessBackend:
+def start(options: CuptiOptions | None = None, lazy: bool = False) -> InProcessBackend:
     """Start the backend once per process (later calls return the running one).
 
     Options default to the environment (``HYPERTRACE_CUPTI_SOCKET``, ``HYPERTRACE_ANALYZER``,
     ...; :meth:`CuptiOptions.from_env`). Raises :class:`CuptiUnavailable` without libcupti and
-    RuntimeError during a CUDA graph capture; never fails later (training comes first)."""
+    RuntimeError during a CUDA graph capture; never fails later (training comes first).
+    ``lazy`` (what ``hypertrace cupti run`` uses): load nothing until the process loads the
+    CUDA driver, so processes of the job that never use CUDA are left alone."""
     global _backend
     with _lock:
         if _backend is None:
             backend = InProcessBackend(options or CuptiOptions.from_env())
-            backend.start()
+            backend.start(lazy=lazy)
             _backend = backend
         return _backend
 

@@ -62,6 +62,8 @@ CALIBRATION_API = "cudaGetDevice"
 #: The subscriber name other tools see ("CUPTI for hypertrace").
 SUBSCRIBER_NAME = "hypertrace"
 BACKEND = "cupti"
+#: A lazy start looks for the CUDA driver in the process this often (seconds).
+LAZY_POLL_S = 2.0
 #: Said when the holder did not name itself. PyTorch's profiler (kineto) is one, and it keeps
 #: CUPTI for the rest of the process once a profile ran (measured on an H200, torch 2.11).
 UNNAMED_HINT = (" (a client that does not name itself; torch.profiler is one, and once it has "
@@ -133,7 +135,8 @@ class _Window:
 @dataclass
 class BackendState:
     """What :func:`hypertrace.collector.cupti.state` reports."""
-    mode: str = "starting"          # starting | active | standby | direct | no_agent | stopped
+    mode: str = "starting"          # starting | waiting_for_cuda | active | standby | direct |
+                                    # no_agent | stopped
     subscribed: bool = False
     paused: bool = False
     blocked_by: str = ""            # the other CUPTI subscriber, while backed off
@@ -182,8 +185,19 @@ class InProcessBackend:
                         min_samples=min_samples)
 
     # -- public ---------------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, lazy: bool = False) -> None:
+        """Load the recorder and start the window thread. ``lazy``: wait, in the thread, until
+        this process has loaded the CUDA driver before loading anything (the wrapper starts the
+        backend in every Python process of a job: a launcher or a data-loader worker that never
+        uses CUDA must not be probed, nor pose as its rank)."""
         refuse_during_capture()
+        if not lazy:
+            self._open_recorder()
+        self._thread = threading.Thread(target=self._run, args=(lazy,), name="hypertrace-cupti",
+                                        daemon=True)
+        self._thread.start()
+
+    def _open_recorder(self) -> None:
         if self.recorder is None:
             self.recorder = Recorder()
         if not self.recorder.loaded:
@@ -198,8 +212,22 @@ class InProcessBackend:
         # Each periodic call reads its thread's schedstat twice (threads.py): priced here, paid
         # from the same account as the callbacks.
         self._sched_read_ns = self.recorder.sched_read_cost_ns()
-        self._thread = threading.Thread(target=self._run, name="hypertrace-cupti", daemon=True)
-        self._thread.start()
+
+    def _await_cuda(self) -> bool:
+        """Lazy start: poll until the CUDA driver is mapped; False when stopped first."""
+        self.state.mode = "waiting_for_cuda"
+        while not self._stop.is_set():
+            if _mapped("/libcuda.so"):
+                try:
+                    self._open_recorder()
+                except Exception as exc:        # never take the training process down
+                    self.state.last_error = str(exc)
+                    self.state.mode = "stopped"
+                    log.warning("hypertrace CUPTI backend not started: %s", exc)
+                    return False
+                return True
+            self._stop.wait(LAZY_POLL_S)
+        return False
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
@@ -382,7 +410,7 @@ class InProcessBackend:
 
     def _calibrate(self) -> None:
         """Price one callback pair in this process (module docstring)."""
-        lib = _mapped_cudart()
+        lib = _mapped("/libcudart.so")
         if lib is None:
             return
         try:
@@ -430,7 +458,9 @@ class InProcessBackend:
             self._wake.clear()
         return False
 
-    def _run(self) -> None:
+    def _run(self, lazy: bool = False) -> None:
+        if lazy and not self._await_cuda():
+            return
         start = time.time_ns()
         while not self._stop.is_set():
             window_ns = int(self.window_s * 1e9)
@@ -567,13 +597,13 @@ class InProcessBackend:
         return f"{self._node()}/cupti-{self.pid}"
 
 
-def _mapped_cudart() -> str | None:
-    """The CUDA runtime library this process has mapped, if any."""
+def _mapped(name: str) -> str | None:
+    """The path of a library of this process whose path contains ``name``, if mapped."""
     try:
         with open("/proc/self/maps") as f:
             for line in f:
                 path = line.rstrip("\n").split(None, 5)[-1] if line.count(" ") >= 5 else ""
-                if "/libcudart.so" in path:
+                if name in path:
                     return path
     except OSError:
         return None
