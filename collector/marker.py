@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import sys
 import threading
 from pathlib import Path
 from typing import Callable
@@ -83,12 +84,18 @@ def load() -> Path | None:
 
 
 def step() -> None:
-    """Mark the end of one training step (call it once per step, from the training loop)."""
+    """Mark the end of one training step (call it once per step, from the training loop).
+
+    The agent's uprobe sees the native call; the in-process CUPTI backend, when this process
+    runs it, is told directly (it has no uprobe)."""
     call = _call
     if call is None:
         load()
         call = _call
     call()
+    cupti = sys.modules.get("hypertrace.collector.cupti")
+    if cupti is not None:
+        cupti.mark_step()
 
 
 __all__ = ["LIBRARY_STEM", "SYMBOL", "library_path", "load", "step"]

@@ -38,6 +38,8 @@ def main() -> int:
                     help="the other CUPTI holder (FAKECUPTI_HELD_BY) lets go after S seconds")
     ap.add_argument("--load-after", nargs=2, metavar=("S", "LIB"), default=None,
                     help="load library LIB (a stand-in libcuda.so.1) after S seconds")
+    ap.add_argument("--marker", action="store_true",
+                    help="call hypertrace.collector.marker.step() after each step")
     ap.add_argument("--no-start", action="store_true",
                     help="do not call start() (the autostart sitecustomize already did)")
     args = ap.parse_args()
@@ -45,7 +47,7 @@ def main() -> int:
     os.environ["HYPERTRACE_CUPTI_LIB"] = args.fakecupti
     fake = ctypes.CDLL(args.fakecupti)
     fake.fakecupti_call.argtypes = [ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint32]
-    from hypertrace.collector import cupti
+    from hypertrace.collector import cupti, marker
     if not args.no_start:
         cupti.start()
     t0 = time.monotonic()
@@ -66,6 +68,8 @@ def main() -> int:
                                     CBID["cuLaunchKernel"])
         fake.fakecupti_call(RUNTIME, CBID["cudaStreamSynchronize"], int(args.sync_ms * 1e6),
                             CBID["cuStreamSynchronize"])
+        if args.marker:
+            marker.step()
         time.sleep(args.gap_ms / 1000)
         if time.monotonic() >= next_state:
             st = cupti.state()

@@ -411,6 +411,27 @@ def test_standby_where_ebpf_probes_counts_each_process_once(fakecupti, tmp_path,
         hub.close()
 
 
+def test_the_step_marker_reaches_the_window_without_uprobes(fakecupti, tmp_path, procs):
+    """hypertrace.step() in a process probed by CUPTI: its steps come from the marker."""
+    from hypertrace.daemon.inprocess import InProcessHub
+    sock = tmp_path / "cupti.sock"
+    hub = InProcessHub(str(sock), pb.LocalConfig(window_s=WINDOW_S, overhead_budget=0.005,
+                                                 max_slice_s=0.5, slice_guard_s=0.25),
+                       standby=False).start()
+    try:
+        _worker(tmp_path, procs, fakecupti, 0, sock, "--seconds", "30", "--marker")
+        w_ns = int(WINDOW_S * 1e9)
+
+        def marker_window():
+            end = time.time_ns() // w_ns * w_ns
+            frames = hub.take(end - w_ns, end, wait=False)
+            return [f for f in frames.values() if f.window.steps.source == "marker"]
+        got = _wait_for(marker_window, 20, "a window whose steps come from the marker")
+        assert got[0].window.steps.steps >= 10
+    finally:
+        hub.close()
+
+
 def test_bad_frames_are_dropped_and_the_agent_lives(fakecupti, tmp_path, procs):
     """Garbage on the socket, a frame with NaN latencies, a wrong version: each refused with
     a log line naming it; a well-behaved rank's windows still arrive."""

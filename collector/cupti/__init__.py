@@ -69,9 +69,18 @@ def resume() -> None:
             _backend.resume()
 
 
+def mark_step() -> None:
+    """A step boundary for the running backend (hypertrace.collector.marker.step() calls it;
+    no lock: it runs every step and the backend is set once)."""
+    backend = _backend
+    if backend is not None:
+        backend.mark()
+
+
 def state() -> BackendState | None:
     with _lock:
         return None if _backend is None else _backend.state
 
 
-__all__ = ["CuptiOptions", "CuptiUnavailable", "pause", "resume", "start", "state", "stop"]
+__all__ = ["CuptiOptions", "CuptiUnavailable", "mark_step", "pause", "resume", "start", "state",
+           "stop"]

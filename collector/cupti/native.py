@@ -28,7 +28,7 @@ BPF_SOURCE = Path(__file__).resolve().parent.parent / "ebpf_program.c"
 LIBRARY_STEM = "libhypertrace_cupti"
 FLAGS = ["-O2", "-shared", "-fPIC", "-pthread"]
 #: Recorder slot kinds (recorder.c HT_KIND_*).
-KIND_CODES = {"launch": 0, "sync": 1, "graph": 2}
+KIND_CODES = {"launch": 0, "sync": 1, "graph": 2, "marker": 3}
 MAX_SLOTS = 16
 _API_FIELDS = 5            # count, sum_ns, min_ns, max_ns, nested
 _PERIOD_FIELDS = 8         # last_ns, last_sync_ns, last_offcpu_ns, last_tid, count,
@@ -122,6 +122,7 @@ class Recorder:
         L.ht_snapshot_size.restype = ctypes.c_size_t
         L.ht_test_record.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
         L.ht_test_edge.argtypes = [ctypes.c_int, ctypes.c_uint64]
+        L.ht_mark.argtypes = [ctypes.c_int]
         L.ht_threads.argtypes = [ctypes.c_void_p, ctypes.c_int]
         L.ht_time_sched_reads.argtypes = [ctypes.c_int]
         L.ht_time_sched_reads.restype = ctypes.c_double
@@ -182,6 +183,10 @@ class Recorder:
             if self.lib.ht_enable(self.slots[api], int(on)) != 0 and on:
                 raise RuntimeError(self.error())
 
+    def mark(self, api: str) -> None:
+        """A step boundary of the marker slot ``api`` (hypertrace.step() in this process)."""
+        self.lib.ht_mark(self.slots[api])
+
     def unsubscribe(self) -> None:
         self.lib.ht_unsubscribe()
 
@@ -207,7 +212,7 @@ class Recorder:
                                           sum_ns=int(a[1]), min_ns=int(a[2]), max_ns=int(a[3]),
                                           nested=int(a[4]))
             p = periods[slot]
-            if self.kinds[name] != "launch" and p[4]:
+            if self.kinds[name] != "launch" and p[4]:     # periodic and marker slots
                 f = _PERIOD_FIELDS
                 periodic[name] = PeriodicSample(
                     api=name, intervals=p[f:f + nb].copy(), busy=p[f + nb:].copy(),

@@ -70,6 +70,7 @@ typedef struct {                      // CUpti_SubscriberParams (cuptiSubscribe_
 #define HT_KIND_LAUNCH 0
 #define HT_KIND_SYNC 1
 #define HT_KIND_GRAPH 2
+#define HT_KIND_MARKER 3              // hypertrace.step(): a boundary, no latency
 
 struct ht_api {                       // one API's calls since the last read
     u64 count, sum_ns, min_ns, max_ns, nested;
@@ -189,6 +190,34 @@ static void periodic_edge(int entry, u64 now) {
     }
 }
 
+// A step boundary of `slot` at `end` (caller holds the lock): close the interval since this
+// API's previous boundary. What the process spent in synchronize calls inside it, and what the
+// boundary thread spent blocked off-CPU outside calls, are waits; the rest is busy (as the
+// eBPF program splits it). The blocked time is the boundary thread's own: other threads'
+// sleeps (a data loader, a communication thread) are not this step's waits. After the boundary
+// moved to another thread there is no baseline for one interval: it counts no blocked time.
+static void period_boundary(int slot, u64 end) {
+    struct ht_period *p = &cur.period[slot];
+    if (!tl_tid) tl_tid = (u64)syscall(SYS_gettid);
+    u64 off = tl_offcpu_ns;
+    if (p->last_ns && end > p->last_ns) {
+        u64 interval = end - p->last_ns;
+        u64 ws = sync_total_ns - p->last_sync_ns;
+        u64 wo = p->last_tid == tl_tid && off >= p->last_offcpu_ns ? off - p->last_offcpu_ns : 0;
+        u64 busy = interval > ws + wo ? interval - ws - wo : 0;
+        p->count++;
+        p->interval_sum_ns += interval;
+        p->sync_wait_ns += ws;
+        p->offcpu_wait_ns += wo;
+        p->intervals[ht_bucket(interval)]++;
+        p->busy[ht_bucket(busy)]++;
+    }
+    p->last_ns = end;
+    p->last_sync_ns = sync_total_ns;
+    p->last_offcpu_ns = off;
+    p->last_tid = tl_tid;
+}
+
 static void record_call(int slot, u64 ns, u64 end) {
     struct ht_api *a = &cur.api[slot];
     u32 b = ht_bucket(ns);
@@ -199,33 +228,7 @@ static void record_call(int slot, u64 ns, u64 end) {
     if (ns > a->max_ns) a->max_ns = ns;
     a->hist[b]++;
     if (slot_kind[slot] == HT_KIND_SYNC) sync_total_ns += ns;
-    if (slot_kind[slot] != HT_KIND_LAUNCH) {
-        // A step boundary: close the interval since this API's previous return. What the process
-        // spent in synchronize calls inside it, and blocked off-CPU outside calls, are waits;
-        // the rest is busy (as the eBPF program splits it).
-        // The blocked time is the boundary thread's own: other threads' sleeps (a data loader,
-        // a communication thread) are not this step's waits. After the boundary moved to
-        // another thread there is no baseline for one interval: it counts no blocked time.
-        struct ht_period *p = &cur.period[slot];
-        if (!tl_tid) tl_tid = (u64)syscall(SYS_gettid);
-        u64 off = tl_offcpu_ns;
-        if (p->last_ns && end > p->last_ns) {
-            u64 interval = end - p->last_ns;
-            u64 ws = sync_total_ns - p->last_sync_ns;
-            u64 wo = p->last_tid == tl_tid && off >= p->last_offcpu_ns ? off - p->last_offcpu_ns : 0;
-            u64 busy = interval > ws + wo ? interval - ws - wo : 0;
-            p->count++;
-            p->interval_sum_ns += interval;
-            p->sync_wait_ns += ws;
-            p->offcpu_wait_ns += wo;
-            p->intervals[ht_bucket(interval)]++;
-            p->busy[ht_bucket(busy)]++;
-        }
-        p->last_ns = end;
-        p->last_sync_ns = sync_total_ns;
-        p->last_offcpu_ns = off;
-        p->last_tid = tl_tid;
-    }
+    if (slot_kind[slot] != HT_KIND_LAUNCH) period_boundary(slot, end);
     pthread_mutex_unlock(&lock);
 }
 
@@ -329,7 +332,7 @@ int ht_add_api(const char *name, int kind) {
     if (slot_count >= HT_MAX_SLOTS) return -1;
     int slot = slot_count++;
     slot_kind[slot] = kind;
-    if (!p_name) return slot;                 // no CUPTI (tests): the slot records by hand
+    if (!p_name || kind == HT_KIND_MARKER) return slot;   // recorded by hand, not by CUPTI
     int found = 0;
     for (u32 cbid = 1; cbid < HT_MAX_CBID; cbid++) {
         const char *s = NULL;
@@ -453,6 +456,18 @@ void ht_test_edge(int entry, u64 now) { periodic_edge(entry, now); }
 size_t ht_snapshot_size(void) { return sizeof(struct ht_snapshot); }
 int ht_max_slots(void) { return HT_MAX_SLOTS; }
 int ht_num_buckets(void) { return HT_NUM_BUCKETS; }
+
+// hypertrace.step() in this process: a step boundary of the marker `slot` now.
+void ht_mark(int slot) {
+    if (slot < 0 || slot >= slot_count || slot_kind[slot] != HT_KIND_MARKER) return;
+    u64 now = now_ns();
+    if (!tl_registered) register_thread();
+    periodic_edge(1, now);                    // blocked time since the last boundary
+    periodic_edge(0, now);
+    pthread_mutex_lock(&lock);
+    period_boundary(slot, now);
+    pthread_mutex_unlock(&lock);
+}
 
 // For tests on machines without CUDA: record one call of `ns` ending at `end_ns`, as a callback
 // pair would.

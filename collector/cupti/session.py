@@ -43,7 +43,7 @@ from hypertrace.collector.cupti.native import CuptiUnavailable, Recorder
 from hypertrace.collector.cupti.threads import ThreadSched
 from hypertrace.collector.governor import Governor
 from hypertrace.collector.schedule import window_end, window_index
-from hypertrace.collector.steps import infer_steps
+from hypertrace.collector.steps import MARKER_API, infer_steps
 from hypertrace.collector.ebpf import ProcessStats
 from hypertrace.daemon.windows import (TIER_ALWAYS, TIER_SLICED, ProcessProbe, ProcessRecord,
                                        WindowOverhead, build_window, probe_hits)
@@ -205,7 +205,8 @@ class InProcessBackend:
         for name, kind in cupti_apis():
             if not self.recorder.add_api(name, kind):
                 log.debug("CUPTI has no callback for %s here", name)
-        known = set(self.recorder.slots)
+        self.recorder.add_api(MARKER_API, "marker")       # hypertrace.step(), in process
+        known = set(self.recorder.slots) - {MARKER_API}
         self._always = [n for n, k in cupti_apis() if k in PERIODIC_KINDS and n in known]
         self._sliced = [n for n, k in cupti_apis() if k not in PERIODIC_KINDS and n in known]
         self.state.apis = sorted(known)
@@ -251,6 +252,11 @@ class InProcessBackend:
                 self.recorder.unsubscribe()
             self.state.subscribed = False
         log.info("hypertrace CUPTI backend paused (unsubscribed); resume() to continue")
+
+    def mark(self) -> None:
+        """hypertrace.step() was called: a step boundary (collector/marker.py calls this)."""
+        if self.state.subscribed and MARKER_API in self.recorder.slots:
+            self.recorder.mark(MARKER_API)
 
     def resume(self) -> None:
         with self._lock:
@@ -518,7 +524,7 @@ class InProcessBackend:
         snap = self.recorder.read(self.pid)
         window_s = max((win.end_ns - win.start_ns) / 1e9, 1e-9)
         samples = {(self.pid, api): s for api, s in snap.samples.items()
-                   if api in self.recorder.kinds and api != CALIBRATION_API}
+                   if api in self.recorder.kinds and api not in (CALIBRATION_API, MARKER_API)}
         always_hits = sum(probe_hits(s) for (_, api), s in samples.items() if api in self._always)
         sliced_hits = sum(probe_hits(s) for (_, api), s in samples.items()
                           if api not in self._always)
