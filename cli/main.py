@@ -14,7 +14,7 @@ import importlib
 import logging
 import sys
 
-SUBCOMMANDS = ("agent", "analyzer", "report", "jobs", "analyze", "predict", "probe", "simulate",
+SUBCOMMANDS = ("agent", "analyzer", "analyzer_edge", "analyzer_worker", "report", "jobs", "analyze", "predict", "probe", "simulate",
                "export", "certs", "evict")
 
 EPILOG = """\
