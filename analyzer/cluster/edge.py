@@ -30,7 +30,8 @@ from prometheus_client.registry import Collector
 
 from hypertrace.analyzer.cluster import subjects
 from hypertrace.analyzer.cluster.jetstream import (LEASES, REPORTS, STREAM, ClusterSettings,
-                                                   LoopThread, connect, ensure, nats_module)
+                                                   LoopThread, connect, ensure, nats_module,
+                                                   retry)
 from hypertrace.analyzer.cluster.records import Progress, decode_report
 from hypertrace.analyzer.jobs import UnknownJobError
 from hypertrace.analyzer.metrics import AnalyzerMetrics
@@ -172,20 +173,22 @@ class ClusterEdge:
         await self._flush_partitions(want)
         kv = self._kv[REPORTS]
         errors = nats_module().js.errors
+        gone = (errors.KeyNotFoundError, errors.KeyDeletedError, errors.NoKeysError)
+        wait = self.options.report_timeout_s
         rep = pb.Report(version=1)
         rep.generated.FromNanoseconds(time.time_ns())
         if job_id:
             keys = [f"job.{want}"]
         else:
             try:
-                keys = sorted(k for k in await kv.keys() if k.startswith("job."))
+                keys = sorted(k for k in await retry(kv.keys, wait, gone) if k.startswith("job."))
             except errors.NoKeysError:
                 keys = []
         jobs = []
         for key in keys:
             try:
-                entry = await kv.get(key)
-            except (errors.KeyNotFoundError, errors.KeyDeletedError):
+                entry = await retry(lambda k=key: kv.get(k), wait, gone)
+            except gone:
                 if job_id:
                     raise UnknownJobError(f"unknown job {job_id[:64]!r}; list jobs with "
                                           "`hypertrace jobs`") from None
@@ -208,33 +211,36 @@ class ClusterEdge:
     async def _flush_partitions(self, report: str) -> list[Progress]:
         """Publish a flush marker into every partition and wait until each owner applied it."""
         errors = nats_module().js.errors
-        leases = self._kv[LEASES]
-        ownerless = []
-        for p in range(self.settings.partitions):
-            try:
-                await leases.get(subjects.lease_key(p))
-            except (errors.KeyNotFoundError, errors.KeyDeletedError):
-                ownerless.append(p)
+        gone = (errors.KeyNotFoundError, errors.KeyDeletedError)
+        wait = self.options.report_timeout_s
+        deadline = time.monotonic() + wait
+        while True:                 # a lost server can let leases lapse: wait for new owners
+            ownerless = await self._ownerless(wait)
+            if not ownerless or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.25)
         if ownerless:
             raise PartitionsUnanswered(
-                f"partition(s) {_ranges(ownerless)} of {self.settings.partitions} have no "
-                "scoring worker right now; start `hypertrace analyzer-worker` (or wait for one "
-                "to take them over: lease_ttl_s)")
+                f"partition(s) {', '.join(map(str, ownerless))} of {self.settings.partitions} "
+                f"have had no scoring worker for {wait:g} s; start `hypertrace analyzer-worker`")
         now = str(time.time_ns())
         acks = await asyncio.gather(*(
-            self._js.publish(subjects.tick_subject(p), b"", stream=STREAM,
-                             timeout=self.options.publish_timeout_s,
-                             headers={NOW_HEADER: now, REPORT_HEADER: report})
+            retry(lambda p=p: self._js.publish(
+                subjects.tick_subject(p), b"", stream=STREAM,
+                timeout=self.options.publish_timeout_s,
+                headers={NOW_HEADER: now, REPORT_HEADER: report}), wait)
             for p in range(self.settings.partitions)))
         want = {p: a.seq for p, a in enumerate(acks)}
         kv = self._kv[REPORTS]
         got: dict[int, Progress] = {}
-        deadline = time.monotonic() + self.options.report_timeout_s
         while True:
             for p in [p for p in want if p not in got]:
                 try:
                     prog = Progress.decode((await kv.get(subjects.progress_key(p))).value)
-                except (errors.KeyNotFoundError, errors.KeyDeletedError):
+                except gone:
+                    continue
+                except Exception:           # a timeout while a server fails over: look again
+                    log.debug("progress of partition %d not read", p, exc_info=True)
                     continue
                 if prog.seq >= want[p]:
                     got[p] = prog
@@ -243,10 +249,21 @@ class ClusterEdge:
             if time.monotonic() > deadline:
                 late = sorted(set(want) - set(got))
                 raise PartitionsUnanswered(
-                    f"partition(s) {_ranges(late)} did not answer within "
+                    f"partition(s) {', '.join(map(str, late))} did not answer within "
                     f"{self.options.report_timeout_s:g} s (their workers are busy, or were just "
                     "replaced and are replaying); retry, or raise report_timeout_s")
             await asyncio.sleep(0.05)
+
+    async def _ownerless(self, wait: float) -> list[int]:
+        errors = nats_module().js.errors
+        gone = (errors.KeyNotFoundError, errors.KeyDeletedError)
+        out = []
+        for p in range(self.settings.partitions):
+            try:
+                await retry(lambda p=p: self._kv[LEASES].get(subjects.lease_key(p)), wait, gone)
+            except gone:
+                out.append(p)
+        return out
 
     def job_collector(self) -> Collector:
         """Per-partition series for /metrics: whether it has an owner (the workers export the
@@ -284,6 +301,3 @@ class _PartitionCollector(Collector):
             g.add_metric([str(p)], 1.0 if owner else 0.0)
         yield g
 
-
-def _ranges(ps: list[int]) -> str:
-    return ", ".join(str(p) for p in ps)

@@ -15,15 +15,17 @@ same settings):
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Awaitable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 from hypertrace.analyzer.cluster.subjects import stream_subjects
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 STREAM = "HTW"
 LEASES = "ht-leases"
@@ -132,6 +134,29 @@ async def ensure(js: Any, settings: ClusterSettings, timeout_s: float = 30.0) ->
         await asyncio.sleep(0.5)
     raise ClusterError(f"JetStream did not become ready in {timeout_s:g} s ({last}); are "
                        f"{settings.replicas} servers up, with jetstream enabled and clustered?")
+
+
+async def retry(op: Callable[[], Awaitable[T]], timeout_s: float,
+                permanent: tuple[type[BaseException], ...] = ()) -> T:
+    """``await op()`` until it succeeds or ``timeout_s`` passed (then its last error is
+    raised). Why: while a server is lost, the stream and bucket leaders move to the others,
+    which takes seconds, and requests meanwhile time out; they succeed once a leader is elected.
+    Errors in ``permanent`` (a key that does not exist) are raised at once."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.05
+    while True:
+        try:
+            return await op()
+        except permanent:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if time.monotonic() + pause > deadline:
+                raise
+            log.debug("JetStream request failed (%s); retrying", exc)
+            await asyncio.sleep(pause)
+            pause = min(1.0, pause * 2)
 
 
 class LoopThread:

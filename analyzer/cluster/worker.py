@@ -33,7 +33,8 @@ from prometheus_client import Counter, Gauge
 from hypertrace.analyzer.cluster import subjects
 from hypertrace.analyzer.cluster.edge import NOW_HEADER, RECEIVED_HEADER, REPORT_HEADER, ALL_JOBS
 from hypertrace.analyzer.cluster.jetstream import (LEASES, REPORTS, RESULTS, STREAM,
-                                                   ClusterSettings, connect, ensure, nats_module)
+                                                   ClusterSettings, connect, ensure, nats_module,
+                                                   retry)
 from hypertrace.analyzer.cluster.partition import PartitionScorer, TickOutcome
 from hypertrace.analyzer.cluster.records import Progress, StoredResult, encode_report
 from hypertrace.analyzer.config import ScoringConfig
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 
 #: A report larger than this (compressed) keeps only HEALTHY_NODES_SHOWN healthy nodes per job.
 MAX_REPORT_BYTES = 8 * 1024 * 1024
+#: How long a result, report or progress write is retried (a server failing over) before the
+#: partition is given back.
+RETRY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -306,19 +310,10 @@ class Worker:
                 data = encode_report(rep.jobs[0])
             await self._retry(lambda k=f"job.{subjects.job_token(job_id)}", d=data: kv.put(k, d))
 
-    async def _retry(self, op: Any, tries: int = 60) -> Any:
-        """Run a key-value write until it succeeds (a server may be failing over); a write
-        that never succeeds fails the partition, which is then replayed by its next owner."""
-        for i in range(tries):
-            try:
-                return await op()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if i == tries - 1:
-                    raise
-                log.debug("key-value write failed (%s); retrying", exc)
-                await asyncio.sleep(min(2.0, 0.1 * (i + 1)))
+    async def _retry(self, op: Any) -> Any:
+        """A key-value write, retried while a server fails over; one that never succeeds
+        stops the partition, which its next owner replays."""
+        return await retry(op, RETRY_S)
 
     # ---- metrics ---------------------------------------------------------------------------
 
