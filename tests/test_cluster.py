@@ -44,7 +44,7 @@ NODES = 4
 GPUS = 4
 EPOCHS = 7
 PARTITIONS = 8
-LEASE_TTL_S = 3.0
+LEASE_TTL_S = 4.0
 CLI = [sys.executable, "-m", "hypertrace.cli.main"]
 
 

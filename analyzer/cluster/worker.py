@@ -49,6 +49,8 @@ MAX_REPORT_BYTES = 8 * 1024 * 1024
 #: How long a result, report or progress write is retried (a server failing over) before the
 #: partition is given back.
 RETRY_S = 60.0
+#: Messages fetched from a partition per request.
+FETCH_BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -134,17 +136,25 @@ class Worker:
             await self._nc.close()
 
     async def _leases(self) -> None:
+        """One lease round: renew what we hold, say we are alive, take or give back our
+        share. Every request is bounded by a quarter of the TTL: a request that hangs while a
+        NATS server is lost must not let the leases we hold lapse behind it."""
         errors = nats_module().js.errors
         kv = self._kv[LEASES]
         me = self.options.worker_id.encode()
-        await kv.put(subjects.member_key(self.options.worker_id), me)
+        bound = self.settings.lease_ttl_s / 4
+
+        async def timed(coro: Any) -> Any:
+            return await asyncio.wait_for(coro, bound)
+
         for p, own in list(self._owned.items()):
             if own.failed:
-                log.warning("giving back partition %d after an error (its next owner replays it)", p)
+                log.warning("giving back partition %d after an error (its next owner replays "
+                            "it)", p)
                 await self._release(p)
                 continue
             try:
-                own.revision = await kv.update(subjects.lease_key(p), me, last=own.revision)
+                own.revision = await timed(kv.update(subjects.lease_key(p), me, last=own.revision))
                 own.renewed = time.monotonic()
             except errors.KeyWrongLastSequenceError:
                 log.warning("lost the lease of partition %d (another worker holds it)", p)
@@ -153,11 +163,12 @@ class Worker:
                 if time.monotonic() - own.renewed > self.settings.lease_ttl_s * 0.8:
                     log.warning("could not renew partition %d within its lease; giving it up", p)
                     await self._drop(p)
-        members = [k for k in await kv.keys() if k.startswith("worker.")]
-        share = math.ceil(self.settings.partitions / max(1, len(members)))
+        await timed(kv.put(subjects.member_key(self.options.worker_id), me))
+        members = await timed(self._members())
+        share = math.ceil(self.settings.partitions / max(1, members))
         for p in sorted(self._owned, reverse=True)[:max(0, len(self._owned) - share)]:
             log.info("giving back partition %d (%d live workers, %d partitions each)", p,
-                     len(members), share)
+                     members, share)
             await self._release(p)
         n = self.settings.partitions
         for i in range(n):
@@ -167,11 +178,18 @@ class Worker:
             if p in self._owned:
                 continue
             try:
-                rev = await kv.create(subjects.lease_key(p), me)
+                rev = await timed(kv.create(subjects.lease_key(p), me))
             except errors.KeyWrongLastSequenceError:
                 continue                      # held by another worker
             self._take(p, rev)
         self.metrics.partitions.set(len(self._owned))
+
+    async def _members(self) -> int:
+        """Live workers: the member keys in the leases bucket (one stream-info request; a
+        key-value listing would create a consumer every round)."""
+        info = await self._js.stream_info(f"KV_{LEASES}",
+                                          subjects_filter=f"$KV.{LEASES}.{subjects.member_key('*')}")
+        return len(info.state.subjects or {})
 
     def _take(self, p: int, revision: int) -> None:
         own = _Owned(p, revision, PartitionScorer(p, self.config), time.monotonic())
@@ -218,28 +236,68 @@ class Worker:
     # ---- one partition ---------------------------------------------------------------------
 
     async def _consume(self, own: _Owned) -> None:
-        api = nats_module().js.api
+        """Read the partition in stream order from where this owner stands.
+
+        Why a pull consumer the worker re-creates itself: the consumer is an ephemeral,
+        unreplicated cursor, and lives on one server; when that server is lost the cursor is
+        gone. The worker knows the last stream sequence it applied, so it makes a new cursor
+        starting right after it (checked whenever the partition has been quiet for a while):
+        nothing is skipped, nothing applied twice."""
         errors = nats_module().errors
-        sub = await self._js.subscribe(subjects.partition_filter(own.partition), stream=STREAM,
-                                       ordered_consumer=True, idle_heartbeat=2.0,
-                                       deliver_policy=api.DeliverPolicy.ALL)
+        psub = None
+        quiet = 0
         try:
             while True:
+                if psub is None:
+                    psub = await retry(lambda: self._cursor(own), RETRY_S)
                 try:
-                    msg = await sub.next_msg(timeout=1.0)
+                    msgs = await psub.fetch(FETCH_BATCH, timeout=1.0)
                 except errors.TimeoutError:
+                    quiet += 1
+                    if quiet % 3 == 0 and not await self._alive(psub):
+                        log.info("partition %d: its cursor is gone (a server was lost); "
+                                 "resuming after stream sequence %d", own.partition,
+                                 own.scorer.last_seq)
+                        psub = None
                     continue
-                await self._apply(own, msg)
+                except Exception:
+                    log.info("partition %d: reading failed; resuming after stream sequence %d",
+                             own.partition, own.scorer.last_seq, exc_info=True)
+                    psub = None
+                    continue
+                quiet = 0
+                for msg in msgs:
+                    await self._apply(own, msg)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("partition %d stopped", own.partition)
             own.failed = True
         finally:
-            try:
-                await sub.unsubscribe()
-            except Exception:
-                pass
+            if psub is not None:
+                try:
+                    await psub.unsubscribe()
+                except Exception:
+                    pass
+
+    async def _cursor(self, own: _Owned) -> Any:
+        api = nats_module().js.api
+        start = own.scorer.last_seq + 1
+        config = api.ConsumerConfig(
+            deliver_policy=(api.DeliverPolicy.BY_START_SEQUENCE if start > 1
+                            else api.DeliverPolicy.ALL),
+            opt_start_seq=start if start > 1 else None, ack_policy=api.AckPolicy.NONE,
+            inactive_threshold=30.0, num_replicas=1, mem_storage=True)
+        return await asyncio.wait_for(
+            self._js.pull_subscribe(subjects.partition_filter(own.partition), stream=STREAM,
+                                    config=config), self.settings.lease_ttl_s)
+
+    async def _alive(self, psub: Any) -> bool:
+        try:
+            await asyncio.wait_for(psub.consumer_info(), self.settings.lease_ttl_s / 2)
+            return True
+        except Exception:
+            return False
 
     async def _apply(self, own: _Owned, msg: Any) -> None:
         seq = msg.metadata.sequence.stream
