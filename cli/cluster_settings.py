@@ -34,7 +34,7 @@ CLUSTER_KEYS: dict[str, Key] = {
                       "docs/cluster.md); more partitions than workers lets work spread"),
     "replicas": Key(int, 3, "copies JetStream keeps of every window, result and lease "
                     "(default 3: survives one server's loss)"),
-    "retention_hours": Key(float, 24.0, "how long windows and results are kept (default 24); "
+    "retention_hours": Key(float, 6.0, "how long windows and results are kept (default 6); "
                            "a worker that takes a partition over replays what is kept, so keep "
                            "at least a job's lifetime for verdicts identical to one analyzer's"),
     "lease_ttl_s": Key(float, 10.0, "a partition's lease lapses this long after its worker "

@@ -59,7 +59,7 @@ class ClusterSettings:
     servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
     partitions: int = 8
     replicas: int = 3
-    retention_hours: float = 24.0
+    retention_hours: float = 6.0
     lease_ttl_s: float = 10.0
 
     def __post_init__(self) -> None:
