@@ -1,5 +1,5 @@
 """The cluster mode end to end, on real parts: a 3-node NATS JetStream cluster on loopback
-(started here; tests/nats_cluster.py), two `hypertrace analyzer-edge` and three `hypertrace
+(started here; sim/nats_cluster.py), two `hypertrace analyzer-edge` and three `hypertrace
 analyzer-worker` processes, 24 jobs of 4 nodes x 4 GPUs streamed by the agents' own uplink
 over gRPC, through both edges.
 
@@ -50,7 +50,7 @@ CLI = [sys.executable, "-m", "hypertrace.cli.main"]
 
 @pytest.fixture(scope="module")
 def nats_cluster(tmp_path_factory):
-    import nats_cluster as nc
+    from hypertrace.sim import nats_cluster as nc
     why = nc.missing()
     if why:
         missing_prerequisite(why)

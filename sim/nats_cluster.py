@@ -1,5 +1,5 @@
-"""A real 3-node NATS JetStream cluster on loopback for the tests (n1-n3, free ports, a
-temporary directory). Needs Debian's ``nats-server`` (``make test`` installs it when root:
+"""A real 3-node NATS JetStream cluster on loopback for the tests and `make bench-cluster` (n1-n3,
+free ports, a temporary directory). Needs Debian's ``nats-server`` (``make test`` installs it when root:
 tests/install-test-deps.sh).
 
 Each node's config carries the subject mapping the cluster mode needs (deterministic
@@ -74,6 +74,7 @@ class NatsCluster:
                                             stdout=log, stderr=subprocess.STDOUT)
 
     def start(self, timeout: float = 30.0) -> "NatsCluster":
+        self.dir.mkdir(parents=True, exist_ok=True)
         for name in NODES:
             self.start_node(name)
         deadline = time.monotonic() + timeout
