@@ -15,7 +15,9 @@ the stream). Each scored epoch is written create-only to ``ht-results`` under
 again, so no verdict is emitted twice, and a difference (which would be a bug) is logged and
 counted (``hypertrace_cluster_results{outcome="diverged"}``).
 
-Not thread-safe except for the metrics callbacks, which take each partition's lock.
+Scoring and report building run in a helper thread (seconds at 131k GPUs; the event loop must
+keep renewing leases meanwhile) and the metrics callbacks in the HTTP thread: both take the
+partition's lock, as does every change to its scorer.
 """
 from __future__ import annotations
 
@@ -315,8 +317,13 @@ class Worker:
                 m.late.inc()
             return
         t0 = time.perf_counter()
-        with own.lock:
-            out = scorer.tick(seq, int(headers.get(NOW_HEADER, "0")))
+        now = int(headers.get(NOW_HEADER, "0"))
+
+        def tick() -> TickOutcome:
+            with own.lock:
+                return scorer.tick(seq, now)
+        # scoring a 131k-GPU epoch takes seconds: off the event loop, so leases keep renewing
+        out = await asyncio.to_thread(tick)
         if out.results:
             self.metrics.analyzer.scoring_seconds.observe(time.perf_counter() - t0)
             self.metrics.analyzer.scored.inc(len(out.results))
@@ -356,11 +363,14 @@ class Worker:
             await self._retry(lambda j=job_id: kv.delete(f"job.{subjects.job_token(j)}"))
         if not want:
             return
-        with own.lock:
-            jobs = own.scorer.engine.job_ids()
-            if want != ALL_JOBS:
-                jobs = [j for j in jobs if subjects.job_token(j) == want]
-            reports = [own.scorer.engine.report(j) for j in jobs]
+
+        def build() -> tuple[list[str], list[pb.Report]]:
+            with own.lock:
+                jobs = own.scorer.engine.job_ids()
+                if want != ALL_JOBS:
+                    jobs = [j for j in jobs if subjects.job_token(j) == want]
+                return jobs, [own.scorer.engine.report(j) for j in jobs]
+        jobs, reports = await asyncio.to_thread(build)      # seconds at 131k GPUs
         for job_id, rep in zip(jobs, reports):
             data = encode_report(rep.jobs[0])
             if len(data) > MAX_REPORT_BYTES:
