@@ -171,7 +171,13 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
 
     def run(self, coro: Awaitable[T], timeout: float | None = None) -> T:
-        return self.submit(coro).result(timeout)
+        """The coroutine's result; on a timeout it is cancelled, not left running."""
+        fut = self.submit(coro)
+        try:
+            return fut.result(timeout)
+        except BaseException:
+            fut.cancel()
+            raise
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
