@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -35,7 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-CLI = [sys.executable, "-m", "hypertrace.cli.main"]
+from hypertrace.sim.nats_cluster import CLI, CliProcess
+
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -69,37 +69,6 @@ def in_process() -> list[tuple[str, float, float, float]]:
     return out
 
 
-class Started:
-    """A CLI process started on a free port; its output is kept in a file."""
-
-    def __init__(self, args: list[str], ready: str, log: Path, timeout: float = 60.0):
-        self.log = log
-        self.fh = open(log, "w")
-        self.proc = subprocess.Popen(CLI + args, stdout=self.fh, stderr=subprocess.STDOUT,
-                                     text=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.search(ready, log.read_text())
-            if m:
-                self.match = m
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"{args[0]} did not start: {log.read_text()[-2000:]}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.fh.close()
-
-
 def _report(target: str) -> dict:
     out = subprocess.run(CLI + ["report", "--analyzer", target, "--insecure", "--format", "json",
                                 "--all-nodes", "--timeout", "120"],
@@ -126,7 +95,7 @@ def end_to_end(nodes: int, windows: int, tmp: Path) -> tuple[dict, list[str]]:
     failed: list[str] = []
     cpu: dict[str, dict[str, float]] = {"n": {"windows": len(wins)}}
 
-    single = Started(["analyzer", "--listen", "127.0.0.1:0", "--insecure", "--flush-interval",
+    single = CliProcess(["analyzer", "--listen", "127.0.0.1:0", "--insecure", "--flush-interval",
                       "0", "--db", str(tmp / "single.db")], r"listening on \S+:(\d+)",
                      tmp / "analyzer.log")
     try:
@@ -143,14 +112,14 @@ def end_to_end(nodes: int, windows: int, tmp: Path) -> tuple[dict, list[str]]:
         single.stop()
 
     cluster = nats_cluster.NatsCluster(tmp / "nats", 8).start()
-    procs: list[Started] = []
+    procs: list[CliProcess] = []
     try:
         flags = ["--nats-servers", ",".join(cluster.urls), "--partitions", "8"]
-        edge = Started(["analyzer-edge", "--listen", "127.0.0.1:0", "--insecure",
+        edge = CliProcess(["analyzer-edge", "--listen", "127.0.0.1:0", "--insecure",
                         "--report-timeout-s", "120"] + flags, r"listening on \S+:(\d+)",
                        tmp / "edge.log")
         procs.append(edge)
-        worker = Started(["analyzer-worker", "--flush-interval", "0", "--worker-id", "w1"] + flags,
+        worker = CliProcess(["analyzer-worker", "--flush-interval", "0", "--worker-id", "w1"] + flags,
                          r"analyzer-worker \S+ running", tmp / "worker.log")
         procs.append(worker)
         target = f"127.0.0.1:{edge.match.group(1)}"

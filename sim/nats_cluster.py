@@ -9,14 +9,17 @@ tell operators to write. Nodes are stopped by their pids (never by name).
 """
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 NODES = ("n1", "n2", "n3")
+CLI = [sys.executable, "-m", "hypertrace.cli.main"]
 
 
 def missing() -> str:
@@ -108,3 +111,38 @@ class NatsCluster:
             except subprocess.TimeoutExpired:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
+
+
+class CliProcess:
+    """A `hypertrace` command started in the background (an edge, a worker), once its output
+    (kept in ``log``) shows ``ready``; ``match`` is that line's match."""
+
+    def __init__(self, args: list[str], ready: str, log: Path, timeout: float = 60.0):
+        self.log = log
+        self.fh = open(log, "w")
+        self.proc = subprocess.Popen(CLI + args, stdout=self.fh, stderr=subprocess.STDOUT,
+                                     text=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.search(ready, log.read_text())
+            if m:
+                self.match = m
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{args[0]} did not start: {log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.fh.close()
+
+    def output(self) -> str:
+        return self.log.read_text()

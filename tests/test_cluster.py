@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import subprocess
@@ -63,42 +62,13 @@ def nats_cluster(tmp_path_factory):
     cluster.stop()
 
 
-class Proc:
-    """A started CLI process whose output is collected by a thread."""
-
-    def __init__(self, args: list[str], ready: str, timeout: float = 60.0):
-        self.proc = subprocess.Popen(CLI + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True)
-        self.lines: list[str] = []
-        self.match: re.Match | None = None
-        got = threading.Event()
-
-        def read() -> None:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.lines.append(line)
-                if self.match is None:
-                    self.match = re.search(ready, line)
-                    if self.match:
-                        got.set()
-            got.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not got.wait(timeout) or self.match is None:
-            self.stop()
-            pytest.fail(f"{' '.join(args[:1])} did not start: {''.join(self.lines)[-3000:]}")
-
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def _start(args: list[str], ready: str, tmp: Path):
+    from hypertrace.sim.nats_cluster import CliProcess
+    log = tmp / f"{args[0] if args[0] != '-v' else args[1]}-{len(list(tmp.glob('*.log')))}.log"
+    try:
+        return CliProcess(args, ready, log)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 def _cluster_flags(cluster) -> list[str]:
@@ -243,11 +213,11 @@ def test_a_worker_scores_on_its_flush_interval_without_a_report(nats_cluster, tm
         w.agent_id = f"ticking-{w.agent_id}"
     procs = []
     try:
-        edge = Proc(["analyzer-edge", "--listen", "127.0.0.1:0", "--insecure"]
-                    + _cluster_flags(cluster), r"listening on \S+:(\d+)")
+        edge = _start(["analyzer-edge", "--listen", "127.0.0.1:0", "--insecure"]
+                      + _cluster_flags(cluster), r"listening on \S+:(\d+)", tmp_path)
         procs.append(edge)
-        procs.append(Proc(["analyzer-worker", "--worker-id", "ticker", "--flush-interval", "0.3"]
-                          + _cluster_flags(cluster), r"analyzer-worker \S+ running"))
+        procs.append(_start(["analyzer-worker", "--worker-id", "ticker", "--flush-interval", "0.3"]
+                            + _cluster_flags(cluster), r"analyzer-worker \S+ running", tmp_path))
         from hypertrace.sim.simulate import stream_windows
         res = stream_windows(windows, f"127.0.0.1:{edge.match.group(1)}", str(tmp_path / "s"),
                              timeout=60)
@@ -269,21 +239,21 @@ def test_cluster_scores_every_job_once_through_a_worker_and_a_server_loss(nats_c
     now = time.time()
     t0_s = (now - 30 - EPOCHS * 10) // 10 * 10
     by_epoch = _windows(t0_s)
-    procs: list[Proc] = []
+    procs = []
     try:
         edges = []
         for _ in range(2):
-            e = Proc(["analyzer-edge", "--listen", "127.0.0.1:0", "--insecure",
-                      "--report-timeout-s", "45"] + _cluster_flags(cluster),
-                     r"listening on \S+:(\d+)")
+            e = _start(["analyzer-edge", "--listen", "127.0.0.1:0", "--insecure",
+                        "--report-timeout-s", "45"] + _cluster_flags(cluster),
+                       r"listening on \S+:(\d+)", tmp_path)
             procs.append(e)
             edges.append(f"127.0.0.1:{e.match.group(1)}")
         workers = {}
         for k in range(3):
             wid = f"w{k + 1}"
-            workers[wid] = Proc(["-v", "analyzer-worker", "--worker-id", wid,
-                                 "--flush-interval", "0"] + _cluster_flags(cluster),
-                                r"analyzer-worker \S+ running")
+            workers[wid] = _start(["-v", "analyzer-worker", "--worker-id", wid,
+                                   "--flush-interval", "0"] + _cluster_flags(cluster),
+                                  r"analyzer-worker \S+ running", tmp_path)
             procs.append(workers[wid])
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
