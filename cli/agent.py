@@ -71,6 +71,14 @@ def register(subparsers) -> None:
     p.add_argument("--metrics-textfile", metavar="FILE.prom",
                    help="write the agent's own metrics (overhead, duty, spool, last ack) here "
                    "every window, for node_exporter's textfile collector (default: off)")
+    p.add_argument("--backend", choices=["auto", "ebpf", "cupti"],
+                   help="auto (default): eBPF uprobes where the host allows them, else windows "
+                   "from in-process CUPTI backends only; ebpf: uprobes or fail; cupti: in-process "
+                   "backends only (training started with `python -m hypertrace.collector.cupti "
+                   "-- ...`)")
+    p.add_argument("--cupti-socket", metavar="PATH",
+                   help="Unix socket for in-process CUPTI backends (default "
+                   "/run/hypertrace/cupti.sock; \"\" = none)")
     tls = p.add_argument_group("transport security (mutual TLS; see `hypertrace certs --help`)")
     tls.add_argument("--tls-ca", metavar="PEM", help="CA that signed the analyzer's certificate")
     tls.add_argument("--tls-cert", metavar="PEM",

@@ -123,3 +123,12 @@ def window_index(start_ns: int, window_ns: int) -> int:
     if window_ns <= 0:
         raise ValueError(f"window_ns must be > 0, got {window_ns}")
     return int(start_ns) // int(window_ns)
+
+
+def window_end(start_ns: int, window_ns: int) -> int:
+    """The wall-clock window boundary after ``start_ns``; a stub shorter than a quarter window
+    is merged into the following window (it would carry too few samples to score)."""
+    end = (start_ns // window_ns + 1) * window_ns
+    if end - start_ns < window_ns // 4:
+        end += window_ns
+    return end

@@ -51,10 +51,12 @@ from hypertrace.collector.attribution import attribute_pid
 from hypertrace.collector.discovery import DiscoveryDelta, Library, LibraryId, ProcessScanner
 from hypertrace.collector.governor import Governor, SlicePlan
 from hypertrace.collector.nvml import Nvml, PidGpuMap
-from hypertrace.collector.schedule import window_index
+from hypertrace.collector.schedule import window_end, window_index
 from hypertrace.collector.step_cost import StepCostMeter, step_api
 from hypertrace.collector.steps import MARKER_API, StepInference, infer_steps
 from hypertrace.daemon.config import AgentConfig
+from hypertrace.daemon.inprocess import InProcessHub, NoProbes
+from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.daemon.metrics_file import AgentMetrics, write as write_metrics_file
 from hypertrace.proto.transport import channel_credentials, tls_files
 from hypertrace.daemon.systemd import SdNotifier, watchdog_interval
@@ -157,6 +159,8 @@ class Agent:
         self._next_scan = 0.0
         self._next_ping = 0.0
         self._ping_every = watchdog_interval()
+        self.hub: InProcessHub | None = None
+        self.cupti_only = False
 
     # -- control ---------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -185,10 +189,16 @@ class Agent:
             self.nvml = Nvml()
             if not self.nvml.available:
                 log.info("%s", self.nvml.reason)
+        if self.session is None and self._ebpf_unavailable():
+            self.session = NoProbes()
+            self.cupti_only = True
+            self.probe_cost_ns = self.probe_cost_ns or 0.0
         if self.session is None:
             from hypertrace.collector.ebpf import UprobeSession
             self.notifier.status("compiling the BPF program")
             self.session = UprobeSession(exclude_pids=[os.getpid()])
+        if self.cfg.cupti_socket:
+            self._start_hub()
         if self.probe_cost_ns is None:
             from hypertrace.collector.probe_cost import measure_probe_cost_ns
             self.notifier.status("measuring the probe cost")
@@ -204,7 +214,48 @@ class Agent:
                  self.cfg.max_slice_s, "probing every CUDA process" if
                  self.cfg.probe_unattributed else "probing processes attributed to a job")
 
+    def _start_hub(self) -> None:
+        """Listen for in-process backends. Without uprobes that is the agent's only source, so
+        a failure is fatal then; beside uprobes it is logged and the agent goes on."""
+        hub = InProcessHub(self.cfg.cupti_socket, pb.LocalConfig(
+            agent_id=self.cfg.agent_id, node=self.cfg.node, window_s=self.cfg.window,
+            overhead_budget=self.cfg.overhead_budget, always_share=self.cfg.always_share,
+            max_slice_s=self.cfg.max_slice_s, slice_guard_s=self.cfg.slice_guard_s,
+            min_samples=self.cfg.min_samples), standby=not self.cupti_only)
+        try:
+            self.hub = hub.start()
+        except OSError as exc:
+            msg = (f"cannot listen on cupti_socket {self.cfg.cupti_socket}: {exc}; set "
+                   "cupti_socket to a writable path (or \"\" to accept no in-process backends)")
+            if self.cupti_only:
+                raise RuntimeError(msg) from None
+            log.warning("%s; in-process (CUPTI) backends cannot connect", msg)
+
+    def _ebpf_unavailable(self) -> bool:
+        """Whether this agent runs without uprobes (``backend``: cupti, or auto where eBPF's
+        prerequisites are missing). Says why, and what the training processes need then."""
+        if self.cfg.backend == "ebpf":
+            return False
+        if self.cfg.backend == "auto":
+            from hypertrace.collector import prereqs
+            problems = prereqs.check_all()
+            if not problems:
+                return False
+            if not self.cfg.cupti_socket:
+                raise RuntimeError(prereqs.describe(problems) + "; and cupti_socket is \"\", "
+                                   "so no in-process backend can report either")
+            log.warning("eBPF is not available here (%s). This node needs the in-process CUPTI "
+                        "backend: start training with `python -m hypertrace.collector.cupti -- "
+                        "CMD` (or call hypertrace.collector.cupti.start() in the script); it "
+                        "connects to %s", prereqs.describe(problems), self.cfg.cupti_socket)
+        else:
+            log.info("backend cupti: no uprobes; windows come from in-process backends on %s",
+                     self.cfg.cupti_socket)
+        return True
+
     def _teardown(self) -> None:
+        if self.hub is not None:
+            self.hub.close()
         for step, fn in (("detach", lambda: self.session and self.session.detach_all()),
                          ("close probes", lambda: self.session and self.session.close()),
                          ("close uplink", lambda: self.uplink and self.uplink.close(
@@ -459,7 +510,7 @@ class Agent:
         window_ns = int(self.cfg.window * 1e9)
         index = window_index(win.end_ns - 1, window_ns)
         win.plan = self.governor.plan(index, self.cfg.window)
-        if win.plan.sampled:
+        if win.plan.sampled and not self.cupti_only:
             self._run_slice(win, win.plan, index * window_ns)
         self._wait_until(win.end_ns, win)
 
@@ -549,6 +600,15 @@ class Agent:
             self.cfg.agent_id, self.cfg.node, seq, win.start_ns, end_ns, samples, records,
             WindowOverhead(attached_seconds=win.attached_s, probe_cost_ns=self.probe_cost_ns,
                            budget=self.cfg.overhead_budget), probes)
+        if self.hub is not None:
+            # In-process windows of this window; a pid the uprobes cover is counted once (theirs).
+            skip = set() if self.cupti_only else set(report)
+            frames = self.hub.take(win.start_ns, end_ns, skip, wait=not stopping)
+            if self.cupti_only:
+                for pw in window.processes:
+                    if pw.pid not in frames:     # found, but measures nothing: say why
+                        pw.overhead.unsampled_reason = "no_cupti_backend"
+            self.hub.merge(window, frames)
         if self.uplink.submit(window):
             self.windows_sent += 1
         # The account: earn the wall time, pay what the most charged process paid.
@@ -705,15 +765,6 @@ class Agent:
         self._teardown()
         log.info("agent stopped after %d windows", self.windows_sent)
         return EXIT_OK
-
-
-def window_end(start_ns: int, window_ns: int) -> int:
-    """The wall-clock window boundary after ``start_ns``; a stub shorter than a quarter window
-    is merged into the following window (it would carry too few samples to score)."""
-    end = (start_ns // window_ns + 1) * window_ns
-    if end - start_ns < window_ns // 4:
-        end += window_ns
-    return end
 
 
 def run_agent(config: AgentConfig, install_signals: bool = True,

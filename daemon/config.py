@@ -62,6 +62,14 @@ metrics_textfile    "" (off)                       write the agent's own metrics
                                                    window, e.g. /var/lib/node_exporter/
                                                    textfile_collector/hypertrace.prom
                                                    (daemon/metrics_file.py)
+backend             auto                           auto: eBPF uprobes when this host allows
+                                                   them, else only in-process CUPTI backends;
+                                                   ebpf: uprobes or fail; cupti: no uprobes,
+                                                   windows from in-process backends only
+cupti_socket        /run/hypertrace/cupti.sock     Unix socket where in-process (CUPTI)
+                                                   backends of training processes connect
+                                                   ("" = none); with eBPF they are told to
+                                                   stand by, so no process is probed twice
 ==================  =============================  ============================================
 """
 from __future__ import annotations
@@ -78,6 +86,8 @@ from hypertrace.proto.settings import ConfigError, fraction, read_toml
 from hypertrace.proto.transport import TransportError, tls_files
 
 DEFAULT_CONFIG_PATH = "/etc/hypertrace/agent.toml"
+#: Probe backends the agent can run (``backend``).
+BACKENDS = ("auto", "ebpf", "cupti")
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,8 @@ class AgentConfig:
     tls_key: str = ""
     insecure: bool = False
     metrics_textfile: str = ""
+    backend: str = "auto"
+    cupti_socket: str = "/run/hypertrace/cupti.sock"
 
     def resolved(self) -> "AgentConfig":
         """Fill the defaults that depend on the machine (node name, agent id)."""
@@ -189,6 +201,11 @@ def _check(cfg: AgentConfig) -> None:
         raise ConfigError(f"min_samples must be between 0 and 10000000, got {cfg.min_samples}")
     if not cfg.scan_interval > 0:
         raise ConfigError(f"scan_interval must be > 0 seconds, got {cfg.scan_interval}")
+    if cfg.backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}")
+    if cfg.backend == "cupti" and not cfg.cupti_socket:
+        raise ConfigError("backend = cupti needs cupti_socket (where training processes "
+                          "connect), e.g. /run/hypertrace/cupti.sock")
     if not cfg.spool_dir:
         raise ConfigError("spool_dir is empty; give a writable directory")
     try:

@@ -60,7 +60,7 @@ class NvmlContext(_message.Message):
     def __init__(self, sm_clock_mhz: _Optional[int] = ..., max_sm_clock_mhz: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., temperature_c: _Optional[float] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[float] = ..., xid_errors: _Optional[_Iterable[int]] = ..., pcie_replay_count: _Optional[int] = ..., pcie_link_width: _Optional[int] = ..., pcie_max_link_width: _Optional[int] = ...) -> None: ...
 
 class Overhead(_message.Message):
-    __slots__ = ("estimated_fraction", "duty", "probe_cost_ns", "call_rate_hz", "budget", "sampled", "unsampled_reason", "tiers", "attached_s", "fixed_cost_s", "step_fraction", "step_basis")
+    __slots__ = ("estimated_fraction", "duty", "probe_cost_ns", "call_rate_hz", "budget", "sampled", "unsampled_reason", "tiers", "attached_s", "fixed_cost_s", "step_fraction", "step_basis", "blocked_by")
     ESTIMATED_FRACTION_FIELD_NUMBER: _ClassVar[int]
     DUTY_FIELD_NUMBER: _ClassVar[int]
     PROBE_COST_NS_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class Overhead(_message.Message):
     FIXED_COST_S_FIELD_NUMBER: _ClassVar[int]
     STEP_FRACTION_FIELD_NUMBER: _ClassVar[int]
     STEP_BASIS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_BY_FIELD_NUMBER: _ClassVar[int]
     estimated_fraction: float
     duty: float
     probe_cost_ns: float
@@ -85,7 +86,8 @@ class Overhead(_message.Message):
     fixed_cost_s: float
     step_fraction: float
     step_basis: str
-    def __init__(self, estimated_fraction: _Optional[float] = ..., duty: _Optional[float] = ..., probe_cost_ns: _Optional[float] = ..., call_rate_hz: _Optional[float] = ..., budget: _Optional[float] = ..., sampled: _Optional[bool] = ..., unsampled_reason: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[ApiTier, _Mapping]]] = ..., attached_s: _Optional[float] = ..., fixed_cost_s: _Optional[float] = ..., step_fraction: _Optional[float] = ..., step_basis: _Optional[str] = ...) -> None: ...
+    blocked_by: str
+    def __init__(self, estimated_fraction: _Optional[float] = ..., duty: _Optional[float] = ..., probe_cost_ns: _Optional[float] = ..., call_rate_hz: _Optional[float] = ..., budget: _Optional[float] = ..., sampled: _Optional[bool] = ..., unsampled_reason: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[ApiTier, _Mapping]]] = ..., attached_s: _Optional[float] = ..., fixed_cost_s: _Optional[float] = ..., step_fraction: _Optional[float] = ..., step_basis: _Optional[str] = ..., blocked_by: _Optional[str] = ...) -> None: ...
 
 class ApiTier(_message.Message):
     __slots__ = ("api", "tier", "rate_hz")
@@ -132,7 +134,7 @@ class StepStats(_message.Message):
     def __init__(self, source: _Optional[str] = ..., refused: _Optional[str] = ..., steps: _Optional[int] = ..., busy_time: _Optional[_Union[Histogram, _Mapping]] = ..., gpu_wait_us: _Optional[float] = ..., peer_wait_us: _Optional[float] = ..., step_sum_us: _Optional[float] = ...) -> None: ...
 
 class ProcessWindow(_message.Message):
-    __slots__ = ("job_id", "rank", "local_rank", "gpu_index", "gpu_uuid", "pid", "gpu_kind", "apis", "step_time", "nvml", "overhead", "sched", "steps", "group")
+    __slots__ = ("job_id", "rank", "local_rank", "gpu_index", "gpu_uuid", "pid", "gpu_kind", "apis", "step_time", "nvml", "overhead", "sched", "steps", "group", "backend")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +149,7 @@ class ProcessWindow(_message.Message):
     SCHED_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     local_rank: int
@@ -161,7 +164,8 @@ class ProcessWindow(_message.Message):
     sched: SchedStats
     steps: StepStats
     group: str
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., pid: _Optional[int] = ..., gpu_kind: _Optional[str] = ..., apis: _Optional[_Iterable[_Union[ApiStats, _Mapping]]] = ..., step_time: _Optional[_Union[Histogram, _Mapping]] = ..., nvml: _Optional[_Union[NvmlContext, _Mapping]] = ..., overhead: _Optional[_Union[Overhead, _Mapping]] = ..., sched: _Optional[_Union[SchedStats, _Mapping]] = ..., steps: _Optional[_Union[StepStats, _Mapping]] = ..., group: _Optional[str] = ...) -> None: ...
+    backend: str
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., pid: _Optional[int] = ..., gpu_kind: _Optional[str] = ..., apis: _Optional[_Iterable[_Union[ApiStats, _Mapping]]] = ..., step_time: _Optional[_Union[Histogram, _Mapping]] = ..., nvml: _Optional[_Union[NvmlContext, _Mapping]] = ..., overhead: _Optional[_Union[Overhead, _Mapping]] = ..., sched: _Optional[_Union[SchedStats, _Mapping]] = ..., steps: _Optional[_Union[StepStats, _Mapping]] = ..., group: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class NodeWindow(_message.Message):
     __slots__ = ("version", "agent_id", "node", "seq", "start", "end", "processes", "rejected_processes")
@@ -399,3 +403,73 @@ class ListJobsResponse(_message.Message):
     JOBS_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[JobSummary]
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobSummary, _Mapping]]] = ...) -> None: ...
+
+class LocalHello(_message.Message):
+    __slots__ = ("version", "pid")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    pid: int
+    def __init__(self, version: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class LocalConfig(_message.Message):
+    __slots__ = ("mode", "agent_id", "node", "window_s", "overhead_budget", "always_share", "max_slice_s", "slice_guard_s", "min_samples")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    OVERHEAD_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    ALWAYS_SHARE_FIELD_NUMBER: _ClassVar[int]
+    MAX_SLICE_S_FIELD_NUMBER: _ClassVar[int]
+    SLICE_GUARD_S_FIELD_NUMBER: _ClassVar[int]
+    MIN_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    agent_id: str
+    node: str
+    window_s: float
+    overhead_budget: float
+    always_share: float
+    max_slice_s: float
+    slice_guard_s: float
+    min_samples: int
+    def __init__(self, mode: _Optional[str] = ..., agent_id: _Optional[str] = ..., node: _Optional[str] = ..., window_s: _Optional[float] = ..., overhead_budget: _Optional[float] = ..., always_share: _Optional[float] = ..., max_slice_s: _Optional[float] = ..., slice_guard_s: _Optional[float] = ..., min_samples: _Optional[int] = ...) -> None: ...
+
+class LocalFrame(_message.Message):
+    __slots__ = ("start_ns", "end_ns", "window")
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    start_ns: int
+    end_ns: int
+    window: ProcessWindow
+    def __init__(self, start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., window: _Optional[_Union[ProcessWindow, _Mapping]] = ...) -> None: ...
+
+class LocalControl(_message.Message):
+    __slots__ = ("pause", "pid")
+    PAUSE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    pause: bool
+    pid: int
+    def __init__(self, pause: _Optional[bool] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class LocalControlDone(_message.Message):
+    __slots__ = ("pids", "error")
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    pids: _containers.RepeatedScalarFieldContainer[int]
+    error: str
+    def __init__(self, pids: _Optional[_Iterable[int]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class LocalMessage(_message.Message):
+    __slots__ = ("hello", "config", "frame", "control", "done")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    FRAME_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    hello: LocalHello
+    config: LocalConfig
+    frame: LocalFrame
+    control: LocalControl
+    done: LocalControlDone
+    def __init__(self, hello: _Optional[_Union[LocalHello, _Mapping]] = ..., config: _Optional[_Union[LocalConfig, _Mapping]] = ..., frame: _Optional[_Union[LocalFrame, _Mapping]] = ..., control: _Optional[_Union[LocalControl, _Mapping]] = ..., done: _Optional[_Union[LocalControlDone, _Mapping]] = ...) -> None: ...

@@ -17,6 +17,8 @@ from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.apis import PROBED_APIS
 
 WIRE_VERSION = 1
+#: ProcessWindow.backend values ("" is eBPF, from agents older than the field).
+BACKENDS = ("", "ebpf", "cupti")
 #: Full gRPC method names, for the raw-bytes stream calls (the server validates the bytes itself,
 #: so it can answer INVALID_ARGUMENT to a message that is not protobuf at all).
 INGEST_SERVICE = pb.DESCRIPTOR.services_by_name["Ingest"].full_name
@@ -224,6 +226,9 @@ def check_process(p: pb.ProcessWindow, pf: str, extras: set[str], budget: list[i
     _check_id(p.group, f"{pf}.group", empty_ok=True)
     _check_id(p.gpu_uuid, f"{pf}.gpu_uuid", empty_ok=True)
     _check_id(p.gpu_kind, f"{pf}.gpu_kind", empty_ok=True)
+    if p.backend not in BACKENDS:
+        raise WireError(f"{pf}.backend", f"is {quote(p.backend)}; known: "
+                        f"{', '.join(repr(b) for b in BACKENDS)} (upgrade the analyzer)")
     for name in ("rank", "local_rank", "gpu_index"):
         if getattr(p, name) < -1:
             raise WireError(f"{pf}.{name}", f"is {getattr(p, name)}; must be >= -1 (-1: unknown)")
@@ -315,6 +320,7 @@ def _check_overhead(o: pb.Overhead, field: str, extras: set[str]) -> None:
             _check_finite_nonneg(getattr(o, stat), f"{field}.{stat}")
     _check_text(o.unsampled_reason, f"{field}.unsampled_reason")
     _check_text(o.step_basis, f"{field}.step_basis")
+    _check_text(o.blocked_by, f"{field}.blocked_by")
     if len(o.tiers) > MAX_APIS_PER_PROCESS:
         raise WireError(f"{field}.tiers", f"has {len(o.tiers)} entries, over the limit of "
                         f"{MAX_APIS_PER_PROCESS}")

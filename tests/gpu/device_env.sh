@@ -20,11 +20,16 @@
 
 _ht_fail() { echo "device_env: NOT ready: $*" >&2; return 1; }
 
-[ -f .gpu-carry/setup.sh ] || { _ht_fail ".gpu-carry/setup.sh missing: build it here with ../shared/tools/gpu-carry.sh .gpu-carry and carry .gpu-carry"; return 1; }
-# Its own last step checks cupti too, which hypertrace does not need here: its status is not
-# ours. What we need from it (bcc) is checked below, and its log is shown when that fails.
-# shellcheck disable=SC1091
-source .gpu-carry/setup.sh >/tmp/ht-gpu-carry.log 2>&1
+# HT_BACKEND=cupti: the in-process CUPTI backend only (no bcc, so no .gpu-carry to carry; the
+# image's PyTorch brings libcupti).
+if [ "${HT_BACKEND:-ebpf}" != cupti ]; then
+  [ -f .gpu-carry/setup.sh ] || { _ht_fail ".gpu-carry/setup.sh missing: build it here with ../shared/tools/gpu-carry.sh .gpu-carry and carry .gpu-carry"; return 1; }
+  # Its own last step checks cupti too, which hypertrace does not need here: its status is not
+  # ours. What we need from it (bcc) is checked below, and its log is shown when that fails.
+  # shellcheck disable=SC1091
+  source .gpu-carry/setup.sh >/tmp/ht-gpu-carry.log 2>&1
+fi
+: >>/tmp/ht-gpu-carry.log
 
 if ls .gpu-wheels/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -44,8 +49,10 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 
 python3 - <<'PY' || { sed 's/^/  gpu-carry: /' /tmp/ht-gpu-carry.log >&2; _ht_fail "imports failed (list above; gpu-carry's log too)"; return 1; }
 import importlib, sys
-mods = ["grpc", "grpc_health.v1.health", "google.protobuf", "numpy", "scipy", "pynvml", "bcc",
-        "prometheus_client",
+import os
+mods = ["grpc", "grpc_health.v1.health", "google.protobuf", "numpy", "scipy", "pynvml",
+        "prometheus_client", "hypertrace.collector.cupti"] + (
+        [] if os.environ.get("HT_BACKEND") == "cupti" else ["bcc"]) + [
         "hypertrace.proto.hypertrace_pb2_grpc", "hypertrace.analyzer.server",
         "hypertrace.cli.main", "hypertrace.daemon.agent", "hypertrace.sim.simulate"]
 missing = []

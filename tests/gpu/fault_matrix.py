@@ -96,6 +96,10 @@ def parse_cores(spec: str) -> list[int]:
 def add_common_args(ap: argparse.ArgumentParser, cores: str = "0-7") -> None:
     """Flags every tests/gpu harness shares: placement, ports, the rank program."""
     ap.add_argument("--gpu", type=int, default=0)
+    ap.add_argument("--backend", choices=["ebpf", "cupti"], default="ebpf",
+                    help="ebpf: the agents' uprobes; cupti: no uprobes, each rank runs the "
+                    "in-process CUPTI backend (python -m hypertrace.collector.cupti) and hands "
+                    "its windows to its agent's socket")
     ap.add_argument("--cores", default=cores, help=f"one core per rank, e.g. {cores}")
     ap.add_argument("--agent-cores", default="8-15",
                     help="cores for the agents, the analyzer and this script")
@@ -267,8 +271,16 @@ class Harness:
                 cmd += ["--extra-gpu-file", str(self.work / "slow-gpu")]
             if getattr(a, "marker", False):
                 cmd.append("--marker")
+            if getattr(a, "backend", "ebpf") == "cupti":
+                cmd = [self.py, "-m", "hypertrace.collector.cupti", "--socket",
+                       self.cupti_socket(i), "--"] + cmd
+                env["HYPERTRACE_CUPTI_RETRY_S"] = "5"
             self.start(f"rank-{i}", cmd, [a.rank_cores[i]], env)
         self.wait_ready([self.work / f"ready-{i}" for i in range(ranks)], a.startup_timeout)
+
+    def cupti_socket(self, i: int) -> str:
+        """Rank i's agent socket for the in-process backend (--backend cupti)."""
+        return str(self.work / f"cupti-{i}.sock")
 
     def wait_ready(self, files: list[Path], timeout: float) -> None:
         deadline = time.time() + timeout
@@ -290,6 +302,10 @@ class Harness:
                 "agent", "--node", f"node-{i}", "--job-env", self.job_var(i),
                 "--analyzer", target, "--insecure", "--window", f"{a.window:g}",
                 "--spool-dir", str(self.work / f"spool-{i}")]
+            if getattr(a, "backend", "ebpf") == "cupti":
+                cmd += ["--backend", "cupti", "--cupti-socket", self.cupti_socket(i)]
+            else:
+                cmd += ["--cupti-socket", ""]
             self.start(f"agent-{i}{suffix}", cmd, a.agent_core_list)
 
     def begin(self, name: str) -> None:

@@ -1,0 +1,75 @@
+"""The in-process CUPTI backend: the same windows as the eBPF probes, where eBPF is not allowed.
+
+Many fleets run training where nobody grants a node agent CAP_BPF or CAP_PERFMON (Kubernetes
+pods, managed clusters). There the training process measures itself through CUPTI's Callback
+API and hands a window to the node agent every window (or, with no agent, to the analyzer)::
+
+    from hypertrace.collector import cupti
+    cupti.start()                 # at the top of the training script, before graph capture
+
+or, without touching the script::
+
+    python -m hypertrace.collector.cupti -- python train.py ...
+    hypertrace cupti run -- torchrun ... train.py
+
+Pieces: ``recorder.c`` (the callbacks and histograms, built at first use), ``native.py`` (its
+ctypes binding), ``session.py`` (the window loop, the governor and the link to the agent).
+Nothing here imports CUDA: on a machine without libcupti, :func:`start` raises
+:class:`CuptiUnavailable` naming what to install.
+
+One backend per process: CUPTI has one subscriber slot per process, so the backend is a
+process-wide singleton kept here (the only module state; guarded by a lock).
+"""
+from __future__ import annotations
+
+import threading
+
+from hypertrace.collector.cupti.native import CuptiUnavailable
+from hypertrace.collector.cupti.session import BackendState, CuptiOptions, InProcessBackend
+
+_lock = threading.Lock()
+_backend: InProcessBackend | None = None
+
+
+def start(options: CuptiOptions | None = None) -> InProcessBackend:
+    """Start the backend once per process (later calls return the running one).
+
+    Options default to the environment (``HYPERTRACE_CUPTI_SOCKET``, ``HYPERTRACE_ANALYZER``,
+    ...; :meth:`CuptiOptions.from_env`). Raises :class:`CuptiUnavailable` without libcupti and
+    RuntimeError during a CUDA graph capture; never fails later (training comes first)."""
+    global _backend
+    with _lock:
+        if _backend is None:
+            backend = InProcessBackend(options or CuptiOptions.from_env())
+            backend.start()
+            _backend = backend
+        return _backend
+
+
+def stop() -> None:
+    global _backend
+    with _lock:
+        if _backend is not None:
+            _backend.stop()
+            _backend = None
+
+
+def pause() -> None:
+    """Unsubscribe from CUPTI until :func:`resume`, e.g. around ``torch.profiler.profile()``."""
+    with _lock:
+        if _backend is not None:
+            _backend.pause()
+
+
+def resume() -> None:
+    with _lock:
+        if _backend is not None:
+            _backend.resume()
+
+
+def state() -> BackendState | None:
+    with _lock:
+        return None if _backend is None else _backend.state
+
+
+__all__ = ["CuptiOptions", "CuptiUnavailable", "pause", "resume", "start", "state", "stop"]

@@ -1,0 +1,450 @@
+// The in-process CUPTI recorder: latency histograms of the probed CUDA APIs, kept in this
+// process's memory by CUPTI Callback API entry/exit callbacks.
+//
+// Why C and not Python: the callbacks run inside every launch (thousands per step); a Python
+// callback would take the GIL each time and cost microseconds. Here a callback costs two clock
+// reads and a few atomic adds.
+//
+// Why the Callback API and not activity records: callbacks can be enabled per function (only the
+// launch, synchronize and graph-launch calls), and turned on and off per slice; the runtime
+// activity kind records every runtime call (thousands of cudaGetDevice per step).
+//
+// CUPTI is opened with dlopen at ht_open(), not linked, and its few types are declared here, so
+// this file builds on machines without CUDA (tests exercise the histograms with ht_test_record).
+//
+// The bucket block placeholder below is replaced by the bucket arithmetic of collector/ebpf_program.c (one scheme,
+// proto/buckets.py; collector/cupti/native.py does the substitution).
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+typedef uint64_t u64;
+typedef uint32_t u32;
+#ifndef __always_inline
+#define __always_inline inline __attribute__((always_inline))
+#endif
+
+// --- the CUPTI ABI we use (cupti_callbacks.h, cupti_result.h) ---------------------------------
+typedef int CUptiResult;
+typedef void *CUpti_SubscriberHandle;
+typedef void (*CUpti_CallbackFunc)(void *userdata, int domain, u32 cbid, const void *cbdata);
+typedef struct {
+    int callbackSite;                 // 0 enter, 1 exit
+    const char *functionName;
+    const void *functionParams;
+    void *functionReturnValue;
+    const char *symbolName;
+    void *context;
+    u32 contextUid;
+    u64 *correlationData;
+    u32 correlationId;
+} CUpti_CallbackData;
+typedef struct {                      // CUpti_SubscriberParams (cuptiSubscribe_v2)
+    size_t structSize;
+    const char *subscriberName;
+    char *oldSubscriberName;
+    size_t oldSubscriberSize;
+} HT_SubscriberParams;
+#define HT_CUPTI_SUCCESS 0
+#define HT_CUPTI_MULTIPLE_SUBSCRIBERS 39
+#define HT_DOMAIN_DRIVER 1
+#define HT_DOMAIN_RUNTIME 2
+#define HT_MAX_CBID 4096
+
+// --- bucket arithmetic ------------------------------------------------------------------------
+#define HT_NUM_BUCKETS @NUM_BUCKETS@
+#define HT_MIN_EXP @MIN_EXP@
+#define HT_MAX_EXP @MAX_EXP@
+#define HT_SUB_BITS @SUB_BUCKET_BITS@
+@BUCKET_BLOCK@
+
+// --- state ------------------------------------------------------------------------------------
+#define HT_MAX_SLOTS 16
+#define HT_KIND_LAUNCH 0
+#define HT_KIND_SYNC 1
+#define HT_KIND_GRAPH 2
+
+struct ht_api {                       // one API's calls since the last read
+    u64 count, sum_ns, min_ns, max_ns, nested;
+    u64 hist[HT_NUM_BUCKETS];
+};
+struct ht_period {                    // one periodic API's return-to-return intervals
+    u64 last_ns, last_sync_ns, last_offcpu_ns;
+    u64 count, interval_sum_ns, sync_wait_ns, offcpu_wait_ns;
+    u64 intervals[HT_NUM_BUCKETS];
+    u64 busy[HT_NUM_BUCKETS];
+};
+struct ht_snapshot {                  // what ht_read hands to Python (layout mirrored there)
+    struct ht_api api[HT_MAX_SLOTS];
+    struct ht_period period[HT_MAX_SLOTS];
+    u64 callbacks;                    // callbacks run (enter + exit)
+    u64 callback_ns;                  // time spent inside them (the recorder's own share)
+    u64 sched_reads;                  // reads of a thread's schedstat (priced apart)
+    u64 offcpu_ns;                    // blocked off-CPU time outside CUDA calls (all threads)
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ht_snapshot cur;
+static u64 sync_total_ns;             // the process's synchronize time, ever
+static u64 offcpu_total_ns;           // the process's blocked time outside CUDA calls, ever
+
+// Threads that made a probed call, for the scheduler evidence Python reads per window
+// (/proc/self/task/TID/schedstat): the threads whose waits matter, as the eBPF program's
+// "active threads".
+#define HT_MAX_THREADS 256
+static int tids[HT_MAX_THREADS];
+static int ntids;
+static __thread int tl_registered;
+// Off-CPU time outside CUDA calls, per thread: between a periodic call's exit and the next
+// periodic call's entry, the wall time not spent on a CPU nor waiting for one (schedstat's
+// run time and run delay) was blocked: waiting on a peer, a queue, I/O. It is what a rank that
+// waits for others spends, and what a CPU-starved rank does not.
+static __thread int tl_sched_fd = -1;     // -1 not opened yet, -2 unavailable
+static __thread u64 tl_exec_ns, tl_runq_ns, tl_wall_ns;
+static int slot_kind[HT_MAX_SLOTS];
+static int slot_count;
+static signed char rt_slot[HT_MAX_CBID], drv_slot[HT_MAX_CBID];   // cbid -> slot, -1 none
+static unsigned char slot_on[HT_MAX_SLOTS];
+static volatile u64 slot_gen[HT_MAX_SLOTS];   // bumped when a slot is disabled
+static __thread u64 tl_outer_corr, tl_outer_gen;
+static __thread int tl_outer_slot = -1;
+
+static void *cupti;
+static CUpti_SubscriberHandle sub;
+static CUptiResult (*p_subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
+static CUptiResult (*p_subscribe_v2)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *,
+                                     HT_SubscriberParams *);
+static CUptiResult (*p_unsubscribe)(CUpti_SubscriberHandle);
+static CUptiResult (*p_enable)(u32, CUpti_SubscriberHandle, int, u32);
+static CUptiResult (*p_name)(int, u32, const char **);
+static CUptiResult (*p_result_string)(CUptiResult, const char **);
+static char last_error[512];
+
+static __always_inline u64 now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (u64)ts.tv_sec * 1000000000ULL + (u64)ts.tv_nsec;
+}
+
+static pthread_key_t fd_key;
+static pthread_once_t fd_once = PTHREAD_ONCE_INIT;
+static void close_fd(void *v) { close((int)(intptr_t)v - 1); }   // at the thread's exit
+static void make_fd_key(void) { pthread_key_create(&fd_key, close_fd); }
+
+static int read_schedstat(u64 *exec_ns, u64 *runq_ns) {
+    if (tl_sched_fd == -1) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/task/%ld/schedstat", (long)syscall(SYS_gettid));
+        tl_sched_fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (tl_sched_fd < 0) {
+            tl_sched_fd = -2;
+        } else {
+            pthread_once(&fd_once, make_fd_key);
+            pthread_setspecific(fd_key, (void *)(intptr_t)(tl_sched_fd + 1));
+        }
+    }
+    if (tl_sched_fd < 0) return -1;
+    char buf[96];
+    ssize_t n = pread(tl_sched_fd, buf, sizeof buf - 1, 0);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    char *end;
+    *exec_ns = strtoull(buf, &end, 10);
+    *runq_ns = strtoull(end, NULL, 10);
+    __atomic_fetch_add(&cur.sched_reads, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static void register_thread(void) {
+    tl_registered = 1;
+    int i = __atomic_fetch_add(&ntids, 1, __ATOMIC_RELAXED);
+    if (i < HT_MAX_THREADS) tids[i] = (int)syscall(SYS_gettid);
+}
+
+// A periodic call of this thread begins (entry) or ends (exit) at `now`.
+static void periodic_edge(int entry, u64 now) {
+    u64 exec_ns, runq_ns;
+    if (read_schedstat(&exec_ns, &runq_ns) != 0) return;
+    if (entry && tl_wall_ns) {
+        u64 wall = now - tl_wall_ns;
+        u64 busy = (exec_ns - tl_exec_ns) + (runq_ns - tl_runq_ns);
+        if (wall > busy) __atomic_fetch_add(&offcpu_total_ns, wall - busy, __ATOMIC_RELAXED);
+    }
+    if (!entry) {
+        tl_exec_ns = exec_ns;
+        tl_runq_ns = runq_ns;
+        tl_wall_ns = now;
+    }
+}
+
+static void record_call(int slot, u64 ns, u64 end) {
+    struct ht_api *a = &cur.api[slot];
+    u32 b = ht_bucket(ns);
+    pthread_mutex_lock(&lock);
+    a->count++;
+    a->sum_ns += ns;
+    if (a->min_ns == 0 || ns < a->min_ns) a->min_ns = ns;
+    if (ns > a->max_ns) a->max_ns = ns;
+    a->hist[b]++;
+    if (slot_kind[slot] == HT_KIND_SYNC) sync_total_ns += ns;
+    if (slot_kind[slot] != HT_KIND_LAUNCH) {
+        // A step boundary: close the interval since this API's previous return. What the process
+        // spent in synchronize calls inside it, and blocked off-CPU outside calls, are waits;
+        // the rest is busy (as the eBPF program splits it).
+        struct ht_period *p = &cur.period[slot];
+        u64 off = __atomic_load_n(&offcpu_total_ns, __ATOMIC_RELAXED);
+        if (p->last_ns && end > p->last_ns) {
+            u64 interval = end - p->last_ns;
+            u64 ws = sync_total_ns - p->last_sync_ns;
+            u64 wo = off - p->last_offcpu_ns;
+            u64 busy = interval > ws + wo ? interval - ws - wo : 0;
+            p->count++;
+            p->interval_sum_ns += interval;
+            p->sync_wait_ns += ws;
+            p->offcpu_wait_ns += wo;
+            p->intervals[ht_bucket(interval)]++;
+            p->busy[ht_bucket(busy)]++;
+        }
+        p->last_ns = end;
+        p->last_sync_ns = sync_total_ns;
+        p->last_offcpu_ns = off;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+static void on_callback(void *userdata, int domain, u32 cbid, const void *data) {
+    (void)userdata;
+    u64 t0 = now_ns();
+    const CUpti_CallbackData *cb = (const CUpti_CallbackData *)data;
+    if (cbid >= HT_MAX_CBID || !cb) return;
+    int slot = domain == HT_DOMAIN_RUNTIME ? rt_slot[cbid]
+             : domain == HT_DOMAIN_DRIVER ? drv_slot[cbid] : -1;
+    if (slot < 0) return;
+    if (!tl_registered) register_thread();
+    int periodic = slot_kind[slot] != HT_KIND_LAUNCH;
+    if (cb->callbackSite == 0) {
+        if (periodic && (tl_outer_slot < 0 || slot_gen[tl_outer_slot] != tl_outer_gen))
+            periodic_edge(1, t0);
+        if (cb->correlationData) *cb->correlationData = t0;
+        // The outermost probed call of this thread; a driver call made inside a runtime call is
+        // counted once, as the runtime call (nested). An open call whose slot was disabled since
+        // its entry may have lost its exit: it no longer counts as open.
+        if (tl_outer_slot < 0 || slot_gen[tl_outer_slot] != tl_outer_gen) {
+            tl_outer_slot = slot;
+            tl_outer_corr = ((u64)domain << 32) | cb->correlationId;
+            tl_outer_gen = slot_gen[slot];
+        }
+    } else {
+        u64 corr = ((u64)domain << 32) | cb->correlationId;
+        int open = tl_outer_slot >= 0 && slot_gen[tl_outer_slot] == tl_outer_gen;
+        if (!open) {
+            // Its entry was not seen (the slot was enabled during the call): no duration.
+            tl_outer_slot = -1;
+        } else if (corr != tl_outer_corr) {
+            __atomic_fetch_add(&cur.api[tl_outer_slot].nested, 1, __ATOMIC_RELAXED);
+        } else {
+            if (periodic) periodic_edge(0, t0);
+            if (cb->correlationData && t0 > *cb->correlationData)
+                record_call(slot, t0 - *cb->correlationData, t0);
+            tl_outer_slot = -1;
+        }
+    }
+    u64 t1 = now_ns();
+    __atomic_fetch_add(&cur.callbacks, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&cur.callback_ns, t1 - t0, __ATOMIC_RELAXED);
+}
+
+// --- the API Python calls (collector/cupti/native.py) -------------------------------------------
+const char *ht_error(void) { return last_error; }
+
+static const char *result_text(CUptiResult r) {
+    const char *s = NULL;
+    if (p_result_string && p_result_string(r, &s) == HT_CUPTI_SUCCESS && s) return s;
+    return "unknown CUPTI error";
+}
+
+// Load libcupti from `path`; 0, or -1 with ht_error() saying why.
+int ht_open(const char *path) {
+    if (cupti) return 0;
+    cupti = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!cupti) {
+        snprintf(last_error, sizeof last_error, "cannot load %s: %s", path, dlerror());
+        return -1;
+    }
+    p_subscribe = dlsym(cupti, "cuptiSubscribe");
+    p_subscribe_v2 = dlsym(cupti, "cuptiSubscribe_v2");
+    p_unsubscribe = dlsym(cupti, "cuptiUnsubscribe");
+    p_enable = dlsym(cupti, "cuptiEnableCallback");
+    p_name = dlsym(cupti, "cuptiGetCallbackName");
+    p_result_string = dlsym(cupti, "cuptiGetResultString");
+    if (!p_subscribe || !p_unsubscribe || !p_enable || !p_name) {
+        snprintf(last_error, sizeof last_error, "%s lacks the Callback API symbols", path);
+        dlclose(cupti);
+        cupti = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+static int strip_eq(const char *cupti_name, const char *want) {
+    // CUPTI names carry version and per-thread-stream suffixes: cudaLaunchKernel_v7000,
+    // cudaLaunchKernel_ptsz_v7000, cuLaunchKernel_ptsz. Compare the base names.
+    size_t n = strlen(want);
+    if (strncmp(cupti_name, want, n) != 0) return 0;
+    const char *rest = cupti_name + n;
+    while (*rest == '_') {
+        if (strncmp(rest, "_ptsz", 5) == 0) rest += 5;
+        else if (rest[1] == 'v' && rest[2] >= '0' && rest[2] <= '9') {
+            rest += 2;
+            while (*rest >= '0' && *rest <= '9') rest++;
+        } else return 0;
+    }
+    return *rest == 0;
+}
+
+// Map API `name` (kind: 0 launch, 1 sync, 2 graph) to the next slot; returns the slot, or -1.
+// Every runtime and driver callback id whose base name matches is routed to it.
+int ht_add_api(const char *name, int kind) {
+    if (slot_count == 0) {
+        memset(rt_slot, -1, sizeof rt_slot);
+        memset(drv_slot, -1, sizeof drv_slot);
+    }
+    if (slot_count >= HT_MAX_SLOTS) return -1;
+    int slot = slot_count++;
+    slot_kind[slot] = kind;
+    if (!p_name) return slot;                 // no CUPTI (tests): the slot records by hand
+    int found = 0;
+    for (u32 cbid = 1; cbid < HT_MAX_CBID; cbid++) {
+        const char *s = NULL;
+        if (p_name(HT_DOMAIN_RUNTIME, cbid, &s) == HT_CUPTI_SUCCESS && s && strip_eq(s, name)) {
+            rt_slot[cbid] = (signed char)slot;
+            found++;
+        }
+        s = NULL;
+        if (p_name(HT_DOMAIN_DRIVER, cbid, &s) == HT_CUPTI_SUCCESS && s && strip_eq(s, name)) {
+            drv_slot[cbid] = (signed char)slot;
+            found++;
+        }
+    }
+    return found ? slot : -2;                 // -2: CUPTI knows no such function
+}
+
+// Subscribe. 0; 1 when another CUPTI subscriber holds it (its name in `holder`); -1 otherwise.
+int ht_subscribe(const char *as_name, char *holder, size_t holder_len) {
+    if (!cupti) { snprintf(last_error, sizeof last_error, "CUPTI is not loaded"); return -1; }
+    if (sub) return 0;
+    CUptiResult r;
+    if (holder && holder_len) holder[0] = 0;
+    if (p_subscribe_v2) {
+        HT_SubscriberParams prm;
+        memset(&prm, 0, sizeof prm);
+        prm.structSize = sizeof prm;
+        prm.subscriberName = as_name;
+        prm.oldSubscriberName = holder;
+        prm.oldSubscriberSize = holder_len;
+        r = p_subscribe_v2(&sub, (CUpti_CallbackFunc)on_callback, NULL, &prm);
+    } else {
+        r = p_subscribe(&sub, (CUpti_CallbackFunc)on_callback, NULL);
+    }
+    if (r == HT_CUPTI_SUCCESS) return 0;
+    sub = NULL;
+    snprintf(last_error, sizeof last_error, "cuptiSubscribe: %s (%d)", result_text(r), r);
+    return r == HT_CUPTI_MULTIPLE_SUBSCRIBERS ? 1 : -1;
+}
+
+// Turn the callbacks of `slot` on or off; 0 or -1.
+int ht_enable(int slot, int on) {
+    if (slot < 0 || slot >= slot_count) return -1;
+    if (!sub) { slot_on[slot] = 0; return on ? -1 : 0; }
+    int bad = 0;
+    for (u32 cbid = 1; cbid < HT_MAX_CBID; cbid++) {
+        if (rt_slot[cbid] == slot && p_enable(on, sub, HT_DOMAIN_RUNTIME, cbid) != HT_CUPTI_SUCCESS)
+            bad++;
+        if (drv_slot[cbid] == slot && p_enable(on, sub, HT_DOMAIN_DRIVER, cbid) != HT_CUPTI_SUCCESS)
+            bad++;
+    }
+    slot_on[slot] = on && !bad;
+    if (!on) __atomic_fetch_add(&slot_gen[slot], 1, __ATOMIC_RELAXED);
+    if (bad) snprintf(last_error, sizeof last_error, "cuptiEnableCallback failed for %d ids", bad);
+    return bad ? -1 : 0;
+}
+
+// Disable everything and unsubscribe (so that another tool can subscribe).
+void ht_unsubscribe(void) {
+    if (!sub) return;
+    for (int s = 0; s < slot_count; s++) ht_enable(s, 0);
+    p_unsubscribe(sub);
+    sub = NULL;
+}
+
+int ht_subscribed(void) { return sub != NULL; }
+
+// Copy the counts since the last read into `out` and clear them (period boundaries stay).
+void ht_read(struct ht_snapshot *out) {
+    pthread_mutex_lock(&lock);
+    u64 cbs = __atomic_exchange_n(&cur.callbacks, 0, __ATOMIC_RELAXED);
+    u64 cbns = __atomic_exchange_n(&cur.callback_ns, 0, __ATOMIC_RELAXED);
+    u64 reads = __atomic_exchange_n(&cur.sched_reads, 0, __ATOMIC_RELAXED);
+    static u64 offcpu_read;
+    u64 off = __atomic_load_n(&offcpu_total_ns, __ATOMIC_RELAXED);
+    memcpy(out, &cur, sizeof cur);
+    out->callbacks = cbs;
+    out->callback_ns = cbns;
+    out->sched_reads = reads;
+    out->offcpu_ns = off - offcpu_read;
+    offcpu_read = off;
+    for (int s = 0; s < HT_MAX_SLOTS; s++) {
+        struct ht_period keep = cur.period[s];
+        memset(&cur.api[s], 0, sizeof cur.api[s]);
+        memset(&cur.period[s], 0, sizeof cur.period[s]);
+        cur.period[s].last_ns = keep.last_ns;
+        cur.period[s].last_sync_ns = keep.last_sync_ns;
+        cur.period[s].last_offcpu_ns = keep.last_offcpu_ns;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+// Forget the step boundaries (after a pause: the gap is not a step).
+void ht_reset_periods(void) {
+    pthread_mutex_lock(&lock);
+    for (int s = 0; s < HT_MAX_SLOTS; s++) cur.period[s].last_ns = 0;
+    pthread_mutex_unlock(&lock);
+}
+
+// The threads that made a probed call (at most `max`); their count.
+int ht_threads(int *out, int max) {
+    int n = __atomic_load_n(&ntids, __ATOMIC_RELAXED);
+    if (n > HT_MAX_THREADS) n = HT_MAX_THREADS;
+    if (n > max) n = max;
+    for (int i = 0; i < n; i++) out[i] = tids[i];
+    return n;
+}
+
+// The cost of one schedstat read on this thread, in ns (averaged over n reads); 0 if none.
+double ht_time_sched_reads(int n) {
+    u64 e, r, t0 = now_ns();
+    int ok = 0;
+    for (int i = 0; i < n; i++) ok += read_schedstat(&e, &r) == 0;
+    __atomic_fetch_sub(&cur.sched_reads, (u64)ok, __ATOMIC_RELAXED);
+    return ok ? (double)(now_ns() - t0) / ok : 0.0;
+}
+
+// For tests: a periodic call's entry or exit on this thread at `now_ns`.
+void ht_test_edge(int entry, u64 now) { periodic_edge(entry, now); }
+
+size_t ht_snapshot_size(void) { return sizeof(struct ht_snapshot); }
+int ht_max_slots(void) { return HT_MAX_SLOTS; }
+int ht_num_buckets(void) { return HT_NUM_BUCKETS; }
+
+// For tests on machines without CUDA: record one call of `ns` ending at `end_ns`, as a callback
+// pair would.
+void ht_test_record(int slot, u64 ns, u64 end_ns) {
+    if (slot >= 0 && slot < slot_count) record_call(slot, ns, end_ns);
+}

@@ -1,0 +1,67 @@
+"""Scheduler evidence of the probed threads, read in process from /proc/self/task.
+
+Why: CPU contention delays a rank between its CUDA calls, not inside them, so the Callback API
+alone does not see it. The eBPF backend reads the scheduler's tracepoints; in process the kernel
+still keeps, per thread, the time spent runnable but waiting for a CPU (``schedstat``'s run
+delay) and the context-switch counts (``status``). Summed over the threads that made a probed
+call (the recorder lists them) they give the window's ``SchedStats``: the run-queue share that
+convicts a CPU-starved rank. Blocked time outside CUDA calls comes from the recorder, which
+splits it at each periodic call.
+
+Approximation, stated: the run delay of several threads is summed (the eBPF program counts the
+time when *some* active thread waits and none runs); with one training thread per rank, as in
+the usual loop, the two agree. There is no run-queue latency histogram in process.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hypertrace.collector.ebpf import SchedSample
+from hypertrace.proto import buckets
+
+
+class ThreadSched:
+    """Per-window deltas of the listed threads' run delay and context switches."""
+
+    def __init__(self, proc_self: str = "/proc/self"):
+        self.proc_self = proc_self
+        self._last: dict[int, tuple[int, int, int]] = {}
+
+    def _read(self, tid: int) -> tuple[int, int, int] | None:
+        base = f"{self.proc_self}/task/{tid}"
+        try:
+            with open(f"{base}/schedstat") as f:
+                runq = int(f.read().split()[1])
+            vol = invol = 0
+            with open(f"{base}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        vol = int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches:"):
+                        invol = int(line.split()[1])
+            return runq, vol, invol
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def sample(self, tids: list[int], offcpu_ns: int, window_s: float) -> SchedSample | None:
+        """The window's evidence, or None when no thread's schedstat can be read (no
+        CONFIG_SCHED_INFO, or no probed thread yet)."""
+        runq = vol = invol = 0
+        seen = 0
+        for tid in tids:
+            cur = self._read(tid)
+            if cur is None:
+                self._last.pop(tid, None)        # exited (or unreadable): forget it
+                continue
+            seen += 1
+            prev = self._last.get(tid)
+            self._last[tid] = cur
+            if prev is not None:
+                runq += max(cur[0] - prev[0], 0)
+                vol += max(cur[1] - prev[1], 0)
+                invol += max(cur[2] - prev[2], 0)
+        if not seen:
+            return None
+        return SchedSample(runq_ns=min(runq, int(window_s * 1e9)), offcpu_ns=max(offcpu_ns, 0),
+                           involuntary=invol, voluntary=vol,
+                           runq_hist=np.zeros(buckets.NUM_BUCKETS, dtype=np.uint64))
