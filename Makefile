@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 HT     := $(VENV)/bin/hypertrace
 STAMP  := $(VENV)/.installed
 
-.PHONY: all venv ebpf-setup test-deps test demo bench bench-html bench-detect bench-scale bench-agent bench-restart fuzz dashboard-png proto clean
+.PHONY: all venv ebpf-setup test-deps test demo bench bench-html bench-detect bench-scale bench-agent bench-restart bench-cluster fuzz dashboard-png proto clean
 
 all: venv
 
@@ -51,6 +51,11 @@ bench-detect: venv
 # an analyzer restarted on a long history: the live verdicts, in bounded memory (~5 min)
 bench-restart: venv
 	$(PY) -m hypertrace.sim.bench_restart $(ARGS)
+
+# the cluster mode's CPU per window (a worker in process at 16k GPUs; edge, worker and a real 3-node
+# NATS cluster end to end) side by side with one analyzer (~2 min; needs nats-server: make test-deps)
+bench-cluster: venv
+	$(PY) -m hypertrace.sim.bench_cluster $(ARGS)
 
 # the wire boundary fuzzed: 1e6 inputs into the validator, 20,000 into Ingest.Stream (~10 min)
 fuzz: venv

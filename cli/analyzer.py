@@ -74,6 +74,12 @@ def register(subparsers) -> None:
                      help="listen in plaintext without TLS: nobody is identified, anyone who "
                      "reaches the port reads every report and may send windows for any node "
                      "(tests on one machine only)")
+    add_scoring_flags(p)
+    p.set_defaults(func=run)
+
+
+def add_scoring_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per ScoringConfig field (the analyzer and the cluster's scoring workers)."""
     scoring = p.add_argument_group("scoring (see hypertrace.analyzer.config)")
     for f in _scoring_fields():
         flag = "--" + f.name.replace("_", "-")
@@ -82,7 +88,6 @@ def register(subparsers) -> None:
                                  metavar="A,B,...", help=f"comma-separated (default: built-in)")
         else:
             scoring.add_argument(flag, type=type(f.default), help=f"default {f.default}")
-    p.set_defaults(func=run)
 
 
 def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:

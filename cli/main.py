@@ -14,8 +14,8 @@ import importlib
 import logging
 import sys
 
-SUBCOMMANDS = ("agent", "analyzer", "report", "jobs", "analyze", "predict", "probe", "cupti",
-               "simulate", "export", "certs", "evict")
+SUBCOMMANDS = ("agent", "analyzer", "analyzer_edge", "analyzer_worker", "report", "jobs",
+               "analyze", "predict", "probe", "cupti", "simulate", "export", "certs", "evict")
 
 EPILOG = """\
 typical use (mutual TLS: `hypertrace certs --help` makes the files; TLS=--tls-ca ca.crt

@@ -5,6 +5,8 @@
 #   prometheus         a real Prometheus that scrapes the analyzer (tests/test_prometheus.py)
 #   prometheus-node-exporter  its textfile collector serves the agent's metrics file (ibid.)
 #   chromium           a real headless browser for the HTML report (tests/test_html_report.py)
+#   nats-server        a real 3-node NATS JetStream cluster for the cluster mode
+#                      (tests/nats_cluster.py; Debian 12 ships v2.9.10)
 # Not root: nothing is installed, and the tests that need them skip (or fail under CI=true).
 set -u
 need=()
@@ -14,7 +16,8 @@ done
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus-node-exporter >/dev/null 2>&1 || need+=(prometheus-node-exporter)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
-[ ${#need[@]} -eq 0 ] && { echo "test deps: slurm, munge, prometheus, node exporter and chromium present"; exit 0; }
+command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
+[ ${#need[@]} -eq 0 ] && { echo "test deps: slurm, munge, prometheus, node exporter, chromium and nats-server present"; exit 0; }
 if [ "$(id -u)" != 0 ]; then
   echo "test deps: not root; ${need[*]} not installed (the tests that need them will skip)"; exit 0
 fi

@@ -98,3 +98,37 @@ def test_the_configs_hold_only_keys_the_agent_and_analyzer_accept(tmp_path):
     assert set(agent) <= flags, set(agent) - flags
     analyzer = tomllib.loads(data["analyzer.toml"])
     assert set(analyzer) <= set(analyzer_cli.SERVER_KEYS), set(analyzer) - set(analyzer_cli.SERVER_KEYS)
+
+
+def _cluster_docs() -> list[dict]:
+    out = []
+    for f in sorted((DEPLOY / "k8s" / "cluster").glob("*.yaml")):
+        out.extend(d for d in yaml.safe_load_all(f.read_text()) if d)
+    return out
+
+
+def test_the_cluster_mode_manifests_validate_and_agree_with_the_commands_and_nats():
+    """deploy/k8s/cluster: valid Kubernetes; the edge's and workers' TOML hold only keys their
+    commands accept, agree on the cluster settings, and name the NATS pods of nats.yaml; the
+    NATS config maps ht.w.* into exactly `partitions` partitions."""
+    from hypertrace.analyzer.cluster.subjects import server_mapping
+    from hypertrace.cli import analyzer_edge, analyzer_worker
+    from hypertrace.cli.cluster_settings import CLUSTER_KEYS
+    docs = _cluster_docs()
+    for d in docs:
+        if not d["apiVersion"].startswith("monitoring.coreos.com/"):
+            kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+    maps = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
+    edge = tomllib.loads(maps["hypertrace-cluster-config"]["edge.toml"])
+    worker = tomllib.loads(maps["hypertrace-cluster-config"]["worker.toml"])
+    assert set(edge) <= set(analyzer_edge.EDGE_KEYS) | set(CLUSTER_KEYS)
+    assert set(worker) <= set(analyzer_worker.WORKER_KEYS) | set(CLUSTER_KEYS)
+    assert {k: edge[k] for k in CLUSTER_KEYS} == {k: worker[k] for k in CLUSTER_KEYS}
+    nats = next(d for d in docs if d["kind"] == "StatefulSet")
+    hosts = {f"nats://{nats['metadata']['name']}-{i}.{nats['spec']['serviceName']}."
+             f"{nats['metadata']['namespace']}.svc:4222" for i in range(nats["spec"]["replicas"])}
+    assert set(edge["nats_servers"]) == hosts
+    assert server_mapping(edge["partitions"]) in maps["hypertrace-nats-config"]["nats.conf"]
+    assert "max_payload: 16MB" in maps["hypertrace-nats-config"]["nats.conf"]
+    example = (DEPLOY / "nats" / "nats-server.conf.example").read_text()
+    assert server_mapping(8) in example and "max_payload: 16MB" in example

@@ -1,0 +1,126 @@
+"""Settings of the cluster mode's commands (`analyzer-edge`, `analyzer-worker`): one TOML file
+(``--config``; keys are the flag names with underscores) plus flags of the same names, flags
+winning, then the documented defaults. Not a subcommand."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Key:
+    kind: type
+    default: Any
+    help: str
+
+
+def _servers(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return tuple(s.strip() for s in value.split(",") if s.strip())
+    if isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value):
+        return tuple(value)
+    raise ValueError(f"nats_servers must be a list of URLs or one comma-separated string, "
+                     f"got {value!r}")
+
+
+#: What every edge and worker of one cluster must agree on (docs/cluster.md).
+CLUSTER_KEYS: dict[str, Key] = {
+    "nats_servers": Key(tuple, ("nats://127.0.0.1:4222",),
+                        "NATS URLs of the JetStream cluster, comma-separated (default "
+                        "nats://127.0.0.1:4222); credentials go in the URL: nats://user:pw@host"),
+    "partitions": Key(int, 8, "partitions of the window stream: MUST equal the n of "
+                      "partition(n,1) in every nats-server's mapping (default 8; see "
+                      "docs/cluster.md); more partitions than workers lets work spread"),
+    "replicas": Key(int, 3, "copies JetStream keeps of every window, result and lease "
+                    "(default 3: survives one server's loss)"),
+    "retention_hours": Key(float, 6.0, "how long windows and results are kept (default 6); "
+                           "a worker that takes a partition over replays what is kept, so keep "
+                           "at least a job's lifetime for verdicts identical to one analyzer's"),
+    "lease_ttl_s": Key(float, 10.0, "a partition's lease lapses this long after its worker "
+                       "stopped renewing it (default 10): the longest a dead worker's "
+                       "partitions wait for a new owner"),
+}
+
+
+def add_flags(p: argparse.ArgumentParser, keys: dict[str, Key], title: str) -> None:
+    group = p.add_argument_group(title)
+    for name, key in keys.items():
+        flag = "--" + name.replace("_", "-")
+        if key.kind is bool:
+            group.add_argument(flag, action="store_true", default=None, help=key.help)
+        elif key.kind is tuple:
+            group.add_argument(flag, type=_servers, metavar="URL,URL,...", help=key.help)
+        else:
+            group.add_argument(flag, type=key.kind, help=key.help)
+
+
+def resolve(args: argparse.Namespace, keys: dict[str, Key],
+            scoring_names: list[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(settings, scoring settings) from defaults < TOML < flags; ValueError naming a bad or
+    unknown key."""
+    file_values: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        from hypertrace.analyzer.config import read_analyzer_toml
+        file_values = read_analyzer_toml(args.config)
+    scoring_names = scoring_names or []
+    unknown = sorted(set(file_values) - set(keys) - set(scoring_names))
+    if unknown:
+        raise ValueError(f"--config {args.config}: unknown key(s) {unknown}; known: "
+                         f"{sorted(set(keys) | set(scoring_names))}")
+    out = {name: key.default for name, key in keys.items()}
+    scoring: dict[str, Any] = {}
+    for name, value in file_values.items():
+        if name in keys:
+            out[name] = value
+        else:
+            scoring[name] = tuple(value) if isinstance(value, list) else value
+    for name in keys:
+        v = getattr(args, name, None)
+        if v is not None:
+            out[name] = v
+    for name in scoring_names:
+        v = getattr(args, name, None)
+        if v is not None:
+            scoring[name] = v
+    for name, key in keys.items():
+        out[name] = _typed(name, out[name], key.kind)
+    return out, scoring
+
+
+def _typed(name: str, value: Any, kind: type) -> Any:
+    if value is None:
+        return None
+    if kind is tuple:
+        return _servers(value)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise ValueError(f"{name} must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def cluster_settings(values: dict[str, Any]) -> Any:
+    from hypertrace.analyzer.cluster.jetstream import ClusterSettings
+    return ClusterSettings(servers=values["nats_servers"], partitions=values["partitions"],
+                           replicas=values["replicas"],
+                           retention_hours=values["retention_hours"],
+                           lease_ttl_s=values["lease_ttl_s"])
+
+
+def run_until_signal(loop_body: Callable[[Callable[[], bool]], None]) -> None:
+    """Install SIGTERM/SIGINT handlers that ask ``loop_body`` to stop (it polls the given
+    ``stopping()``), restore them afterwards."""
+    import signal
+    import threading
+    stop = threading.Event()
+
+    def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
+        threading.Thread(target=stop.set, name="stop", daemon=True).start()
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        loop_body(stop.is_set)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
