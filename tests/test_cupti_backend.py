@@ -501,3 +501,23 @@ def test_run_starts_the_backend_in_the_child(fakecupti, fakecuda, tmp_path, proc
     assert doc["modes_seen"][0] == "waiting_for_cuda", doc
     assert doc["mode"] == "no_agent" and "cudaLaunchKernel" in doc["apis"], doc
     assert "no agent at" in out.stderr
+
+
+def test_a_forked_child_has_no_backend(fakecupti, monkeypatch):
+    """A data-loader worker forked from a probed process has no backend thread; it must not
+    think it has one (state() None, start() possible)."""
+    from hypertrace.collector import cupti
+    monkeypatch.setenv("HYPERTRACE_CUPTI_LIB", str(fakecupti))
+    monkeypatch.setenv("HYPERTRACE_CUPTI_SOCKET", "/nonexistent/cupti.sock")
+    cupti.start()
+    try:
+        assert cupti.state() is not None
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.write(w, b"none" if cupti.state() is None else b"some")
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.read(r, 10) == b"none"
+    finally:
+        cupti.stop()

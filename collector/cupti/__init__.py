@@ -22,6 +22,7 @@ process-wide singleton kept here (the only module state; guarded by a lock).
 """
 from __future__ import annotations
 
+import os
 import threading
 
 from hypertrace.collector.cupti.native import CuptiUnavailable
@@ -81,6 +82,15 @@ def state() -> BackendState | None:
     with _lock:
         return None if _backend is None else _backend.state
 
+
+def _forget_in_child() -> None:
+    """A forked child (a data-loader worker) has no backend thread: start() may run anew."""
+    global _backend, _lock
+    _backend = None
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 __all__ = ["CuptiOptions", "CuptiUnavailable", "mark_step", "pause", "resume", "start", "state",
            "stop"]
