@@ -9,6 +9,11 @@ Exit 0 when the steady-state overhead's upper 95% bound is <= --max-overhead (de
 default budget) and the agents' step-time estimate lies within --est-tol (25%) of the measured
 interval; 1 otherwise; 3 if the run broke.
 
+With --backend cupti the ranks run the in-process CUPTI backend (tests/gpu/fault_matrix.py), all
+8 agents run throughout, and the roles swap by pausing one group's backends and resuming the
+other's through the agents' sockets (`hypertrace cupti pause|resume`): on and off alternations of
+the backend itself, with no agent start-up in the phases.
+
 Design. 8 identical independent ranks of launch_bound_loop.py share one GPU, each pinned to its
 own core: group 0 = ranks 0-3, group 1 = ranks 4-7. The run is --phases phases of --phase-s; in
 odd phases agents at the DEFAULT budget probe group 0, in even phases a fresh set probes group 1
@@ -222,6 +227,27 @@ def render(res: dict) -> str:
     return "\n".join(L) + "\n"
 
 
+def set_paused(h: "fault_matrix.Harness", rank: int, pause: bool, timeout_s: float = 90.0) -> None:
+    """Pause or resume rank's in-process CUPTI backend through its agent (--backend cupti);
+    waits until the backend has connected to the agent (it retries every 5 s)."""
+    from hypertrace.proto import hypertrace_pb2 as pb
+    from hypertrace.proto import local
+    deadline = time.time() + timeout_s
+    why = ""
+    while time.time() < deadline:
+        try:
+            with local.connect(h.cupti_socket(rank), 5.0) as s:
+                local.send(s, pb.LocalMessage(control=pb.LocalControl(pause=pause)))
+                reply = local.recv(s)
+            if reply is not None and reply.WhichOneof("body") == "done" and not reply.done.error:
+                return
+            why = reply.done.error if reply is not None else "no answer"
+        except OSError as exc:
+            why = str(exc)
+        h.sleep(1.0)
+    raise RuntimeError(f"could not {'pause' if pause else 'resume'} rank {rank}: {why}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.sched_setaffinity(0, set(args.agent_core_list))
@@ -236,10 +262,20 @@ def main(argv: list[str] | None = None) -> int:
         h.start_ranks(total + args.startup_timeout + 120, "independent")
         left = fit_budget(args, t_start, total, total, "ovh", floor=4 * args.phase_s)
         phases = max(4, int(left // args.phase_s))
+        cupti = args.backend == "cupti"
+        if cupti:                                # every agent up for the whole run
+            h.start_agents(target, range(RANKS))
         for k in range(phases):
             group = k % 2
             h.begin(f"P{k + 1}")
             h.phases[-1]["group"] = group
+            if cupti:
+                # The in-process backends take turns: the probed group resumed, the other paused
+                # (unsubscribed from CUPTI), through their agents' sockets.
+                for i in range(RANKS):
+                    set_paused(h, i, pause=i not in GROUPS[group])
+                h.sleep(args.phase_s)
+                continue
             h.start_agents(target, GROUPS[group], suffix=f"-p{k + 1}")
             h.sleep(args.phase_s)
             names = [f"agent-{i}-p{k + 1}" for i in GROUPS[group]]
