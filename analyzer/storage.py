@@ -43,9 +43,10 @@ import sqlite3
 import threading
 import time
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from hypertrace.proto import hypertrace_pb2 as pb
 
@@ -55,11 +56,28 @@ BUSY_TIMEOUT_MS = 30_000
 #: Windows read per query when replaying the store after a restart.
 REPLAY_PAGE = 2000
 
-SCHEMA_VERSION = 3
-#: Payload codecs (``windows.codec``): the wire bytes as received, or zlib of them.
-CODEC_RAW, CODEC_ZLIB = 0, 1
+SCHEMA_VERSION = 4
+#: Payload codecs (``windows.codec``): the wire bytes as received, zlib of them, or zlib with the
+#: preset dictionary ``payload_dict_v1.bin`` (frozen: a better dictionary is a new codec).
+CODEC_RAW, CODEC_ZLIB, CODEC_ZLIB_DICT1 = 0, 1, 2
 #: zlib level of stored payloads (module docstring).
 ZLIB_LEVEL = 1
+#: SQLite page size of a new database file (module docstring). An existing file keeps its own.
+PAGE_SIZE = 16384
+_PAYLOAD_DICT1 = (Path(__file__).parent / "payload_dict_v1.bin").read_bytes()
+_WINDOWS_TABLE = """CREATE TABLE IF NOT EXISTS windows (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    agent_id    TEXT    NOT NULL,
+    seq         INTEGER NOT NULL,
+    node        TEXT    NOT NULL,
+    start_ns    INTEGER NOT NULL,
+    end_ns      INTEGER NOT NULL,
+    received_ns INTEGER NOT NULL,
+    payload     BLOB    NOT NULL,
+    late        INTEGER NOT NULL DEFAULT 0,
+    codec       INTEGER NOT NULL DEFAULT 0
+)"""
+_WINDOWS_END = "CREATE INDEX IF NOT EXISTS windows_end ON windows (end_ns)"
 _VERDICTS_TABLE = """CREATE TABLE IF NOT EXISTS verdicts (
     job_id TEXT NOT NULL, node TEXT NOT NULL, gpu TEXT NOT NULL, epoch INTEGER NOT NULL,
     verdict TEXT NOT NULL, created_ns INTEGER NOT NULL,
@@ -81,28 +99,34 @@ def _to_v3(conn: sqlite3.Connection) -> None:
         conn.execute("DROP TABLE verdicts_v2")
 
 
+def _to_v4(conn: sqlite3.Connection) -> None:
+    """Windows in a rowid table with a unique (agent_id, seq) index. WITHOUT ROWID suits small
+    rows only: a row of about 3 KB kept 1 KB in the b-tree page and put the rest on an overflow
+    page of its own, 4.7 KB per window at rest. The rowid (AUTOINCREMENT: never reused, so it
+    only grows) is also the order in which windows were stored, which an Engine snapshot names
+    as the last window it holds. Existing rows get ids in replay order."""
+    conn.execute("DROP INDEX IF EXISTS windows_end")
+    conn.execute("ALTER TABLE windows RENAME TO windows_v3")
+    conn.execute(_WINDOWS_TABLE)
+    conn.execute("INSERT INTO windows (agent_id, seq, node, start_ns, end_ns, received_ns, "
+                 "payload, late, codec) SELECT agent_id, seq, node, start_ns, end_ns, "
+                 "received_ns, payload, late, codec FROM windows_v3 "
+                 "ORDER BY end_ns, agent_id, seq")
+    conn.execute("DROP TABLE windows_v3")
+    conn.execute(_WINDOWS_END)
+
+
 #: Upgrades from an older schema, in place: version -> what reaches the next one (statements,
 #: or a function of the connection).
 _MIGRATIONS: dict[int, tuple] = {
     1: ("ALTER TABLE windows ADD COLUMN late INTEGER NOT NULL DEFAULT 0",),
     2: (_to_v3,),
+    3: (_to_v4,),
 }
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS windows (
-    agent_id    TEXT    NOT NULL,
-    seq         INTEGER NOT NULL,
-    node        TEXT    NOT NULL,
-    start_ns    INTEGER NOT NULL,
-    end_ns      INTEGER NOT NULL,
-    received_ns INTEGER NOT NULL,
-    payload     BLOB    NOT NULL,
-    late        INTEGER NOT NULL DEFAULT 0,
-    codec       INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (agent_id, seq)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS windows_end ON windows (end_ns);
+""" + _WINDOWS_TABLE + ";\n" + _WINDOWS_END + """;
 CREATE TABLE IF NOT EXISTS scores (
     job_id TEXT NOT NULL, epoch INTEGER NOT NULL, node TEXT NOT NULL, gpu TEXT NOT NULL,
     rank INTEGER, api TEXT NOT NULL, stat TEXT NOT NULL, value_us REAL, job_median_us REAL,
@@ -121,6 +145,11 @@ CREATE INDEX IF NOT EXISTS epochs_created ON epochs (created_ns);
 #: Created after the migrations (an old database's verdicts table has other columns first).
 _SCHEMA_AFTER = _VERDICTS_TABLE + """;
 CREATE INDEX IF NOT EXISTS verdicts_created ON verdicts (created_ns);
+CREATE UNIQUE INDEX IF NOT EXISTS windows_key ON windows (agent_id, seq);
+CREATE TABLE IF NOT EXISTS snapshot (
+    id INTEGER PRIMARY KEY CHECK (id = 0), version TEXT NOT NULL, upto INTEGER NOT NULL,
+    created_ns INTEGER NOT NULL, state BLOB NOT NULL
+);
 """
 
 
@@ -162,6 +191,8 @@ class _Queued:
 
     row: tuple
     raw: bytes = b""          # the payload as received (row holds it compressed)
+    #: called with the window's id once its transaction committed, under the store's lock
+    on_stored: Callable[[int], None] | None = None
     new: bool = False
     error: BaseException | None = None
     done: bool = False
@@ -181,7 +212,8 @@ class StoredWindow:
     stored: bytes             # the payload as stored (see ``codec``)
     late: bool = False        # arrived after its epoch was scored: counted, never scored
     received_ns: int = 0      # when it reached the analyzer
-    codec: int = 0            # CODEC_RAW or CODEC_ZLIB
+    codec: int = 0            # CODEC_RAW, CODEC_ZLIB or CODEC_ZLIB_DICT1
+    id: int = 0               # the order in which windows were stored (grows, never reused)
 
     @property
     def payload(self) -> bytes:
@@ -196,6 +228,18 @@ class StoredWindow:
 
     def message(self) -> pb.NodeWindow:
         return pb.NodeWindow.FromString(self.payload)
+
+
+@dataclass(frozen=True)
+class StoredSnapshot:
+    """An Engine snapshot as stored (analyzer/snapshot.py makes and reads ``state``): the code
+    version that wrote it, and the id of the newest window it holds (every window with a larger
+    id is replayed on top of it)."""
+
+    version: str
+    upto: int
+    created_ns: int
+    state: bytes
 
 
 class Storage:
@@ -227,6 +271,7 @@ class Storage:
         try:
             conn = sqlite3.connect(str(p), check_same_thread=False, isolation_level=None,
                                    timeout=BUSY_TIMEOUT_MS / 1000)
+            conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")   # a new file only
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 log.warning("database %s: WAL mode unavailable (got %s)", p, mode)
@@ -277,19 +322,24 @@ class Storage:
     # ---- windows -----------------------------------------------------------------------------
 
     def add_window(self, w: pb.NodeWindow, payload: bytes | None = None,
-                   received_ns: int | None = None) -> bool:
+                   received_ns: int | None = None,
+                   on_stored: Callable[[int], None] | None = None) -> bool:
         """Store a (validated) window durably; False when ``(agent_id, seq)`` was already there
         with the same bytes (a replay), :class:`ConflictingDuplicate` when with other bytes.
 
         Returns after the transaction holding the window committed (group commit, see the
         module docstring); a failed commit raises here for every window of its group.
+        ``on_stored(id)``: called for a new window right after its commit, under the store's
+        lock, so a caller that holds that lock (:meth:`commits_held`) knows that every window
+        with a smaller id went through ``on_stored`` already (the analyzer queues windows for
+        its Engine there; an Engine snapshot then names the last id it holds).
         """
         data = payload if payload is not None else w.SerializeToString()
         # compressed here, in the caller's thread, not under the commit lock
         item = _Queued((w.agent_id, int(w.seq), w.node, w.start.ToNanoseconds(),
                         w.end.ToNanoseconds(),
                         received_ns if received_ns is not None else time.time_ns(),
-                        zlib.compress(data, ZLIB_LEVEL), CODEC_ZLIB), data)
+                        encode_payload(data), CODEC_ZLIB_DICT1), data, on_stored)
         with self._group_cv:
             self._queued.append(item)
             while not item.done and self._committing:
@@ -314,11 +364,14 @@ class Storage:
             with self._lock:
                 self._conn.execute("BEGIN")
                 try:
+                    ids: list[int] = []
                     for it in group:
-                        it.new = self._conn.execute(
+                        cur = self._conn.execute(
                             "INSERT OR IGNORE INTO windows (agent_id, seq, node, start_ns, "
                             "end_ns, received_ns, payload, codec) "
-                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", it.row).rowcount == 1
+                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", it.row)
+                        it.new = cur.rowcount == 1
+                        ids.append(int(cur.lastrowid or 0) if it.new else 0)
                         if not it.new:          # a replay must be the same bytes
                             stored = self._conn.execute(
                                 "SELECT payload, codec FROM windows WHERE agent_id = ? AND "
@@ -335,6 +388,13 @@ class Storage:
                         # error is the one to report, not "no transaction is active"
                         pass
                     raise
+                for it, wid in zip(group, ids):     # committed: still under the lock
+                    if it.new and it.error is None and it.on_stored is not None:
+                        try:
+                            it.on_stored(wid)
+                        except Exception:           # stored durably all the same
+                            log.exception("on_stored of window %.64r seq %d failed",
+                                          it.row[0], it.row[1])
         except BaseException as exc:   # every window of the group failed: its caller raises
             err = _corruption(exc, self.path) or exc
             for it in group:
@@ -354,8 +414,11 @@ class Storage:
                                "AND seq = ?", (it.row[6], it.row[7], it.row[0], it.row[1]))
             return True
 
-    def iter_windows(self, since_end_ns: int | None = None) -> Iterator[StoredWindow]:
-        """Stored windows in (end time, agent, seq) order: the replay order after a restart."""
+    def iter_windows(self, since_end_ns: int | None = None,
+                     after_id: int = 0) -> Iterator[StoredWindow]:
+        """Stored windows in (end time, agent, seq) order: the replay order after a restart.
+        ``after_id``: only those stored after the window with that id (what an Engine snapshot
+        does not hold)."""
         # In pages, not one fetchall(): a restart replays hours of windows (GBs at 16k GPUs),
         # and holding every payload at once could exhaust memory. Keyset pagination keeps each
         # query short, so the lock is never held across the caller's work.
@@ -365,18 +428,27 @@ class Storage:
                 try:
                     rows = self._conn.execute(
                         "SELECT agent_id, seq, node, end_ns, payload, late, received_ns, "
-                        "codec FROM windows "
-                        "WHERE (end_ns, agent_id, seq) > (?, ?, ?) "
+                        "codec, id FROM windows "
+                        "WHERE (end_ns, agent_id, seq) > (?, ?, ?) AND id > ? "
                         "ORDER BY end_ns, agent_id, seq LIMIT ?",
-                        (last[0], last[1], last[2], REPLAY_PAGE)).fetchall()
+                        (last[0], last[1], last[2], after_id, REPLAY_PAGE)).fetchall()
                 except sqlite3.DatabaseError as exc:
                     raise (_corruption(exc, self.path) or exc) from exc
             if not rows:
                 return
             for r in rows:
                 yield StoredWindow(r[0], int(r[1]), r[2], int(r[3]), bytes(r[4]), bool(r[5]),
-                                   int(r[6]), int(r[7]))
+                                   int(r[6]), int(r[7]), int(r[8]))
             last = (int(rows[-1][3]), rows[-1][0], int(rows[-1][1]))
+
+    @contextmanager
+    def commits_held(self) -> Iterator[int]:
+        """Hold off every commit; yields the id of the newest stored window. Every window up to
+        it went through its ``on_stored`` (:meth:`add_window`), and none after it can until the
+        block ends: the cut an Engine snapshot names."""
+        with self._lock:
+            row = self._conn.execute("SELECT MAX(id) FROM windows").fetchone()
+            yield int(row[0] or 0)
 
     def mark_late(self, agent_id: str, seq: int) -> None:
         """Record that a stored window arrived after its epoch was scored, so a replay after a
@@ -391,10 +463,12 @@ class Storage:
 
     # ---- scoring results ---------------------------------------------------------------------
 
-    def add_results(self, results: Iterable[Any], created_ns: int | None = None) -> int:
+    def add_results(self, results: Iterable[Any], created_ns: int | None = None,
+                    snapshot: StoredSnapshot | None = None) -> int:
         """Store EpochResults: their score rows (re-storing an epoch replaces them) and each
-        GPU's verdict where it differs from the GPU's last stored one (module docstring).
-        Returns the score rows stored."""
+        GPU's verdict where it differs from the GPU's last stored one (module docstring), and
+        ``snapshot`` (the Engine after them) in the same transaction, replacing the previous
+        one. Returns the score rows stored."""
         now = created_ns if created_ns is not None else time.time_ns()
         score_rows: list[tuple] = []
         epoch_rows: list[tuple] = []
@@ -420,6 +494,11 @@ class Storage:
                     "INSERT OR REPLACE INTO verdicts VALUES (?,?,?,?,?,?)", verdict_rows)
                 self._conn.executemany(
                     "INSERT OR REPLACE INTO epochs VALUES (?,?,?,?,?,?)", epoch_rows)
+                if snapshot is not None:
+                    self._conn.execute(
+                        "INSERT OR REPLACE INTO snapshot (id, version, upto, created_ns, state) "
+                        "VALUES (0, ?, ?, ?, ?)", (snapshot.version, snapshot.upto,
+                                                   snapshot.created_ns, snapshot.state))
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
@@ -484,6 +563,15 @@ class Storage:
                 "SELECT epoch, gpus, suspects, stragglers, created_ns FROM epochs "
                 "WHERE job_id = ? ORDER BY epoch", (job_id,))]
 
+    def snapshot(self) -> StoredSnapshot | None:
+        """The latest Engine snapshot stored with the results, if any."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT version, upto, created_ns, state FROM snapshot WHERE id = 0").fetchone()
+        if row is None:
+            return None
+        return StoredSnapshot(str(row[0]), int(row[1]), int(row[2]), bytes(row[3]))
+
     def count_scores(self) -> int:
         with self._lock:
             return int(self._conn.execute("SELECT COUNT(*) FROM scores").fetchone()[0])
@@ -535,9 +623,22 @@ class Storage:
             self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
 
 
+def encode_payload(data: bytes) -> bytes:
+    """Wire bytes as stored (:data:`CODEC_ZLIB_DICT1`): zlib level 1 with the preset dictionary,
+    which holds what every window repeats (field tags, API names, the overhead report)."""
+    c = zlib.compressobj(ZLIB_LEVEL, zdict=_PAYLOAD_DICT1)
+    return c.compress(data) + c.flush()
+
+
 def decode_payload(payload: bytes, codec: int) -> bytes:
-    """A stored payload's wire bytes (``codec``: :data:`CODEC_RAW` or :data:`CODEC_ZLIB`); for
-    tools that read the database file themselves too."""
+    """A stored payload's wire bytes (``codec``: :data:`CODEC_RAW`, :data:`CODEC_ZLIB` or
+    :data:`CODEC_ZLIB_DICT1`); for tools that read the database file themselves too."""
+    if codec == CODEC_ZLIB_DICT1:
+        d = zlib.decompressobj(zdict=_PAYLOAD_DICT1)
+        out = d.decompress(payload)
+        if not d.eof:
+            raise zlib.error("truncated payload")
+        return out
     if codec == CODEC_ZLIB:
         return zlib.decompress(payload)
     if codec == CODEC_RAW:
