@@ -495,10 +495,14 @@ class Storage:
                 self._conn.executemany(
                     "INSERT OR REPLACE INTO epochs VALUES (?,?,?,?,?,?)", epoch_rows)
                 if snapshot is not None:
+                    # two scoring passes may store in either order: the newer cut stays
                     self._conn.execute(
-                        "INSERT OR REPLACE INTO snapshot (id, version, upto, created_ns, state) "
-                        "VALUES (0, ?, ?, ?, ?)", (snapshot.version, snapshot.upto,
-                                                   snapshot.created_ns, snapshot.state))
+                        "INSERT INTO snapshot (id, version, upto, created_ns, state) "
+                        "VALUES (0, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                        "version = excluded.version, upto = excluded.upto, "
+                        "created_ns = excluded.created_ns, state = excluded.state "
+                        "WHERE excluded.upto >= snapshot.upto",
+                        (snapshot.version, snapshot.upto, snapshot.created_ns, snapshot.state))
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
