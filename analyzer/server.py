@@ -63,6 +63,12 @@ def _default_engine_factory(config: Any) -> Any:
 
 #: How often the evictor re-reviews a job whose convicted GPUs did not change (ns).
 REVIEW_EVERY_NS = 60 * 10**9
+#: Default retention of the raw windows (hours) and of their 5-minute summaries (days): about
+#: 14 GB and 2 GB at rest for a 16,384-GPU job (BENCHMARKS.md, "Storage at rest").
+RETENTION_HOURS = 6.0
+SUMMARY_RETENTION_DAYS = 30.0
+#: Seconds between retention passes.
+RETENTION_EVERY_S = 60.0
 #: Default seconds between Engine snapshots (analyzer/snapshot.py): a restart replays at most
 #: this much of the windows stored before it went down.
 SNAPSHOT_SECONDS = 60.0
@@ -460,7 +466,12 @@ def _ingest_handler(analyzer: Analyzer, access: Access | None,
 class ServerOptions:
     listen: str = "127.0.0.1:50051"
     flush_interval: float = 1.0          # seconds between background scoring passes; 0: only on query
-    retention_hours: float | None = None  # None: keep everything
+    #: raw windows and score rows are kept this long (0 or None: keep everything), then
+    #: summarised per GPU and 5 minutes (analyzer/summaries.py)
+    retention_hours: float | None = RETENTION_HOURS
+    #: summaries, verdict changes and scored epochs are kept this long (0: no summaries; the
+    #: verdicts then follow retention_hours)
+    summary_retention_days: float = SUMMARY_RETENTION_DAYS
     max_workers: int = 4096              # each open Ingest stream holds one worker thread (>= nodes)
     shutdown_grace_s: float = 2.0        # how long stop() lets in-flight calls finish
     tls: TlsFiles | None = None          # mutual TLS (proto/transport.py)
@@ -481,6 +492,7 @@ class AnalyzerServer:
         self._metrics_server = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._retention_thread: threading.Thread | None = None
         self._health = health.HealthServicer()
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=options.max_workers,
@@ -542,6 +554,10 @@ class AnalyzerServer:
         self._thread = threading.Thread(target=self._background, name="hypertrace-flush",
                                         daemon=True)
         self._thread.start()
+        if self.options.retention_hours:
+            self._retention_thread = threading.Thread(target=self._retention, daemon=True,
+                                                      name="hypertrace-retention")
+            self._retention_thread.start()
         return port
 
     def _not_serving(self) -> None:
@@ -552,20 +568,28 @@ class AnalyzerServer:
 
     def _background(self) -> None:
         interval = self.options.flush_interval if self.options.flush_interval > 0 else 1.0
-        last_prune = 0.0
         while not self._stop.wait(interval):
             try:
                 if self.options.flush_interval > 0:
                     self.analyzer.flush()
                 else:
                     self.analyzer.drain()
-                if self.options.retention_hours and time.monotonic() - last_prune > 60:
-                    last_prune = time.monotonic()
-                    n = self.analyzer.storage.prune(self.options.retention_hours * 3600)
-                    if n:
-                        log.info("retention: pruned %d rows", n)
             except Exception:   # keep serving; the next pass retries
-                log.exception("background flush/retention failed")
+                log.exception("background flush failed")
+
+    def _retention(self) -> None:
+        """Summarise and prune, in a thread of its own: summarising a slot of a 16k-GPU job
+        reads 61,440 windows (seconds of CPU), which must not delay scoring."""
+        from hypertrace.analyzer.summaries import apply_retention
+        while not self._stop.wait(RETENTION_EVERY_S):
+            try:
+                n = apply_retention(self.analyzer.storage, self.analyzer.config,
+                                    float(self.options.retention_hours),
+                                    self.options.summary_retention_days)
+                if n:
+                    log.info("retention: pruned %d rows", n)
+            except Exception:   # keep serving; the next pass retries
+                log.exception("retention pass failed")
 
     def stop(self) -> None:
         """Stop accepting, let in-flight calls finish (grace), score what is complete, stop."""
@@ -577,6 +601,8 @@ class AnalyzerServer:
             self._metrics_server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._retention_thread is not None:
+            self._retention_thread.join(timeout=10)
         try:
             self.analyzer.flush()
         except Exception:

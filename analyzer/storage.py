@@ -146,6 +146,10 @@ CREATE INDEX IF NOT EXISTS epochs_created ON epochs (created_ns);
 _SCHEMA_AFTER = _VERDICTS_TABLE + """;
 CREATE INDEX IF NOT EXISTS verdicts_created ON verdicts (created_ns);
 CREATE UNIQUE INDEX IF NOT EXISTS windows_key ON windows (agent_id, seq);
+CREATE TABLE IF NOT EXISTS summaries (
+    job_id TEXT NOT NULL, slot_ns INTEGER NOT NULL, created_ns INTEGER NOT NULL,
+    keys BLOB NOT NULL, vals BLOB NOT NULL, PRIMARY KEY (job_id, slot_ns)
+);
 CREATE TABLE IF NOT EXISTS snapshot (
     id INTEGER PRIMARY KEY CHECK (id = 0), version TEXT NOT NULL, upto INTEGER NOT NULL,
     created_ns INTEGER NOT NULL, state BLOB NOT NULL
@@ -414,9 +418,10 @@ class Storage:
                                "AND seq = ?", (it.row[6], it.row[7], it.row[0], it.row[1]))
             return True
 
-    def iter_windows(self, since_end_ns: int | None = None,
-                     after_id: int = 0) -> Iterator[StoredWindow]:
+    def iter_windows(self, since_end_ns: int | None = None, after_id: int = 0,
+                     until_end_ns: int = 2**63 - 1) -> Iterator[StoredWindow]:
         """Stored windows in (end time, agent, seq) order: the replay order after a restart.
+        ``since_end_ns`` .. ``until_end_ns`` (excluded): the windows that end in that span;
         ``after_id``: only those stored after the window with that id (what an Engine snapshot
         does not hold)."""
         # In pages, not one fetchall(): a restart replays hours of windows (GBs at 16k GPUs),
@@ -429,9 +434,10 @@ class Storage:
                     rows = self._conn.execute(
                         "SELECT agent_id, seq, node, end_ns, payload, late, received_ns, "
                         "codec, id FROM windows "
-                        "WHERE (end_ns, agent_id, seq) > (?, ?, ?) AND id > ? "
+                        "WHERE (end_ns, agent_id, seq) > (?, ?, ?) AND id > ? AND end_ns < ? "
                         "ORDER BY end_ns, agent_id, seq LIMIT ?",
-                        (last[0], last[1], last[2], after_id, REPLAY_PAGE)).fetchall()
+                        (last[0], last[1], last[2], after_id, until_end_ns,
+                         REPLAY_PAGE)).fetchall()
                 except sqlite3.DatabaseError as exc:
                     raise (_corruption(exc, self.path) or exc) from exc
             if not rows:
@@ -456,6 +462,13 @@ class Storage:
         with self._lock:
             self._conn.execute("UPDATE windows SET late = 1 WHERE agent_id = ? AND seq = ?",
                                (agent_id, seq))
+
+    def next_window_end(self, since_ns: int) -> int | None:
+        """The end of the earliest stored window that ends at or after ``since_ns``."""
+        with self._lock:
+            row = self._conn.execute("SELECT MIN(end_ns) FROM windows WHERE end_ns >= ?",
+                                     (since_ns,)).fetchone()
+        return None if row[0] is None else int(row[0])
 
     def count_windows(self) -> int:
         with self._lock:
@@ -576,23 +589,89 @@ class Storage:
             return None
         return StoredSnapshot(str(row[0]), int(row[1]), int(row[2]), bytes(row[3]))
 
+    # ---- summaries (analyzer/summaries.py) --------------------------------------------------
+
+    def summarized_until(self) -> int:
+        """Every window that ends before this (ns) is in a stored summary (0: none yet)."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT value FROM meta WHERE key = 'summarized_until'").fetchone()
+        return 0 if row is None else int(row[0])
+
+    def add_summaries(self, rows: Iterable[tuple[str, int, bytes, bytes]],
+                      summarized_until: int, created_ns: int | None = None) -> None:
+        """Store (job, slot start, keys, values) summaries and move ``summarized_until``, in one
+        transaction (a crash in between summarises the slot again, never twice)."""
+        now = created_ns if created_ns is not None else time.time_ns()
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                self._conn.executemany(
+                    "INSERT OR REPLACE INTO summaries (job_id, slot_ns, created_ns, keys, vals) "
+                    "VALUES (?, ?, ?, ?, ?)", [(j, s, now, k, v) for j, s, k, v in rows])
+                self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES "
+                                   "('summarized_until', ?)", (str(summarized_until),))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def summaries(self, job_id: str, since_ns: int = 0) -> list[tuple[int, bytes, bytes]]:
+        """(slot start, keys, values) of a job's stored summaries, oldest first."""
+        with self._lock:
+            return [(int(r[0]), bytes(r[1]), bytes(r[2])) for r in self._conn.execute(
+                "SELECT slot_ns, keys, vals FROM summaries WHERE job_id = ? AND slot_ns >= ? "
+                "ORDER BY slot_ns", (job_id, since_ns))]
+
+    def verdicts_for_slot(self, job_id: str, first_epoch: int, last_epoch: int
+                          ) -> list[tuple[int, str, str, str]]:
+        """(epoch, node, gpu, verdict): each GPU's latest change before ``first_epoch`` (what it
+        entered the span as), then every change up to ``last_epoch``, oldest first."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT MAX(epoch), node, gpu, verdict FROM verdicts WHERE job_id = ? AND "
+                "epoch < ? GROUP BY node, gpu", (job_id, first_epoch)).fetchall()
+            rows += self._conn.execute(
+                "SELECT epoch, node, gpu, verdict FROM verdicts WHERE job_id = ? AND "
+                "epoch BETWEEN ? AND ? ORDER BY epoch", (job_id, first_epoch, last_epoch)
+            ).fetchall()
+        return [(int(r[0]), r[1], r[2], r[3]) for r in rows]
+
+    def scored_epochs(self, job_id: str, first_epoch: int, last_epoch: int) -> list[int]:
+        with self._lock:
+            return [int(r[0]) for r in self._conn.execute(
+                "SELECT epoch FROM epochs WHERE job_id = ? AND epoch BETWEEN ? AND ? "
+                "ORDER BY epoch", (job_id, first_epoch, last_epoch))]
+
     def count_scores(self) -> int:
         with self._lock:
             return int(self._conn.execute("SELECT COUNT(*) FROM scores").fetchone()[0])
 
     # ---- retention ---------------------------------------------------------------------------
 
-    def prune(self, retention_seconds: float, now_ns: int | None = None) -> int:
-        """Delete windows that ended, and results computed, more than ``retention_seconds`` ago,
-        except each GPU's current verdict while its job is still being scored."""
+    def prune(self, retention_seconds: float, now_ns: int | None = None,
+              results_retention_seconds: float | None = None,
+              windows_before_ns: int | None = None) -> int:
+        """Delete windows that ended, and score rows computed, more than ``retention_seconds``
+        ago (and only windows that end before ``windows_before_ns`` when given: the ones already
+        summarised); verdict changes, scored epochs and summaries older than
+        ``results_retention_seconds`` (default: ``retention_seconds``), except each GPU's current
+        verdict while its job is still being scored."""
         now = now_ns if now_ns is not None else time.time_ns()
         cutoff = now - int(retention_seconds * 1e9)
+        win_cutoff = cutoff if windows_before_ns is None else min(cutoff, windows_before_ns)
+        keep = retention_seconds if results_retention_seconds is None \
+            else results_retention_seconds
+        results_cutoff = now - int(keep * 1e9)
         with self._lock:
             self._conn.execute("BEGIN")
             try:
-                n = self._conn.execute("DELETE FROM windows WHERE end_ns < ?", (cutoff,)).rowcount
+                n = self._conn.execute("DELETE FROM windows WHERE end_ns < ?",
+                                       (win_cutoff,)).rowcount
                 n += self._conn.execute("DELETE FROM scores WHERE created_ns < ?",
                                         (cutoff,)).rowcount
+                n += self._conn.execute("DELETE FROM summaries WHERE slot_ns < ?",
+                                        (results_cutoff,)).rowcount
                 # a GPU's newest verdict is its current one: kept while its job is still scored
                 # (an epoch stored since the cutoff), so "straggler since epoch E" outlives the
                 # retention of the rows that led to it
@@ -601,9 +680,10 @@ class Storage:
                     "  epoch = (SELECT MAX(v.epoch) FROM verdicts v WHERE v.job_id = "
                     "           verdicts.job_id AND v.node = verdicts.node AND v.gpu = verdicts.gpu)"
                     "  AND EXISTS (SELECT 1 FROM epochs e WHERE e.job_id = verdicts.job_id"
-                    "              AND e.created_ns >= ?))", (cutoff, cutoff)).rowcount
+                    "              AND e.created_ns >= ?))", (results_cutoff, results_cutoff)
+                ).rowcount
                 n += self._conn.execute("DELETE FROM epochs WHERE created_ns < ?",
-                                        (cutoff,)).rowcount
+                                        (results_cutoff,)).rowcount
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")

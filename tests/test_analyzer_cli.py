@@ -5,7 +5,9 @@ from hypertrace.cli.main import main
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--retention-hours", "-1"], "retention_hours must be > 0"),
+    (["--retention-hours", "-1"], "retention_hours must be >= 0 hours"),
+    (["--summary-retention-days", "-1"], "summary_retention_days must be >= 0 days"),
+    (["--snapshot-seconds", "-5"], "snapshot_seconds must be >= 0 seconds"),
     (["--max-workers", "0"], "max_workers must be >= 1"),
     (["--listen", "50051"], "listen must be HOST:PORT"),
     (["--flush-interval", "-2"], "flush_interval must be >= 0"),
