@@ -100,10 +100,10 @@ class Analyzer:
         #: job -> (its convicted GPUs, when the evictor last reviewed it)
         self._reviewed: dict[str, tuple[frozenset, int]] = {}
 
-    def resume(self) -> int:
-        """Load the stored Engine snapshot, if there is a usable one, then replay every window
-        stored after it (all of them without one) into the Engine, epoch by epoch; returns how
-        many were replayed.
+    def resume(self, use_snapshot: bool = True) -> int:
+        """Load the stored Engine snapshot, if there is a usable one (and ``use_snapshot``), then
+        replay every window stored after it (all of them without one) into the Engine, epoch by
+        epoch; returns how many were replayed.
 
         Windows come in end-time order. Each epoch is scored as soon as no window of it can
         still follow (its end + grace lies two windows behind the replayed time), so memory holds
@@ -113,7 +113,7 @@ class Analyzer:
         held = 0
         slack = 2 * self.config.window_ns
         with self._lock:
-            after = self._load_snapshot()
+            after = self._load_snapshot() if use_snapshot else 0
             for sw in self.storage.iter_windows(after_id=after):
                 try:
                     self._engine.ingest(sw.message(), late=sw.late, arrived_ns=sw.received_ns)
