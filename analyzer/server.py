@@ -218,7 +218,7 @@ class Analyzer:
             if captured is not None:
                 from hypertrace.analyzer import snapshot
                 snap = snapshot.pack(captured[1], self.config, captured[0], now)
-            self.storage.add_results(results, snapshot=snap)
+            self.storage.add_results(results, created_ns=now, snapshot=snap)
         if self.evictor is not None:
             self._review(results, now)
         return len(results)

@@ -651,12 +651,18 @@ class Storage:
 
     def prune(self, retention_seconds: float, now_ns: int | None = None,
               results_retention_seconds: float | None = None,
-              windows_before_ns: int | None = None) -> int:
+              windows_before_ns: int | None = None,
+              summarized_before_epoch: int | None = None) -> int:
         """Delete windows that ended, and score rows computed, more than ``retention_seconds``
         ago (and only windows that end before ``windows_before_ns`` when given: the ones already
         summarised); verdict changes, scored epochs and summaries older than
         ``results_retention_seconds`` (default: ``retention_seconds``), except each GPU's current
-        verdict while its job is still being scored."""
+        verdict while its job is still being scored.
+
+        ``summarized_before_epoch`` (the summaries are on, and hold every epoch before this):
+        verdict changes then follow ``retention_seconds`` too, since the summaries keep each
+        GPU's verdicts per 5 minutes; kept besides is each GPU's last change before that epoch,
+        what it entered the next slot to summarise as."""
         now = now_ns if now_ns is not None else time.time_ns()
         cutoff = now - int(retention_seconds * 1e9)
         win_cutoff = cutoff if windows_before_ns is None else min(cutoff, windows_before_ns)
@@ -675,13 +681,22 @@ class Storage:
                 # a GPU's newest verdict is its current one: kept while its job is still scored
                 # (an epoch stored since the cutoff), so "straggler since epoch E" outlives the
                 # retention of the rows that led to it
-                n += self._conn.execute(
-                    "DELETE FROM verdicts WHERE created_ns < ? AND NOT ("
-                    "  epoch = (SELECT MAX(v.epoch) FROM verdicts v WHERE v.job_id = "
-                    "           verdicts.job_id AND v.node = verdicts.node AND v.gpu = verdicts.gpu)"
-                    "  AND EXISTS (SELECT 1 FROM epochs e WHERE e.job_id = verdicts.job_id"
-                    "              AND e.created_ns >= ?))", (results_cutoff, results_cutoff)
-                ).rowcount
+                current = (
+                    "epoch = (SELECT MAX(v.epoch) FROM verdicts v WHERE v.job_id = "
+                    "         verdicts.job_id AND v.node = verdicts.node AND v.gpu = verdicts.gpu)"
+                    " AND EXISTS (SELECT 1 FROM epochs e WHERE e.job_id = verdicts.job_id"
+                    "             AND e.created_ns >= ?)")
+                if summarized_before_epoch is None:
+                    n += self._conn.execute(
+                        f"DELETE FROM verdicts WHERE created_ns < ? AND NOT ({current})",
+                        (results_cutoff, results_cutoff)).rowcount
+                else:
+                    n += self._conn.execute(
+                        f"DELETE FROM verdicts WHERE created_ns < ? AND NOT ({current}) AND ("
+                        "  created_ns < ? OR epoch <> (SELECT MAX(v.epoch) FROM verdicts v"
+                        "    WHERE v.job_id = verdicts.job_id AND v.node = verdicts.node"
+                        "    AND v.gpu = verdicts.gpu AND v.epoch < ?))",
+                        (cutoff, cutoff, results_cutoff, summarized_before_epoch)).rowcount
                 n += self._conn.execute("DELETE FROM epochs WHERE created_ns < ?",
                                         (results_cutoff,)).rowcount
                 self._conn.execute("COMMIT")

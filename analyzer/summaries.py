@@ -217,14 +217,17 @@ def summarize_before(storage, before_ns: int, cfg: ScoringConfig,
 def apply_retention(storage, cfg: ScoringConfig, raw_hours: float, summary_days: float,
                     now_ns: int | None = None) -> int:
     """The retention pass: summarise the slots whose windows leave the raw retention, then
-    delete those windows and score rows (older than ``raw_hours``) and the summaries, verdict
-    changes and scored epochs older than ``summary_days``. ``summary_days`` 0: no summaries,
-    and the verdicts follow the raw retention. Returns the rows deleted."""
+    delete those windows, their score rows and verdict changes (older than ``raw_hours``: the
+    summaries keep each GPU's verdicts per slot), and the summaries and scored epochs older than
+    ``summary_days``. ``summary_days`` 0: no summaries, and everything follows the raw
+    retention. Returns the rows deleted."""
     import time
     now = now_ns if now_ns is not None else time.time_ns()
     raw_s = raw_hours * 3600
     if summary_days <= 0:
         return storage.prune(raw_s, now)
     summarize_before(storage, now - int(raw_s * 1e9), cfg, now)
+    until = storage.summarized_until()
     return storage.prune(raw_s, now, results_retention_seconds=summary_days * 86400,
-                         windows_before_ns=storage.summarized_until())
+                         windows_before_ns=until,
+                         summarized_before_epoch=until // cfg.window_ns - 1 if until else None)

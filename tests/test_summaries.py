@@ -127,3 +127,31 @@ def test_a_damaged_summary_is_named_not_misread():
     import zlib
     with pytest.raises(ValueError, match="bytes of values for 1 GPUs"):
         SlotSummary.decode("j", 0, keys, zlib.compress(b"short"))
+
+
+def test_pruning_as_it_goes_gives_the_summaries_of_the_whole_history(tmp_path):
+    """The retention pass runs every minute and deletes verdict changes with the raw windows;
+    each GPU's last change before the next slot is kept, so every slot's verdicts come out as
+    if nothing had been pruned."""
+    st, a, windows, last = _live(tmp_path / "a.db")
+    whole, _, _, _ = _live(tmp_path / "b.db")
+    summaries.summarize_before(whole, last + SLOT_NS, a.config)
+    first = windows[0].end.ToNanoseconds()
+    for now in range(first, last + SLOT_NS, 60 * 10**9):
+        summaries.apply_retention(st, a.config, raw_hours=120 / 3600, summary_days=30,
+                                  now_ns=now)
+    summaries.apply_retention(st, a.config, raw_hours=120 / 3600, summary_days=30,
+                              now_ns=last + SLOT_NS + 120 * 10**9)
+    assert len(st.verdicts(CFG_JOB)) < len(whole.verdicts(CFG_JOB))      # it did prune
+    got = st.summaries(CFG_JOB)
+    want = whole.summaries(CFG_JOB)
+    assert [s for s, _, _ in got] == [s for s, _, _ in want] and len(got) >= 3
+    for (slot, k1, v1), (_, k2, v2) in zip(got, want):
+        g, w = SlotSummary.decode(CFG_JOB, slot, k1, v1), SlotSummary.decode(CFG_JOB, slot, k2, v2)
+        assert g.keys == w.keys
+        np.testing.assert_array_equal(g.quantiles_ms, w.quantiles_ms)
+        assert g.verdict.tolist() == w.verdict.tolist()
+        assert g.flagged.tolist() == w.flagged.tolist()
+        assert g.steps.tolist() == w.steps.tolist()
+    st.close()
+    whole.close()
