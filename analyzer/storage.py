@@ -17,20 +17,33 @@ transaction, every window queued by then; callers that arrive meanwhile wait and
 group. Each caller still returns only after *its* window's transaction committed, so an Ack still
 means "durably stored". With one caller at a time a group is that one window (no added latency).
 
-Compact at rest: a window's payload is stored zlib-compressed (level 1: 44% of the wire bytes
-for about 0.11 ms of CPU per 7 KB window, 0.04 ms to read back; level 6 gains under 2 points
-for 1.4x the CPU, LZMA 4 points for 4.4x), with a
-``codec`` column so that rows written raw by an older analyzer still read. Verdicts are stored
+Compact at rest: a window's payload is stored zlib-compressed at level 1 with a preset
+dictionary (``payload_dict_v1.bin``: one simulated window and the API names, which every window
+repeats): 38% of the wire bytes against 42% without it, for the same CPU (about 0.12 ms per
+7 KB window). The ``codec`` column says how a row was written, so rows of an older analyzer
+(raw, plain zlib) still read; the dictionary file is frozen (a test pins its digest), a better
+one would be a new codec. What is left is mostly the histogram counts themselves, which zlib
+cannot shrink further (BENCHMARKS.md, "Storage at rest"). Windows live in a rowid table with a
+unique ``(agent_id, seq)`` index, in 16-KB pages: a WITHOUT ROWID table (schema 3) put each
+row's tail on an overflow page of its own, and 4-KB pages left most of a page unused after each
+2.6-KB row (4.7 KB per window at rest then; 2.9 KB now). Verdicts are stored
 when they *change* (a GPU's first verdict, then each change), not once per GPU per epoch: at
 16,384 GPUs the per-epoch rows were a third of the disk, and a change log answers "since when is
 this GPU a straggler" just as well; one row per scored epoch (``epochs``: GPUs, suspects and
 stragglers counted) says which epochs were scored and when. After pruning, the WAL is checkpointed with TRUNCATE so the
 file shrinks back instead of staying at its high-water mark.
 
-Dedup: ``(agent_id, seq)`` is the primary key of ``windows``; :meth:`Storage.add_window` tells
+Dedup: ``(agent_id, seq)`` is a unique key of ``windows``; :meth:`Storage.add_window` tells
 whether the window was new, which is what makes agent replay after a reconnect harmless (and
 refuses the same key with other bytes). ``late`` marks a window that arrived after its epoch
 was scored: the replay after a restart must leave it out of scoring as the live analyzer did.
+
+Order: a window's ``id`` (AUTOINCREMENT: never reused) is the order windows were stored in.
+An Engine snapshot (``snapshot`` table, analyzer/snapshot.py), stored with the results, names
+the newest id it holds, and a restart replays only the windows after it.
+
+Retention (analyzer/summaries.py): windows older than the raw retention are first merged into
+5-minute per-GPU summaries (``summaries``), then deleted.
 
 Not thread-safe by itself across connections: one connection is shared and guarded by a lock
 (``check_same_thread=False``), because gRPC calls arrive on a thread pool.
@@ -428,6 +441,13 @@ class Storage:
         # and holding every payload at once could exhaust memory. Keyset pagination keeps each
         # query short, so the lock is never held across the caller's work.
         last = (since_end_ns if since_end_ns is not None else -(2 ** 63), "", -1)
+        if after_id:            # start at the first of them (a rowid range), not the oldest
+            with self._lock:
+                first = self._conn.execute("SELECT MIN(end_ns) FROM windows WHERE id > ?",
+                                           (after_id,)).fetchone()[0]
+            if first is None:
+                return
+            last = max(last, (int(first), "", -1))
         while True:
             with self._lock:
                 try:
