@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{rss:.0f} MB)")
     ok &= goal
     stragglers = sorted({k[0] for k, v in live_verdicts.items() if v == "straggler"})
-    print(f"live stragglers: {stragglers}")
+    print(f"live stragglers: {len(stragglers)} nodes {stragglers[:8]}"
+          f"{' ...' if len(stragglers) > 8 else ''}")
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
