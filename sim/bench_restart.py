@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -127,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         n = 0
         last_flush = snap_at = None
+        passes: list[float] = []          # seconds of each live scoring pass
+        snap_pass: list[float] = []       # the one that also took the snapshot
         for w in generate(cfg):
             live.ingest(w)
             n += 1
@@ -136,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             if last_flush is None or end - last_flush >= win_ns:   # the live pass, per window
                 take = end >= snap_at and storage.snapshot() is None
                 live.snapshot_seconds = args.snapshot_seconds if take else 0
+                tf = time.monotonic()
                 live.flush(end)
+                (snap_pass if take else passes).append(time.monotonic() - tf)
                 last_flush = end
         live.snapshot_seconds = 0                  # the live analyzer goes down here
         live.flush(last_flush + win_ns)
@@ -157,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     if snap is not None:
         print(f"last snapshot: {len(snap.state) / 2**20:.1f} MB compressed, taken "
               f"{(last_flush - snap.created_ns) / 1e9:.0f} s before the live analyzer stopped "
-              f"(every {args.snapshot_seconds:g} s)")
+              f"(every {args.snapshot_seconds:g} s); the scoring pass that took it: "
+              f"{snap_pass[0]:.2f} s, the others {statistics.median(passes):.2f} s (median)")
     print(f"{'restart':18s} {'replayed':>9s} {'held':>5s} {'resume+score':>13s} "
           f"{'spawn to done':>14s} {'peak RSS':>9s}  verdicts")
     ok = True
