@@ -55,6 +55,24 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _history(cfg, chunk: int):
+    """``cfg``'s job for ``cfg.windows`` windows, simulated ``chunk`` windows at a time: each
+    chunk is the same simulated job (the same slow node and noise), moved on in time, with the
+    agents' sequence numbers continuing. The simulator draws a whole run's counts at once, so
+    an hour of 16,384 GPUs in one piece would not fit in memory."""
+    import dataclasses
+    from hypertrace.sim.simulate import generate
+    win_ns = int(round(cfg.window_seconds * 1e9))
+    done = 0
+    while done < cfg.windows:
+        n = min(chunk, cfg.windows - done)
+        part = dataclasses.replace(cfg, windows=n, start_ns=cfg.first_start_ns + done * win_ns)
+        for w in generate(part):
+            w.seq += done
+            yield w
+        done += n
+
+
 def _verdicts(report) -> dict[tuple[str, str], str]:
     return {(n.node, g.gpu): g.verdict for j in report.jobs for n in j.nodes for g in n.gpus}
 
@@ -105,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seconds", type=float, default=15.0,
                     help="goal for the restart from the snapshot, spawn to first scoring pass")
     ap.add_argument("--max-rss-mb", type=float, default=1024.0)
+    ap.add_argument("--chunk-windows", type=int, default=30,
+                    help="generate the history this many windows at a time (the simulator holds "
+                         "a chunk's counts in memory: 30 windows of 16,384 GPUs take ~5 GB)")
     ap.add_argument("--no-full-replay", action="store_true",
                     help="skip the full replay (it grows with the history)")
     args = ap.parse_args(argv)
@@ -114,10 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     from hypertrace.analyzer.server import Analyzer
     from hypertrace.analyzer.storage import Storage
     from hypertrace.sim import scenarios
-    from hypertrace.sim.simulate import generate
 
     cfg = scenarios.get("host-10").config(args.gpus, windows=args.windows, seed=args.seed)
     win_ns = int(cfg.window_seconds * 1e9)
+    chunk = min(args.windows, args.chunk_windows)
     snap_ns = int(args.snapshot_seconds * 1e9)
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "history.db"
@@ -130,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         last_flush = snap_at = None
         passes: list[float] = []          # seconds of each live scoring pass
         snap_pass: list[float] = []       # the one that also took the snapshot
-        for w in generate(cfg):
+        for w in _history(cfg, chunk):
             live.ingest(w)
             n += 1
             end = w.end.ToNanoseconds()
