@@ -86,6 +86,49 @@ def _schema3_copy(src: Path, dst: Path) -> None:
     conn.close()
 
 
+def _histograms(p):
+    """Every histogram of a process window (the counts that make up most of a payload)."""
+    for a in p.apis:
+        yield a.histogram
+    if p.HasField("step_time"):
+        yield p.step_time
+    if p.HasField("sched") and p.sched.HasField("runq_latency"):
+        yield p.sched.runq_latency
+    if p.HasField("steps") and p.steps.HasField("busy_time"):
+        yield p.steps.busy_time
+
+
+def _codecs(windows: list) -> list[tuple[str, float, float]]:
+    """(codec, mean bytes per window, µs per window) for the same windows: what the stored
+    payload could be, down to the floor of its histogram counts compressed alone."""
+    from hypertrace.analyzer.storage import encode_payload
+    from hypertrace.proto import hypertrace_pb2 as pb
+    raws = [w.SerializeToString() for w in windows]
+    rest, counts = [], []
+    for w in windows:
+        m = pb.NodeWindow()
+        m.CopyFrom(w)
+        c: list[int] = []
+        for p in m.processes:
+            for h in _histograms(p):
+                c.extend(h.counts)
+                del h.counts[:]
+        rest.append(m.SerializeToString())
+        counts.append(pb.Histogram(counts=c).SerializeToString())
+    out = []
+    for name, fn, data in (
+            ("wire bytes", lambda b: b, raws),
+            ("zlib 1 (schema 3)", lambda b: zlib.compress(b, 1), raws),
+            ("zlib 9", lambda b: zlib.compress(b, 9), raws),
+            ("zlib 1 + dictionary (schema 4)", encode_payload, raws),
+            ("  of which the counts alone, zlib 9", lambda b: zlib.compress(b, 9), counts),
+            ("  the rest, zlib 1 + dictionary", encode_payload, rest)):
+        t = time.perf_counter()
+        size = sum(len(fn(b)) for b in data)
+        out.append((name, size / len(data), (time.perf_counter() - t) / len(data) * 1e6))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hypertrace.sim.bench_storage",
                                  description=__doc__,
@@ -115,8 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         n = 0
         last = None
+        sample = []
         for w in generate(cfg):
             live.ingest(w)
+            if len(sample) < 2000:
+                sample.append(w)
             n += 1
             end = w.end.ToNanoseconds()
             if last is None or end - last >= win_ns:
@@ -178,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
                      upgraded_windows),
                     ("schema 4, new file: rowid table, 16-KB pages, zlib+dict", windows_b)):
         print(f"{name:58s} {b / n:>14,.0f} B {b / v3_windows:>11.2f}x")
+    print(f"\nthe payload, {len(sample):,} windows of {cfg.gpus_per_node} GPUs:")
+    print(f"{'codec':40s} {'bytes':>8s} {'µs':>7s}")
+    for name, size, us in _codecs(sample):
+        print(f"{name:40s} {size:>8,.0f} {us:>7.0f}")
     if not slots:
         print("\nno whole 5-minute slot in the history: pass --windows 60 or more")
         return 1
@@ -195,8 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         ("raw windows, 6 h", windows_b / n * raw_windows),
         ("score rows, 6 h (per epoch, as measured)", scores_b / epochs * epochs_raw),
         ("summaries, 30 days", per_slot * TARGET_GPUS * SUMMARY_DAYS * 86400 / 300),
-        ("verdict changes, 30 days (per GPU-epoch)",
-         verdicts_b / epochs / args.gpus * TARGET_GPUS * epochs_day * SUMMARY_DAYS),
+        # verdict changes follow the raw retention once summarised; each GPU keeps besides its
+        # current verdict and the one it entered the next slot to summarise with
+        ("verdict changes, 6 h (per GPU-epoch) + 2 per GPU",
+         verdicts_b / epochs / args.gpus * TARGET_GPUS * epochs_raw
+         + 2 * TARGET_GPUS * verdicts_b / max(verdict_rows, 1)),
         ("scored epochs, 30 days", epochs_b / epochs * epochs_day * SUMMARY_DAYS),
         ("Engine snapshot (per GPU)", snap_target),
         # the WAL is checkpointed every 1,000 pages (SQLite's default) and truncated after a
@@ -207,8 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nsteady state of a {TARGET_GPUS:,}-GPU job ({nodes:,} nodes), default retention "
           f"(raw {RAW_HOURS:g} h, summaries {SUMMARY_DAYS:g} days), from the rates above:")
     for name, b in parts:
-        print(f"  {name:44s} {b / 1e9:>7.2f} GB")
-    print(f"  {'total':44s} {steady / 1e9:>7.2f} GB  (goal {args.max_gb:g} GB)")
+        print(f"  {name:50s} {b / 1e9:>7.3f} GB")
+    print(f"  {'total':50s} {steady / 1e9:>7.3f} GB  (goal {args.max_gb:g} GB)")
     if snap is not None:
         print(f"(the snapshot here: {len(snap.state):,} B for {args.gpus:,} GPUs; the verdict "
               f"changes follow how often verdicts change: this scenario's rate)")
