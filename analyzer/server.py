@@ -64,7 +64,7 @@ def _default_engine_factory(config: Any) -> Any:
 #: How often the evictor re-reviews a job whose convicted GPUs did not change (ns).
 REVIEW_EVERY_NS = 60 * 10**9
 #: Default retention of the raw windows (hours) and of their 5-minute summaries (days): about
-#: 14 GB and 2 GB at rest for a 16,384-GPU job (BENCHMARKS.md, "Storage at rest").
+#: 12.7 GB and 1.2 GB at rest for a 16,384-GPU job (BENCHMARKS.md, "Storage at rest, schema 4").
 RETENTION_HOURS = 6.0
 SUMMARY_RETENTION_DAYS = 30.0
 #: Seconds between retention passes.

@@ -16,7 +16,8 @@ GPU as one float16 / uint8 / uint16 array each, zlib'd. Quantiles are stored in 
 relative precision 2^-11 from 61 ns to 65 s (a µs float16 would overflow at 65 ms).
 
 A slot is summarised once, when all of it is older than the raw retention; its windows are
-deleted after. A window that arrives later than that (an agent's spool replayed after more than
+deleted after, and so are its verdict changes (the summary keeps each GPU's verdicts per slot;
+each GPU's current verdict and the one it entered the next slot with are kept). A window that arrives later than that (an agent's spool replayed after more than
 the raw retention) is stored and pruned but is not in its slot's summary.
 """
 from __future__ import annotations
