@@ -29,6 +29,7 @@ Not thread-safe: the server serializes calls.
 """
 from __future__ import annotations
 
+import copy
 import time
 
 from hypertrace.analyzer.config import ScoringConfig
@@ -175,6 +176,28 @@ class Engine:
             if job.last_window_ns:
                 s.last_window.FromNanoseconds(job.last_window_ns)
         return out
+
+    # ---- snapshot (analyzer/snapshot.py) -----------------------------------------------------
+
+    def export_state(self) -> dict:
+        """Everything the Engine remembers, for a snapshot: a plain dict of the jobs (their
+        caches left out: they are rebuilt on use) and the counters."""
+        jobs = {}
+        for job_id, job in self._jobs.items():
+            slim = copy.copy(job)
+            slim._keys_cache = slim._verdict_cache = slim._layout_cache = None
+            jobs[job_id] = slim
+        return {"jobs": jobs, "expired_jobs": self.expired_jobs,
+                "retired_gpus": self.retired_gpus}
+
+    def restore_state(self, state: dict) -> None:
+        """Take over a state made by :meth:`export_state` (of the same code and config)."""
+        jobs = state["jobs"]
+        if not all(isinstance(j, JobState) for j in jobs.values()):
+            raise TypeError("a snapshot's jobs must be JobState")
+        self._jobs = dict(jobs)
+        self.expired_jobs = int(state["expired_jobs"])
+        self.retired_gpus = int(state["retired_gpus"])
 
     def report(self, job_id: str | None = None, now_ns: int | None = None) -> pb.Report:
         """Report on one job (``job_id``) or every job; raises :class:`UnknownJobError`."""

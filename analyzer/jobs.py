@@ -154,10 +154,11 @@ class JobState:
         a replaced node, a shrunk elastic job) and that no pending epoch holds: their state is
         reset and the row goes to the free list for the next new GPU. Returns how many."""
         self.grow()
+        silent = np.flatnonzero((self.row_arrival > 0) & (self.row_arrival < before_ns))
+        if not silent.size:       # the usual case; called after every replayed window
+            return 0
         held = {r for acc in self.pending.values() for r in acc.rows_present()}
-        rows = [r for r in np.flatnonzero((self.row_arrival > 0)
-                                          & (self.row_arrival < before_ns)).tolist()
-                if self.keys[r] is not None and r not in held]
+        rows = [r for r in silent.tolist() if self.keys[r] is not None and r not in held]
         if not rows:
             return 0
         for r in rows:

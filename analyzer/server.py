@@ -63,6 +63,15 @@ def _default_engine_factory(config: Any) -> Any:
 
 #: How often the evictor re-reviews a job whose convicted GPUs did not change (ns).
 REVIEW_EVERY_NS = 60 * 10**9
+#: Default retention of the raw windows (hours) and of their 5-minute summaries (days): about
+#: 12.7 GB and 1.2 GB at rest for a 16,384-GPU job (BENCHMARKS.md, "Storage at rest, schema 4").
+RETENTION_HOURS = 6.0
+SUMMARY_RETENTION_DAYS = 30.0
+#: Seconds between retention passes.
+RETENTION_EVERY_S = 60.0
+#: Default seconds between Engine snapshots (analyzer/snapshot.py): a restart replays at most
+#: this much of the windows stored before it went down.
+SNAPSHOT_SECONDS = 60.0
 
 
 class Analyzer:
@@ -70,7 +79,8 @@ class Analyzer:
 
     def __init__(self, storage: Storage, config: Any = None,
                  engine_factory: Callable[[Any], Any] | None = None, evictor: Any = None,
-                 metrics: AnalyzerMetrics | None = None):
+                 metrics: AnalyzerMetrics | None = None,
+                 snapshot_seconds: float = SNAPSHOT_SECONDS):
         if config is None:
             from hypertrace.analyzer.config import ScoringConfig
             config = ScoringConfig()
@@ -82,13 +92,18 @@ class Analyzer:
         self._lock = threading.Lock()
         self._inbox: deque[tuple[pb.NodeWindow, int]] = deque()   # stored, not yet in the Engine
         self.replay_pending_max = 0      # most epochs held in memory during the last resume()
+        #: seconds between Engine snapshots stored with the results (0: never; analyzer/snapshot.py)
+        self.snapshot_seconds = snapshot_seconds
+        self._snapshot_ns: int | None = None   # the scoring time of the last snapshot taken
+        self.resumed_from_snapshot = False   # whether the last resume() started from one
         self.broken = ""                 # why ingest stopped (a corrupt database), once it did
         #: job -> (its convicted GPUs, when the evictor last reviewed it)
         self._reviewed: dict[str, tuple[frozenset, int]] = {}
 
-    def resume(self) -> int:
-        """Replay every stored window into the (fresh) Engine, epoch by epoch; returns how many
-        were replayed.
+    def resume(self, use_snapshot: bool = True) -> int:
+        """Load the stored Engine snapshot, if there is a usable one (and ``use_snapshot``), then
+        replay every window stored after it (all of them without one) into the Engine, epoch by
+        epoch; returns how many were replayed.
 
         Windows come in end-time order. Each epoch is scored as soon as no window of it can
         still follow (its end + grace lies two windows behind the replayed time), so memory holds
@@ -98,7 +113,8 @@ class Analyzer:
         held = 0
         slack = 2 * self.config.window_ns
         with self._lock:
-            for sw in self.storage.iter_windows():
+            after = self._load_snapshot() if use_snapshot else 0
+            for sw in self.storage.iter_windows(after_id=after):
                 try:
                     self._engine.ingest(sw.message(), late=sw.late, arrived_ns=sw.received_ns)
                 except Exception:   # a stored window the engine cannot take must not stop start-up
@@ -113,6 +129,31 @@ class Analyzer:
                      self.storage.path, held)
         return n
 
+    def _load_snapshot(self) -> int:
+        """Restore the stored Engine snapshot into the fresh Engine; returns the id of the
+        newest window it holds (0: none usable, replay everything). Lock held."""
+        self.resumed_from_snapshot = False
+        if not hasattr(self._engine, "restore_state"):
+            return 0
+        from hypertrace.analyzer import snapshot
+        try:
+            snap = self.storage.snapshot()
+        except StorageError as exc:
+            log.warning("stored Engine snapshot unreadable (%s); replaying every window", exc)
+            return 0
+        if snap is None:
+            return 0
+        try:
+            snapshot.restore(self._engine, snap)
+        except snapshot.SnapshotError as exc:
+            log.warning("stored Engine snapshot not used: %s; replaying every stored window",
+                        exc)
+            return 0
+        self.resumed_from_snapshot = True
+        log.info("resumed the Engine snapshot of %s (windows up to id %d)", self.storage.path,
+                 snap.upto)
+        return snap.upto
+
     def ingest(self, w: pb.NodeWindow, payload: bytes | None = None) -> bool:
         """Store a validated window, then queue it for the Engine; False if it was a duplicate.
 
@@ -120,10 +161,12 @@ class Analyzer:
         job or a scoring pass holds that lock for a second, and every agent's ack would wait
         behind it. The queue is drained (in arrival order) by the background pass, and before
         every flush, report and job list, so they see every window acked before them."""
-        if not self.storage.add_window(w, payload):
+        # queued when its commit is done, under the store's lock (deque.append: atomic), so an
+        # Engine snapshot can name the newest window the Engine holds (_capture)
+        if not self.storage.add_window(
+                w, payload, on_stored=lambda _id: self._inbox.append((w, time.time_ns()))):
             self.metrics.duplicates.inc()
             return False
-        self._inbox.append((w, time.time_ns()))       # deque.append: atomic, no lock
         self.metrics.received.inc()
         return True
 
@@ -131,37 +174,77 @@ class Analyzer:
         """Feed the queued windows to the Engine; a window that turns out late (its epoch was
         scored already) is marked so in the store. Returns how many were fed."""
         late: list[tuple[str, int]] = []
-        n = 0
         with self._lock:
-            while self._inbox:
-                w, arrived = self._inbox.popleft()
-                n += 1
-                try:
-                    if self._engine.ingest(w, arrived_ns=arrived):
-                        late.append((w.agent_id, w.seq))
-                except Exception:   # stored already; an engine bug must not stop the others
-                    log.exception("engine failed on window %.64r/%d (stored, not scored)",
-                                  w.agent_id, w.seq)
+            n = self._feed(late)
+        self._mark_late(late)
+        return n
+
+    def _feed(self, late: list[tuple[str, int]]) -> int:
+        """Feed the queue to the Engine (lock held); the late windows go on ``late``."""
+        n = 0
+        while self._inbox:
+            w, arrived = self._inbox.popleft()
+            n += 1
+            try:
+                if self._engine.ingest(w, arrived_ns=arrived):
+                    late.append((w.agent_id, w.seq))
+            except Exception:   # stored already; an engine bug must not stop the others
+                log.exception("engine failed on window %.64r/%d (stored, not scored)",
+                              w.agent_id, w.seq)
+        return n
+
+    def _mark_late(self, late: list[tuple[str, int]]) -> None:
         for agent_id, seq in late:
             self.storage.mark_late(agent_id, seq)
         if late:
             self.metrics.late.inc(len(late))
-        return n
 
     def flush(self, now_ns: int | None = None) -> int:
         """Score complete epochs and store the results; returns the number of epochs scored."""
         self.drain()
         now = now_ns if now_ns is not None else time.time_ns()
         t0 = time.perf_counter()
+        late: list[tuple[str, int]] = []
+        captured = None
         with self._lock:
             results = self._engine.flush(now, expire=True) or []
+            if results and self._snapshot_due(now):
+                captured = self._capture(late)
+        self._mark_late(late)
         if results:
             self.metrics.scoring_seconds.observe(time.perf_counter() - t0)
             self.metrics.scored.inc(len(results))
-            self.storage.add_results(results)
+            snap = None
+            if captured is not None:
+                from hypertrace.analyzer import snapshot
+                snap = snapshot.pack(captured[1], self.config, captured[0], now)
+            self.storage.add_results(results, created_ns=now, snapshot=snap)
         if self.evictor is not None:
             self._review(results, now)
         return len(results)
+
+    def _snapshot_due(self, now: int) -> bool:
+        if self.snapshot_seconds <= 0 or not hasattr(self._engine, "export_state"):
+            return False
+        last = self._snapshot_ns
+        if last is not None and now - last < self.snapshot_seconds * 1e9:
+            return False
+        self._snapshot_ns = now
+        return True
+
+    def _capture(self, late: list[tuple[str, int]]) -> tuple[int, bytes] | None:
+        """(id of the newest window the Engine holds, its pickled state); lock held. Commits
+        are held off while the queue is fed, so every window up to that id is in the Engine
+        and none after it is (Storage.add_window's on_stored)."""
+        from hypertrace.analyzer import snapshot
+        try:
+            with self.storage.commits_held() as upto:
+                self._feed(late)
+            return upto, snapshot.capture(self._engine)
+        except Exception:   # a snapshot is an optimisation: never stop scoring for it
+            log.exception("Engine snapshot failed; the next one is tried in %g s",
+                          self.snapshot_seconds)
+            return None
 
     def _review(self, results: list, now: int) -> None:
         """Hand the report of every job that has a straggler after this pass to the evictor
@@ -383,7 +466,12 @@ def _ingest_handler(analyzer: Analyzer, access: Access | None,
 class ServerOptions:
     listen: str = "127.0.0.1:50051"
     flush_interval: float = 1.0          # seconds between background scoring passes; 0: only on query
-    retention_hours: float | None = None  # None: keep everything
+    #: raw windows and score rows are kept this long (0 or None: keep everything), then
+    #: summarised per GPU and 5 minutes (analyzer/summaries.py)
+    retention_hours: float | None = RETENTION_HOURS
+    #: summaries, verdict changes and scored epochs are kept this long (0: no summaries; the
+    #: verdicts then follow retention_hours)
+    summary_retention_days: float = SUMMARY_RETENTION_DAYS
     max_workers: int = 4096              # each open Ingest stream holds one worker thread (>= nodes)
     shutdown_grace_s: float = 2.0        # how long stop() lets in-flight calls finish
     tls: TlsFiles | None = None          # mutual TLS (proto/transport.py)
@@ -404,6 +492,7 @@ class AnalyzerServer:
         self._metrics_server = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._retention_thread: threading.Thread | None = None
         self._health = health.HealthServicer()
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=options.max_workers,
@@ -465,6 +554,10 @@ class AnalyzerServer:
         self._thread = threading.Thread(target=self._background, name="hypertrace-flush",
                                         daemon=True)
         self._thread.start()
+        if self.options.retention_hours:
+            self._retention_thread = threading.Thread(target=self._retention, daemon=True,
+                                                      name="hypertrace-retention")
+            self._retention_thread.start()
         return port
 
     def _not_serving(self) -> None:
@@ -475,20 +568,28 @@ class AnalyzerServer:
 
     def _background(self) -> None:
         interval = self.options.flush_interval if self.options.flush_interval > 0 else 1.0
-        last_prune = 0.0
         while not self._stop.wait(interval):
             try:
                 if self.options.flush_interval > 0:
                     self.analyzer.flush()
                 else:
                     self.analyzer.drain()
-                if self.options.retention_hours and time.monotonic() - last_prune > 60:
-                    last_prune = time.monotonic()
-                    n = self.analyzer.storage.prune(self.options.retention_hours * 3600)
-                    if n:
-                        log.info("retention: pruned %d rows", n)
             except Exception:   # keep serving; the next pass retries
-                log.exception("background flush/retention failed")
+                log.exception("background flush failed")
+
+    def _retention(self) -> None:
+        """Summarise and prune, in a thread of its own: summarising a slot of a 16k-GPU job
+        reads 61,440 windows (seconds of CPU), which must not delay scoring."""
+        from hypertrace.analyzer.summaries import apply_retention
+        while not self._stop.wait(RETENTION_EVERY_S):
+            try:
+                n = apply_retention(self.analyzer.storage, self.analyzer.config,
+                                    float(self.options.retention_hours),
+                                    self.options.summary_retention_days)
+                if n:
+                    log.info("retention: pruned %d rows", n)
+            except Exception:   # keep serving; the next pass retries
+                log.exception("retention pass failed")
 
     def stop(self) -> None:
         """Stop accepting, let in-flight calls finish (grace), score what is complete, stop."""
@@ -500,6 +601,8 @@ class AnalyzerServer:
             self._metrics_server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._retention_thread is not None:
+            self._retention_thread.join(timeout=10)
         try:
             self.analyzer.flush()
         except Exception:

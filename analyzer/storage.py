@@ -17,20 +17,33 @@ transaction, every window queued by then; callers that arrive meanwhile wait and
 group. Each caller still returns only after *its* window's transaction committed, so an Ack still
 means "durably stored". With one caller at a time a group is that one window (no added latency).
 
-Compact at rest: a window's payload is stored zlib-compressed (level 1: 44% of the wire bytes
-for about 0.11 ms of CPU per 7 KB window, 0.04 ms to read back; level 6 gains under 2 points
-for 1.4x the CPU, LZMA 4 points for 4.4x), with a
-``codec`` column so that rows written raw by an older analyzer still read. Verdicts are stored
+Compact at rest: a window's payload is stored zlib-compressed at level 1 with a preset
+dictionary (``payload_dict_v1.bin``: one simulated window and the API names, which every window
+repeats): 38% of the wire bytes against 42% without it, for the same CPU (about 0.12 ms per
+7 KB window). The ``codec`` column says how a row was written, so rows of an older analyzer
+(raw, plain zlib) still read; the dictionary file is frozen (a test pins its digest), a better
+one would be a new codec. What is left is mostly the histogram counts themselves, which zlib
+cannot shrink further (BENCHMARKS.md, "Storage at rest"). Windows live in a rowid table with a
+unique ``(agent_id, seq)`` index, in 16-KB pages: a WITHOUT ROWID table (schema 3) put each
+row's tail on an overflow page of its own, and 4-KB pages left most of a page unused after each
+2.6-KB row (4.7 KB per window at rest then; 2.9 KB now). Verdicts are stored
 when they *change* (a GPU's first verdict, then each change), not once per GPU per epoch: at
 16,384 GPUs the per-epoch rows were a third of the disk, and a change log answers "since when is
 this GPU a straggler" just as well; one row per scored epoch (``epochs``: GPUs, suspects and
 stragglers counted) says which epochs were scored and when. After pruning, the WAL is checkpointed with TRUNCATE so the
 file shrinks back instead of staying at its high-water mark.
 
-Dedup: ``(agent_id, seq)`` is the primary key of ``windows``; :meth:`Storage.add_window` tells
+Dedup: ``(agent_id, seq)`` is a unique key of ``windows``; :meth:`Storage.add_window` tells
 whether the window was new, which is what makes agent replay after a reconnect harmless (and
 refuses the same key with other bytes). ``late`` marks a window that arrived after its epoch
 was scored: the replay after a restart must leave it out of scoring as the live analyzer did.
+
+Order: a window's ``id`` (AUTOINCREMENT: never reused) is the order windows were stored in.
+An Engine snapshot (``snapshot`` table, analyzer/snapshot.py), stored with the results, names
+the newest id it holds, and a restart replays only the windows after it.
+
+Retention (analyzer/summaries.py): windows older than the raw retention are first merged into
+5-minute per-GPU summaries (``summaries``), then deleted.
 
 Not thread-safe by itself across connections: one connection is shared and guarded by a lock
 (``check_same_thread=False``), because gRPC calls arrive on a thread pool.
@@ -43,9 +56,10 @@ import sqlite3
 import threading
 import time
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from hypertrace.proto import hypertrace_pb2 as pb
 
@@ -55,11 +69,28 @@ BUSY_TIMEOUT_MS = 30_000
 #: Windows read per query when replaying the store after a restart.
 REPLAY_PAGE = 2000
 
-SCHEMA_VERSION = 3
-#: Payload codecs (``windows.codec``): the wire bytes as received, or zlib of them.
-CODEC_RAW, CODEC_ZLIB = 0, 1
+SCHEMA_VERSION = 4
+#: Payload codecs (``windows.codec``): the wire bytes as received, zlib of them, or zlib with the
+#: preset dictionary ``payload_dict_v1.bin`` (frozen: a better dictionary is a new codec).
+CODEC_RAW, CODEC_ZLIB, CODEC_ZLIB_DICT1 = 0, 1, 2
 #: zlib level of stored payloads (module docstring).
 ZLIB_LEVEL = 1
+#: SQLite page size of a new database file (module docstring). An existing file keeps its own.
+PAGE_SIZE = 16384
+_PAYLOAD_DICT1 = (Path(__file__).parent / "payload_dict_v1.bin").read_bytes()
+_WINDOWS_TABLE = """CREATE TABLE IF NOT EXISTS windows (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    agent_id    TEXT    NOT NULL,
+    seq         INTEGER NOT NULL,
+    node        TEXT    NOT NULL,
+    start_ns    INTEGER NOT NULL,
+    end_ns      INTEGER NOT NULL,
+    received_ns INTEGER NOT NULL,
+    payload     BLOB    NOT NULL,
+    late        INTEGER NOT NULL DEFAULT 0,
+    codec       INTEGER NOT NULL DEFAULT 0
+)"""
+_WINDOWS_END = "CREATE INDEX IF NOT EXISTS windows_end ON windows (end_ns)"
 _VERDICTS_TABLE = """CREATE TABLE IF NOT EXISTS verdicts (
     job_id TEXT NOT NULL, node TEXT NOT NULL, gpu TEXT NOT NULL, epoch INTEGER NOT NULL,
     verdict TEXT NOT NULL, created_ns INTEGER NOT NULL,
@@ -81,28 +112,34 @@ def _to_v3(conn: sqlite3.Connection) -> None:
         conn.execute("DROP TABLE verdicts_v2")
 
 
+def _to_v4(conn: sqlite3.Connection) -> None:
+    """Windows in a rowid table with a unique (agent_id, seq) index. WITHOUT ROWID suits small
+    rows only: a row of about 3 KB kept 1 KB in the b-tree page and put the rest on an overflow
+    page of its own, 4.7 KB per window at rest. The rowid (AUTOINCREMENT: never reused, so it
+    only grows) is also the order in which windows were stored, which an Engine snapshot names
+    as the last window it holds. Existing rows get ids in replay order."""
+    conn.execute("DROP INDEX IF EXISTS windows_end")
+    conn.execute("ALTER TABLE windows RENAME TO windows_v3")
+    conn.execute(_WINDOWS_TABLE)
+    conn.execute("INSERT INTO windows (agent_id, seq, node, start_ns, end_ns, received_ns, "
+                 "payload, late, codec) SELECT agent_id, seq, node, start_ns, end_ns, "
+                 "received_ns, payload, late, codec FROM windows_v3 "
+                 "ORDER BY end_ns, agent_id, seq")
+    conn.execute("DROP TABLE windows_v3")
+    conn.execute(_WINDOWS_END)
+
+
 #: Upgrades from an older schema, in place: version -> what reaches the next one (statements,
 #: or a function of the connection).
 _MIGRATIONS: dict[int, tuple] = {
     1: ("ALTER TABLE windows ADD COLUMN late INTEGER NOT NULL DEFAULT 0",),
     2: (_to_v3,),
+    3: (_to_v4,),
 }
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS windows (
-    agent_id    TEXT    NOT NULL,
-    seq         INTEGER NOT NULL,
-    node        TEXT    NOT NULL,
-    start_ns    INTEGER NOT NULL,
-    end_ns      INTEGER NOT NULL,
-    received_ns INTEGER NOT NULL,
-    payload     BLOB    NOT NULL,
-    late        INTEGER NOT NULL DEFAULT 0,
-    codec       INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (agent_id, seq)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS windows_end ON windows (end_ns);
+""" + _WINDOWS_TABLE + ";\n" + _WINDOWS_END + """;
 CREATE TABLE IF NOT EXISTS scores (
     job_id TEXT NOT NULL, epoch INTEGER NOT NULL, node TEXT NOT NULL, gpu TEXT NOT NULL,
     rank INTEGER, api TEXT NOT NULL, stat TEXT NOT NULL, value_us REAL, job_median_us REAL,
@@ -121,6 +158,15 @@ CREATE INDEX IF NOT EXISTS epochs_created ON epochs (created_ns);
 #: Created after the migrations (an old database's verdicts table has other columns first).
 _SCHEMA_AFTER = _VERDICTS_TABLE + """;
 CREATE INDEX IF NOT EXISTS verdicts_created ON verdicts (created_ns);
+CREATE UNIQUE INDEX IF NOT EXISTS windows_key ON windows (agent_id, seq);
+CREATE TABLE IF NOT EXISTS summaries (
+    job_id TEXT NOT NULL, slot_ns INTEGER NOT NULL, created_ns INTEGER NOT NULL,
+    keys BLOB NOT NULL, vals BLOB NOT NULL, PRIMARY KEY (job_id, slot_ns)
+);
+CREATE TABLE IF NOT EXISTS snapshot (
+    id INTEGER PRIMARY KEY CHECK (id = 0), version TEXT NOT NULL, upto INTEGER NOT NULL,
+    created_ns INTEGER NOT NULL, state BLOB NOT NULL
+);
 """
 
 
@@ -162,6 +208,8 @@ class _Queued:
 
     row: tuple
     raw: bytes = b""          # the payload as received (row holds it compressed)
+    #: called with the window's id once its transaction committed, under the store's lock
+    on_stored: Callable[[int], None] | None = None
     new: bool = False
     error: BaseException | None = None
     done: bool = False
@@ -181,7 +229,8 @@ class StoredWindow:
     stored: bytes             # the payload as stored (see ``codec``)
     late: bool = False        # arrived after its epoch was scored: counted, never scored
     received_ns: int = 0      # when it reached the analyzer
-    codec: int = 0            # CODEC_RAW or CODEC_ZLIB
+    codec: int = 0            # CODEC_RAW, CODEC_ZLIB or CODEC_ZLIB_DICT1
+    id: int = 0               # the order in which windows were stored (grows, never reused)
 
     @property
     def payload(self) -> bytes:
@@ -196,6 +245,18 @@ class StoredWindow:
 
     def message(self) -> pb.NodeWindow:
         return pb.NodeWindow.FromString(self.payload)
+
+
+@dataclass(frozen=True)
+class StoredSnapshot:
+    """An Engine snapshot as stored (analyzer/snapshot.py makes and reads ``state``): the code
+    version that wrote it, and the id of the newest window it holds (every window with a larger
+    id is replayed on top of it)."""
+
+    version: str
+    upto: int
+    created_ns: int
+    state: bytes
 
 
 class Storage:
@@ -227,6 +288,7 @@ class Storage:
         try:
             conn = sqlite3.connect(str(p), check_same_thread=False, isolation_level=None,
                                    timeout=BUSY_TIMEOUT_MS / 1000)
+            conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")   # a new file only
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 log.warning("database %s: WAL mode unavailable (got %s)", p, mode)
@@ -277,19 +339,24 @@ class Storage:
     # ---- windows -----------------------------------------------------------------------------
 
     def add_window(self, w: pb.NodeWindow, payload: bytes | None = None,
-                   received_ns: int | None = None) -> bool:
+                   received_ns: int | None = None,
+                   on_stored: Callable[[int], None] | None = None) -> bool:
         """Store a (validated) window durably; False when ``(agent_id, seq)`` was already there
         with the same bytes (a replay), :class:`ConflictingDuplicate` when with other bytes.
 
         Returns after the transaction holding the window committed (group commit, see the
         module docstring); a failed commit raises here for every window of its group.
+        ``on_stored(id)``: called for a new window right after its commit, under the store's
+        lock, so a caller that holds that lock (:meth:`commits_held`) knows that every window
+        with a smaller id went through ``on_stored`` already (the analyzer queues windows for
+        its Engine there; an Engine snapshot then names the last id it holds).
         """
         data = payload if payload is not None else w.SerializeToString()
         # compressed here, in the caller's thread, not under the commit lock
         item = _Queued((w.agent_id, int(w.seq), w.node, w.start.ToNanoseconds(),
                         w.end.ToNanoseconds(),
                         received_ns if received_ns is not None else time.time_ns(),
-                        zlib.compress(data, ZLIB_LEVEL), CODEC_ZLIB), data)
+                        encode_payload(data), CODEC_ZLIB_DICT1), data, on_stored)
         with self._group_cv:
             self._queued.append(item)
             while not item.done and self._committing:
@@ -314,11 +381,14 @@ class Storage:
             with self._lock:
                 self._conn.execute("BEGIN")
                 try:
+                    ids: list[int] = []
                     for it in group:
-                        it.new = self._conn.execute(
+                        cur = self._conn.execute(
                             "INSERT OR IGNORE INTO windows (agent_id, seq, node, start_ns, "
                             "end_ns, received_ns, payload, codec) "
-                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", it.row).rowcount == 1
+                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", it.row)
+                        it.new = cur.rowcount == 1
+                        ids.append(int(cur.lastrowid or 0) if it.new else 0)
                         if not it.new:          # a replay must be the same bytes
                             stored = self._conn.execute(
                                 "SELECT payload, codec FROM windows WHERE agent_id = ? AND "
@@ -335,6 +405,13 @@ class Storage:
                         # error is the one to report, not "no transaction is active"
                         pass
                     raise
+                for it, wid in zip(group, ids):     # committed: still under the lock
+                    if it.new and it.error is None and it.on_stored is not None:
+                        try:
+                            it.on_stored(wid)
+                        except Exception:           # stored durably all the same
+                            log.exception("on_stored of window %.64r seq %d failed",
+                                          it.row[0], it.row[1])
         except BaseException as exc:   # every window of the group failed: its caller raises
             err = _corruption(exc, self.path) or exc
             for it in group:
@@ -354,29 +431,50 @@ class Storage:
                                "AND seq = ?", (it.row[6], it.row[7], it.row[0], it.row[1]))
             return True
 
-    def iter_windows(self, since_end_ns: int | None = None) -> Iterator[StoredWindow]:
-        """Stored windows in (end time, agent, seq) order: the replay order after a restart."""
+    def iter_windows(self, since_end_ns: int | None = None, after_id: int = 0,
+                     until_end_ns: int = 2**63 - 1) -> Iterator[StoredWindow]:
+        """Stored windows in (end time, agent, seq) order: the replay order after a restart.
+        ``since_end_ns`` .. ``until_end_ns`` (excluded): the windows that end in that span;
+        ``after_id``: only those stored after the window with that id (what an Engine snapshot
+        does not hold)."""
         # In pages, not one fetchall(): a restart replays hours of windows (GBs at 16k GPUs),
         # and holding every payload at once could exhaust memory. Keyset pagination keeps each
         # query short, so the lock is never held across the caller's work.
         last = (since_end_ns if since_end_ns is not None else -(2 ** 63), "", -1)
+        if after_id:            # start at the first of them (a rowid range), not the oldest
+            with self._lock:
+                first = self._conn.execute("SELECT MIN(end_ns) FROM windows WHERE id > ?",
+                                           (after_id,)).fetchone()[0]
+            if first is None:
+                return
+            last = max(last, (int(first), "", -1))
         while True:
             with self._lock:
                 try:
                     rows = self._conn.execute(
                         "SELECT agent_id, seq, node, end_ns, payload, late, received_ns, "
-                        "codec FROM windows "
-                        "WHERE (end_ns, agent_id, seq) > (?, ?, ?) "
+                        "codec, id FROM windows "
+                        "WHERE (end_ns, agent_id, seq) > (?, ?, ?) AND id > ? AND end_ns < ? "
                         "ORDER BY end_ns, agent_id, seq LIMIT ?",
-                        (last[0], last[1], last[2], REPLAY_PAGE)).fetchall()
+                        (last[0], last[1], last[2], after_id, until_end_ns,
+                         REPLAY_PAGE)).fetchall()
                 except sqlite3.DatabaseError as exc:
                     raise (_corruption(exc, self.path) or exc) from exc
             if not rows:
                 return
             for r in rows:
                 yield StoredWindow(r[0], int(r[1]), r[2], int(r[3]), bytes(r[4]), bool(r[5]),
-                                   int(r[6]), int(r[7]))
+                                   int(r[6]), int(r[7]), int(r[8]))
             last = (int(rows[-1][3]), rows[-1][0], int(rows[-1][1]))
+
+    @contextmanager
+    def commits_held(self) -> Iterator[int]:
+        """Hold off every commit; yields the id of the newest stored window. Every window up to
+        it went through its ``on_stored`` (:meth:`add_window`), and none after it can until the
+        block ends: the cut an Engine snapshot names."""
+        with self._lock:
+            row = self._conn.execute("SELECT MAX(id) FROM windows").fetchone()
+            yield int(row[0] or 0)
 
     def mark_late(self, agent_id: str, seq: int) -> None:
         """Record that a stored window arrived after its epoch was scored, so a replay after a
@@ -385,16 +483,25 @@ class Storage:
             self._conn.execute("UPDATE windows SET late = 1 WHERE agent_id = ? AND seq = ?",
                                (agent_id, seq))
 
+    def next_window_end(self, since_ns: int) -> int | None:
+        """The end of the earliest stored window that ends at or after ``since_ns``."""
+        with self._lock:
+            row = self._conn.execute("SELECT MIN(end_ns) FROM windows WHERE end_ns >= ?",
+                                     (since_ns,)).fetchone()
+        return None if row[0] is None else int(row[0])
+
     def count_windows(self) -> int:
         with self._lock:
             return int(self._conn.execute("SELECT COUNT(*) FROM windows").fetchone()[0])
 
     # ---- scoring results ---------------------------------------------------------------------
 
-    def add_results(self, results: Iterable[Any], created_ns: int | None = None) -> int:
+    def add_results(self, results: Iterable[Any], created_ns: int | None = None,
+                    snapshot: StoredSnapshot | None = None) -> int:
         """Store EpochResults: their score rows (re-storing an epoch replaces them) and each
-        GPU's verdict where it differs from the GPU's last stored one (module docstring).
-        Returns the score rows stored."""
+        GPU's verdict where it differs from the GPU's last stored one (module docstring), and
+        ``snapshot`` (the Engine after them) in the same transaction, replacing the previous
+        one. Returns the score rows stored."""
         now = created_ns if created_ns is not None else time.time_ns()
         score_rows: list[tuple] = []
         epoch_rows: list[tuple] = []
@@ -420,6 +527,15 @@ class Storage:
                     "INSERT OR REPLACE INTO verdicts VALUES (?,?,?,?,?,?)", verdict_rows)
                 self._conn.executemany(
                     "INSERT OR REPLACE INTO epochs VALUES (?,?,?,?,?,?)", epoch_rows)
+                if snapshot is not None:
+                    # two scoring passes may store in either order: the newer cut stays
+                    self._conn.execute(
+                        "INSERT INTO snapshot (id, version, upto, created_ns, state) "
+                        "VALUES (0, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                        "version = excluded.version, upto = excluded.upto, "
+                        "created_ns = excluded.created_ns, state = excluded.state "
+                        "WHERE excluded.upto >= snapshot.upto",
+                        (snapshot.version, snapshot.upto, snapshot.created_ns, snapshot.state))
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
@@ -484,34 +600,125 @@ class Storage:
                 "SELECT epoch, gpus, suspects, stragglers, created_ns FROM epochs "
                 "WHERE job_id = ? ORDER BY epoch", (job_id,))]
 
+    def snapshot(self) -> StoredSnapshot | None:
+        """The latest Engine snapshot stored with the results, if any."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT version, upto, created_ns, state FROM snapshot WHERE id = 0").fetchone()
+        if row is None:
+            return None
+        return StoredSnapshot(str(row[0]), int(row[1]), int(row[2]), bytes(row[3]))
+
+    # ---- summaries (analyzer/summaries.py) --------------------------------------------------
+
+    def summarized_until(self) -> int:
+        """Every window that ends before this (ns) is in a stored summary (0: none yet)."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT value FROM meta WHERE key = 'summarized_until'").fetchone()
+        return 0 if row is None else int(row[0])
+
+    def add_summaries(self, rows: Iterable[tuple[str, int, bytes, bytes]],
+                      summarized_until: int, created_ns: int | None = None) -> None:
+        """Store (job, slot start, keys, values) summaries and move ``summarized_until``, in one
+        transaction (a crash in between summarises the slot again, never twice)."""
+        now = created_ns if created_ns is not None else time.time_ns()
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                self._conn.executemany(
+                    "INSERT OR REPLACE INTO summaries (job_id, slot_ns, created_ns, keys, vals) "
+                    "VALUES (?, ?, ?, ?, ?)", [(j, s, now, k, v) for j, s, k, v in rows])
+                self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES "
+                                   "('summarized_until', ?)", (str(summarized_until),))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def summaries(self, job_id: str, since_ns: int = 0) -> list[tuple[int, bytes, bytes]]:
+        """(slot start, keys, values) of a job's stored summaries, oldest first."""
+        with self._lock:
+            return [(int(r[0]), bytes(r[1]), bytes(r[2])) for r in self._conn.execute(
+                "SELECT slot_ns, keys, vals FROM summaries WHERE job_id = ? AND slot_ns >= ? "
+                "ORDER BY slot_ns", (job_id, since_ns))]
+
+    def verdicts_for_slot(self, job_id: str, first_epoch: int, last_epoch: int
+                          ) -> list[tuple[int, str, str, str]]:
+        """(epoch, node, gpu, verdict): each GPU's latest change before ``first_epoch`` (what it
+        entered the span as), then every change up to ``last_epoch``, oldest first."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT MAX(epoch), node, gpu, verdict FROM verdicts WHERE job_id = ? AND "
+                "epoch < ? GROUP BY node, gpu", (job_id, first_epoch)).fetchall()
+            rows += self._conn.execute(
+                "SELECT epoch, node, gpu, verdict FROM verdicts WHERE job_id = ? AND "
+                "epoch BETWEEN ? AND ? ORDER BY epoch", (job_id, first_epoch, last_epoch)
+            ).fetchall()
+        return [(int(r[0]), r[1], r[2], r[3]) for r in rows]
+
+    def scored_epochs(self, job_id: str, first_epoch: int, last_epoch: int) -> list[int]:
+        with self._lock:
+            return [int(r[0]) for r in self._conn.execute(
+                "SELECT epoch FROM epochs WHERE job_id = ? AND epoch BETWEEN ? AND ? "
+                "ORDER BY epoch", (job_id, first_epoch, last_epoch))]
+
     def count_scores(self) -> int:
         with self._lock:
             return int(self._conn.execute("SELECT COUNT(*) FROM scores").fetchone()[0])
 
     # ---- retention ---------------------------------------------------------------------------
 
-    def prune(self, retention_seconds: float, now_ns: int | None = None) -> int:
-        """Delete windows that ended, and results computed, more than ``retention_seconds`` ago,
-        except each GPU's current verdict while its job is still being scored."""
+    def prune(self, retention_seconds: float, now_ns: int | None = None,
+              results_retention_seconds: float | None = None,
+              windows_before_ns: int | None = None,
+              summarized_before_epoch: int | None = None) -> int:
+        """Delete windows that ended, and score rows computed, more than ``retention_seconds``
+        ago (and only windows that end before ``windows_before_ns`` when given: the ones already
+        summarised); verdict changes, scored epochs and summaries older than
+        ``results_retention_seconds`` (default: ``retention_seconds``), except each GPU's current
+        verdict while its job is still being scored.
+
+        ``summarized_before_epoch`` (the summaries are on, and hold every epoch before this):
+        verdict changes then follow ``retention_seconds`` too, since the summaries keep each
+        GPU's verdicts per 5 minutes; kept besides is each GPU's last change before that epoch,
+        what it entered the next slot to summarise as."""
         now = now_ns if now_ns is not None else time.time_ns()
         cutoff = now - int(retention_seconds * 1e9)
+        win_cutoff = cutoff if windows_before_ns is None else min(cutoff, windows_before_ns)
+        keep = retention_seconds if results_retention_seconds is None \
+            else results_retention_seconds
+        results_cutoff = now - int(keep * 1e9)
         with self._lock:
             self._conn.execute("BEGIN")
             try:
-                n = self._conn.execute("DELETE FROM windows WHERE end_ns < ?", (cutoff,)).rowcount
+                n = self._conn.execute("DELETE FROM windows WHERE end_ns < ?",
+                                       (win_cutoff,)).rowcount
                 n += self._conn.execute("DELETE FROM scores WHERE created_ns < ?",
                                         (cutoff,)).rowcount
+                n += self._conn.execute("DELETE FROM summaries WHERE slot_ns < ?",
+                                        (results_cutoff,)).rowcount
                 # a GPU's newest verdict is its current one: kept while its job is still scored
                 # (an epoch stored since the cutoff), so "straggler since epoch E" outlives the
                 # retention of the rows that led to it
-                n += self._conn.execute(
-                    "DELETE FROM verdicts WHERE created_ns < ? AND NOT ("
-                    "  epoch = (SELECT MAX(v.epoch) FROM verdicts v WHERE v.job_id = "
-                    "           verdicts.job_id AND v.node = verdicts.node AND v.gpu = verdicts.gpu)"
-                    "  AND EXISTS (SELECT 1 FROM epochs e WHERE e.job_id = verdicts.job_id"
-                    "              AND e.created_ns >= ?))", (cutoff, cutoff)).rowcount
+                current = (
+                    "epoch = (SELECT MAX(v.epoch) FROM verdicts v WHERE v.job_id = "
+                    "         verdicts.job_id AND v.node = verdicts.node AND v.gpu = verdicts.gpu)"
+                    " AND EXISTS (SELECT 1 FROM epochs e WHERE e.job_id = verdicts.job_id"
+                    "             AND e.created_ns >= ?)")
+                if summarized_before_epoch is None:
+                    n += self._conn.execute(
+                        f"DELETE FROM verdicts WHERE created_ns < ? AND NOT ({current})",
+                        (results_cutoff, results_cutoff)).rowcount
+                else:
+                    n += self._conn.execute(
+                        f"DELETE FROM verdicts WHERE created_ns < ? AND NOT ({current}) AND ("
+                        "  created_ns < ? OR epoch <> (SELECT MAX(v.epoch) FROM verdicts v"
+                        "    WHERE v.job_id = verdicts.job_id AND v.node = verdicts.node"
+                        "    AND v.gpu = verdicts.gpu AND v.epoch < ?))",
+                        (cutoff, cutoff, results_cutoff, summarized_before_epoch)).rowcount
                 n += self._conn.execute("DELETE FROM epochs WHERE created_ns < ?",
-                                        (cutoff,)).rowcount
+                                        (results_cutoff,)).rowcount
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
@@ -535,9 +742,22 @@ class Storage:
             self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
 
 
+def encode_payload(data: bytes) -> bytes:
+    """Wire bytes as stored (:data:`CODEC_ZLIB_DICT1`): zlib level 1 with the preset dictionary,
+    which holds what every window repeats (field tags, API names, the overhead report)."""
+    c = zlib.compressobj(ZLIB_LEVEL, zdict=_PAYLOAD_DICT1)
+    return c.compress(data) + c.flush()
+
+
 def decode_payload(payload: bytes, codec: int) -> bytes:
-    """A stored payload's wire bytes (``codec``: :data:`CODEC_RAW` or :data:`CODEC_ZLIB`); for
-    tools that read the database file themselves too."""
+    """A stored payload's wire bytes (``codec``: :data:`CODEC_RAW`, :data:`CODEC_ZLIB` or
+    :data:`CODEC_ZLIB_DICT1`); for tools that read the database file themselves too."""
+    if codec == CODEC_ZLIB_DICT1:
+        d = zlib.decompressobj(zdict=_PAYLOAD_DICT1)
+        out = d.decompress(payload)
+        if not d.eof:
+            raise zlib.error("truncated payload")
+        return out
     if codec == CODEC_ZLIB:
         return zlib.decompress(payload)
     if codec == CODEC_RAW:

@@ -5,7 +5,9 @@ from hypertrace.cli.main import main
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--retention-hours", "-1"], "retention_hours must be > 0"),
+    (["--retention-hours", "-1"], "retention_hours must be >= 0 hours"),
+    (["--summary-retention-days", "-1"], "summary_retention_days must be >= 0 days"),
+    (["--snapshot-seconds", "-5"], "snapshot_seconds must be >= 0 seconds"),
     (["--max-workers", "0"], "max_workers must be >= 1"),
     (["--listen", "50051"], "listen must be HOST:PORT"),
     (["--flush-interval", "-2"], "flush_interval must be >= 0"),
@@ -48,3 +50,17 @@ def test_an_evict_table_is_checked_at_start(tmp_path, capsys):
     assert main(["analyzer", "--db", str(tmp_path / "b.db"), "--config", str(cfg),
                  "--insecure"]) == 2
     assert "unknown key" in capsys.readouterr().err
+
+
+def test_the_retention_and_snapshot_defaults_and_their_flags():
+    """Raw windows 6 h, summaries 30 days, a snapshot a minute; flags override."""
+    from hypertrace.cli.analyzer import resolve_settings
+    from hypertrace.cli.main import build_parser
+    server, _ = resolve_settings(build_parser().parse_args(["analyzer"]))
+    assert (server["retention_hours"], server["summary_retention_days"],
+            server["snapshot_seconds"]) == (6.0, 30.0, 60.0)
+    server, _ = resolve_settings(build_parser().parse_args(
+        ["analyzer", "--retention-hours", "0", "--summary-retention-days", "7",
+         "--snapshot-seconds", "0"]))
+    assert (server["retention_hours"], server["summary_retention_days"],
+            server["snapshot_seconds"]) == (0.0, 7.0, 0.0)

@@ -1,14 +1,18 @@
 """SQLite storage on a real file: dedup on (agent_id, seq), replay order, results, retention."""
 from __future__ import annotations
 
+import hashlib
 import sqlite3
+import zlib
+from pathlib import Path
 
 import pytest
 
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.engine import Engine
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
-from hypertrace.analyzer.storage import ConflictingDuplicate, Storage, StorageError
+from hypertrace.analyzer.storage import (CODEC_RAW, CODEC_ZLIB, CODEC_ZLIB_DICT1,
+                                         ConflictingDuplicate, Storage, StorageError)
 from hypertrace.proto import hypertrace_pb2 as pb
 
 CFG = SimConfig(gpus=32, gpus_per_node=8, windows=4, seed=5,
@@ -127,9 +131,17 @@ def test_payloads_are_stored_compressed_and_read_back_as_the_wire_bytes(tmp_path
     for w in ws:
         st.add_window(w)
     stored, wire_bytes = st._conn.execute(
-        "SELECT SUM(LENGTH(payload)), COUNT(*) FROM windows WHERE codec = 1").fetchone()
+        "SELECT SUM(LENGTH(payload)), COUNT(*) FROM windows WHERE codec = ?",
+        (CODEC_ZLIB_DICT1,)).fetchone()
     assert wire_bytes == len(ws)
-    assert stored < 0.6 * sum(w.ByteSize() for w in ws)
+    # the preset dictionary gains on plain zlib of the same bytes
+    assert stored < 0.95 * sum(len(zlib.compress(w.SerializeToString(), 1)) for w in ws)
+    # rows an older analyzer wrote raw or plain zlib still read back
+    st._conn.execute("UPDATE windows SET payload = ?, codec = ? WHERE seq = ? AND agent_id = ?",
+                     (zlib.compress(ws[1].SerializeToString()), CODEC_ZLIB, ws[1].seq,
+                      ws[1].agent_id))
+    st._conn.execute("UPDATE windows SET payload = ?, codec = ? WHERE seq = ? AND agent_id = ?",
+                     (ws[2].SerializeToString(), CODEC_RAW, ws[2].seq, ws[2].agent_id))
     assert [sw.payload for sw in st.iter_windows()] == [
         w.SerializeToString() for w in sorted(ws, key=lambda w: (w.end.ToNanoseconds(),
                                                                  w.agent_id, w.seq))]
@@ -226,7 +238,7 @@ def test_a_full_database_reports_its_real_error_and_keeps_what_was_stored(tmp_pa
         assert os.stat(tmp_path / "a.db").st_mode & 0o777 == 0o600
         ws = list(generate(SimConfig(gpus=64, gpus_per_node=8, windows=20, seed=1)))
         pages = st._conn.execute("PRAGMA page_count").fetchone()[0]
-        st._conn.execute(f"PRAGMA max_page_count = {pages + 40}")
+        st._conn.execute(f"PRAGMA max_page_count = {pages + 10}")   # 16-KB pages
         stored = 0
         with pytest.raises(sqlite3.Error) as err:
             for w in ws:
@@ -256,3 +268,46 @@ def test_a_corrupt_database_stops_the_analyzer_with_exit_2_and_the_recovery(tmp_
     rc = main(["analyzer", "--listen", "127.0.0.1:0", "--db", str(db), "--insecure"])
     err = capsys.readouterr().err
     assert rc == 2 and "is corrupt" in err and ".recover" in err and "Traceback" not in err
+
+
+def test_the_payload_dictionary_is_frozen():
+    """Stored payloads need these exact bytes to decompress: a better dictionary is a new file
+    and a new codec number, never an edit of this one."""
+    import hypertrace.analyzer as pkg
+    data = (Path(pkg.__file__).parent / "payload_dict_v1.bin").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == (
+        "6768ffd1d7146635dd455ab61d3575b2e8c25f133c4d8a20cc5e039c831441c7")
+
+
+def test_a_new_database_stores_windows_in_a_rowid_table_with_16k_pages(tmp_path):
+    """Rows of about 3 KB waste most of a 4-KB page, and a WITHOUT ROWID table puts each row's
+    tail on an overflow page of its own; the rowid is also the order windows were stored in."""
+    st = Storage.open(tmp_path / "a.db")
+    ws = list(generate(CFG))
+    for w in ws:
+        st.add_window(w)
+    assert st._conn.execute("PRAGMA page_size").fetchone()[0] == 16384
+    sql = st._conn.execute("SELECT sql FROM sqlite_master WHERE name = 'windows'").fetchone()[0]
+    assert "WITHOUT ROWID" not in sql
+    ids = [r[0] for r in st._conn.execute("SELECT id FROM windows ORDER BY id")]
+    assert ids == list(range(1, len(ws) + 1))
+    with st.commits_held() as upto:
+        assert upto == len(ws)
+    # ids are never reused, even once every window was pruned
+    st.prune(retention_seconds=1.0, now_ns=2**62)
+    assert st.count_windows() == 0
+    assert st.add_window(ws[0])
+    assert st._conn.execute("SELECT id FROM windows").fetchone()[0] == len(ws) + 1
+    st.close()
+
+
+def test_on_stored_is_told_each_new_windows_id_in_commit_order(tmp_path):
+    st = Storage.open(tmp_path / "a.db")
+    ws = list(generate(CFG))
+    seen: list[tuple[int, int]] = []
+    for w in ws:
+        st.add_window(w, on_stored=lambda i, seq=w.seq: seen.append((i, seq)))
+    st.add_window(ws[0], on_stored=lambda i: seen.append((i, -1)))   # a duplicate: not told
+    assert [i for i, _ in seen] == list(range(1, len(ws) + 1))
+    assert [s for _, s in seen] == [w.seq for w in ws]
+    st.close()
