@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from hypertrace.sim.ports import free_ports
+
 NODES = ("n1", "n2", "n3")
 CLI = [sys.executable, "-m", "hypertrace.cli.main"]
 
@@ -29,25 +31,13 @@ def missing() -> str:
     return ""
 
 
-def _free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
-
-
 class NatsCluster:
     """Three nats-server processes forming one JetStream cluster."""
 
     def __init__(self, base: Path, partitions: int):
         self.dir = base
         self.partitions = partitions
-        ports = _free_ports(6)
+        ports = free_ports(6)
         self.client_ports = dict(zip(NODES, ports[:3]))
         self.route_ports = dict(zip(NODES, ports[3:]))
         self.procs: dict[str, subprocess.Popen] = {}

@@ -13,19 +13,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from hypertrace.sim.ports import free_ports
+
 NODES = ("n1", "n2", "n3")
-
-
-def _free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
 
 
 def missing() -> str:
@@ -49,7 +39,7 @@ class SlurmCluster:
         for sub in ("state", "spool", "log"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self._munge()
-        ctld, slurmd, n1, n2, n3 = _free_ports(5)
+        ctld, slurmd, n1, n2, n3 = free_ports(5)
         host = socket.gethostname().split(".")[0]
         d = self.dir
         self.conf.write_text(f"""ClusterName=ht
