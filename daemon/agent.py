@@ -655,7 +655,11 @@ class Agent:
                 probe_hits=sum(sum(h.values()) for h in hits.values()),
                 overhead_fraction=max(cost_by_pid.values(), default=0.0) / window_s,
                 budget_fraction=self.cfg.overhead_budget, duty=win.attached_s / window_s,
-                cadence=self.governor.k, tiers=tiers)
+                cadence=self.governor.k, tiers=tiers,
+                backend="cupti" if self.cupti_only else "ebpf",
+                inprocess_connected=len(self.hub.peers()) if self.hub else 0,
+                inprocess_late_frames=self.hub.late_frames if self.hub else 0,
+                inprocess_dropped_frames=self.hub.dropped_frames if self.hub else 0)
             write_metrics_file(self.cfg.metrics_textfile, m)
         except OSError as exc:
             log.warning("cannot write the metrics file %s: %s", self.cfg.metrics_textfile, exc)

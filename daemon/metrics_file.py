@@ -23,6 +23,12 @@ Series (all carry ``Hostname``, dcgm-exporter's label for the node, to join on):
                                                attached
 ``hypertrace_agent_cadence``                   the launch tier is sampled every k-th window
 ``hypertrace_agent_api_tier``                  1 per (``api``, ``tier``): always or sliced
+``hypertrace_agent_backend``                   1, with ``backend`` "ebpf" or "cupti" (no uprobes)
+``hypertrace_agent_inprocess_connected``       training processes whose CUPTI backend is
+                                               connected to the agent's socket
+``hypertrace_agent_inprocess_late_frames_total``  their windows that came too late to merge
+``hypertrace_agent_inprocess_dropped_frames_total``  their windows dropped (superseded, or of a
+                                               process the uprobes measure)
 =============================================  ==============================================
 """
 from __future__ import annotations
@@ -51,6 +57,10 @@ class AgentMetrics:
     duty: float = 0.0
     cadence: int = 1
     tiers: dict[str, str] = field(default_factory=dict)
+    backend: str = "ebpf"                   # "ebpf" | "cupti" (no uprobes: in-process only)
+    inprocess_connected: int = 0            # CUPTI backends connected to the agent's socket
+    inprocess_late_frames: int = 0          # their windows that came after the agent's window
+    inprocess_dropped_frames: int = 0       # refused, superseded, or counted by uprobes already
 
 
 def _label(value: str) -> str:
@@ -91,6 +101,16 @@ def render(m: AgentMetrics) -> str:
            "Share of the last window the launch tier was attached", m.duty)
     series("hypertrace_agent_cadence", "gauge",
            "The launch tier is sampled every k-th window", m.cadence)
+    series("hypertrace_agent_backend", "gauge", "1 for the probes this agent runs",
+           1.0, f',backend="{_label(m.backend)}"')
+    series("hypertrace_agent_inprocess_connected", "gauge",
+           "Training processes with the in-process CUPTI backend connected", m.inprocess_connected)
+    series("hypertrace_agent_inprocess_late_frames_total", "counter",
+           "In-process windows that arrived after the agent had sent its window",
+           m.inprocess_late_frames)
+    series("hypertrace_agent_inprocess_dropped_frames_total", "counter",
+           "In-process windows dropped (superseded, or of a process the uprobes measure)",
+           m.inprocess_dropped_frames)
     if m.tiers:
         out.append("# HELP hypertrace_agent_api_tier 1 per probed API and its tier")
         out.append("# TYPE hypertrace_agent_api_tier gauge")

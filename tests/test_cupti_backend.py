@@ -305,7 +305,8 @@ def test_windows_reach_the_analyzer_through_the_agent(fakecupti, tmp_path, procs
     stores one window per node with both ranks, measured in process, under the budget."""
     port, db = _analyzer(tmp_path, procs)
     sock = tmp_path / "cupti.sock"
-    agent_log = _agent(tmp_path, procs, port, sock)
+    prom = tmp_path / "hypertrace.prom"
+    agent_log = _agent(tmp_path, procs, port, sock, "--metrics-textfile", str(prom))
     workers = [_worker(tmp_path, procs, fakecupti, rank, sock, "--seconds", "60")
                for rank in (0, 1)]
 
@@ -343,6 +344,10 @@ def test_windows_reach_the_analyzer_through_the_agent(fakecupti, tmp_path, procs
             continue
         busy = buckets.quantiles_us(np.array([_dense(p.steps.busy_time)]), [0.5])[0][0]
         assert busy < 0.5 * p.steps.step_sum_us / p.steps.steps   # 20-ms sleep is a wait
+    # the agent's own metrics say what it runs and who is connected
+    text = prom.read_text()
+    assert 'hypertrace_agent_backend{Hostname="cupti-node",backend="cupti"} 1.0' in text
+    assert 'hypertrace_agent_inprocess_connected{Hostname="cupti-node"} 2.0' in text
     for wp, state in workers:
         assert _state(state)["mode"] == "active"
 
