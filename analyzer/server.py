@@ -71,7 +71,7 @@ SUMMARY_RETENTION_DAYS = 30.0
 RETENTION_EVERY_S = 60.0
 #: Default seconds between Engine snapshots (analyzer/snapshot.py): a restart replays at most
 #: this much of the windows stored before it went down.
-SNAPSHOT_SECONDS = 60.0
+SNAPSHOT_SECONDS = 30.0
 
 
 class Analyzer:

@@ -55,7 +55,7 @@ def register(subparsers) -> None:
                         "long (default 30; 0: no summaries, verdicts follow --retention-hours)")
     p.add_argument("--snapshot-seconds", type=float,
                    help="store the Engine's state this often with the results, so a restart "
-                        "replays only the windows since (default 60; 0: never, a restart then "
+                        "replays only the windows since (default 30; 0: never, a restart then "
                         "replays every stored window)")
     p.add_argument("--config", help="TOML file; keys are these flags' names with underscores")
     p.add_argument("--flush-interval", type=float,
@@ -112,7 +112,7 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
                          f"{sorted(set(SERVER_KEYS) | set(scoring_names))}")
     server: dict[str, Any] = {"listen": "127.0.0.1:50051", "db": "hypertrace-analyzer.db",
                               "retention_hours": 6.0, "summary_retention_days": 30.0,
-                              "snapshot_seconds": 60.0, "flush_interval": 1.0,
+                              "snapshot_seconds": 30.0, "flush_interval": 1.0,
                               "synchronous": "FULL", "max_workers": 4096, "tls_ca": None,
                               "tls_cert": None, "tls_key": None, "insecure": False,
                               "trust_domain": "hypertrace", "max_clock_skew_s": 300.0,

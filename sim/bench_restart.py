@@ -20,7 +20,7 @@ Exit status 1 when a restart's verdicts differ from live, when a replay held mor
 ``--max-rss-mb`` (the goals: 15 s and 1 GB with an hour of 16,384-GPU history).
 
 Why the history's length barely matters to the snapshot restart: it replays only the windows
-since the snapshot (at most ``--snapshot-seconds`` of them, 12,288 windows at 16,384 GPUs and 60
+since the snapshot (at most ``--snapshot-seconds`` of them, 6,144 windows at 16,384 GPUs and 30
 s) and loads a state whose size follows the GPUs, not the hours. ``--windows`` shorter than an
 hour therefore measures the same restart; the full replay grows with the history, and its
 per-window cost is printed to extrapolate it.
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--windows", type=int, default=30,
                     help="windows per node in the history (360: an hour)")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--snapshot-seconds", type=float, default=60.0)
+    ap.add_argument("--snapshot-seconds", type=float, default=30.0)
     ap.add_argument("--max-pending", type=int, default=4)
     ap.add_argument("--max-seconds", type=float, default=15.0,
                     help="goal for the restart from the snapshot, spawn to first scoring pass")

@@ -58,7 +58,7 @@ def test_the_retention_and_snapshot_defaults_and_their_flags():
     from hypertrace.cli.main import build_parser
     server, _ = resolve_settings(build_parser().parse_args(["analyzer"]))
     assert (server["retention_hours"], server["summary_retention_days"],
-            server["snapshot_seconds"]) == (6.0, 30.0, 60.0)
+            server["snapshot_seconds"]) == (6.0, 30.0, 30.0)
     server, _ = resolve_settings(build_parser().parse_args(
         ["analyzer", "--retention-hours", "0", "--summary-retention-days", "7",
          "--snapshot-seconds", "0"]))
