@@ -603,12 +603,14 @@ class Agent:
         if self.hub is not None:
             # In-process windows of this window; a pid the uprobes cover is counted once (theirs).
             skip = set() if self.cupti_only else set(report)
-            frames = self.hub.take(win.start_ns, end_ns, skip, wait=not stopping)
+            taken = self.hub.take(win.start_ns, end_ns, skip, wait=not stopping)
             if self.cupti_only:
+                sent = {t.pid for t in taken if t.visible}
                 for pw in window.processes:
-                    if pw.pid not in frames:     # found, but measures nothing: say why
+                    if pw.pid not in sent:       # found, but measures nothing: say why
                         pw.overhead.unsampled_reason = "no_cupti_backend"
-            self.hub.merge(window, frames)
+            self.hub.merge(window, taken, lambda pid: attribute_pid(
+                pid, self.cfg.node, self.cfg.job_env, gpus))
         if self.uplink.submit(window):
             self.windows_sent += 1
         # The account: earn the wall time, pay what the most charged process paid.

@@ -429,8 +429,8 @@ def test_the_step_marker_reaches_the_window_without_uprobes(fakecupti, tmp_path,
 
         def marker_window():
             end = time.time_ns() // w_ns * w_ns
-            frames = hub.take(end - w_ns, end, wait=False)
-            return [f for f in frames.values() if f.window.steps.source == "marker"]
+            taken = hub.take(end - w_ns, end, wait=False)
+            return [t.frame for t in taken if t.frame.window.steps.source == "marker"]
         got = _wait_for(marker_window, 20, "a window whose steps come from the marker")
         assert got[0].window.steps.steps >= 10
     finally:
@@ -526,3 +526,124 @@ def test_a_forked_child_has_no_backend(fakecupti, monkeypatch):
         assert os.read(r, 10) == b"none"
     finally:
         cupti.stop()
+
+
+# -- the agent's socket, against misbehaving local processes ------------------------------------
+def _hub_for(tmp_path, grace_s: float = 1.0):
+    from hypertrace.daemon.inprocess import InProcessHub
+    sock = tmp_path / "hub.sock"
+    return InProcessHub(str(sock), pb.LocalConfig(window_s=WINDOW_S), standby=False,
+                        grace_s=grace_s).start(), sock
+
+
+def _raw(sock: Path, hello: bool = True) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(str(sock))
+    if hello:
+        s.send(pb.LocalMessage(hello=pb.LocalHello(version=1, pid=os.getpid()))
+               .SerializeToString())
+        assert pb.LocalMessage.FromString(s.recv(10000)).config.mode == "active"
+    return s
+
+
+def _frame(job: str, end_ns: int) -> bytes:
+    from hypertrace.proto.wire import api_stats_from_ns
+    pw = pb.ProcessWindow(job_id=job, rank=0, local_rank=0, gpu_index=0,
+                          apis=[api_stats_from_ns("cudaLaunchKernel", np.full(50, 9000.0))])
+    return pb.LocalMessage(frame=pb.LocalFrame(start_ns=end_ns - int(WINDOW_S * 1e9),
+                                               end_ns=end_ns, window=pw)).SerializeToString()
+
+
+def _wait_peers(hub, n: int) -> None:
+    _wait_for(lambda: len(hub.peers()) >= n, 5, f"{n} connected peers")
+
+
+def test_a_process_that_stops_reading_cannot_block_the_agent(tmp_path):
+    """Pause requests pile up on a process that never reads its socket: the agent is told
+    'not reached' and goes on; it never waits on that process."""
+    import threading
+    hub, sock = _hub_for(tmp_path)
+    try:
+        s = _raw(sock)
+        _wait_peers(hub, 1)
+        done = threading.Event()
+        results: list[list[int]] = []
+
+        def spam():
+            for _ in range(5000):
+                results.append(hub.control(pause=True))
+            done.set()
+        threading.Thread(target=spam, daemon=True).start()
+        assert done.wait(20), "control() blocked on a peer that does not read"
+        assert results[0] == [os.getpid()] and results[-1] == []   # its buffer filled up
+        s.close()
+    finally:
+        hub.close()
+
+
+def test_silent_connections_do_not_delay_the_others(tmp_path):
+    hub, sock = _hub_for(tmp_path, grace_s=3.0)
+    try:
+        silent = [_raw(sock, hello=False) for _ in range(8)]      # never say hello
+        good = _raw(sock)
+        _wait_peers(hub, 1)
+        w_ns = int(WINDOW_S * 1e9)
+        end = time.time_ns() // w_ns * w_ns
+        good.send(_frame("cj", end))
+        t0 = time.monotonic()
+        taken = hub.take(end - w_ns, end)
+        assert [t.frame.window.job_id for t in taken] == ["cj"]
+        assert time.monotonic() - t0 < 2.0
+        for s in silent + [good]:
+            s.close()
+    finally:
+        hub.close()
+
+
+def test_a_process_cannot_report_itself_into_another_job(tmp_path):
+    """The frame says job 'victim'; the agent sees the sender and attributes it from its own
+    /proc/PID/environ reading, which names no job: the frame's claim is not used."""
+    from hypertrace.collector.attribution import attribute_pid
+    hub, sock = _hub_for(tmp_path)
+    try:
+        s = _raw(sock)
+        _wait_peers(hub, 1)
+        w_ns = int(WINDOW_S * 1e9)
+        end = time.time_ns() // w_ns * w_ns
+        s.send(_frame("victim", end))
+        taken = hub.take(end - w_ns, end)
+        assert taken and taken[0].visible and taken[0].pid == os.getpid()
+        window = pb.NodeWindow()
+        hub.merge(window, taken, lambda pid: attribute_pid(pid, "n1", ("HT_TEST_NO_SUCH_JOB",)))
+        assert window.processes[0].job_id == f"unattributed:n1:{os.getpid()}"
+        s.close()
+    finally:
+        hub.close()
+
+
+def test_the_last_window_of_a_process_that_exits_is_kept(tmp_path):
+    hub, sock = _hub_for(tmp_path)
+    try:
+        s = _raw(sock)
+        _wait_peers(hub, 1)
+        w_ns = int(WINDOW_S * 1e9)
+        end = time.time_ns() // w_ns * w_ns
+        s.send(_frame("cj", end))
+        s.close()                                   # sent its final window and exited
+        _wait_for(lambda: not hub.peers(), 5, "the disconnect")
+        taken = hub.take(end - w_ns, end, wait=False)
+        assert [t.frame.window.job_id for t in taken] == ["cj"]
+    finally:
+        hub.close()
+
+
+def test_a_restarted_backend_reuses_its_slots(fakecupti):
+    """stop(); start() in one process maps the same APIs again: the recorder (loaded once per
+    process) must give back the slots it had, not run out of them."""
+    r = _recorder(fakecupti)
+    for _ in range(5):
+        for name, kind in (("cudaLaunchKernel", "launch"), ("cudaStreamSynchronize", "sync"),
+                           ("cuLaunchKernelEx", "launch"), ("hypertrace_step", "marker")):
+            r.add_api(name, kind)
+    assert r.slots == {"cudaLaunchKernel": 0, "cudaStreamSynchronize": 1, "hypertrace_step": 3}
+    assert not r.add_api("cuLaunchKernelEx", "launch")      # still unknown to this CUPTI

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import hashlib
 import os
 import re
 import sys
@@ -53,9 +54,11 @@ def source_text() -> str:
 
 
 def library_path() -> Path:
-    """Build the recorder unless cached; raises BuildError naming the fix."""
-    generated = cache_dir() / "hypertrace_cupti_recorder.c"
+    """Build the recorder unless cached; raises BuildError naming the fix. The generated source
+    is named by its own hash, so two versions building at once never share a file."""
     text = source_text()
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    generated = cache_dir() / f"hypertrace_cupti_recorder-{digest}.c"
     if not generated.exists() or generated.read_text() != text:
         tmp = generated.with_name(generated.name + f".tmp{os.getpid()}")
         tmp.write_text(text)
@@ -189,6 +192,10 @@ class Recorder:
 
     def unsubscribe(self) -> None:
         self.lib.ht_unsubscribe()
+
+    def forget_this_thread(self) -> None:
+        """Leave the calling thread out of the reported threads (its calls were ours)."""
+        self.lib.ht_forget_thread()
 
     def reset_periods(self) -> None:
         self.lib.ht_reset_periods()

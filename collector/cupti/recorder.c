@@ -324,14 +324,24 @@ static int strip_eq(const char *cupti_name, const char *want) {
 
 // Map API `name` (kind: 0 launch, 1 sync, 2 graph) to the next slot; returns the slot, or -1.
 // Every runtime and driver callback id whose base name matches is routed to it.
+static char slot_name[HT_MAX_SLOTS][64];
+static int slot_found[HT_MAX_SLOTS];
+
 int ht_add_api(const char *name, int kind) {
     if (slot_count == 0) {
         memset(rt_slot, -1, sizeof rt_slot);
         memset(drv_slot, -1, sizeof drv_slot);
     }
+    // The library lives as long as the process: a backend started again maps the same names
+    // to the slots it had.
+    for (int s = 0; s < slot_count; s++)
+        if (strncmp(slot_name[s], name, sizeof slot_name[s] - 1) == 0)
+            return slot_found[s] ? s : -2;
     if (slot_count >= HT_MAX_SLOTS) return -1;
     int slot = slot_count++;
     slot_kind[slot] = kind;
+    snprintf(slot_name[slot], sizeof slot_name[slot], "%s", name);
+    slot_found[slot] = 1;
     if (!p_name || kind == HT_KIND_MARKER) return slot;   // recorded by hand, not by CUPTI
     int found = 0;
     for (u32 cbid = 1; cbid < HT_MAX_CBID; cbid++) {
@@ -346,6 +356,7 @@ int ht_add_api(const char *name, int kind) {
             found++;
         }
     }
+    slot_found[slot] = found > 0;
     return found ? slot : -2;                 // -2: CUPTI knows no such function
 }
 
@@ -436,9 +447,20 @@ void ht_reset_periods(void) {
 int ht_threads(int *out, int max) {
     int n = __atomic_load_n(&ntids, __ATOMIC_RELAXED);
     if (n > HT_MAX_THREADS) n = HT_MAX_THREADS;
-    if (n > max) n = max;
-    for (int i = 0; i < n; i++) out[i] = tids[i];
-    return n;
+    int k = 0;
+    for (int i = 0; i < n && k < max; i++)
+        if (tids[i]) out[k++] = tids[i];      // 0: forgotten (or still being written)
+    return k;
+}
+
+// The calling thread made probed calls that are not the workload's (the calibration): it is
+// left out of the threads whose scheduling is reported.
+void ht_forget_thread(void) {
+    int me = (int)syscall(SYS_gettid);
+    int n = __atomic_load_n(&ntids, __ATOMIC_RELAXED);
+    for (int i = 0; i < n && i < HT_MAX_THREADS; i++)
+        if (tids[i] == me) tids[i] = 0;
+    tl_registered = 1;
 }
 
 // The cost of one schedstat read on this thread, in ns (averaged over n reads); 0 if none.

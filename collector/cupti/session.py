@@ -296,14 +296,15 @@ class InProcessBackend:
             reply = local.recv(sock)
             if reply is None or reply.WhichOneof("body") != "config":
                 raise local.LocalProtocolError("the agent did not answer with its config")
-        except (OSError, local.LocalProtocolError) as exc:
+            with self._lock:
+                self._apply_config(reply.config)
+                sock.settimeout(None)
+                self._sock = sock
+        except (OSError, ValueError) as exc:      # LocalProtocolError, or a config out of range
             sock.close()
             self.state.last_error = str(exc)
             log.warning("hypertrace: agent handshake on %s failed: %s", self.opts.socket, exc)
             return
-        self._apply_config(reply.config)
-        sock.settimeout(None)
-        self._sock = sock
         threading.Thread(target=self._read_controls, args=(sock,), name="hypertrace-cupti-ctl",
                          daemon=True).start()
         log.info("hypertrace CUPTI backend: agent %s on %s, mode %s", reply.config.agent_id,
@@ -339,16 +340,21 @@ class InProcessBackend:
                 (self.pause if msg.control.pause else self.resume)()
             elif body == "config":
                 self._apply_config(msg.config)
-        if self._sock is sock:
-            self._close_link()
-            # Nobody receives the windows now: stop paying for callbacks until an agent is back.
-            with self._lock:
-                self.state.mode = "no_agent"
-                if self.recorder.subscribed():
-                    self.recorder.unsubscribe()
-                self.state.subscribed = False
-            self._next_link = time.monotonic() + min(self.opts.retry_s, 5.0)
-            log.warning("hypertrace: the agent closed the link; unsubscribed, reconnecting")
+        with self._lock:
+            if self._sock is not sock:
+                return                          # already replaced (or dropped by a failed send)
+            self._link_lost()
+        log.warning("hypertrace: the agent closed the link; unsubscribed, reconnecting")
+
+    def _link_lost(self) -> None:
+        """Nobody receives the windows now: stop paying for callbacks until an agent is back
+        (caller holds the lock)."""
+        self._close_link()
+        self.state.mode = "no_agent"
+        if self.recorder is not None and self.recorder.subscribed():
+            self.recorder.unsubscribe()
+        self.state.subscribed = False
+        self._next_link = time.monotonic() + min(self.opts.retry_s, 5.0)
 
     def _close_link(self) -> None:
         sock, self._sock = self._sock, None
@@ -410,7 +416,14 @@ class InProcessBackend:
             self.state.blocked_by = ""
             self._said_busy = ""
             self.recorder.reset_periods()
-            self.recorder.enable(self._always, True)
+            try:
+                self.recorder.enable(self._always, True)
+            except RuntimeError as exc:
+                self.recorder.unsubscribe()     # all or nothing: retried at the next interval
+                self.state.last_error = str(exc)
+                log.error("hypertrace: enabling CUPTI callbacks failed: %s; retrying in %.0f s",
+                          exc, self.opts.retry_s)
+                return
             self.state.subscribed = True
             log.info("hypertrace: subscribed to CUPTI; always tier: %s", ", ".join(self._always))
 
@@ -447,6 +460,7 @@ class InProcessBackend:
                 self.recorder.enable([CALIBRATION_API], True)
                 on.append(per_call_ns())
                 self.recorder.enable([CALIBRATION_API], False)
+            self.recorder.forget_this_thread()      # this thread is not the workload's
         cost = max(statistics.median(on) - statistics.median(off), 1.0)
         self.state.probe_cost_ns = cost
         self.state.cost_measured = True
@@ -591,7 +605,9 @@ class InProcessBackend:
                 self.state.windows_sent += 1
             except OSError as exc:
                 log.warning("hypertrace: sending to the agent failed: %s; reconnecting", exc)
-                self._close_link()
+                with self._lock:
+                    if self._sock is sock:
+                        self._link_lost()
             return
         if self._uplink is not None:
             node_window.seq = self._uplink.next_seq()

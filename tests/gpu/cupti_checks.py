@@ -55,7 +55,7 @@ def _collect(hub, seconds: float, work, window_s: float = 2.0) -> list:
         end = (time.time_ns() // w_ns + 1) * w_ns
         while not done.is_set():
             time.sleep(max(0.0, (end - time.time_ns()) / 1e9))
-            frames.extend(hub.take(end - w_ns, end).values())
+            frames.extend(t.frame for t in hub.take(end - w_ns, end))
             end += w_ns
     th = threading.Thread(target=taker, daemon=True)
     th.start()
