@@ -10,12 +10,18 @@ uprobes, so it answers a connecting process with mode ``standby``: the process s
 nothing and sends nothing. A frame that arrives anyway for a pid the agent probes is dropped.
 
 **Trust.** The pid of a frame is the peer's, from ``SO_PEERCRED``; a frame's own pid is ignored,
-so a process can report only about itself. (A process in another PID namespace, a pod seen by
-an agent without the host's PID namespace, has no pid here; its hello's pid is used then, and
-the log says so.) Attribution (job, rank, GPU) comes from the agent's
-own reading of /proc/PID/environ and NVML when it has one, else from the frame. Frames are
-validated like the analyzer validates windows (proto/wire.py); a bad frame is dropped with a
-log line naming the peer, and the connection is closed after :data:`MAX_BAD_FRAMES`.
+so a process can report only about itself. Attribution (job, rank, GPU) of a process the agent
+can see comes from the agent (its entry for the pid, or its reading of /proc/PID/environ), never
+from the frame, so no process can report itself into another job. A process in another PID
+namespace (a pod seen by an agent without the host's PID namespace) has no pid here: its
+hello's pid and its frame's attribution are all there is, and the log says so. Connections, not
+pids, key the peers: two pods may share a pid.
+
+**Robustness.** Every socket is non-blocking and one thread serves them: a connection that never
+says hello, or a process that stops reading its control messages, delays nobody, and no send
+happens under the lock. Frames are validated like the analyzer validates windows
+(proto/wire.py); a bad frame is dropped with a log line naming the peer, and the connection is
+closed after :data:`MAX_BAD_FRAMES`. A process that sends its last window and exits keeps it.
 
 **Timing.** A process ends its window at the same aligned boundary as the agent. At the end of
 its window the agent waits up to ``grace_s`` for a frame from each active peer; a frame that
