@@ -26,6 +26,8 @@ import dataclasses
 import sys
 from typing import Any
 
+from hypertrace.proto.settings import layer
+
 SERVER_KEYS = {"listen": str, "db": str, "retention_hours": float,
                "summary_retention_days": float, "snapshot_seconds": float,
                "flush_interval": float,
@@ -106,31 +108,14 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
     evict = file_values.pop("evict", {})
     if not isinstance(evict, dict):
         raise ValueError(f"--config {args.config}: 'evict' must be a table ([evict])")
-    unknown = sorted(set(file_values) - set(SERVER_KEYS) - set(scoring_names))
-    if unknown:
-        raise ValueError(f"--config {args.config}: unknown key(s) {unknown}; known: "
-                         f"{sorted(set(SERVER_KEYS) | set(scoring_names))}")
-    server: dict[str, Any] = {"listen": "127.0.0.1:50051", "db": "hypertrace-analyzer.db",
-                              "retention_hours": 6.0, "summary_retention_days": 30.0,
-                              "snapshot_seconds": 30.0, "flush_interval": 1.0,
-                              "synchronous": "FULL", "max_workers": 4096, "tls_ca": None,
-                              "tls_cert": None, "tls_key": None, "insecure": False,
-                              "trust_domain": "hypertrace", "max_clock_skew_s": 300.0,
-                              "metrics_listen": None}
-    scoring: dict[str, Any] = {}
-    for key, value in file_values.items():
-        if key in SERVER_KEYS:
-            server[key] = value
-        else:
-            scoring[key] = tuple(value) if isinstance(value, list) else value
-    for key in SERVER_KEYS:
-        v = getattr(args, key, None)
-        if v is not None:
-            server[key] = v
-    for key in scoring_names:
-        v = getattr(args, key, None)
-        if v is not None:
-            scoring[key] = v
+    defaults: dict[str, Any] = {"listen": "127.0.0.1:50051", "db": "hypertrace-analyzer.db",
+                                "retention_hours": 6.0, "summary_retention_days": 30.0,
+                                "snapshot_seconds": 30.0, "flush_interval": 1.0,
+                                "synchronous": "FULL", "max_workers": 4096, "tls_ca": None,
+                                "tls_cert": None, "tls_key": None, "insecure": False,
+                                "trust_domain": "hypertrace", "max_clock_skew_s": 300.0,
+                                "metrics_listen": None}
+    server, scoring = layer(file_values, args, defaults, scoring_names, args.config)
     _check_server_settings(server)
     server["evict"] = evict
     return server, scoring
@@ -175,8 +160,7 @@ def _check_server_settings(server: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import logging
-    import signal
-    import threading
+    import time
 
     from hypertrace.analyzer.config import ConfigError, ScoringConfig
     from hypertrace.analyzer.server import Analyzer, AnalyzerServer, ServerError, ServerOptions
@@ -239,21 +223,17 @@ def run(args: argparse.Namespace) -> int:
         mhost = server_cfg["metrics_listen"].rsplit(":", 1)[0]
         print(f"hypertrace analyzer metrics on http://{mhost}:{server.metrics_port}/metrics",
               flush=True)
-    stop = threading.Event()
+    from hypertrace.cli.cluster_settings import run_until_signal
 
-    def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
-        # Event.set() takes a lock the interrupted main thread may hold inside stop.wait().
-        threading.Thread(target=stop.set, name="stop", daemon=True).start()
+    def serve(stopping) -> None:
+        while not stopping():
+            time.sleep(0.5)
 
-    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        while not stop.wait(0.5):
-            pass
+        run_until_signal(serve)
     finally:
         log.info("shutting down")
         server.stop()
         storage.close()
-        for s, h in previous.items():
-            signal.signal(s, h)
     print("hypertrace analyzer stopped", flush=True)
     return 0

@@ -7,6 +7,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from hypertrace.proto.settings import layer
+
 
 @dataclass(frozen=True)
 class Key:
@@ -63,26 +65,8 @@ def resolve(args: argparse.Namespace, keys: dict[str, Key],
     if getattr(args, "config", None):
         from hypertrace.analyzer.config import read_analyzer_toml
         file_values = read_analyzer_toml(args.config)
-    scoring_names = scoring_names or []
-    unknown = sorted(set(file_values) - set(keys) - set(scoring_names))
-    if unknown:
-        raise ValueError(f"--config {args.config}: unknown key(s) {unknown}; known: "
-                         f"{sorted(set(keys) | set(scoring_names))}")
-    out = {name: key.default for name, key in keys.items()}
-    scoring: dict[str, Any] = {}
-    for name, value in file_values.items():
-        if name in keys:
-            out[name] = value
-        else:
-            scoring[name] = tuple(value) if isinstance(value, list) else value
-    for name in keys:
-        v = getattr(args, name, None)
-        if v is not None:
-            out[name] = v
-    for name in scoring_names:
-        v = getattr(args, name, None)
-        if v is not None:
-            scoring[name] = v
+    out, scoring = layer(file_values, args, {n: k.default for n, k in keys.items()},
+                         scoring_names or [], getattr(args, "config", None))
     for name, key in keys.items():
         out[name] = _typed(name, out[name], key.kind)
     return out, scoring

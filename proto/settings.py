@@ -42,3 +42,28 @@ def fraction(text: str) -> float:
     """A fraction written either way: ``0.005`` or ``0.5%`` (ValueError otherwise)."""
     t = str(text).strip()
     return float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
+
+
+def layer(file_values: dict[str, Any], args: Any, defaults: dict[str, Any],
+          scoring_names: list[str], source: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(own settings, scoring settings) from ``defaults`` < the TOML file's ``file_values`` <
+    the flags in ``args`` (None: not given), for a command whose own keys are ``defaults`` and
+    whose other keys are scoring settings handed through. ValueError names an unknown key."""
+    unknown = sorted(set(file_values) - set(defaults) - set(scoring_names))
+    if unknown:
+        raise ValueError(f"--config {source}: unknown key(s) {unknown}; known: "
+                         f"{sorted(set(defaults) | set(scoring_names))}")
+    own = dict(defaults)
+    scoring: dict[str, Any] = {}
+    for name, value in file_values.items():
+        if name in defaults:
+            own[name] = value
+        else:
+            scoring[name] = tuple(value) if isinstance(value, list) else value
+    for names, into in ((defaults, own), (scoring_names, scoring)):
+        for name in names:
+            v = getattr(args, name, None)
+            if v is not None:
+                into[name] = v
+    return own, scoring
+

@@ -558,6 +558,14 @@ def _wait_peers(hub, n: int) -> None:
     _wait_for(lambda: len(hub.peers()) >= n, 5, f"{n} connected peers")
 
 
+def _peer_and_window(hub, sock: Path) -> tuple[socket.socket, int, int]:
+    """A connected backend (this process), and the window that just ended: (socket, end, len)."""
+    s = _raw(sock)
+    _wait_peers(hub, 1)
+    w_ns = int(WINDOW_S * 1e9)
+    return s, time.time_ns() // w_ns * w_ns, w_ns
+
+
 def test_a_process_that_stops_reading_cannot_block_the_agent(tmp_path):
     """Pause requests pile up on a process that never reads its socket: the agent is told
     'not reached' and goes on; it never waits on that process."""
@@ -585,10 +593,7 @@ def test_silent_connections_do_not_delay_the_others(tmp_path):
     hub, sock = _hub_for(tmp_path, grace_s=3.0)
     try:
         silent = [_raw(sock, hello=False) for _ in range(8)]      # never say hello
-        good = _raw(sock)
-        _wait_peers(hub, 1)
-        w_ns = int(WINDOW_S * 1e9)
-        end = time.time_ns() // w_ns * w_ns
+        good, end, w_ns = _peer_and_window(hub, sock)
         good.send(_frame("cj", end))
         t0 = time.monotonic()
         taken = hub.take(end - w_ns, end)
@@ -606,10 +611,7 @@ def test_a_process_cannot_report_itself_into_another_job(tmp_path):
     from hypertrace.collector.attribution import attribute_pid
     hub, sock = _hub_for(tmp_path)
     try:
-        s = _raw(sock)
-        _wait_peers(hub, 1)
-        w_ns = int(WINDOW_S * 1e9)
-        end = time.time_ns() // w_ns * w_ns
+        s, end, w_ns = _peer_and_window(hub, sock)
         s.send(_frame("victim", end))
         taken = hub.take(end - w_ns, end)
         assert taken and taken[0].visible and taken[0].pid == os.getpid()
@@ -624,10 +626,7 @@ def test_a_process_cannot_report_itself_into_another_job(tmp_path):
 def test_the_last_window_of_a_process_that_exits_is_kept(tmp_path):
     hub, sock = _hub_for(tmp_path)
     try:
-        s = _raw(sock)
-        _wait_peers(hub, 1)
-        w_ns = int(WINDOW_S * 1e9)
-        end = time.time_ns() // w_ns * w_ns
+        s, end, w_ns = _peer_and_window(hub, sock)
         s.send(_frame("cj", end))
         s.close()                                   # sent its final window and exited
         _wait_for(lambda: not hub.peers(), 5, "the disconnect")

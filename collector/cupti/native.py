@@ -66,6 +66,19 @@ def library_path() -> Path:
     return build_c(generated, LIBRARY_STEM, FLAGS, suffix=".so")
 
 
+def mapped_library(name: str) -> str | None:
+    """The path of a library this process has mapped whose path contains ``name``, if any."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.rstrip("\n").split(None, 5)
+                if len(fields) == 6 and name in fields[5]:
+                    return fields[5]
+    except OSError:
+        return None
+    return None
+
+
 def find_libcupti() -> str:
     """Path of libcupti, in this order: ``$HYPERTRACE_CUPTI_LIB``; the one this process has
     mapped already (a framework's own copy: one CUPTI per process); the nvidia-cuda-cupti wheel
@@ -76,13 +89,9 @@ def find_libcupti() -> str:
         if not Path(explicit).exists():
             raise CuptiUnavailable(f"HYPERTRACE_CUPTI_LIB={explicit} does not exist")
         return explicit
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                if "/libcupti.so" in line:
-                    return line.split(None, 5)[-1].strip()
-    except OSError:
-        pass
+    mapped = mapped_library("/libcupti.so")
+    if mapped:
+        return mapped
     patterns = []
     for entry in sys.path:
         if entry and os.path.isdir(os.path.join(entry, "nvidia")):

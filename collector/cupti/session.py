@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hypertrace.collector.attribution import DEFAULT_JOB_ENV, attribute
-from hypertrace.collector.cupti.native import CuptiUnavailable, Recorder
+from hypertrace.collector.cupti.native import CuptiUnavailable, Recorder, mapped_library
 from hypertrace.collector.cupti.threads import ThreadSched
 from hypertrace.collector.governor import Governor
 from hypertrace.collector.schedule import window_end, window_index
@@ -218,7 +218,7 @@ class InProcessBackend:
         """Lazy start: poll until the CUDA driver is mapped; False when stopped first."""
         self.state.mode = "waiting_for_cuda"
         while not self._stop.is_set():
-            if _mapped("/libcuda.so"):
+            if mapped_library("/libcuda.so"):
                 try:
                     self._open_recorder()
                 except Exception as exc:        # never take the training process down
@@ -429,7 +429,7 @@ class InProcessBackend:
 
     def _calibrate(self) -> None:
         """Price one callback pair in this process (module docstring)."""
-        lib = _mapped("/libcudart.so")
+        lib = mapped_library("/libcudart.so")
         if lib is None:
             return
         try:
@@ -620,19 +620,6 @@ class InProcessBackend:
 
     def _agent_id(self) -> str:
         return f"{self._node()}/cupti-{self.pid}"
-
-
-def _mapped(name: str) -> str | None:
-    """The path of a library of this process whose path contains ``name``, if mapped."""
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                path = line.rstrip("\n").split(None, 5)[-1] if line.count(" ") >= 5 else ""
-                if name in path:
-                    return path
-    except OSError:
-        return None
-    return None
 
 
 def refuse_during_capture() -> None:
