@@ -194,6 +194,21 @@ def test_another_threads_sleep_is_not_this_steps_wait(fakecupti):
     assert other.offcpu_wait_ns > 0.5 * other.interval_sum_ns
 
 
+def test_the_calibration_loop_times_exactly_the_calls_it_makes(fakecupti):
+    """The calibration times cudaGetDevice in C (no interpreter lock in the timed loop): it
+    makes exactly the calls asked for, through the function it was given, and reports a
+    positive cost per call."""
+    r = _recorder(fakecupti)
+    fake = _fake(fakecupti)
+    fake.fakecupti_get_device_calls.restype = ctypes.c_long
+    fn = fake.fakecupti_get_device
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    before = fake.fakecupti_get_device_calls()
+    per_call = r.time_calls(fn, 5000)
+    assert fake.fakecupti_get_device_calls() - before == 5000
+    assert 0 < per_call < 1e6
+
+
 def test_another_subscriber_is_named(fakecupti, monkeypatch):
     monkeypatch.setenv("FAKECUPTI_HELD_BY", "Nsight Systems")
     r = _recorder(fakecupti)

@@ -138,6 +138,8 @@ class Recorder:
         L.ht_threads.argtypes = [ctypes.c_void_p, ctypes.c_int]
         L.ht_time_sched_reads.argtypes = [ctypes.c_int]
         L.ht_time_sched_reads.restype = ctypes.c_double
+        L.ht_time_calls.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        L.ht_time_calls.restype = ctypes.c_double
         nb = buckets.NUM_BUCKETS
         if L.ht_num_buckets() != nb or L.ht_max_slots() != MAX_SLOTS:
             raise BuildError("the recorder library does not match this hypertrace version")
@@ -247,6 +249,12 @@ class Recorder:
     def sched_read_cost_ns(self, reads: int = 200) -> float:
         """What one schedstat read costs this thread (0: schedstat unavailable here)."""
         return float(self.lib.ht_time_sched_reads(reads))
+
+    def time_calls(self, fn: ctypes._CFuncPtr, calls: int) -> float:
+        """ns per call of ``fn`` (an ``int fn(int *)``), timed in C: the loop holds no
+        interpreter lock, so a busy training thread cannot stretch it (a Python loop of ctypes
+        calls waits for the lock at every call and took seconds beside a torch loop)."""
+        return float(self.lib.ht_time_calls(ctypes.cast(fn, ctypes.c_void_p), calls))
 
     def test_edge(self, entry: bool, now_ns: int) -> None:
         """A periodic call's entry or exit on this thread (tests)."""

@@ -472,6 +472,17 @@ double ht_time_sched_reads(int n) {
     return ok ? (double)(now_ns() - t0) / ok : 0.0;
 }
 
+// The calibration's timed loop: `n` calls of an `int fn(int *)` (cudaGetDevice), ns per call.
+// In C so that no interpreter work, and no wait for the interpreter's lock, is timed.
+double ht_time_calls(void *fn, int n) {
+    int (*call)(int *) = (int (*)(int *))fn;
+    int dev = 0;
+    if (!call || n <= 0) return 0.0;
+    u64 t0 = now_ns();
+    for (int i = 0; i < n; i++) call(&dev);
+    return (double)(now_ns() - t0) / n;
+}
+
 // For tests: a periodic call's entry or exit on this thread at `now_ns`.
 void ht_test_edge(int entry, u64 now) { periodic_edge(entry, now); }
 

@@ -446,19 +446,11 @@ class InProcessBackend:
                 self._calibrated_slot = self.recorder.add_api(CALIBRATION_API, "launch")
                 if not self._calibrated_slot:
                     return
-            dev = ctypes.c_int()
-
-            def per_call_ns() -> float:
-                t0 = time.perf_counter_ns()
-                for _ in range(CALIBRATION_CALLS):
-                    get_device(ctypes.byref(dev))
-                return (time.perf_counter_ns() - t0) / CALIBRATION_CALLS
-
             off, on = [], []
             for _ in range(CALIBRATION_ROUNDS):
-                off.append(per_call_ns())
+                off.append(self.recorder.time_calls(get_device, CALIBRATION_CALLS))
                 self.recorder.enable([CALIBRATION_API], True)
-                on.append(per_call_ns())
+                on.append(self.recorder.time_calls(get_device, CALIBRATION_CALLS))
                 self.recorder.enable([CALIBRATION_API], False)
             self.recorder.forget_this_thread()      # this thread is not the workload's
         cost = max(statistics.median(on) - statistics.median(off), 1.0)
@@ -578,9 +570,9 @@ class InProcessBackend:
         g.observe_always(always_hits, window_s)
         self._demote({api: probe_hits(s) / window_s for (_, api), s in samples.items()
                       if api in self._always}, g)
-        if not self.state.cost_measured and self.state.subscribed and always_hits + sliced_hits:
-            self._calibrate()
         self._send(node_window, pw, win)
+        if not self.state.cost_measured and self.state.subscribed and always_hits + sliced_hits:
+            self._calibrate()           # after the send: the window is not held up by it
 
     def _demote(self, rates: dict[str, float], g: Governor) -> None:
         """An always-tier API that would cost more than its share of the budget moves to the

@@ -138,3 +138,7 @@ void fakecupti_release(void) { released = 1; }
 int fakecupti_subscribed(void) { return subscribed; }
 int fakecupti_enabled(int domain, uint32_t cbid) { return enabled[domain][cbid]; }
 long fakecupti_enable_calls(void) { return enable_calls; }
+/* cudaGetDevice's signature, for the calibration's timed loop: counts its calls. */
+static long get_device_calls;
+int fakecupti_get_device(int *dev) { *dev = 0; get_device_calls++; return 0; }
+long fakecupti_get_device_calls(void) { return get_device_calls; }
