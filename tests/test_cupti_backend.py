@@ -157,7 +157,8 @@ def test_blocked_time_outside_calls_is_a_wait_not_busy(fakecupti):
 
 def test_another_threads_sleep_is_not_this_steps_wait(fakecupti):
     """A second thread that syncs and then sleeps long (a loader, a communication thread) must
-    not turn the main thread's steps into waits: blocked time is the boundary thread's own."""
+    not turn the main thread's steps into waits: the process is idle only while every thread
+    that makes synchronize calls is blocked, and the main thread never is."""
     import threading
     r = _recorder(fakecupti)
     fake = _fake(fakecupti)
@@ -172,10 +173,10 @@ def test_another_threads_sleep_is_not_this_steps_wait(fakecupti):
             fake.fakecupti_call(2, 166, 100_000, 0)
             time.sleep(0.05)
     th = threading.Thread(target=sleeper)
+    fake.fakecupti_call(2, 131, 200_000, 0)              # the main thread's first step begins
     th.start()
     try:
-        time.sleep(0.12)
-        for _ in range(9):                               # the main thread: busy 20-ms steps
+        for _ in range(12):                              # the main thread: busy 20-ms steps
             fake.fakecupti_call(2, 131, 200_000, 0)
             t_end = time.monotonic() + 0.02
             while time.monotonic() < t_end:
@@ -186,12 +187,68 @@ def test_another_threads_sleep_is_not_this_steps_wait(fakecupti):
     snap = r.read(1)
     r.unsubscribe()
     main = snap.periodic["cudaStreamSynchronize"]
-    assert main.count == 8
+    assert main.count == 12
     assert main.offcpu_wait_ns < 0.2 * main.interval_sum_ns     # the sleeper's are not its
     assert buckets.quantiles_us(main.busy[None, :], [0.5])[0][0] > 10_000
-    # the sleeper's own steps are mostly its sleep
+    # nor the sleeper's own steps: the process was busy while it slept
     other = snap.periodic["cudaEventSynchronize"]
-    assert other.offcpu_wait_ns > 0.5 * other.interval_sum_ns
+    assert other.count >= 3
+    assert other.offcpu_wait_ns < 0.2 * other.interval_sum_ns
+
+
+def _alternating_workers(fakecupti, gpu_wait_ns: int, peer_wait_s: float, steps: int = 40):
+    """A collective as gloo runs it: the main thread waits for the step's collective, which one
+    of two worker threads runs, taking turns. A worker first syncs on its own GPU (``gpu_wait_ns``
+    inside cudaStreamSynchronize), then waits for its peers (``peer_wait_s`` blocked outside any
+    call); the main thread syncs its device at the end of the step."""
+    import threading
+    r = _recorder(fakecupti)
+    fake = _fake(fakecupti)
+    r.add_api("cudaStreamSynchronize", "sync")
+    r.add_api("cudaDeviceSynchronize", "sync")
+    assert r.subscribe() is None
+    r.enable(["cudaStreamSynchronize", "cudaDeviceSynchronize"], True)
+    go = [threading.Semaphore(0), threading.Semaphore(0)]
+    done = threading.Semaphore(0)
+
+    def worker(k):
+        for _ in range(steps // 2):
+            go[k].acquire()
+            fake.fakecupti_call(2, 131, gpu_wait_ns, 0)
+            time.sleep(peer_wait_s)
+            done.release()
+    ths = [threading.Thread(target=worker, args=(k,)) for k in (0, 1)]
+    [t.start() for t in ths]
+    for i in range(steps):
+        t_end = time.monotonic() + 0.008                 # the step's own CPU work
+        while time.monotonic() < t_end:
+            pass
+        go[i % 2].release()
+        done.acquire()                                   # blocked: the collective
+        fake.fakecupti_call(2, 165, 100_000, 0)          # cudaDeviceSynchronize
+    [t.join() for t in ths]
+    snap = r.read(1)
+    r.unsubscribe()
+    return snap.periodic["cudaStreamSynchronize"]
+
+
+def test_peer_waits_of_a_collective_run_by_worker_threads_are_waits(fakecupti):
+    """The workers take turns at the step's synchronize call: the step's peer wait (15 ms
+    blocked outside calls while nothing else runs) still counts as a wait, not as busy time."""
+    p = _alternating_workers(fakecupti, gpu_wait_ns=2_000_000, peer_wait_s=0.015)
+    assert p.count >= 30
+    per_step_ms = p.offcpu_wait_ns / p.count / 1e6
+    assert 10 <= per_step_ms <= 17, per_step_ms
+    assert p.offcpu_wait_ns <= p.interval_sum_ns - p.sync_wait_ns
+
+
+def test_a_wait_on_the_own_gpu_is_not_a_peer_wait(fakecupti):
+    """The slow-GPU rank of the same collective: its worker waits 15 ms on its own GPU (inside
+    the synchronize call) and not for peers; the main thread, blocked meanwhile, waits for its
+    own process. No peer wait is counted."""
+    p = _alternating_workers(fakecupti, gpu_wait_ns=15_000_000, peer_wait_s=0.0)
+    assert p.count >= 30
+    assert p.offcpu_wait_ns / p.count / 1e6 < 3, p.offcpu_wait_ns / p.count / 1e6
 
 
 def test_the_calibration_loop_times_exactly_the_calls_it_makes(fakecupti):

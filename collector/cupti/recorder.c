@@ -111,6 +111,23 @@ static __thread int tl_sched_fd = -1;     // -1 not opened yet, -2 unavailable
 static __thread u64 tl_exec_ns, tl_runq_ns, tl_wall_ns;
 static __thread u64 tl_offcpu_ns;         // this thread's blocked time outside calls, ever
 static __thread u64 tl_tid;
+static __thread int tl_index = -1;        // this thread's place in tids[] (-1: none)
+// The process's idle time, as the eBPF program defines it (every active thread blocked outside
+// CUDA calls), estimated from what callbacks and schedstat can see. A thread's blocked time in
+// the gap between two of its periodic calls counts only beyond the time some thread of the
+// process spent inside a periodic call meanwhile: a thread blocked while another waits on the
+// GPU is waiting for its own process, not for peers. The interval's idle time is then the
+// least such time over the threads that closed a gap in it: the process is idle only while
+// every one of them is. (A collective run by a pool of worker threads: the workers take turns
+// making the step's synchronize call, so the boundary thread's own blocked time reads 0.)
+static u64 thr_counted[HT_MAX_THREADS];   // per thread: counted blocked time, ever
+static u64 thr_gaps[HT_MAX_THREADS];      // per thread: gaps closed, ever
+static u64 base_counted[HT_MAX_SLOTS][HT_MAX_THREADS];   // at each slot's last boundary
+static u64 base_gaps[HT_MAX_SLOTS][HT_MAX_THREADS];
+static pthread_mutex_t incall_lock = PTHREAD_MUTEX_INITIALIZER;
+static u64 incall_n, incall_since_ns, incall_total_ns, incall_gen;
+static __thread u64 tl_incall_at_exit, tl_in_call_gen;
+static __thread int tl_in_call;
 static int slot_kind[HT_MAX_SLOTS];
 static int slot_count;
 static signed char rt_slot[HT_MAX_CBID], drv_slot[HT_MAX_CBID];   // cbid -> slot, -1 none
@@ -168,7 +185,35 @@ static int read_schedstat(u64 *exec_ns, u64 *runq_ns) {
 static void register_thread(void) {
     tl_registered = 1;
     int i = __atomic_fetch_add(&ntids, 1, __ATOMIC_RELAXED);
-    if (i < HT_MAX_THREADS) tids[i] = (int)syscall(SYS_gettid);
+    if (i < HT_MAX_THREADS) {
+        tids[i] = (int)syscall(SYS_gettid);
+        tl_index = i;
+    }
+}
+
+// Time with at least one thread inside a periodic call, ever, as of `now`.
+static u64 incall_time(u64 now) {
+    pthread_mutex_lock(&incall_lock);
+    u64 t = incall_total_ns + (incall_n && now > incall_since_ns ? now - incall_since_ns : 0);
+    pthread_mutex_unlock(&incall_lock);
+    return t;
+}
+
+// This thread enters (in = 1) or leaves (in = 0) a periodic call at `now`. A call whose exit was
+// never seen (its slot disabled meanwhile) is left at the thread's next entry; calls open when
+// the counts were reset (unsubscribe) are not counted out twice.
+static void incall_move(int in, u64 now) {
+    pthread_mutex_lock(&incall_lock);
+    if (tl_in_call && tl_in_call_gen == incall_gen && incall_n) {
+        if (--incall_n == 0 && now > incall_since_ns) incall_total_ns += now - incall_since_ns;
+    }
+    tl_in_call = 0;
+    if (in) {
+        if (incall_n++ == 0) incall_since_ns = now;
+        tl_in_call = 1;
+        tl_in_call_gen = incall_gen;
+    }
+    pthread_mutex_unlock(&incall_lock);
 }
 
 // A periodic call of this thread begins (entry) or ends (exit) at `now`.
@@ -178,32 +223,51 @@ static void periodic_edge(int entry, u64 now) {
     if (entry && tl_wall_ns) {
         u64 wall = now - tl_wall_ns;
         u64 busy = (exec_ns - tl_exec_ns) + (runq_ns - tl_runq_ns);
-        if (wall > busy) {
-            tl_offcpu_ns += wall - busy;
-            __atomic_fetch_add(&offcpu_total_ns, wall - busy, __ATOMIC_RELAXED);
+        u64 blocked = wall > busy ? wall - busy : 0;
+        if (blocked) {
+            tl_offcpu_ns += blocked;
+            __atomic_fetch_add(&offcpu_total_ns, blocked, __ATOMIC_RELAXED);
+        }
+        if (tl_index >= 0) {
+            u64 others = incall_time(now) - tl_incall_at_exit;
+            __atomic_fetch_add(&thr_counted[tl_index], blocked > others ? blocked - others : 0,
+                               __ATOMIC_RELAXED);
+            __atomic_fetch_add(&thr_gaps[tl_index], 1, __ATOMIC_RELAXED);
         }
     }
     if (!entry) {
         tl_exec_ns = exec_ns;
         tl_runq_ns = runq_ns;
         tl_wall_ns = now;
+        tl_incall_at_exit = incall_time(now);
     }
 }
 
 // A step boundary of `slot` at `end` (caller holds the lock): close the interval since this
-// API's previous boundary. What the process spent in synchronize calls inside it, and what the
-// boundary thread spent blocked off-CPU outside calls, are waits; the rest is busy (as the
-// eBPF program splits it). The blocked time is the boundary thread's own: other threads'
-// sleeps (a data loader, a communication thread) are not this step's waits. After the boundary
-// moved to another thread there is no baseline for one interval: it counts no blocked time.
+// API's previous boundary. What the process spent in synchronize calls inside it, and its idle
+// time (the least blocked time, beyond other threads' calls, of the threads that closed a gap
+// since: see thr_counted), are waits; the rest is busy, as the eBPF program splits it. A thread
+// that sleeps while another works (a loader, a communication thread) does not make the
+// process idle.
 static void period_boundary(int slot, u64 end) {
     struct ht_period *p = &cur.period[slot];
     if (!tl_tid) tl_tid = (u64)syscall(SYS_gettid);
     u64 off = tl_offcpu_ns;
+    u64 idle = ~0ULL;
+    int n = __atomic_load_n(&ntids, __ATOMIC_RELAXED);
+    for (int i = 0; i < n && i < HT_MAX_THREADS; i++) {
+        u64 g = __atomic_load_n(&thr_gaps[i], __ATOMIC_RELAXED);
+        u64 c = __atomic_load_n(&thr_counted[i], __ATOMIC_RELAXED);
+        if (g != base_gaps[slot][i] && tids[i] && c - base_counted[slot][i] < idle)
+            idle = c - base_counted[slot][i];
+        base_gaps[slot][i] = g;
+        base_counted[slot][i] = c;
+    }
     if (p->last_ns && end > p->last_ns) {
         u64 interval = end - p->last_ns;
         u64 ws = sync_total_ns - p->last_sync_ns;
-        u64 wo = p->last_tid == tl_tid && off >= p->last_offcpu_ns ? off - p->last_offcpu_ns : 0;
+        u64 room = interval > ws ? interval - ws : 0;
+        u64 wo = idle == ~0ULL ? 0 : idle < room ? idle : room;
         u64 busy = interval > ws + wo ? interval - ws - wo : 0;
         p->count++;
         p->interval_sum_ns += interval;
@@ -243,8 +307,10 @@ static void on_callback(void *userdata, int domain, u32 cbid, const void *data) 
     if (!tl_registered) register_thread();
     int periodic = slot_kind[slot] != HT_KIND_LAUNCH;
     if (cb->callbackSite == 0) {
-        if (periodic && (tl_outer_slot < 0 || slot_gen[tl_outer_slot] != tl_outer_gen))
+        if (periodic && (tl_outer_slot < 0 || slot_gen[tl_outer_slot] != tl_outer_gen)) {
             periodic_edge(1, t0);
+            incall_move(1, t0);
+        }
         if (cb->correlationData) *cb->correlationData = t0;
         // The outermost probed call of this thread; a driver call made inside a runtime call is
         // counted once, as the runtime call (nested). An open call whose slot was disabled since
@@ -260,10 +326,14 @@ static void on_callback(void *userdata, int domain, u32 cbid, const void *data) 
         if (!open) {
             // Its entry was not seen (the slot was enabled during the call): no duration.
             tl_outer_slot = -1;
+            if (tl_in_call) incall_move(0, t0);
         } else if (corr != tl_outer_corr) {
             __atomic_fetch_add(&cur.api[tl_outer_slot].nested, 1, __ATOMIC_RELAXED);
         } else {
-            if (periodic) periodic_edge(0, t0);
+            if (periodic) {
+                incall_move(0, t0);
+                periodic_edge(0, t0);
+            }
             if (cb->correlationData && t0 > *cb->correlationData)
                 record_call(slot, t0 - *cb->correlationData, t0);
             tl_outer_slot = -1;
@@ -406,6 +476,11 @@ void ht_unsubscribe(void) {
     for (int s = 0; s < slot_count; s++) ht_enable(s, 0);
     p_unsubscribe(sub);
     sub = NULL;
+    pthread_mutex_lock(&incall_lock);         // calls open now never report their exits
+    if (incall_n) incall_total_ns += now_ns() - incall_since_ns;
+    incall_n = 0;
+    incall_gen++;
+    pthread_mutex_unlock(&incall_lock);
 }
 
 int ht_subscribed(void) { return sub != NULL; }
