@@ -488,6 +488,38 @@ def test_standby_where_ebpf_probes_counts_each_process_once(fakecupti, tmp_path,
         hub.close()
 
 
+def test_the_first_window_follows_the_agents_window_length(fakecupti, tmp_path, procs):
+    """The agent's config sets the window: the process's first window ends at the agent's next
+    boundary, not at the next boundary of the backend's own default (10 s; a first window that
+    long reached the agent too late to be merged)."""
+    from hypertrace.daemon.inprocess import InProcessHub
+    sock = tmp_path / "cupti.sock"
+    window_s = 1.0
+    hub = InProcessHub(str(sock), pb.LocalConfig(window_s=window_s, overhead_budget=0.005),
+                       standby=False).start()
+    try:
+        w_ns = int(window_s * 1e9)
+        # start just after a 10-s boundary, the worst case for a 10-s first window
+        while time.time_ns() % 10_000_000_000 > 500_000_000:
+            time.sleep(0.05)
+        started = time.time_ns()
+        _worker(tmp_path, procs, fakecupti, 0, sock, "--seconds", "20")
+        first_end = None
+        end = (started // w_ns + 1) * w_ns
+        while first_end is None and end < started + 8 * w_ns:
+            time.sleep(max(0.0, (end - time.time_ns()) / 1e9))
+            taken = hub.take(end - w_ns, end)
+            if taken:
+                first_end = taken[0].frame.end_ns
+            end += w_ns
+        # (a 10-s first window would end 9.5-10 s after the start; the worker's own start-up
+        # takes a second or two on a busy machine)
+        assert first_end is not None, "no window within 8 agent windows of the start"
+        assert first_end - started <= 7 * w_ns
+    finally:
+        hub.close()
+
+
 def test_the_step_marker_reaches_the_window_without_uprobes(fakecupti, tmp_path, procs):
     """hypertrace.step() in a process probed by CUPTI: its steps come from the marker."""
     from hypertrace.daemon.inprocess import InProcessHub

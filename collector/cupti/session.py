@@ -475,13 +475,16 @@ class InProcessBackend:
             return
         start = time.time_ns()
         while not self._stop.is_set():
+            try:
+                self._ensure_link()            # first: the agent's config sets the window
+            except Exception as exc:           # never take the training process down
+                log.exception("hypertrace: window failed: %s", exc)
             window_ns = int(self.window_s * 1e9)
             win = _Window(start, window_end(start, window_ns))
             try:
-                self._ensure_link()
                 self._ensure_subscribed()
                 self._run_slice(win, window_ns)
-            except Exception as exc:           # never take the training process down
+            except Exception as exc:
                 log.exception("hypertrace: window failed: %s", exc)
             self._wait_until(win.end_ns)
             end = max(time.time_ns(), win.end_ns) if not self._stop.is_set() else time.time_ns()
