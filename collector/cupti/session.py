@@ -531,9 +531,9 @@ class InProcessBackend:
 
     def _finish(self, win: _Window) -> None:
         snap = self.recorder.read(self.pid)
-        if self._sock is None and self._uplink is None:
-            return              # nobody to send to: no window is built (the thread's CPU is the
-                                # training process's)
+        if (self._sock is None and self._uplink is None) or self.state.mode == "standby":
+            return              # nobody to send to, or the agent's uprobes measure this process:
+                                # no window is built (the thread's CPU is the training process's)
         window_s = max((win.end_ns - win.start_ns) / 1e9, 1e-9)
         samples = {(self.pid, api): s for api, s in snap.samples.items()
                    if api in self.recorder.kinds and api not in (CALIBRATION_API, MARKER_API)}
