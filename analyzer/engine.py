@@ -67,43 +67,40 @@ class Engine:
         from."""
         epoch = self.epoch_of(window)
         end_ns = window.end.ToNanoseconds()
-        node = window.node
         order = (end_ns, window.agent_id, window.seq)
-        # per job of the window: its state and its epoch's accumulator (None: too late); the
-        # message's fields are read once each (every read of a string builds a new object)
-        touched: dict[str, tuple[JobState, EpochAccumulator | None]] = {}
+        touched: dict[str, EpochAccumulator | None] = {}
         rows_arrived: list[tuple[JobState, int]] = []
         for p in window.processes:
-            job_id = p.job_id
-            seen = touched.get(job_id)
-            if seen is None:
-                job = self._jobs.get(job_id)
+            acc = touched.get(p.job_id, False)
+            if acc is False:
+                job = self._jobs.get(p.job_id)
                 if job is None:
-                    job = self._jobs[job_id] = JobState(job_id)
+                    job = self._jobs[p.job_id] = JobState(p.job_id)
                 too_late = late or (job.last_scored_epoch is not None
                                     and epoch <= job.last_scored_epoch)
                 acc = None
                 if not too_late:
                     acc = job.pending.get(epoch)
                     if acc is None:
-                        acc = job.pending[epoch] = EpochAccumulator(job_id, epoch)
-                seen = touched[job_id] = (job, acc)
-            job, acc = seen
+                        acc = job.pending[epoch] = EpochAccumulator(p.job_id, epoch)
+                touched[p.job_id] = acc
             if acc is not None:
-                row = job.register(node, p, order)
+                job = self._jobs[p.job_id]
+                row = job.register(window.node, p, order)
                 acc.add_process(row, p, end_ns)
                 rows_arrived.append((job, row))
         arrived = end_ns if arrived_ns is None else arrived_ns
         for job, row in rows_arrived:
             job.note_arrival(row, arrived)
         any_late = False
-        for job, acc in touched.values():
+        for job_id, acc in touched.items():
+            job = self._jobs[job_id]
             job.windows += 1
             job.last_window_ns = max(job.last_window_ns, end_ns)
             job.last_arrival_ns = max(job.last_arrival_ns, arrived)
             if acc is None:
                 job.late_windows += 1
-                job.late_nodes[node] = job.late_nodes.get(node, 0) + 1
+                job.late_nodes[window.node] = job.late_nodes.get(window.node, 0) + 1
                 any_late = True
             else:
                 acc.windows += 1

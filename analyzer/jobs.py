@@ -131,14 +131,14 @@ class JobState:
         prev = self.order[row]
         if prev is None or order >= prev:
             self.order[row] = order
-            rank, uuid, kind = p.rank, p.gpu_uuid, p.gpu_kind   # each string read builds one
-            if rank >= 0:
-                self.ranks[row] = rank
-            if uuid:
-                self.uuids[row] = uuid
-            if kind and kind != self.kinds[row]:
-                self.kinds[row] = kind
-                self.kind_codes[row] = self.kind_names.setdefault(kind, len(self.kind_names))
+            if p.rank >= 0:
+                self.ranks[row] = p.rank
+            if p.gpu_uuid:
+                self.uuids[row] = p.gpu_uuid
+            if p.gpu_kind and p.gpu_kind != self.kinds[row]:
+                self.kinds[row] = p.gpu_kind
+                self.kind_codes[row] = self.kind_names.setdefault(p.gpu_kind,
+                                                                  len(self.kind_names))
             self.group_codes[row] = self._group_code(p.group)
             if p.HasField("nvml"):
                 self.nvml_prev[row] = self.nvml[row]
