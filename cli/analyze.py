@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from hypertrace.analyzer.config import ConfigError
     from hypertrace.analyzer.engine import Engine, UnknownJobError
     from hypertrace.cli.report import emit
-    from hypertrace.proto.records import read_windows
+    from hypertrace.proto.records import read_windows_sized
     from hypertrace.proto import wire
 
     try:
@@ -87,9 +87,9 @@ def run(args: argparse.Namespace) -> int:
     n = 0
     progress = Progress("analyze: read", "windows")
     try:
-        for n, window in enumerate(read_windows(args.file), 1):
+        for n, (window, size) in enumerate(read_windows_sized(args.file), 1):
             try:
-                wire.validate_window(window)
+                wire.validate_window(window, encoded_size=size)
             except wire.WireError as exc:
                 raise wire.WireError(f"{args.file}: window {n}: {exc.field}", exc.problem) from exc
             engine.ingest(window)

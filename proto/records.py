@@ -58,6 +58,13 @@ def _varint(fh: IO[bytes], where: str) -> int | None:
 
 
 def read_binary(fh: IO[bytes], name: str) -> Iterator[pb.NodeWindow]:
+    for w, _ in read_binary_sized(fh, name):
+        yield w
+
+
+def read_binary_sized(fh: IO[bytes], name: str) -> Iterator[tuple[pb.NodeWindow, int]]:
+    """(window, its encoded size) per record: the size is the record's length, which the wire
+    size check needs and would otherwise cost a ``ByteSize()`` walk of the whole message."""
     n = 0
     while True:
         n += 1
@@ -80,11 +87,18 @@ def read_binary(fh: IO[bytes], name: str) -> Iterator[pb.NodeWindow]:
             w.ParseFromString(data)
         except DecodeError as exc:
             raise WireError(where, f"is not a hypertrace.v1 NodeWindow ({exc})") from None
-        yield w
+        yield w, size
 
 
 def read_windows(path: str | Path) -> Iterator[pb.NodeWindow]:
     """Windows from a recorded file of either format, gzipped or not (``-``: stdin)."""
+    for w, _ in read_windows_sized(path):
+        yield w
+
+
+def read_windows_sized(path: str | Path) -> Iterator[tuple[pb.NodeWindow, int | None]]:
+    """(window, its encoded size) from a recorded file of either format; the size is None for
+    JSON lines (their text length is not the window's)."""
     if str(path) != "-":
         fh = _raw(path)
         try:
@@ -94,18 +108,19 @@ def read_windows(path: str | Path) -> Iterator[pb.NodeWindow]:
         finally:
             fh.close()
         if first in (b"{", b""):
-            yield from read_jsonl(path)
+            yield from ((w, None) for w in read_jsonl(path))
             return
         with _raw(path) as fh:
-            yield from read_binary(fh, str(path))
+            yield from read_binary_sized(fh, str(path))
         return
     raw: IO[bytes] = sys.stdin.buffer
     if raw.peek(2)[:2] == b"\x1f\x8b":                  # type: ignore[attr-defined]
         raw = io.BufferedReader(gzip.GzipFile(fileobj=raw))   # type: ignore[arg-type]
     if raw.peek(64).lstrip()[:1] in (b"{", b""):        # type: ignore[attr-defined]
-        yield from read_jsonl_stream(io.TextIOWrapper(raw, encoding="utf-8"), "-")
+        yield from ((w, None) for w in read_jsonl_stream(io.TextIOWrapper(raw, encoding="utf-8"),
+                                                           "-"))
     else:
-        yield from read_binary(raw, "-")
+        yield from read_binary_sized(raw, "-")
 
 
 def _varint_bytes(n: int) -> bytes:
@@ -141,4 +156,5 @@ def open_for_write(path: str, gz: bool | None = None) -> IO[bytes]:
     return gzip.open(path, "wb") if gz else open(path, "wb")
 
 
-__all__ = ["is_binary_name", "open_for_write", "read_binary", "read_windows", "write_windows"]
+__all__ = ["is_binary_name", "open_for_write", "read_binary", "read_binary_sized", "read_windows",
+           "read_windows_sized", "write_windows"]

@@ -100,6 +100,9 @@ class ScaleConfig:
     seed: int = 7
     synchronous: str = "FULL"
     blast_epochs: int = 2             # 0: no max-rate phase
+    #: where the analyzer subprocess imports ``hypertrace`` from (PYTHONPATH; a directory that
+    #: holds a ``hypertrace`` source tree): another commit, measured side by side with this one
+    analyzer_path: str = ""
 
     @property
     def gpus(self) -> int:
@@ -141,6 +144,15 @@ class ScaleResult:
     verdict_rows_per_epoch: float = 0.0
     stragglers: list[str] = field(default_factory=list)
     window_seconds: float = 10.0
+    measured_windows: int = 0         # windows of the measured epochs (CPU per window)
+
+    @property
+    def cpu_ms_per_window(self) -> float:
+        """The analyzer's CPU per window over the measured epochs: ingest, storage, scoring and
+        storing verdicts, everything it did, divided by the windows it received."""
+        if not self.measured_windows:
+            return float("nan")
+        return self.cpu_cores * self.measured_wall_s / self.measured_windows * 1e3
 
     @property
     def exactly_once(self) -> bool:
@@ -196,6 +208,10 @@ def start_analyzer(cfg: ScaleConfig, workdir: Path,
     """
     db = workdir / "analyzer.db"
     log_path = workdir / "analyzer.log"
+    env = dict(os.environ)
+    if cfg.analyzer_path:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [cfg.analyzer_path] + [p for p in [env.get("PYTHONPATH", "")] if p])
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             CLI + ["analyzer", "--listen", "127.0.0.1:0", "--db", str(db), "--insecure",
@@ -204,7 +220,7 @@ def start_analyzer(cfg: ScaleConfig, workdir: Path,
                    "--flush-interval", str(cfg.flush_interval),
                    "--synchronous", cfg.synchronous,
                    "--max-workers", str(server_workers(cfg))],
-            stdout=log, stderr=subprocess.STDOUT, text=True)
+            stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         m = re.search(r"listening on \S+:(\d+)", log_path.read_text())
@@ -473,6 +489,7 @@ def run_scale(cfg: ScaleConfig, workdir: Path, pool: WindowPool | None = None,
         assert before is not None
         res.cpu_cores = (after.cpu_s - before.cpu_s) / res.measured_wall_s
         res.sustained_wps = cfg.nodes / cfg.window_seconds
+        res.measured_windows = cfg.nodes * cfg.epochs
 
         if cfg.blast_epochs:
             n0 = gen.acked
@@ -588,6 +605,37 @@ TABLE_HEAD = ("| GPUs | nodes | windows/s sustained | windows/s max | analyzer c
               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:--|")
 
 
+def compare(cfg: ScaleConfig, base_path: str, rounds: int, workdir: Path,
+            pool: WindowPool) -> int:
+    """The same paced run against the analyzer of ``base_path`` and of this tree, alternating
+    (base, head, base, head, ...) so that both meet the same machine noise; prints the CPU per
+    window of each and the ratio of their medians. Exit status 1 when a run lost a window or the
+    two found different stragglers."""
+    runs: dict[str, list[ScaleResult]] = {"base": [], "head": []}
+    for k in range(rounds):
+        for label, path in (("base", base_path), ("head", "")):
+            (workdir / f"{label}-{k}").mkdir()
+            r = run_scale(replace(cfg, analyzer_path=path), workdir / f"{label}-{k}", pool,
+                          progress=lambda *_: None)
+            runs[label].append(r)
+            mx = f"{r.max_wps:,.0f}" if r.max_wps else "-"
+            print(f"{label} round {k + 1}: {r.cpu_ms_per_window:.3f} ms CPU per window "
+                  f"({r.cpu_cores:.3f} cores), max {mx} windows/s, p99 beyond grace "
+                  f"{r.beyond_grace_p99_s:+.2f} s, late {r.late_windows}, exactly once "
+                  f"{'yes' if r.exactly_once else 'NO'}, stragglers {r.stragglers}", flush=True)
+    med = {k: float(np.median([r.cpu_ms_per_window for r in v])) for k, v in runs.items()}
+    mx = {k: float(np.median([r.max_wps or np.nan for r in v])) for k, v in runs.items()}
+    print(f"\nmedian CPU per window: base {med['base']:.3f} ms, head {med['head']:.3f} ms -> "
+          f"head/base {med['head'] / med['base']:.3f}")
+    print(f"median max rate: base {mx['base']:,.0f}, head {mx['head']:,.0f} windows/s -> "
+          f"head/base {mx['head'] / mx['base']:.3f}")
+    all_runs = runs["base"] + runs["head"]
+    ok = (all(r.exactly_once for r in all_runs)
+          and len({tuple(r.stragglers) for r in all_runs}) == 1)
+    print(f"every run exactly once, same stragglers: {'yes' if ok else 'NO'}")
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hypertrace.sim.bench_scale",
                                  description=__doc__,
@@ -609,6 +657,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="256 nodes, 2 s windows, 4 epochs, no ramp: a smoke run in ~30 s")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--compare-with", metavar="DIR", default="",
+                    help="side by side: alternate the main run between the analyzer imported "
+                    "from DIR (a directory holding a hypertrace source tree, e.g. `git archive` "
+                    "of another commit) and this one; prints CPU per window and their ratio "
+                    "(no ramp)")
+    ap.add_argument("--rounds", type=int, default=2, help="--compare-with: runs of each side")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="warm-up epochs of the main run (default 2)")
     args = ap.parse_args(argv)
 
     if args.quick:
@@ -624,7 +680,11 @@ def main(argv: list[str] | None = None) -> int:
                           # every agent opening a second stream at once is not what agents do
                           # (they send one window per window length): no max-rate phase
                           blast_epochs=0 if args.agent_streams else 2)
+        if args.warmup is not None:
+            cfg = replace(cfg, warmup_epochs=args.warmup)
         ramp = [int(x) for x in args.ramp.split(",") if x.strip()]
+    if args.compare_with:
+        ramp = []
     print(f"== machine: {machine_info()}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="hypertrace-scale-"))
     results: list[ScaleResult] = []
@@ -638,6 +698,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{cfg.synchronous}; transport: "
               + ("one connection and one stream per agent (--agent-streams)"
                  if cfg.agent_streams else f"{cfg.streams} shared streams"), flush=True)
+        if args.compare_with:
+            print(f"== side by side: base = the analyzer from {args.compare_with}, head = this "
+                  f"tree; {args.rounds} rounds, alternating", flush=True)
+            return compare(cfg, str(Path(args.compare_with).resolve()), args.rounds, tmp, pool)
         (tmp / "main").mkdir()
         main_res = run_scale(cfg, tmp / "main", pool)
         results.append(main_res)
