@@ -113,7 +113,7 @@ static __thread u64 tl_offcpu_ns;         // this thread's blocked time outside 
 static __thread u64 tl_tid;
 static __thread int tl_index = -1;        // this thread's place in tids[] (-1: none)
 // The process's idle time, as the eBPF program defines it (every active thread blocked outside
-// CUDA calls), estimated from what callbacks and schedstat can see. A thread's blocked time in
+// CUDA calls; here the active threads are those that make synchronize calls), estimated from what callbacks and schedstat can see. A thread's blocked time in
 // the gap between two of its periodic calls counts only beyond the time some thread of the
 // process spent inside a periodic call meanwhile: a thread blocked while another waits on the
 // GPU is waiting for its own process, not for peers. The interval's idle time is then the
@@ -124,10 +124,20 @@ static u64 thr_counted[HT_MAX_THREADS];   // per thread: counted blocked time, e
 static u64 thr_gaps[HT_MAX_THREADS];      // per thread: gaps closed, ever
 static u64 base_counted[HT_MAX_SLOTS][HT_MAX_THREADS];   // at each slot's last boundary
 static u64 base_gaps[HT_MAX_SLOTS][HT_MAX_THREADS];
+// Threads inside a periodic call, per slot (a slot's count is closed out when it is disabled:
+// CUPTI reports no exit of a disabled callback, and a lost exit must not read as a thread
+// inside a call for ever), and the time with any thread inside one, ever.
 static pthread_mutex_t incall_lock = PTHREAD_MUTEX_INITIALIZER;
-static u64 incall_n, incall_since_ns, incall_total_ns, incall_gen;
+static u64 incall_slot_n[HT_MAX_SLOTS], incall_slot_gen[HT_MAX_SLOTS];
+static u64 incall_n, incall_since_ns, incall_total_ns, incall_last_ns;
 static __thread u64 tl_incall_at_exit, tl_in_call_gen;
-static __thread int tl_in_call;
+static __thread int tl_in_call = -1;      // the slot of this thread's open call (-1: none)
+// Thread indexes are reused when a thread exits (a process may start threads all its life).
+static pthread_key_t idx_key;
+static pthread_once_t idx_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t idx_lock = PTHREAD_MUTEX_INITIALIZER;
+static int idx_free[HT_MAX_THREADS];
+static int nfree;
 static int slot_kind[HT_MAX_SLOTS];
 static int slot_count;
 static signed char rt_slot[HT_MAX_CBID], drv_slot[HT_MAX_CBID];   // cbid -> slot, -1 none
@@ -182,42 +192,91 @@ static int read_schedstat(u64 *exec_ns, u64 *runq_ns) {
     return 0;
 }
 
+static void release_index(void *v) {             // at the thread's exit
+    int i = (int)(intptr_t)v - 1;
+    pthread_mutex_lock(&idx_lock);
+    tids[i] = 0;
+    if (nfree < HT_MAX_THREADS) idx_free[nfree++] = i;
+    pthread_mutex_unlock(&idx_lock);
+}
+static void make_idx_key(void) { pthread_key_create(&idx_key, release_index); }
+
 static void register_thread(void) {
     tl_registered = 1;
-    int i = __atomic_fetch_add(&ntids, 1, __ATOMIC_RELAXED);
-    if (i < HT_MAX_THREADS) {
-        tids[i] = (int)syscall(SYS_gettid);
+    pthread_once(&idx_once, make_idx_key);
+    pthread_mutex_lock(&idx_lock);
+    int i = nfree ? idx_free[--nfree] : -1;
+    if (i < 0 && ntids < HT_MAX_THREADS) i = __atomic_fetch_add(&ntids, 1, __ATOMIC_RELAXED);
+    if (i >= 0) tids[i] = (int)syscall(SYS_gettid);
+    pthread_mutex_unlock(&idx_lock);
+    if (i >= 0) {
         tl_index = i;
+        pthread_setspecific(idx_key, (void *)(intptr_t)(i + 1));
     }
 }
 
-// Time with at least one thread inside a periodic call, ever, as of `now`.
-static u64 incall_time(u64 now) {
+// (caller holds incall_lock) The time with any thread inside a periodic call, ever, as of
+// `now`; `now` is clamped to the latest moment used so far, so the total never goes back when
+// two threads' clocks were read in one order and the lock taken in the other.
+static u64 incall_total_at(u64 *now) {
+    if (*now < incall_last_ns) *now = incall_last_ns;
+    incall_last_ns = *now;
+    return incall_total_ns + (incall_n ? *now - incall_since_ns : 0);
+}
+
+// This thread enters (`slot` >= 0) or leaves (`slot` < 0) a periodic call at `now`; the time
+// with any thread inside a call, ever, as of that moment (before an entry counts). A call whose
+// count was closed out meanwhile (its slot disabled, or CUPTI unsubscribed) is not counted out
+// twice.
+static u64 incall_move(int slot, u64 now) {
     pthread_mutex_lock(&incall_lock);
-    u64 t = incall_total_ns + (incall_n && now > incall_since_ns ? now - incall_since_ns : 0);
+    u64 total = incall_total_at(&now);
+    int open = tl_in_call;
+    if (open >= 0 && tl_in_call_gen == incall_slot_gen[open] && incall_slot_n[open]) {
+        incall_slot_n[open]--;
+        if (--incall_n == 0) incall_total_ns += now - incall_since_ns;
+    }
+    tl_in_call = -1;
+    if (slot >= 0) {
+        if (incall_n++ == 0) incall_since_ns = now;
+        incall_slot_n[slot]++;
+        tl_in_call = slot;
+        tl_in_call_gen = incall_slot_gen[slot];
+    }
+    pthread_mutex_unlock(&incall_lock);
+    return total;
+}
+
+// The time with any thread inside a periodic call, ever, as of `now`.
+static u64 incall_now(u64 now) {
+    pthread_mutex_lock(&incall_lock);
+    u64 t = incall_total_at(&now);
     pthread_mutex_unlock(&incall_lock);
     return t;
 }
 
-// This thread enters (in = 1) or leaves (in = 0) a periodic call at `now`. A call whose exit was
-// never seen (its slot disabled meanwhile) is left at the thread's next entry; calls open when
-// the counts were reset (unsubscribe) are not counted out twice.
-static void incall_move(int in, u64 now) {
+// Close out `slot`'s open calls (disabled, or all at unsubscribe: `slot` < 0).
+static void incall_close_out(int slot) {
     pthread_mutex_lock(&incall_lock);
-    if (tl_in_call && tl_in_call_gen == incall_gen && incall_n) {
-        if (--incall_n == 0 && now > incall_since_ns) incall_total_ns += now - incall_since_ns;
-    }
-    tl_in_call = 0;
-    if (in) {
-        if (incall_n++ == 0) incall_since_ns = now;
-        tl_in_call = 1;
-        tl_in_call_gen = incall_gen;
+    u64 now = now_ns();
+    incall_total_at(&now);
+    for (int s = 0; s < HT_MAX_SLOTS; s++) {
+        if (slot >= 0 && s != slot) continue;
+        if (incall_slot_n[s]) {
+            incall_n -= incall_slot_n[s] < incall_n ? incall_slot_n[s] : incall_n;
+            incall_slot_n[s] = 0;
+            if (incall_n == 0) incall_total_ns += now - incall_since_ns;
+        }
+        incall_slot_gen[s]++;
     }
     pthread_mutex_unlock(&incall_lock);
 }
 
 // A periodic call of this thread begins (entry) or ends (exit) at `now`.
-static void periodic_edge(int entry, u64 now) {
+//   `incall`: the time with any thread inside a periodic call, ever, at `now` (incall_move's);
+//   `counted`: whether this gap's blocked time may count (not after a lost exit: the gap holds
+//   the lost call's time).
+static void periodic_edge(int entry, u64 now, u64 incall, int counted) {
     u64 exec_ns, runq_ns;
     if (read_schedstat(&exec_ns, &runq_ns) != 0) return;
     if (entry && tl_wall_ns) {
@@ -228,8 +287,8 @@ static void periodic_edge(int entry, u64 now) {
             tl_offcpu_ns += blocked;
             __atomic_fetch_add(&offcpu_total_ns, blocked, __ATOMIC_RELAXED);
         }
-        if (tl_index >= 0) {
-            u64 others = incall_time(now) - tl_incall_at_exit;
+        if (tl_index >= 0 && counted) {
+            u64 others = incall > tl_incall_at_exit ? incall - tl_incall_at_exit : 0;
             __atomic_fetch_add(&thr_counted[tl_index], blocked > others ? blocked - others : 0,
                                __ATOMIC_RELAXED);
             __atomic_fetch_add(&thr_gaps[tl_index], 1, __ATOMIC_RELAXED);
@@ -239,7 +298,7 @@ static void periodic_edge(int entry, u64 now) {
         tl_exec_ns = exec_ns;
         tl_runq_ns = runq_ns;
         tl_wall_ns = now;
-        tl_incall_at_exit = incall_time(now);
+        tl_incall_at_exit = incall;
     }
 }
 
@@ -267,7 +326,11 @@ static void period_boundary(int slot, u64 end) {
         u64 interval = end - p->last_ns;
         u64 ws = sync_total_ns - p->last_sync_ns;
         u64 room = interval > ws ? interval - ws : 0;
-        u64 wo = idle == ~0ULL ? 0 : idle < room ? idle : room;
+        // No thread with an index closed a gap (every index taken): the boundary thread's own
+        // blocked time, when the previous boundary was its own too.
+        if (idle == ~0ULL)
+            idle = p->last_tid == tl_tid && off >= p->last_offcpu_ns ? off - p->last_offcpu_ns : 0;
+        u64 wo = idle < room ? idle : room;
         u64 busy = interval > ws + wo ? interval - ws - wo : 0;
         p->count++;
         p->interval_sum_ns += interval;
@@ -308,8 +371,8 @@ static void on_callback(void *userdata, int domain, u32 cbid, const void *data) 
     int periodic = slot_kind[slot] != HT_KIND_LAUNCH;
     if (cb->callbackSite == 0) {
         if (periodic && (tl_outer_slot < 0 || slot_gen[tl_outer_slot] != tl_outer_gen)) {
-            periodic_edge(1, t0);
-            incall_move(1, t0);
+            int lost = tl_in_call >= 0;           // the previous periodic call's exit never came
+            periodic_edge(1, t0, incall_move(slot, t0), !lost);
         }
         if (cb->correlationData) *cb->correlationData = t0;
         // The outermost probed call of this thread; a driver call made inside a runtime call is
@@ -326,14 +389,11 @@ static void on_callback(void *userdata, int domain, u32 cbid, const void *data) 
         if (!open) {
             // Its entry was not seen (the slot was enabled during the call): no duration.
             tl_outer_slot = -1;
-            if (tl_in_call) incall_move(0, t0);
+            if (tl_in_call >= 0) incall_move(-1, t0);
         } else if (corr != tl_outer_corr) {
             __atomic_fetch_add(&cur.api[tl_outer_slot].nested, 1, __ATOMIC_RELAXED);
         } else {
-            if (periodic) {
-                incall_move(0, t0);
-                periodic_edge(0, t0);
-            }
+            if (periodic) periodic_edge(0, t0, incall_move(-1, t0), 1);
             if (cb->correlationData && t0 > *cb->correlationData)
                 record_call(slot, t0 - *cb->correlationData, t0);
             tl_outer_slot = -1;
@@ -465,7 +525,10 @@ int ht_enable(int slot, int on) {
             bad++;
     }
     slot_on[slot] = on && !bad;
-    if (!on) __atomic_fetch_add(&slot_gen[slot], 1, __ATOMIC_RELAXED);
+    if (!on) {
+        __atomic_fetch_add(&slot_gen[slot], 1, __ATOMIC_RELAXED);
+        incall_close_out(slot);
+    }
     if (bad) snprintf(last_error, sizeof last_error, "cuptiEnableCallback failed for %d ids", bad);
     return bad ? -1 : 0;
 }
@@ -476,11 +539,7 @@ void ht_unsubscribe(void) {
     for (int s = 0; s < slot_count; s++) ht_enable(s, 0);
     p_unsubscribe(sub);
     sub = NULL;
-    pthread_mutex_lock(&incall_lock);         // calls open now never report their exits
-    if (incall_n) incall_total_ns += now_ns() - incall_since_ns;
-    incall_n = 0;
-    incall_gen++;
-    pthread_mutex_unlock(&incall_lock);
+    incall_close_out(-1);                     // calls open now never report their exits
 }
 
 int ht_subscribed(void) { return sub != NULL; }
@@ -559,7 +618,7 @@ double ht_time_calls(void *fn, int n) {
 }
 
 // For tests: a periodic call's entry or exit on this thread at `now_ns`.
-void ht_test_edge(int entry, u64 now) { periodic_edge(entry, now); }
+void ht_test_edge(int entry, u64 now) { periodic_edge(entry, now, incall_now(now), 1); }
 
 size_t ht_snapshot_size(void) { return sizeof(struct ht_snapshot); }
 int ht_max_slots(void) { return HT_MAX_SLOTS; }
@@ -570,8 +629,10 @@ void ht_mark(int slot) {
     if (slot < 0 || slot >= slot_count || slot_kind[slot] != HT_KIND_MARKER) return;
     u64 now = now_ns();
     if (!tl_registered) register_thread();
-    periodic_edge(1, now);                    // blocked time since the last boundary
-    periodic_edge(0, now);
+    int lost = tl_in_call >= 0;               // a periodic call's exit never came
+    u64 incall = lost ? incall_move(-1, now) : incall_now(now);
+    periodic_edge(1, now, incall, !lost);     // blocked time since the last boundary
+    periodic_edge(0, now, incall, 1);
     pthread_mutex_lock(&lock);
     period_boundary(slot, now);
     pthread_mutex_unlock(&lock);

@@ -478,7 +478,7 @@ class InProcessBackend:
             try:
                 self._ensure_link()            # first: the agent's config sets the window
             except Exception as exc:           # never take the training process down
-                log.exception("hypertrace: window failed: %s", exc)
+                log.exception("hypertrace: reaching the agent failed: %s", exc)
             window_ns = int(self.window_s * 1e9)
             win = _Window(start, window_end(start, window_ns))
             try:
@@ -531,10 +531,13 @@ class InProcessBackend:
 
     def _finish(self, win: _Window) -> None:
         snap = self.recorder.read(self.pid)
-        if (self._sock is None and self._uplink is None) or self.state.mode == "standby":
-            return              # nobody to send to, or the agent's uprobes measure this process:
-                                # no window is built (the thread's CPU is the training process's)
         window_s = max((win.end_ns - win.start_ns) / 1e9, 1e-9)
+        if (self._sock is None and self._uplink is None) or self.state.mode == "standby":
+            # Nobody to send to, or the agent's uprobes measure this process: no window is built
+            # (the thread's CPU is the training process's). The scheduler baseline still moves
+            # on, so that a later window covers only itself.
+            self._sched.sample(self.recorder.threads(), snap.offcpu_ns, window_s)
+            return
         samples = {(self.pid, api): s for api, s in snap.samples.items()
                    if api in self.recorder.kinds and api not in (CALIBRATION_API, MARKER_API)}
         always_hits = sum(probe_hits(s) for (_, api), s in samples.items() if api in self._always)

@@ -131,7 +131,8 @@ void fakecupti_call(int domain, uint32_t cbid, uint64_t ns, uint32_t inner_cbid)
     } else {
         spin(ns);
     }
-    if (fire) { d.callbackSite = 1; cb(ud, domain, cbid, &d); }
+    // as CUPTI: a callback disabled (or unsubscribed) during the call reports no exit
+    if (fire && subscribed && enabled[domain][cbid]) { d.callbackSite = 1; cb(ud, domain, cbid, &d); }
 }
 
 void fakecupti_release(void) { released = 1; }
