@@ -50,6 +50,7 @@ Not thread-safe by itself across connections: one connection is shared and guard
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sqlite3
@@ -61,6 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from hypertrace.analyzer import blocks as _blocks
 from hypertrace.proto import hypertrace_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -69,12 +71,21 @@ BUSY_TIMEOUT_MS = 30_000
 #: Windows read per query when replaying the store after a restart.
 REPLAY_PAGE = 2000
 
-SCHEMA_VERSION = 4
-#: Payload codecs (``windows.codec``): the wire bytes as received, zlib of them, or zlib with the
-#: preset dictionary ``payload_dict_v1.bin`` (frozen: a better dictionary is a new codec).
-CODEC_RAW, CODEC_ZLIB, CODEC_ZLIB_DICT1 = 0, 1, 2
+SCHEMA_VERSION = 5
+#: Payload codecs (``windows.codec``): the wire bytes as received, zlib of them, zlib with the
+#: preset dictionary ``payload_dict_v1.bin`` (frozen: a better dictionary is a new codec), or
+#: in the compressed block ``windows.block`` of ``blocks`` (analyzer/blocks.py; the row's own
+#: payload is then empty).
+CODEC_RAW, CODEC_ZLIB, CODEC_ZLIB_DICT1, CODEC_BLOCK = 0, 1, 2, 3
+#: Windows are compacted into blocks once they ended this long ago (module docstring): well
+#: after their epoch was scored, so a block is written once and only read after.
+COMPACT_AFTER_S = 120.0
 #: zlib level of stored payloads (module docstring).
 ZLIB_LEVEL = 1
+#: Windows of one block: those that end within this span (a window length: every agent's window
+#: of one epoch), at most MAX_BLOCK_WINDOWS of them (what one pass holds in memory).
+BLOCK_SPAN_NS = 10 * 10**9
+MAX_BLOCK_WINDOWS = 4096
 #: SQLite page size of a new database file (module docstring). An existing file keeps its own.
 PAGE_SIZE = 16384
 _PAYLOAD_DICT1 = (Path(__file__).parent / "payload_dict_v1.bin").read_bytes()
@@ -88,7 +99,8 @@ _WINDOWS_TABLE = """CREATE TABLE IF NOT EXISTS windows (
     received_ns INTEGER NOT NULL,
     payload     BLOB    NOT NULL,
     late        INTEGER NOT NULL DEFAULT 0,
-    codec       INTEGER NOT NULL DEFAULT 0
+    codec       INTEGER NOT NULL DEFAULT 0,
+    block       INTEGER
 )"""
 _WINDOWS_END = "CREATE INDEX IF NOT EXISTS windows_end ON windows (end_ns)"
 _VERDICTS_TABLE = """CREATE TABLE IF NOT EXISTS verdicts (
@@ -129,12 +141,21 @@ def _to_v4(conn: sqlite3.Connection) -> None:
     conn.execute(_WINDOWS_END)
 
 
+def _to_v5(conn: sqlite3.Connection) -> None:
+    """Windows compacted into blocks (``windows.block``, table ``blocks``). Existing rows keep
+    their own payloads until the next compaction pass takes them."""
+    cols = [r[1] for r in conn.execute("PRAGMA table_info(windows)")]
+    if "block" not in cols:           # a file upgraded from schema 3 has it from _to_v4
+        conn.execute("ALTER TABLE windows ADD COLUMN block INTEGER")
+
+
 #: Upgrades from an older schema, in place: version -> what reaches the next one (statements,
 #: or a function of the connection).
 _MIGRATIONS: dict[int, tuple] = {
     1: ("ALTER TABLE windows ADD COLUMN late INTEGER NOT NULL DEFAULT 0",),
     2: (_to_v3,),
     3: (_to_v4,),
+    4: (_to_v5,),
 }
 
 _SCHEMA = """
@@ -159,9 +180,13 @@ CREATE INDEX IF NOT EXISTS epochs_created ON epochs (created_ns);
 _SCHEMA_AFTER = _VERDICTS_TABLE + """;
 CREATE INDEX IF NOT EXISTS verdicts_created ON verdicts (created_ns);
 CREATE UNIQUE INDEX IF NOT EXISTS windows_key ON windows (agent_id, seq);
+CREATE INDEX IF NOT EXISTS windows_loose ON windows (end_ns) WHERE block IS NULL;
 CREATE TABLE IF NOT EXISTS summaries (
     job_id TEXT NOT NULL, slot_ns INTEGER NOT NULL, created_ns INTEGER NOT NULL,
     keys BLOB NOT NULL, vals BLOB NOT NULL, PRIMARY KEY (job_id, slot_ns)
+);
+CREATE TABLE IF NOT EXISTS blocks (
+    id INTEGER PRIMARY KEY, end_ns INTEGER NOT NULL, data BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS snapshot (
     id INTEGER PRIMARY KEY CHECK (id = 0), version TEXT NOT NULL, upto INTEGER NOT NULL,
@@ -239,7 +264,7 @@ class StoredWindow:
         database."""
         try:
             return decode_payload(self.stored, self.codec)
-        except zlib.error as exc:
+        except (zlib.error, _blocks.BlockError) as exc:
             raise StorageError(f"stored window {self.agent_id[:64]!r} seq {self.seq}: its "
                                f"payload does not decompress ({exc}); skipped") from exc
 
@@ -423,12 +448,15 @@ class Storage:
         it had no ack yet, or sent again: the store heals instead of refusing the agent forever.
         Called with the lock held, inside the group's transaction."""
         try:
+            if int(stored[1]) == CODEC_BLOCK:     # compared by digest: no block to decode
+                return bytes(stored[0]) == window_digest(it.raw)
             return decode_payload(bytes(stored[0]), int(stored[1])) == it.raw
-        except (zlib.error, StorageError):
+        except (zlib.error, StorageError, _blocks.BlockError):
             log.warning("window %.64r seq %d: the stored copy was damaged; replaced by the "
                         "agent's replay", it.row[0], it.row[1])
-            self._conn.execute("UPDATE windows SET payload = ?, codec = ? WHERE agent_id = ? "
-                               "AND seq = ?", (it.row[6], it.row[7], it.row[0], it.row[1]))
+            self._conn.execute("UPDATE windows SET payload = ?, codec = ?, block = NULL WHERE "
+                               "agent_id = ? AND seq = ?",
+                               (it.row[6], it.row[7], it.row[0], it.row[1]))
             return True
 
     def iter_windows(self, since_end_ns: int | None = None, after_id: int = 0,
@@ -448,12 +476,13 @@ class Storage:
             if first is None:
                 return
             last = max(last, (int(first), "", -1))
+        decoded: dict[int, dict[int, bytes] | _blocks.BlockError] = {}   # blocks of this end
         while True:
             with self._lock:
                 try:
                     rows = self._conn.execute(
                         "SELECT agent_id, seq, node, end_ns, payload, late, received_ns, "
-                        "codec, id FROM windows "
+                        "codec, id, block FROM windows "
                         "WHERE (end_ns, agent_id, seq) > (?, ?, ?) AND id > ? AND end_ns < ? "
                         "ORDER BY end_ns, agent_id, seq LIMIT ?",
                         (last[0], last[1], last[2], after_id, until_end_ns,
@@ -463,9 +492,101 @@ class Storage:
             if not rows:
                 return
             for r in rows:
-                yield StoredWindow(r[0], int(r[1]), r[2], int(r[3]), bytes(r[4]), bool(r[5]),
-                                   int(r[6]), int(r[7]), int(r[8]))
+                stored, codec = bytes(r[4]), int(r[7])
+                if codec == CODEC_BLOCK:
+                    stored, codec = self._from_block(decoded, r[9], int(r[8]), int(r[3]))
+                yield StoredWindow(r[0], int(r[1]), r[2], int(r[3]), stored, bool(r[5]),
+                                   int(r[6]), codec, int(r[8]))
             last = (int(rows[-1][3]), rows[-1][0], int(rows[-1][1]))
+
+    def _from_block(self, decoded: dict, block: int | None, wid: int, end_ns: int
+                    ) -> tuple[bytes, int]:
+        """(stored bytes, codec) of a window kept in a block, for :meth:`iter_windows`:
+        its wire bytes (CODEC_RAW), or nothing with CODEC_BLOCK when the block is damaged (the
+        window's ``payload`` then raises). ``decoded`` caches the blocks of the windows being
+        read: a block holds windows of one end time, read one after the other."""
+        if block not in decoded:
+            if len(decoded) >= 4:
+                decoded.clear()
+            with self._lock:
+                row = self._conn.execute("SELECT data FROM blocks WHERE id = ?",
+                                         (block,)).fetchone()
+            try:
+                if row is None:
+                    raise _blocks.BlockError(f"block {block} is missing")
+                decoded[block] = _blocks.decode(bytes(row[0]))
+            except _blocks.BlockError as exc:
+                log.warning("stored block %s (windows ending at %d) does not decode: %s",
+                            block, end_ns, exc)
+                decoded[block] = exc
+        got = decoded[block]
+        data = None if isinstance(got, _blocks.BlockError) else got.get(wid)
+        return (b"", CODEC_BLOCK) if data is None else (data, CODEC_RAW)
+
+    def compact(self, before_end_ns: int) -> int:
+        """Rewrite the windows that end before ``before_end_ns`` and are still stored one by one
+        into compressed blocks (analyzer/blocks.py), one per :data:`BLOCK_SPAN_NS` of end
+        times; returns the windows compacted. Each block is written with its windows' rows
+        (their payloads emptied, their keys and ids kept: dedup and the snapshot's cut work as
+        before) in one transaction. Blocks are encoded without the lock held: ingest goes on
+        meanwhile. A window whose payload does not decode is left as it is."""
+        done, start = 0, -(2 ** 63)
+        while True:
+            with self._lock:
+                first = self._conn.execute(
+                    "SELECT MIN(end_ns) FROM windows WHERE block IS NULL AND end_ns >= ? AND "
+                    "end_ns < ?", (start, before_end_ns)).fetchone()[0]
+            if first is None:
+                return done
+            span_end = min(int(first) // BLOCK_SPAN_NS * BLOCK_SPAN_NS + BLOCK_SPAN_NS,
+                           before_end_ns)
+            last = (int(first), "", -1)
+            while True:
+                with self._lock:
+                    rows = self._conn.execute(
+                        "SELECT id, payload, codec, end_ns, agent_id, seq FROM windows "
+                        "WHERE block IS NULL AND (end_ns, agent_id, seq) > (?, ?, ?) AND "
+                        "end_ns < ? ORDER BY end_ns, agent_id, seq LIMIT ?",
+                        (*last, span_end, MAX_BLOCK_WINDOWS)).fetchall()
+                if not rows:
+                    break
+                last = (int(rows[-1][3]), rows[-1][4], int(rows[-1][5]))
+                done += self._write_block(rows)
+                if len(rows) < MAX_BLOCK_WINDOWS:
+                    break
+            start = span_end
+
+    def _write_block(self, rows: list[tuple]) -> int:
+        """One block of (id, payload, codec, end_ns, ...) rows; returns the windows it took."""
+        windows, codecs, end = [], {}, 0
+        for r in rows:
+            try:
+                data = decode_payload(bytes(r[1]), int(r[2]))
+            except (zlib.error, StorageError):
+                continue                    # left as it is: a replay may heal it
+            windows.append((int(r[0]), data))
+            codecs[int(r[0])] = (int(r[2]), window_digest(data))
+            end = max(end, int(r[3]))
+        if not windows:
+            return 0
+        blob = _blocks.encode(windows)
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                block = self._conn.execute("INSERT INTO blocks (end_ns, data) VALUES (?, ?)",
+                                           (end, blob)).lastrowid
+                n = 0
+                for wid, (codec, digest) in codecs.items():
+                    # a row healed meanwhile (another codec) keeps its own payload
+                    n += self._conn.execute(
+                        "UPDATE windows SET payload = ?, codec = ?, block = ? WHERE id = ? "
+                        "AND block IS NULL AND codec = ?",
+                        (digest, CODEC_BLOCK, block, wid, codec)).rowcount
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return n
 
     @contextmanager
     def commits_held(self) -> Iterator[int]:
@@ -694,6 +815,8 @@ class Storage:
             try:
                 n = self._conn.execute("DELETE FROM windows WHERE end_ns < ?",
                                        (win_cutoff,)).rowcount
+                # a block's windows all end by its end_ns: deleted with the last of them
+                self._conn.execute("DELETE FROM blocks WHERE end_ns < ?", (win_cutoff,))
                 n += self._conn.execute("DELETE FROM scores WHERE created_ns < ?",
                                         (cutoff,)).rowcount
                 n += self._conn.execute("DELETE FROM summaries WHERE slot_ns < ?",
@@ -749,6 +872,13 @@ def encode_payload(data: bytes) -> bytes:
     return c.compress(data) + c.flush()
 
 
+def window_digest(data: bytes) -> bytes:
+    """What a compacted window's row keeps of its wire bytes (its ``payload``, codec
+    :data:`CODEC_BLOCK`): enough to tell an agent's replay of it from other bytes under the same
+    key without decoding its block."""
+    return hashlib.blake2b(data, digest_size=8).digest()
+
+
 def decode_payload(payload: bytes, codec: int) -> bytes:
     """A stored payload's wire bytes (``codec``: :data:`CODEC_RAW`, :data:`CODEC_ZLIB` or
     :data:`CODEC_ZLIB_DICT1`); for tools that read the database file themselves too."""
@@ -762,6 +892,9 @@ def decode_payload(payload: bytes, codec: int) -> bytes:
         return zlib.decompress(payload)
     if codec == CODEC_RAW:
         return payload
+    if codec == CODEC_BLOCK:
+        raise zlib.error("the window is in a compressed block (blocks table) that did not "
+                         "decode")
     raise StorageError(f"stored window with unknown payload codec {codec}: written by a newer "
                        "analyzer? Run that version, or point --db at a new file")
 
