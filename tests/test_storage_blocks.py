@@ -43,6 +43,16 @@ def test_a_damaged_block_is_a_block_error_not_a_crash():
         blocks.decode(bytes(blob))
 
 
+def _compacted(tmp_path) -> tuple[Storage, list[pb.NodeWindow]]:
+    """A store holding CFG's windows, all compacted."""
+    st = Storage.open(tmp_path / "a.db")
+    ws = list(generate(CFG))
+    for w in ws:
+        st.add_window(w)
+    st.compact(2**62)
+    return st, ws
+
+
 def test_compaction_keeps_what_every_reader_sees_and_shrinks_the_windows(tmp_path):
     st = Storage.open(tmp_path / "a.db")
     ws = list(generate(CFG))
@@ -68,11 +78,7 @@ def test_compaction_keeps_what_every_reader_sees_and_shrinks_the_windows(tmp_pat
 
 
 def test_dedup_knows_compacted_windows_and_refuses_other_bytes_under_their_key(tmp_path):
-    st = Storage.open(tmp_path / "a.db")
-    ws = list(generate(CFG))
-    for w in ws:
-        st.add_window(w)
-    st.compact(2**62)
+    st, ws = _compacted(tmp_path)
     assert not any(st.add_window(w) for w in ws)             # an agent's replay: all known
     other = pb.NodeWindow()
     other.CopyFrom(ws[0])
@@ -100,11 +106,7 @@ def test_a_window_stored_after_its_epoch_was_compacted_is_read_and_compacted_lat
 
 
 def test_retention_deletes_blocks_with_their_windows(tmp_path):
-    st = Storage.open(tmp_path / "a.db")
-    ws = list(generate(CFG))
-    for w in ws:
-        st.add_window(w)
-    st.compact(2**62)
+    st, ws = _compacted(tmp_path)
     ends = sorted({w.end.ToNanoseconds() for w in ws})
     # keep the last two epochs: windows end before ends[-2] go
     st.prune(retention_seconds=0, now_ns=ends[-2])
@@ -117,11 +119,7 @@ def test_retention_deletes_blocks_with_their_windows(tmp_path):
 
 
 def test_a_damaged_block_costs_its_windows_and_the_agents_replay_is_still_known(tmp_path):
-    st = Storage.open(tmp_path / "a.db")
-    ws = list(generate(CFG))
-    for w in ws:
-        st.add_window(w)
-    st.compact(2**62)
+    st, ws = _compacted(tmp_path)
     bad = st._conn.execute("SELECT MIN(id) FROM blocks").fetchone()[0]
     st._conn.execute("UPDATE blocks SET data = ? WHERE id = ?", (b"HB1garbage", bad))
     good, lost = [], 0
@@ -138,18 +136,10 @@ def test_a_damaged_block_costs_its_windows_and_the_agents_replay_is_still_known(
 _SCHEMA_4 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 INSERT INTO meta VALUES ('schema_version', '4');
-CREATE TABLE windows (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    agent_id    TEXT    NOT NULL,
-    seq         INTEGER NOT NULL,
-    node        TEXT    NOT NULL,
-    start_ns    INTEGER NOT NULL,
-    end_ns      INTEGER NOT NULL,
-    received_ns INTEGER NOT NULL,
-    payload     BLOB    NOT NULL,
-    late        INTEGER NOT NULL DEFAULT 0,
-    codec       INTEGER NOT NULL DEFAULT 0
-);
+CREATE TABLE windows (id INTEGER PRIMARY KEY AUTOINCREMENT, agent_id TEXT NOT NULL,
+    seq INTEGER NOT NULL, node TEXT NOT NULL, start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL,
+    received_ns INTEGER NOT NULL, payload BLOB NOT NULL, late INTEGER NOT NULL DEFAULT 0,
+    codec INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX windows_end ON windows (end_ns);
 CREATE UNIQUE INDEX windows_key ON windows (agent_id, seq);
 """
@@ -182,26 +172,15 @@ def test_a_schema_4_file_is_upgraded_and_its_windows_compacted(tmp_path):
 
 def test_a_restart_from_blocks_reaches_the_live_verdicts(tmp_path):
     """No snapshot: the whole history is replayed from the blocks."""
-    from test_restart_consistency import _verdicts
-    from test_server import send, start_server, stop_server
+    from test_restart_consistency import _verdicts, live_then_restarted
     cfg = SimConfig(gpus=64, gpus_per_node=8, windows=8, seed=4,
                     stragglers=(Straggler("node-0002", 1.3),))
-    db = tmp_path / "a.db"
-    server, target = start_server(db)
-    try:
-        send(target, list(generate(cfg)))
-        server.analyzer.flush()
-        live = server.analyzer.report()
-    finally:
-        stop_server(server)
-    st = Storage.open(db)
-    assert st.compact(2**62) == (cfg.gpus // cfg.gpus_per_node) * cfg.windows
-    st._conn.execute("DELETE FROM snapshot")
-    st.close()
-    server, _ = start_server(db)
-    try:
-        again = server.analyzer.report()
-    finally:
-        stop_server(server)
+
+    def compact(db):
+        st = Storage.open(db)
+        assert st.compact(2**62) == cfg.gpus // cfg.gpus_per_node * cfg.windows
+        st._conn.execute("DELETE FROM snapshot")
+        st.close()
+    live, again, _ = live_then_restarted(tmp_path / "a.db", cfg, compact)
     assert _verdicts(again) == _verdicts(live)
     assert again.jobs[0].windows == live.jobs[0].windows == cfg.windows
