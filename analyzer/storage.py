@@ -51,6 +51,7 @@ Not thread-safe by itself across connections: one connection is shared and guard
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
 import os
 import sqlite3
@@ -74,8 +75,8 @@ REPLAY_PAGE = 2000
 SCHEMA_VERSION = 5
 #: Payload codecs (``windows.codec``): the wire bytes as received, zlib of them, zlib with the
 #: preset dictionary ``payload_dict_v1.bin`` (frozen: a better dictionary is a new codec), or
-#: in the compressed block ``windows.block`` of ``blocks`` (analyzer/blocks.py; the row's own
-#: payload is then empty).
+#: in a compressed block (``blocks``, analyzer/blocks.py; the window's row is in ``compacted``,
+#: not ``windows``).
 CODEC_RAW, CODEC_ZLIB, CODEC_ZLIB_DICT1, CODEC_BLOCK = 0, 1, 2, 3
 #: Windows are compacted into blocks once they ended this long ago (module docstring): well
 #: after their epoch was scored, so a block is written once and only read after.
@@ -99,8 +100,7 @@ _WINDOWS_TABLE = """CREATE TABLE IF NOT EXISTS windows (
     received_ns INTEGER NOT NULL,
     payload     BLOB    NOT NULL,
     late        INTEGER NOT NULL DEFAULT 0,
-    codec       INTEGER NOT NULL DEFAULT 0,
-    block       INTEGER
+    codec       INTEGER NOT NULL DEFAULT 0
 )"""
 _WINDOWS_END = "CREATE INDEX IF NOT EXISTS windows_end ON windows (end_ns)"
 _VERDICTS_TABLE = """CREATE TABLE IF NOT EXISTS verdicts (
@@ -141,21 +141,13 @@ def _to_v4(conn: sqlite3.Connection) -> None:
     conn.execute(_WINDOWS_END)
 
 
-def _to_v5(conn: sqlite3.Connection) -> None:
-    """Windows compacted into blocks (``windows.block``, table ``blocks``). Existing rows keep
-    their own payloads until the next compaction pass takes them."""
-    cols = [r[1] for r in conn.execute("PRAGMA table_info(windows)")]
-    if "block" not in cols:           # a file upgraded from schema 3 has it from _to_v4
-        conn.execute("ALTER TABLE windows ADD COLUMN block INTEGER")
-
-
 #: Upgrades from an older schema, in place: version -> what reaches the next one (statements,
 #: or a function of the connection).
 _MIGRATIONS: dict[int, tuple] = {
     1: ("ALTER TABLE windows ADD COLUMN late INTEGER NOT NULL DEFAULT 0",),
     2: (_to_v3,),
     3: (_to_v4,),
-    4: (_to_v5,),
+    4: (),                  # the tables of compacted windows: created with the others
 }
 
 _SCHEMA = """
@@ -180,7 +172,13 @@ CREATE INDEX IF NOT EXISTS epochs_created ON epochs (created_ns);
 _SCHEMA_AFTER = _VERDICTS_TABLE + """;
 CREATE INDEX IF NOT EXISTS verdicts_created ON verdicts (created_ns);
 CREATE UNIQUE INDEX IF NOT EXISTS windows_key ON windows (agent_id, seq);
-CREATE INDEX IF NOT EXISTS windows_loose ON windows (end_ns) WHERE block IS NULL;
+CREATE TABLE IF NOT EXISTS compacted (
+    id INTEGER PRIMARY KEY, agent_id TEXT NOT NULL, seq INTEGER NOT NULL, node TEXT NOT NULL,
+    start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, received_ns INTEGER NOT NULL,
+    late INTEGER NOT NULL, block INTEGER NOT NULL, digest BLOB NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS compacted_key ON compacted (agent_id, seq);
+CREATE INDEX IF NOT EXISTS compacted_end ON compacted (end_ns);
 CREATE TABLE IF NOT EXISTS summaries (
     job_id TEXT NOT NULL, slot_ns INTEGER NOT NULL, created_ns INTEGER NOT NULL,
     keys BLOB NOT NULL, vals BLOB NOT NULL, PRIMARY KEY (job_id, slot_ns)
@@ -408,6 +406,14 @@ class Storage:
                 try:
                     ids: list[int] = []
                     for it in group:
+                        done = self._conn.execute(
+                            "SELECT digest FROM compacted WHERE agent_id = ? AND seq = ?",
+                            it.row[:2]).fetchone()
+                        if done is not None:    # compared by digest: no block to decode
+                            ids.append(0)
+                            if bytes(done[0]) != window_digest(it.raw):
+                                it.error = ConflictingDuplicate(it.row[0], it.row[1])
+                            continue
                         cur = self._conn.execute(
                             "INSERT OR IGNORE INTO windows (agent_id, seq, node, start_ns, "
                             "end_ns, received_ns, payload, codec) "
@@ -448,15 +454,12 @@ class Storage:
         it had no ack yet, or sent again: the store heals instead of refusing the agent forever.
         Called with the lock held, inside the group's transaction."""
         try:
-            if int(stored[1]) == CODEC_BLOCK:     # compared by digest: no block to decode
-                return bytes(stored[0]) == window_digest(it.raw)
             return decode_payload(bytes(stored[0]), int(stored[1])) == it.raw
-        except (zlib.error, StorageError, _blocks.BlockError):
+        except (zlib.error, StorageError):
             log.warning("window %.64r seq %d: the stored copy was damaged; replaced by the "
                         "agent's replay", it.row[0], it.row[1])
-            self._conn.execute("UPDATE windows SET payload = ?, codec = ?, block = NULL WHERE "
-                               "agent_id = ? AND seq = ?",
-                               (it.row[6], it.row[7], it.row[0], it.row[1]))
+            self._conn.execute("UPDATE windows SET payload = ?, codec = ? WHERE agent_id = ? "
+                               "AND seq = ?", (it.row[6], it.row[7], it.row[0], it.row[1]))
             return True
 
     def iter_windows(self, since_end_ns: int | None = None, after_id: int = 0,
@@ -464,25 +467,41 @@ class Storage:
         """Stored windows in (end time, agent, seq) order: the replay order after a restart.
         ``since_end_ns`` .. ``until_end_ns`` (excluded): the windows that end in that span;
         ``after_id``: only those stored after the window with that id (what an Engine snapshot
-        does not hold)."""
+        does not hold). Windows stored one by one and those compacted into blocks are read
+        side by side, in one order."""
+        decoded: dict[int, dict[int, bytes] | _blocks.BlockError] = {}
+        compacted = (
+            (r[0], int(r[1]), r[2], int(r[3]), *self._from_block(decoded, r[4], int(r[8])),
+             bool(r[5]), int(r[6]), int(r[8]))
+            for r in self._pages("compacted", "block, late, received_ns, 0, id",
+                                 since_end_ns, after_id, until_end_ns))
+        loose = ((r[0], int(r[1]), r[2], int(r[3]), bytes(r[4]), int(r[7]), bool(r[5]),
+                  int(r[6]), int(r[8]))
+                 for r in self._pages("windows", "payload, late, received_ns, codec, id",
+                                      since_end_ns, after_id, until_end_ns))
+        for r in heapq.merge(compacted, loose, key=lambda r: (r[3], r[0], r[1])):
+            yield StoredWindow(r[0], r[1], r[2], r[3], r[4], r[6], r[7], r[5], r[8])
+
+    def _pages(self, table: str, columns: str, since_end_ns: int | None, after_id: int,
+               until_end_ns: int) -> Iterator[tuple]:
+        """(agent_id, seq, node, end_ns, *columns) rows of ``table`` (``windows`` or
+        ``compacted``) for :meth:`iter_windows`, in its order."""
         # In pages, not one fetchall(): a restart replays hours of windows (GBs at 16k GPUs),
         # and holding every payload at once could exhaust memory. Keyset pagination keeps each
         # query short, so the lock is never held across the caller's work.
         last = (since_end_ns if since_end_ns is not None else -(2 ** 63), "", -1)
         if after_id:            # start at the first of them (a rowid range), not the oldest
             with self._lock:
-                first = self._conn.execute("SELECT MIN(end_ns) FROM windows WHERE id > ?",
+                first = self._conn.execute(f"SELECT MIN(end_ns) FROM {table} WHERE id > ?",
                                            (after_id,)).fetchone()[0]
             if first is None:
                 return
             last = max(last, (int(first), "", -1))
-        decoded: dict[int, dict[int, bytes] | _blocks.BlockError] = {}   # blocks of this end
         while True:
             with self._lock:
                 try:
                     rows = self._conn.execute(
-                        "SELECT agent_id, seq, node, end_ns, payload, late, received_ns, "
-                        "codec, id, block FROM windows "
+                        f"SELECT agent_id, seq, node, end_ns, {columns} FROM {table} "
                         "WHERE (end_ns, agent_id, seq) > (?, ?, ?) AND id > ? AND end_ns < ? "
                         "ORDER BY end_ns, agent_id, seq LIMIT ?",
                         (last[0], last[1], last[2], after_id, until_end_ns,
@@ -491,20 +510,14 @@ class Storage:
                     raise (_corruption(exc, self.path) or exc) from exc
             if not rows:
                 return
-            for r in rows:
-                stored, codec = bytes(r[4]), int(r[7])
-                if codec == CODEC_BLOCK:
-                    stored, codec = self._from_block(decoded, r[9], int(r[8]), int(r[3]))
-                yield StoredWindow(r[0], int(r[1]), r[2], int(r[3]), stored, bool(r[5]),
-                                   int(r[6]), codec, int(r[8]))
+            yield from rows
             last = (int(rows[-1][3]), rows[-1][0], int(rows[-1][1]))
 
-    def _from_block(self, decoded: dict, block: int | None, wid: int, end_ns: int
-                    ) -> tuple[bytes, int]:
-        """(stored bytes, codec) of a window kept in a block, for :meth:`iter_windows`:
-        its wire bytes (CODEC_RAW), or nothing with CODEC_BLOCK when the block is damaged (the
-        window's ``payload`` then raises). ``decoded`` caches the blocks of the windows being
-        read: a block holds windows of one end time, read one after the other."""
+    def _from_block(self, decoded: dict, block: int, wid: int) -> tuple[bytes, int]:
+        """(stored bytes, codec) of a compacted window, for :meth:`iter_windows`: its wire bytes
+        (CODEC_RAW), or nothing with CODEC_BLOCK when its block is damaged (the window's
+        ``payload`` then raises). ``decoded`` caches the blocks being read: a block holds
+        windows of one end time, read one after the other."""
         if block not in decoded:
             if len(decoded) >= 4:
                 decoded.clear()
@@ -516,26 +529,27 @@ class Storage:
                     raise _blocks.BlockError(f"block {block} is missing")
                 decoded[block] = _blocks.decode(bytes(row[0]))
             except _blocks.BlockError as exc:
-                log.warning("stored block %s (windows ending at %d) does not decode: %s",
-                            block, end_ns, exc)
+                log.warning("stored block %d does not decode, its windows are skipped: %s",
+                            block, exc)
                 decoded[block] = exc
         got = decoded[block]
         data = None if isinstance(got, _blocks.BlockError) else got.get(wid)
         return (b"", CODEC_BLOCK) if data is None else (data, CODEC_RAW)
 
     def compact(self, before_end_ns: int) -> int:
-        """Rewrite the windows that end before ``before_end_ns`` and are still stored one by one
-        into compressed blocks (analyzer/blocks.py), one per :data:`BLOCK_SPAN_NS` of end
-        times; returns the windows compacted. Each block is written with its windows' rows
-        (their payloads emptied, their keys and ids kept: dedup and the snapshot's cut work as
-        before) in one transaction. Blocks are encoded without the lock held: ingest goes on
-        meanwhile. A window whose payload does not decode is left as it is."""
+        """Move the windows that end before ``before_end_ns`` into compressed blocks
+        (analyzer/blocks.py), one per :data:`BLOCK_SPAN_NS` of end times; returns the windows
+        moved. A block is written with its windows' rows (table ``compacted``: their keys, ids,
+        times and a digest of their bytes, so dedup and the snapshot's cut work as before) in
+        one transaction, and their rows in ``windows`` deleted: the pages they free take the
+        next windows. Blocks are encoded without the lock held: ingest goes on meanwhile. A
+        window whose payload does not decode is left as it is."""
         done, start = 0, -(2 ** 63)
         while True:
             with self._lock:
                 first = self._conn.execute(
-                    "SELECT MIN(end_ns) FROM windows WHERE block IS NULL AND end_ns >= ? AND "
-                    "end_ns < ?", (start, before_end_ns)).fetchone()[0]
+                    "SELECT MIN(end_ns) FROM windows WHERE end_ns >= ? AND end_ns < ?",
+                    (start, before_end_ns)).fetchone()[0]
             if first is None:
                 return done
             span_end = min(int(first) // BLOCK_SPAN_NS * BLOCK_SPAN_NS + BLOCK_SPAN_NS,
@@ -545,8 +559,8 @@ class Storage:
                 with self._lock:
                     rows = self._conn.execute(
                         "SELECT id, payload, codec, end_ns, agent_id, seq FROM windows "
-                        "WHERE block IS NULL AND (end_ns, agent_id, seq) > (?, ?, ?) AND "
-                        "end_ns < ? ORDER BY end_ns, agent_id, seq LIMIT ?",
+                        "WHERE (end_ns, agent_id, seq) > (?, ?, ?) AND end_ns < ? "
+                        "ORDER BY end_ns, agent_id, seq LIMIT ?",
                         (*last, span_end, MAX_BLOCK_WINDOWS)).fetchall()
                 if not rows:
                     break
@@ -558,30 +572,33 @@ class Storage:
 
     def _write_block(self, rows: list[tuple]) -> int:
         """One block of (id, payload, codec, end_ns, ...) rows; returns the windows it took."""
-        windows, codecs, end = [], {}, 0
+        windows, moved, end = [], [], 0
         for r in rows:
             try:
                 data = decode_payload(bytes(r[1]), int(r[2]))
             except (zlib.error, StorageError):
                 continue                    # left as it is: a replay may heal it
             windows.append((int(r[0]), data))
-            codecs[int(r[0])] = (int(r[2]), window_digest(data))
+            moved.append((int(r[0]), int(r[2]), window_digest(data)))
             end = max(end, int(r[3]))
         if not windows:
             return 0
         blob = _blocks.encode(windows)
+        moved.sort()                        # ids in order: appended to ``compacted``
         with self._lock:
             self._conn.execute("BEGIN")
             try:
                 block = self._conn.execute("INSERT INTO blocks (end_ns, data) VALUES (?, ?)",
                                            (end, blob)).lastrowid
                 n = 0
-                for wid, (codec, digest) in codecs.items():
-                    # a row healed meanwhile (another codec) keeps its own payload
-                    n += self._conn.execute(
-                        "UPDATE windows SET payload = ?, codec = ?, block = ? WHERE id = ? "
-                        "AND block IS NULL AND codec = ?",
-                        (digest, CODEC_BLOCK, block, wid, codec)).rowcount
+                for wid, codec, digest in moved:
+                    # a row healed meanwhile (another codec) or pruned stays as it is
+                    if self._conn.execute(
+                            "INSERT INTO compacted SELECT id, agent_id, seq, node, start_ns, "
+                            "end_ns, received_ns, late, ?, ? FROM windows WHERE id = ? AND "
+                            "codec = ?", (block, digest, wid, codec)).rowcount:
+                        self._conn.execute("DELETE FROM windows WHERE id = ?", (wid,))
+                        n += 1
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
@@ -594,26 +611,30 @@ class Storage:
         it went through its ``on_stored`` (:meth:`add_window`), and none after it can until the
         block ends: the cut an Engine snapshot names."""
         with self._lock:
-            row = self._conn.execute("SELECT MAX(id) FROM windows").fetchone()
-            yield int(row[0] or 0)
+            yield max(int(self._conn.execute(f"SELECT MAX(id) FROM {t}").fetchone()[0] or 0)
+                      for t in ("windows", "compacted"))
 
     def mark_late(self, agent_id: str, seq: int) -> None:
         """Record that a stored window arrived after its epoch was scored, so a replay after a
         restart leaves it out of scoring exactly as the live analyzer did."""
         with self._lock:
-            self._conn.execute("UPDATE windows SET late = 1 WHERE agent_id = ? AND seq = ?",
-                               (agent_id, seq))
+            for table in ("windows", "compacted"):
+                self._conn.execute(f"UPDATE {table} SET late = 1 WHERE agent_id = ? AND seq = ?",
+                                   (agent_id, seq))
 
     def next_window_end(self, since_ns: int) -> int | None:
         """The end of the earliest stored window that ends at or after ``since_ns``."""
         with self._lock:
-            row = self._conn.execute("SELECT MIN(end_ns) FROM windows WHERE end_ns >= ?",
-                                     (since_ns,)).fetchone()
-        return None if row[0] is None else int(row[0])
+            ends = [self._conn.execute(f"SELECT MIN(end_ns) FROM {t} WHERE end_ns >= ?",
+                                       (since_ns,)).fetchone()[0]
+                    for t in ("windows", "compacted")]
+        ends = [int(e) for e in ends if e is not None]
+        return min(ends) if ends else None
 
     def count_windows(self) -> int:
         with self._lock:
-            return int(self._conn.execute("SELECT COUNT(*) FROM windows").fetchone()[0])
+            return sum(int(self._conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])
+                       for t in ("windows", "compacted"))
 
     # ---- scoring results ---------------------------------------------------------------------
 
@@ -815,6 +836,8 @@ class Storage:
             try:
                 n = self._conn.execute("DELETE FROM windows WHERE end_ns < ?",
                                        (win_cutoff,)).rowcount
+                n += self._conn.execute("DELETE FROM compacted WHERE end_ns < ?",
+                                        (win_cutoff,)).rowcount
                 # a block's windows all end by its end_ns: deleted with the last of them
                 self._conn.execute("DELETE FROM blocks WHERE end_ns < ?", (win_cutoff,))
                 n += self._conn.execute("DELETE FROM scores WHERE created_ns < ?",
