@@ -103,8 +103,8 @@ def encode(windows: list[tuple[int, bytes]]) -> bytes:
     mats = [_matrix(hs) for hs in columns.values()]
     top = max((int(m.max()) for m in mats if m.size), default=0)
     width = next(w for w in (1, 2, 4, 8) if top < 1 << (8 * w))
-    planes = b"".join(
-        np.ascontiguousarray(m.T, f"<u{width}").view(np.uint8).reshape(-1, width).T.tobytes() for m in mats)
+    planes = b"".join(np.ascontiguousarray(m.T, f"<u{width}").view(np.uint8)
+                      .reshape(-1, width).T.tobytes() for m in mats)
     a = _compress(index)
     b = _compress(bytes([width]) + planes)
     return MAGIC + struct.pack("<II", len(a), len(b)) + a + b

@@ -45,8 +45,8 @@ through :meth:`iter_windows`, which reads both tables in one order and gives bac
 wire bytes; dedup looks up both keys, and compares a replay of a compacted window with its
 digest (no block to decode on the ingest path).
 
-Dedup: ``(agent_id, seq)`` is a unique key of ``windows`` and of ``compacted``; :meth:`Storage.add_window` tells
-whether the window was new, which is what makes agent replay after a reconnect harmless (and
+Dedup: ``(agent_id, seq)`` is a unique key of ``windows`` and of ``compacted``;
+:meth:`Storage.add_window` tells whether the window was new, which is what makes agent replay after a reconnect harmless (and
 refuses the same key with other bytes). ``late`` marks a window that arrived after its epoch
 was scored: the replay after a restart must leave it out of scoring as the live analyzer did.
 

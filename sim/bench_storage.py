@@ -249,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     per_slot = summary_b / gpu_slots
     print(f"\nsummaries: {slots} slot(s) x {args.gpus:,} GPUs in {t_sum:.1f} s "
-          f"of CPU ({t_sum / (n * 1.0) * 1e3:.2f} ms per window, read from blocks), {summary_b:,} B of pages: "
-          f"{per_slot:.1f} B per GPU-slot")
+          f"of CPU ({t_sum / (n * 1.0) * 1e3:.2f} ms per window, read from blocks), "
+          f"{summary_b:,} B of pages: {per_slot:.1f} B per GPU-slot")
     # steady state of a 16,384-GPU job
     nodes = TARGET_GPUS // GPUS_PER_NODE
     raw_windows = nodes * RAW_HOURS * 3600 / WINDOW_S
