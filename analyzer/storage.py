@@ -63,7 +63,6 @@ Not thread-safe by itself across connections: one connection is shared and guard
 from __future__ import annotations
 
 import hashlib
-import heapq
 import logging
 import os
 import sqlite3
@@ -479,50 +478,45 @@ class Storage:
         """Stored windows in (end time, agent, seq) order: the replay order after a restart.
         ``since_end_ns`` .. ``until_end_ns`` (excluded): the windows that end in that span;
         ``after_id``: only those stored after the window with that id (what an Engine snapshot
-        does not hold). Windows stored one by one and those compacted into blocks are read
-        side by side, in one order."""
-        decoded: dict[int, dict[int, bytes] | _blocks.BlockError] = {}
-        compacted = (
-            (r[0], int(r[1]), r[2], int(r[3]), *self._from_block(decoded, r[4], int(r[8])),
-             bool(r[5]), int(r[6]), int(r[8]))
-            for r in self._pages("compacted", "block, late, received_ns, 0, id",
-                                 since_end_ns, after_id, until_end_ns))
-        loose = ((r[0], int(r[1]), r[2], int(r[3]), bytes(r[4]), int(r[7]), bool(r[5]),
-                  int(r[6]), int(r[8]))
-                 for r in self._pages("windows", "payload, late, received_ns, codec, id",
-                                      since_end_ns, after_id, until_end_ns))
-        for r in heapq.merge(compacted, loose, key=lambda r: (r[3], r[0], r[1])):
-            yield StoredWindow(r[0], r[1], r[2], r[3], r[4], r[6], r[7], r[5], r[8])
-
-    def _pages(self, table: str, columns: str, since_end_ns: int | None, after_id: int,
-               until_end_ns: int) -> Iterator[tuple]:
-        """(agent_id, seq, node, end_ns, *columns) rows of ``table`` (``windows`` or
-        ``compacted``) for :meth:`iter_windows`, in its order."""
+        does not hold). Windows stored one by one and those compacted into blocks are read in
+        one order, by one cursor: a window that a concurrent compaction moves from one table to
+        the other between two pages is still read once."""
         # In pages, not one fetchall(): a restart replays hours of windows (GBs at 16k GPUs),
         # and holding every payload at once could exhaust memory. Keyset pagination keeps each
         # query short, so the lock is never held across the caller's work.
         last = (since_end_ns if since_end_ns is not None else -(2 ** 63), "", -1)
         if after_id:            # start at the first of them (a rowid range), not the oldest
             with self._lock:
-                first = self._conn.execute(f"SELECT MIN(end_ns) FROM {table} WHERE id > ?",
-                                           (after_id,)).fetchone()[0]
-            if first is None:
+                firsts = [self._conn.execute(f"SELECT MIN(end_ns) FROM {t} WHERE id > ?",
+                                             (after_id,)).fetchone()[0]
+                          for t in ("windows", "compacted")]
+            firsts = [int(f) for f in firsts if f is not None]
+            if not firsts:
                 return
-            last = max(last, (int(first), "", -1))
+            last = max(last, (min(firsts), "", -1))
+        where = "WHERE (end_ns, agent_id, seq) > (?, ?, ?) AND id > ? AND end_ns < ?"
+        decoded: dict[int, dict[int, bytes] | _blocks.BlockError] = {}
         while True:
+            args = (last[0], last[1], last[2], after_id, until_end_ns)
             with self._lock:
                 try:
                     rows = self._conn.execute(
-                        f"SELECT agent_id, seq, node, end_ns, {columns} FROM {table} "
-                        "WHERE (end_ns, agent_id, seq) > (?, ?, ?) AND id > ? AND end_ns < ? "
-                        "ORDER BY end_ns, agent_id, seq LIMIT ?",
-                        (last[0], last[1], last[2], after_id, until_end_ns,
-                         REPLAY_PAGE)).fetchall()
+                        "SELECT agent_id, seq, node, end_ns, payload, late, received_ns, codec, "
+                        f"id, NULL FROM windows {where} UNION ALL "
+                        "SELECT agent_id, seq, node, end_ns, NULL, late, received_ns, "
+                        f"{CODEC_BLOCK}, id, block FROM compacted {where} "
+                        "ORDER BY 4, 1, 2 LIMIT ?", (*args, *args, REPLAY_PAGE)).fetchall()
                 except sqlite3.DatabaseError as exc:
                     raise (_corruption(exc, self.path) or exc) from exc
             if not rows:
                 return
-            yield from rows
+            for r in rows:
+                if r[9] is None:
+                    stored, codec = bytes(r[4]), int(r[7])
+                else:
+                    stored, codec = self._from_block(decoded, int(r[9]), int(r[8]))
+                yield StoredWindow(r[0], int(r[1]), r[2], int(r[3]), stored, bool(r[5]),
+                                   int(r[6]), codec, int(r[8]))
             last = (int(rows[-1][3]), rows[-1][0], int(rows[-1][1]))
 
     def _from_block(self, decoded: dict, block: int, wid: int) -> tuple[bytes, int]:
