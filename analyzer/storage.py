@@ -204,6 +204,16 @@ CREATE TABLE IF NOT EXISTS snapshot (
 """
 
 
+#: Tables a reader needs that an older file may lack: :meth:`Storage.open_read_only` stands in
+#: empty ones for them.
+_READ_STAND_INS = {
+    "compacted": "id INTEGER PRIMARY KEY, agent_id, seq, node, start_ns, end_ns, received_ns, "
+                 "late, block, digest",
+    "blocks": "id INTEGER PRIMARY KEY, end_ns, data",
+    "verdicts": "job_id, node, gpu, epoch, verdict, created_ns",
+}
+
+
 class StorageError(RuntimeError):
     """The database cannot be opened or written; the message says which path and how to fix it."""
 
@@ -361,6 +371,25 @@ class Storage:
             raise StorageError(f"database {p} has schema version {version}, this analyzer uses "
                                f"{SCHEMA_VERSION}; point --db at a new file")
         return cls(conn, str(p))
+
+    @classmethod
+    def open_read_only(cls, path: str | Path) -> "Storage":
+        """Open a database for reading only (no schema upgrade, no write): for tools that read
+        the windows of a file an analyzer may still be writing, or of an older run. Read its
+        windows with :meth:`iter_windows`, which also reads those compacted into blocks; a file
+        older than schema 5 has none (empty stand-ins for its tables, in this connection
+        only)."""
+        try:
+            conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True,
+                                   check_same_thread=False, isolation_level=None,
+                                   timeout=BUSY_TIMEOUT_MS / 1000)
+            have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            for name, cols in _READ_STAND_INS.items():
+                if name not in have:
+                    conn.execute(f"CREATE TEMP TABLE {name} ({cols})")
+            return cls(conn, str(path))
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot read database {path}: {exc}") from exc
 
     def files(self) -> list[str]:
         """The database file and its WAL and shared-memory files (what it takes on disk)."""

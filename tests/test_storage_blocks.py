@@ -204,3 +204,28 @@ def test_a_reader_paging_through_a_compaction_reads_every_window_once(tmp_path, 
             assert st.compact(ends[3]) > 0
     assert sorted(seen) == sorted((w.agent_id, w.seq, w.SerializeToString()) for w in ws)
     st.close()
+
+
+def test_a_read_only_reader_sees_compacted_windows_and_leaves_an_old_file_as_it_is(tmp_path):
+    """What tools that read a run's database use (tests/gpu/matrix_report.py, the agent's
+    end-to-end test): every window, blocks included; a schema-4 file is not upgraded."""
+    st, ws = _compacted(tmp_path)
+    st.close()
+    ro = Storage.open_read_only(tmp_path / "a.db")
+    assert [s.message() for s in ro.iter_windows()] == ws
+    ro.close()
+    db = tmp_path / "v4.db"
+    conn = sqlite3.connect(db)
+    conn.executescript(_SCHEMA_4)
+    conn.execute("INSERT INTO windows (agent_id, seq, node, start_ns, end_ns, received_ns, "
+                 "payload, codec) VALUES ('a', 1, 'n', 0, 1, 0, ?, ?)",
+                 (encode_payload(ws[0].SerializeToString()), CODEC_ZLIB_DICT1))
+    conn.commit()
+    conn.close()
+    ro = Storage.open_read_only(db)
+    assert [s.message() for s in ro.iter_windows()] == [ws[0]]
+    ro.close()
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT value FROM meta").fetchone()[0] == "4"
+    assert "compacted" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    conn.close()
