@@ -94,6 +94,10 @@ CODEC_RAW, CODEC_ZLIB, CODEC_ZLIB_DICT1, CODEC_BLOCK = 0, 1, 2, 3
 COMPACT_AFTER_S = 120.0
 #: zlib level of stored payloads (module docstring).
 ZLIB_LEVEL = 1
+#: Windows a retention pass compacts at most: four minutes of a 131,072-GPU cluster's windows,
+#: so the backlog of a file upgraded from schema 4 is worked off over several passes without
+#: holding back the pass's prune.
+COMPACT_PER_PASS = 16384 * 24
 #: Windows of one block: those that end within this span (a window length: every agent's window
 #: of one epoch), at most MAX_BLOCK_WINDOWS of them (what one pass holds in memory).
 BLOCK_SPAN_NS = 10 * 10**9
@@ -571,14 +575,15 @@ class Storage:
         data = None if isinstance(got, _blocks.BlockError) else got.get(wid)
         return (b"", CODEC_BLOCK) if data is None else (data, CODEC_RAW)
 
-    def compact(self, before_end_ns: int) -> int:
+    def compact(self, before_end_ns: int, limit: int | None = None) -> int:
         """Move the windows that end before ``before_end_ns`` into compressed blocks
         (analyzer/blocks.py), one per :data:`BLOCK_SPAN_NS` of end times; returns the windows
         moved. A block is written with its windows' rows (table ``compacted``: their keys, ids,
         times and a digest of their bytes, so dedup and the snapshot's cut work as before) in
         one transaction, and their rows in ``windows`` deleted: the pages they free take the
         next windows. Blocks are encoded without the lock held: ingest goes on meanwhile. A
-        window whose payload does not decode is left as it is."""
+        window whose payload does not decode is left as it is. ``limit``: stop once that many
+        were moved (the oldest first; the next call goes on from there)."""
         done, start = 0, -(2 ** 63)
         while True:
             with self._lock:
@@ -601,6 +606,8 @@ class Storage:
                     break
                 last = (int(rows[-1][3]), rows[-1][4], int(rows[-1][5]))
                 done += self._write_block(rows)
+                if limit is not None and done >= limit:
+                    return done
                 if len(rows) < MAX_BLOCK_WINDOWS:
                     break
             start = span_end

@@ -229,3 +229,21 @@ def test_a_read_only_reader_sees_compacted_windows_and_leaves_an_old_file_as_it_
     assert conn.execute("SELECT value FROM meta").fetchone()[0] == "4"
     assert "compacted" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     conn.close()
+
+
+def test_the_retention_pass_compacts_what_ended_two_minutes_ago_and_no_more(tmp_path):
+    from hypertrace.analyzer import summaries
+    from hypertrace.analyzer.config import ScoringConfig
+    from hypertrace.analyzer.storage import COMPACT_AFTER_S
+    st = Storage.open(tmp_path / "a.db")
+    ws = list(generate(CFG))
+    for w in ws:
+        st.add_window(w)
+    last_end = max(w.end.ToNanoseconds() for w in ws)
+    # the last epoch ended less than COMPACT_AFTER_S ago: it stays one payload per window
+    now = last_end + int(COMPACT_AFTER_S * 1e9)
+    summaries.apply_retention(st, ScoringConfig(), raw_hours=6, summary_days=30, now_ns=now)
+    assert st._conn.execute("SELECT COUNT(*) FROM windows").fetchone()[0] == NODES
+    assert st._conn.execute("SELECT COUNT(*) FROM compacted").fetchone()[0] == len(ws) - NODES
+    assert st.compact(2**62, limit=1) == NODES          # a whole block, then it stops
+    st.close()
