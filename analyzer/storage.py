@@ -33,8 +33,20 @@ this GPU a straggler" just as well; one row per scored epoch (``epochs``: GPUs, 
 stragglers counted) says which epochs were scored and when. After pruning, the WAL is checkpointed with TRUNCATE so the
 file shrinks back instead of staying at its high-water mark.
 
-Dedup: ``(agent_id, seq)`` is a unique key of ``windows``; :meth:`Storage.add_window` tells
-whether the window was new, which is what makes agent replay after a reconnect harmless (and
+Blocks (schema 5): compressed one by one, a window's histogram counts alone take about 1.3 KB,
+and no per-window codec of the standard library does much better. Once a window ended
+``COMPACT_AFTER_S`` ago (its epoch long scored), the retention pass (:meth:`Storage.compact`)
+rewrites the windows of each epoch into one LZMA block (analyzer/blocks.py: the counts of every
+GPU column-wise, the rest of the messages together), 1.5 KB per window at rest in all against
+2.9 KB. Their rows move from ``windows`` to ``compacted`` (keys, ids, times, late flag, the
+block and a digest of the wire bytes): rows shrunk in place would leave the windows table's
+pages mostly empty, while rows deleted free pages the next windows take. Every reader goes
+through :meth:`iter_windows`, which reads both tables in one order and gives back the exact
+wire bytes; dedup looks up both keys, and compares a replay of a compacted window with its
+digest (no block to decode on the ingest path).
+
+Dedup: ``(agent_id, seq)`` is a unique key of ``windows`` and of ``compacted``;
+:meth:`Storage.add_window` tells whether the window was new, which is what makes agent replay after a reconnect harmless (and
 refuses the same key with other bytes). ``late`` marks a window that arrived after its epoch
 was scored: the replay after a restart must leave it out of scoring as the live analyzer did.
 
@@ -50,6 +62,7 @@ Not thread-safe by itself across connections: one connection is shared and guard
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sqlite3
@@ -61,6 +74,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from hypertrace.analyzer import blocks as _blocks
 from hypertrace.proto import hypertrace_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -69,12 +83,25 @@ BUSY_TIMEOUT_MS = 30_000
 #: Windows read per query when replaying the store after a restart.
 REPLAY_PAGE = 2000
 
-SCHEMA_VERSION = 4
-#: Payload codecs (``windows.codec``): the wire bytes as received, zlib of them, or zlib with the
-#: preset dictionary ``payload_dict_v1.bin`` (frozen: a better dictionary is a new codec).
-CODEC_RAW, CODEC_ZLIB, CODEC_ZLIB_DICT1 = 0, 1, 2
+SCHEMA_VERSION = 5
+#: Payload codecs (``windows.codec``): the wire bytes as received, zlib of them, zlib with the
+#: preset dictionary ``payload_dict_v1.bin`` (frozen: a better dictionary is a new codec), or
+#: in a compressed block (``blocks``, analyzer/blocks.py; the window's row is in ``compacted``,
+#: not ``windows``).
+CODEC_RAW, CODEC_ZLIB, CODEC_ZLIB_DICT1, CODEC_BLOCK = 0, 1, 2, 3
+#: Windows are compacted into blocks once they ended this long ago (module docstring): well
+#: after their epoch was scored, so a block is written once and only read after.
+COMPACT_AFTER_S = 120.0
 #: zlib level of stored payloads (module docstring).
 ZLIB_LEVEL = 1
+#: Windows a retention pass compacts at most: four minutes of a 131,072-GPU cluster's windows,
+#: so the backlog of a file upgraded from schema 4 is worked off over several passes without
+#: holding back the pass's prune.
+COMPACT_PER_PASS = 16384 * 24
+#: Windows of one block: those that end within this span (a window length: every agent's window
+#: of one epoch), at most MAX_BLOCK_WINDOWS of them (what one pass holds in memory).
+BLOCK_SPAN_NS = 10 * 10**9
+MAX_BLOCK_WINDOWS = 4096
 #: SQLite page size of a new database file (module docstring). An existing file keeps its own.
 PAGE_SIZE = 16384
 _PAYLOAD_DICT1 = (Path(__file__).parent / "payload_dict_v1.bin").read_bytes()
@@ -135,6 +162,7 @@ _MIGRATIONS: dict[int, tuple] = {
     1: ("ALTER TABLE windows ADD COLUMN late INTEGER NOT NULL DEFAULT 0",),
     2: (_to_v3,),
     3: (_to_v4,),
+    4: (),                  # the tables of compacted windows: created with the others
 }
 
 _SCHEMA = """
@@ -159,15 +187,35 @@ CREATE INDEX IF NOT EXISTS epochs_created ON epochs (created_ns);
 _SCHEMA_AFTER = _VERDICTS_TABLE + """;
 CREATE INDEX IF NOT EXISTS verdicts_created ON verdicts (created_ns);
 CREATE UNIQUE INDEX IF NOT EXISTS windows_key ON windows (agent_id, seq);
+CREATE TABLE IF NOT EXISTS compacted (
+    id INTEGER PRIMARY KEY, agent_id TEXT NOT NULL, seq INTEGER NOT NULL, node TEXT NOT NULL,
+    start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, received_ns INTEGER NOT NULL,
+    late INTEGER NOT NULL, block INTEGER NOT NULL, digest BLOB NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS compacted_key ON compacted (agent_id, seq);
+CREATE INDEX IF NOT EXISTS compacted_end ON compacted (end_ns);
 CREATE TABLE IF NOT EXISTS summaries (
     job_id TEXT NOT NULL, slot_ns INTEGER NOT NULL, created_ns INTEGER NOT NULL,
     keys BLOB NOT NULL, vals BLOB NOT NULL, PRIMARY KEY (job_id, slot_ns)
+);
+CREATE TABLE IF NOT EXISTS blocks (
+    id INTEGER PRIMARY KEY, end_ns INTEGER NOT NULL, data BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS snapshot (
     id INTEGER PRIMARY KEY CHECK (id = 0), version TEXT NOT NULL, upto INTEGER NOT NULL,
     created_ns INTEGER NOT NULL, state BLOB NOT NULL
 );
 """
+
+
+#: Tables a reader needs that an older file may lack: :meth:`Storage.open_read_only` stands in
+#: empty ones for them.
+_READ_STAND_INS = {
+    "compacted": "id INTEGER PRIMARY KEY, agent_id, seq, node, start_ns, end_ns, received_ns, "
+                 "late, block, digest",
+    "blocks": "id INTEGER PRIMARY KEY, end_ns, data",
+    "verdicts": "job_id, node, gpu, epoch, verdict, created_ns",
+}
 
 
 class StorageError(RuntimeError):
@@ -239,7 +287,7 @@ class StoredWindow:
         database."""
         try:
             return decode_payload(self.stored, self.codec)
-        except zlib.error as exc:
+        except (zlib.error, _blocks.BlockError) as exc:
             raise StorageError(f"stored window {self.agent_id[:64]!r} seq {self.seq}: its "
                                f"payload does not decompress ({exc}); skipped") from exc
 
@@ -328,6 +376,25 @@ class Storage:
                                f"{SCHEMA_VERSION}; point --db at a new file")
         return cls(conn, str(p))
 
+    @classmethod
+    def open_read_only(cls, path: str | Path) -> "Storage":
+        """Open a database for reading only (no schema upgrade, no write): for tools that read
+        the windows of a file an analyzer may still be writing, or of an older run. Read its
+        windows with :meth:`iter_windows`, which also reads those compacted into blocks; a file
+        older than schema 5 has none (empty stand-ins for its tables, in this connection
+        only)."""
+        try:
+            conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True,
+                                   check_same_thread=False, isolation_level=None,
+                                   timeout=BUSY_TIMEOUT_MS / 1000)
+            have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            for name, cols in _READ_STAND_INS.items():
+                if name not in have:
+                    conn.execute(f"CREATE TEMP TABLE {name} ({cols})")
+            return cls(conn, str(path))
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot read database {path}: {exc}") from exc
+
     def files(self) -> list[str]:
         """The database file and its WAL and shared-memory files (what it takes on disk)."""
         return [str(self.path), f"{self.path}-wal", f"{self.path}-shm"]
@@ -383,6 +450,14 @@ class Storage:
                 try:
                     ids: list[int] = []
                     for it in group:
+                        done = self._conn.execute(
+                            "SELECT digest FROM compacted WHERE agent_id = ? AND seq = ?",
+                            it.row[:2]).fetchone()
+                        if done is not None:    # compared by digest: no block to decode
+                            ids.append(0)
+                            if bytes(done[0]) != window_digest(it.raw):
+                                it.error = ConflictingDuplicate(it.row[0], it.row[1])
+                            continue
                         cur = self._conn.execute(
                             "INSERT OR IGNORE INTO windows (agent_id, seq, node, start_ns, "
                             "end_ns, received_ns, payload, codec) "
@@ -436,36 +511,141 @@ class Storage:
         """Stored windows in (end time, agent, seq) order: the replay order after a restart.
         ``since_end_ns`` .. ``until_end_ns`` (excluded): the windows that end in that span;
         ``after_id``: only those stored after the window with that id (what an Engine snapshot
-        does not hold)."""
+        does not hold). Windows stored one by one and those compacted into blocks are read in
+        one order, by one cursor: a window that a concurrent compaction moves from one table to
+        the other between two pages is still read once."""
         # In pages, not one fetchall(): a restart replays hours of windows (GBs at 16k GPUs),
         # and holding every payload at once could exhaust memory. Keyset pagination keeps each
         # query short, so the lock is never held across the caller's work.
         last = (since_end_ns if since_end_ns is not None else -(2 ** 63), "", -1)
         if after_id:            # start at the first of them (a rowid range), not the oldest
             with self._lock:
-                first = self._conn.execute("SELECT MIN(end_ns) FROM windows WHERE id > ?",
-                                           (after_id,)).fetchone()[0]
-            if first is None:
+                firsts = [self._conn.execute(f"SELECT MIN(end_ns) FROM {t} WHERE id > ?",
+                                             (after_id,)).fetchone()[0]
+                          for t in ("windows", "compacted")]
+            firsts = [int(f) for f in firsts if f is not None]
+            if not firsts:
                 return
-            last = max(last, (int(first), "", -1))
+            last = max(last, (min(firsts), "", -1))
+        where = "WHERE (end_ns, agent_id, seq) > (?, ?, ?) AND id > ? AND end_ns < ?"
+        decoded: dict[int, dict[int, bytes] | _blocks.BlockError] = {}
         while True:
+            args = (last[0], last[1], last[2], after_id, until_end_ns)
             with self._lock:
                 try:
                     rows = self._conn.execute(
-                        "SELECT agent_id, seq, node, end_ns, payload, late, received_ns, "
-                        "codec, id FROM windows "
-                        "WHERE (end_ns, agent_id, seq) > (?, ?, ?) AND id > ? AND end_ns < ? "
-                        "ORDER BY end_ns, agent_id, seq LIMIT ?",
-                        (last[0], last[1], last[2], after_id, until_end_ns,
-                         REPLAY_PAGE)).fetchall()
+                        "SELECT agent_id, seq, node, end_ns, payload, late, received_ns, codec, "
+                        f"id, NULL FROM windows {where} UNION ALL "
+                        "SELECT agent_id, seq, node, end_ns, NULL, late, received_ns, "
+                        f"{CODEC_BLOCK}, id, block FROM compacted {where} "
+                        "ORDER BY 4, 1, 2 LIMIT ?", (*args, *args, REPLAY_PAGE)).fetchall()
                 except sqlite3.DatabaseError as exc:
                     raise (_corruption(exc, self.path) or exc) from exc
             if not rows:
                 return
             for r in rows:
-                yield StoredWindow(r[0], int(r[1]), r[2], int(r[3]), bytes(r[4]), bool(r[5]),
-                                   int(r[6]), int(r[7]), int(r[8]))
+                if r[9] is None:
+                    stored, codec = bytes(r[4]), int(r[7])
+                else:
+                    stored, codec = self._from_block(decoded, int(r[9]), int(r[8]))
+                yield StoredWindow(r[0], int(r[1]), r[2], int(r[3]), stored, bool(r[5]),
+                                   int(r[6]), codec, int(r[8]))
             last = (int(rows[-1][3]), rows[-1][0], int(rows[-1][1]))
+
+    def _from_block(self, decoded: dict, block: int, wid: int) -> tuple[bytes, int]:
+        """(stored bytes, codec) of a compacted window, for :meth:`iter_windows`: its wire bytes
+        (CODEC_RAW), or nothing with CODEC_BLOCK when its block is damaged (the window's
+        ``payload`` then raises). ``decoded`` caches the blocks being read: a block holds
+        windows of one end time, read one after the other."""
+        if block not in decoded:
+            if len(decoded) >= 4:
+                decoded.clear()
+            with self._lock:
+                row = self._conn.execute("SELECT data FROM blocks WHERE id = ?",
+                                         (block,)).fetchone()
+            try:
+                if row is None:
+                    raise _blocks.BlockError(f"block {block} is missing")
+                decoded[block] = _blocks.decode(bytes(row[0]))
+            except _blocks.BlockError as exc:
+                log.warning("stored block %d does not decode, its windows are skipped: %s",
+                            block, exc)
+                decoded[block] = exc
+        got = decoded[block]
+        data = None if isinstance(got, _blocks.BlockError) else got.get(wid)
+        return (b"", CODEC_BLOCK) if data is None else (data, CODEC_RAW)
+
+    def compact(self, before_end_ns: int, limit: int | None = None) -> int:
+        """Move the windows that end before ``before_end_ns`` into compressed blocks
+        (analyzer/blocks.py), one per :data:`BLOCK_SPAN_NS` of end times; returns the windows
+        moved. A block is written with its windows' rows (table ``compacted``: their keys, ids,
+        times and a digest of their bytes, so dedup and the snapshot's cut work as before) in
+        one transaction, and their rows in ``windows`` deleted: the pages they free take the
+        next windows. Blocks are encoded without the lock held: ingest goes on meanwhile. A
+        window whose payload does not decode is left as it is. ``limit``: stop once that many
+        were moved (the oldest first; the next call goes on from there)."""
+        done, start = 0, -(2 ** 63)
+        while True:
+            with self._lock:
+                first = self._conn.execute(
+                    "SELECT MIN(end_ns) FROM windows WHERE end_ns >= ? AND end_ns < ?",
+                    (start, before_end_ns)).fetchone()[0]
+            if first is None:
+                return done
+            span_end = min(int(first) // BLOCK_SPAN_NS * BLOCK_SPAN_NS + BLOCK_SPAN_NS,
+                           before_end_ns)
+            last = (int(first), "", -1)
+            while True:
+                with self._lock:
+                    rows = self._conn.execute(
+                        "SELECT id, payload, codec, end_ns, agent_id, seq FROM windows "
+                        "WHERE (end_ns, agent_id, seq) > (?, ?, ?) AND end_ns < ? "
+                        "ORDER BY end_ns, agent_id, seq LIMIT ?",
+                        (*last, span_end, MAX_BLOCK_WINDOWS)).fetchall()
+                if not rows:
+                    break
+                last = (int(rows[-1][3]), rows[-1][4], int(rows[-1][5]))
+                done += self._write_block(rows)
+                if limit is not None and done >= limit:
+                    return done
+                if len(rows) < MAX_BLOCK_WINDOWS:
+                    break
+            start = span_end
+
+    def _write_block(self, rows: list[tuple]) -> int:
+        """One block of (id, payload, codec, end_ns, ...) rows; returns the windows it took."""
+        windows, moved, end = [], [], 0
+        for r in rows:
+            try:
+                data = decode_payload(bytes(r[1]), int(r[2]))
+            except (zlib.error, StorageError):
+                continue                    # left as it is: a replay may heal it
+            windows.append((int(r[0]), data))
+            moved.append((int(r[0]), int(r[2]), window_digest(data)))
+            end = max(end, int(r[3]))
+        if not windows:
+            return 0
+        blob = _blocks.encode(windows)
+        moved.sort()                        # ids in order: appended to ``compacted``
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                block = self._conn.execute("INSERT INTO blocks (end_ns, data) VALUES (?, ?)",
+                                           (end, blob)).lastrowid
+                n = 0
+                for wid, codec, digest in moved:
+                    # a row healed meanwhile (another codec) or pruned stays as it is
+                    if self._conn.execute(
+                            "INSERT INTO compacted SELECT id, agent_id, seq, node, start_ns, "
+                            "end_ns, received_ns, late, ?, ? FROM windows WHERE id = ? AND "
+                            "codec = ?", (block, digest, wid, codec)).rowcount:
+                        self._conn.execute("DELETE FROM windows WHERE id = ?", (wid,))
+                        n += 1
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return n
 
     @contextmanager
     def commits_held(self) -> Iterator[int]:
@@ -473,26 +653,30 @@ class Storage:
         it went through its ``on_stored`` (:meth:`add_window`), and none after it can until the
         block ends: the cut an Engine snapshot names."""
         with self._lock:
-            row = self._conn.execute("SELECT MAX(id) FROM windows").fetchone()
-            yield int(row[0] or 0)
+            yield max(int(self._conn.execute(f"SELECT MAX(id) FROM {t}").fetchone()[0] or 0)
+                      for t in ("windows", "compacted"))
 
     def mark_late(self, agent_id: str, seq: int) -> None:
         """Record that a stored window arrived after its epoch was scored, so a replay after a
         restart leaves it out of scoring exactly as the live analyzer did."""
         with self._lock:
-            self._conn.execute("UPDATE windows SET late = 1 WHERE agent_id = ? AND seq = ?",
-                               (agent_id, seq))
+            for table in ("windows", "compacted"):
+                self._conn.execute(f"UPDATE {table} SET late = 1 WHERE agent_id = ? AND seq = ?",
+                                   (agent_id, seq))
 
     def next_window_end(self, since_ns: int) -> int | None:
         """The end of the earliest stored window that ends at or after ``since_ns``."""
         with self._lock:
-            row = self._conn.execute("SELECT MIN(end_ns) FROM windows WHERE end_ns >= ?",
-                                     (since_ns,)).fetchone()
-        return None if row[0] is None else int(row[0])
+            ends = [self._conn.execute(f"SELECT MIN(end_ns) FROM {t} WHERE end_ns >= ?",
+                                       (since_ns,)).fetchone()[0]
+                    for t in ("windows", "compacted")]
+        ends = [int(e) for e in ends if e is not None]
+        return min(ends) if ends else None
 
     def count_windows(self) -> int:
         with self._lock:
-            return int(self._conn.execute("SELECT COUNT(*) FROM windows").fetchone()[0])
+            return sum(int(self._conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])
+                       for t in ("windows", "compacted"))
 
     # ---- scoring results ---------------------------------------------------------------------
 
@@ -694,6 +878,10 @@ class Storage:
             try:
                 n = self._conn.execute("DELETE FROM windows WHERE end_ns < ?",
                                        (win_cutoff,)).rowcount
+                n += self._conn.execute("DELETE FROM compacted WHERE end_ns < ?",
+                                        (win_cutoff,)).rowcount
+                # a block's windows all end by its end_ns: deleted with the last of them
+                self._conn.execute("DELETE FROM blocks WHERE end_ns < ?", (win_cutoff,))
                 n += self._conn.execute("DELETE FROM scores WHERE created_ns < ?",
                                         (cutoff,)).rowcount
                 n += self._conn.execute("DELETE FROM summaries WHERE slot_ns < ?",
@@ -749,6 +937,13 @@ def encode_payload(data: bytes) -> bytes:
     return c.compress(data) + c.flush()
 
 
+def window_digest(data: bytes) -> bytes:
+    """What a compacted window's row keeps of its wire bytes (its ``payload``, codec
+    :data:`CODEC_BLOCK`): enough to tell an agent's replay of it from other bytes under the same
+    key without decoding its block."""
+    return hashlib.blake2b(data, digest_size=8).digest()
+
+
 def decode_payload(payload: bytes, codec: int) -> bytes:
     """A stored payload's wire bytes (``codec``: :data:`CODEC_RAW`, :data:`CODEC_ZLIB` or
     :data:`CODEC_ZLIB_DICT1`); for tools that read the database file themselves too."""
@@ -762,6 +957,9 @@ def decode_payload(payload: bytes, codec: int) -> bytes:
         return zlib.decompress(payload)
     if codec == CODEC_RAW:
         return payload
+    if codec == CODEC_BLOCK:
+        raise zlib.error("the window is in a compressed block (blocks table) that did not "
+                         "decode")
     raise StorageError(f"stored window with unknown payload codec {codec}: written by a newer "
                        "analyzer? Run that version, or point --db at a new file")
 

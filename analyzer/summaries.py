@@ -221,14 +221,23 @@ def apply_retention(storage, cfg: ScoringConfig, raw_hours: float, summary_days:
     delete those windows, their score rows and verdict changes (older than ``raw_hours``: the
     summaries keep each GPU's verdicts per slot), and the summaries and scored epochs older than
     ``summary_days``. ``summary_days`` 0: no summaries, and everything follows the raw
-    retention. Returns the rows deleted."""
+    retention. Returns the rows deleted.
+
+    Then the windows that ended more than ``COMPACT_AFTER_S`` ago are compacted into blocks
+    (``Storage.compact``, at most ``COMPACT_PER_PASS``; after the prune, so no window is
+    compacted only to be deleted): the pass runs every minute, so windows spend about three
+    minutes stored one by one, then the rest of the raw retention in blocks."""
     import time
+    from hypertrace.analyzer.storage import COMPACT_AFTER_S, COMPACT_PER_PASS
     now = now_ns if now_ns is not None else time.time_ns()
     raw_s = raw_hours * 3600
     if summary_days <= 0:
-        return storage.prune(raw_s, now)
-    summarize_before(storage, now - int(raw_s * 1e9), cfg, now)
-    until = storage.summarized_until()
-    return storage.prune(raw_s, now, results_retention_seconds=summary_days * 86400,
-                         windows_before_ns=until,
-                         summarized_before_epoch=until // cfg.window_ns - 1 if until else None)
+        n = storage.prune(raw_s, now)
+    else:
+        summarize_before(storage, now - int(raw_s * 1e9), cfg, now)
+        until = storage.summarized_until()
+        n = storage.prune(raw_s, now, results_retention_seconds=summary_days * 86400,
+                          windows_before_ns=until,
+                          summarized_before_epoch=until // cfg.window_ns - 1 if until else None)
+    storage.compact(now - int(COMPACT_AFTER_S * 1e9), limit=COMPACT_PER_PASS)
+    return n

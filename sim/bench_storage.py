@@ -1,24 +1,25 @@
-"""``make bench-storage``: bytes at rest per node-window, side by side with the schema-3 layout,
+"""``make bench-storage``: bytes at rest per node-window, side by side with schemas 3 and 4,
 and the steady-state disk of a 16,384-GPU job under the default retention.
 
 A job (``--gpus``, ``--windows``; one node 10% slow, wide noise) is stored and scored live
 through ``Analyzer.ingest`` / ``flush`` as the server does, Engine snapshots included. Then:
 
-1. Where the bytes go: SQLite's own page accounting (``dbstat``) per table and index, per
-   node-window.
-2. Side by side, the same windows stored in the schema-3 layout (a WITHOUT ROWID table, 4-KB
-   pages, plain zlib level 1), in a database upgraded from it (the rowid table, but the 4-KB
-   pages an existing file keeps) and in this schema (16-KB pages, zlib with the preset
-   dictionary): the windows table and its indexes per node-window.
-3. The retention pass summarises the history's whole 5-minute slots: bytes per GPU-slot.
+1. Where the bytes go once the windows are compacted into epoch blocks (schema 5, what
+   ``Storage.compact`` does in the retention pass): SQLite's own page accounting (``dbstat``)
+   per table and index, per node-window.
+2. Side by side, the same windows in the schema-3 layout (a WITHOUT ROWID table, 4-KB pages,
+   plain zlib level 1), one payload each as schema 4 keeps them (a rowid table, 16-KB pages,
+   zlib with the preset dictionary: this file before its compaction) and in blocks; and the
+   payload codecs on a sample of them, epoch blocks included.
+3. The retention pass summarises the history's whole 5-minute slots (reading the blocks):
+   bytes per GPU-slot.
 4. The steady state of a 16,384-GPU job (2,048 nodes) under the default retention, from those
-   measured rates: 6 h of raw windows and their score rows, 30 days of summaries, verdict
-   changes and scored epochs, the snapshot (scaled by GPUs), and the WAL's high-water mark
-   between two prunes.
+   measured rates: 6 h of raw windows in blocks plus the few minutes not yet compacted, their
+   score rows, 30 days of summaries, verdict changes and scored epochs, the snapshot (scaled
+   by GPUs), and the WAL's high-water mark between two prunes.
 
 Exit status 1 when the steady state exceeds ``--max-gb`` (20) or a node-window at rest exceeds
-``--max-window-bytes`` (1,200: the goal; see BENCHMARKS.md for why this layout does not reach
-it).
+``--max-window-bytes`` (1,200: the goal; BENCHMARKS.md says how far blocks get).
 
     python -m hypertrace.sim.bench_storage --gpus 2048 --windows 70
 """
@@ -55,7 +56,7 @@ def _by_table(db: Path, used: bool = False) -> dict[str, int]:
 
 def _windows_bytes(sizes: dict[str, int]) -> int:
     return sum(v for k, v in sizes.items() if k.startswith(("windows", "sqlite_autoindex_windows"))
-               or k == "sqlite_sequence")
+               or k in ("sqlite_sequence", "blocks"))
 
 
 _V3_DDL = """
@@ -116,6 +117,13 @@ def _codecs(windows: list) -> list[tuple[str, float, float]]:
         rest.append(m.SerializeToString())
         counts.append(pb.Histogram(counts=c).SerializeToString())
     out = []
+    from hypertrace.analyzer import blocks
+    by_end: dict[int, list[tuple[int, bytes]]] = {}
+    for i, (w, raw) in enumerate(zip(windows, raws)):
+        by_end.setdefault(w.end.ToNanoseconds(), []).append((i, raw))
+    t = time.perf_counter()
+    block_b = sum(len(blocks.encode(g)) for g in by_end.values())
+    block_s = time.perf_counter() - t
     for name, fn, data in (
             ("wire bytes", lambda b: b, raws),
             ("zlib 1 (schema 3)", lambda b: zlib.compress(b, 1), raws),
@@ -126,6 +134,9 @@ def _codecs(windows: list) -> list[tuple[str, float, float]]:
         t = time.perf_counter()
         size = sum(len(fn(b)) for b in data)
         out.append((name, size / len(data), (time.perf_counter() - t) / len(data) * 1e6))
+    n = sum(len(g) for g in by_end.values())
+    out.append((f"epoch blocks (schema 5), {n / len(by_end):.0f} windows each", block_b / n,
+                block_s / n * 1e6))
     return out
 
 
@@ -145,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from hypertrace.analyzer import summaries
     from hypertrace.analyzer.server import Analyzer
-    from hypertrace.analyzer.storage import Storage
+    from hypertrace.analyzer.server import RETENTION_EVERY_S
+    from hypertrace.analyzer.storage import COMPACT_AFTER_S, Storage
     from hypertrace.sim import scenarios
     from hypertrace.sim.simulate import generate
 
@@ -174,32 +186,30 @@ def main(argv: list[str] | None = None) -> int:
         epochs = len(storage.epochs(live.report().jobs[0].job_id))
         verdict_rows = len(storage.verdicts())
         storage.close()
-        sizes = _by_table(db)
-        used = _by_table(db, used=True)
+        # the windows one payload each (schema 4: the partial index of windows not yet
+        # compacted is schema 5's), then the same file once compacted into blocks
+        loose = _by_table(db)
+        loose.pop("windows_loose", None)
         v3 = Path(tmp) / "schema3.db"
         _schema3_copy(db, v3)
         v3_windows = _windows_bytes(_by_table(v3))
-        upgraded = Path(tmp) / "upgraded.db"
-        conn = sqlite3.connect(upgraded)
-        conn.execute("PRAGMA page_size = 4096")
-        conn.execute("CREATE TABLE older (x)")        # the file exists: its page size stays
-        conn.close()
-        st = Storage.open(upgraded, synchronous="NORMAL")   # the rowid table, 4-KB pages
-        src = Storage.open(db)
-        for sw in src.iter_windows():
-            st.add_window(sw.message())
-        src.close()
-        st.close()
-        upgraded_windows = _windows_bytes(_by_table(upgraded))
-        # summaries of every whole slot of the history
         storage = Storage.open(db, synchronous="NORMAL")
-        ts = time.monotonic()
+        tc = time.process_time()
+        compacted = storage.compact(last + 10 * win_ns)
+        t_compact = time.process_time() - tc
+        storage.close()
+        sizes = _by_table(db)
+        used = _by_table(db, used=True)
+        # summaries of every whole slot of the history, read from the blocks
+        storage = Storage.open(db, synchronous="NORMAL")
+        ts = time.process_time()
         slots = summaries.summarize_before(storage, last + 10 * win_ns, live.config)
-        t_sum = time.monotonic() - ts
+        t_sum = time.process_time() - ts
         storage.close()
         after = _by_table(db, used=True)
     total = sum(sizes.values())
     windows_b = _windows_bytes(sizes)
+    loose_windows = _windows_bytes(loose)
     # rows that follow the epochs (score rows: the implicated GPUs plus 64 per epoch) or the
     # GPUs (verdict changes), not the windows: scaled by what they follow
     scores_b = sum(v for k, v in used.items() if "scores" in k)
@@ -217,13 +227,19 @@ def main(argv: list[str] | None = None) -> int:
         if size >= 4096 * 4:
             print(f"{name:34s} {size:>12,} {size / n:>14,.0f} B")
     print(f"{'all':34s} {total:>12,} {total / n:>14,.0f} B")
-    print("\nthe windows table and its indexes, side by side (same windows):")
-    print(f"{'layout':58s} {'per node-window':>16s} {'vs schema 3':>12s}")
+    print(f"\ncompaction: {compacted:,} windows into blocks in {t_compact:.1f} s of CPU "
+          f"({t_compact / max(compacted, 1) * 1e3:.2f} ms per window)")
+    print("\nthe windows (table, indexes, blocks), side by side (same windows):")
+    print(f"{'layout':58s} {'per node-window':>16s} {'vs schema 4':>12s}")
     for name, b in (("schema 3: WITHOUT ROWID, 4-KB pages, zlib-1", v3_windows),
-                    ("upgraded to schema 4: rowid table, 4-KB pages kept, zlib+dict",
-                     upgraded_windows),
-                    ("schema 4, new file: rowid table, 16-KB pages, zlib+dict", windows_b)):
-        print(f"{name:58s} {b / n:>14,.0f} B {b / v3_windows:>11.2f}x")
+                    ("schema 4: rowid table, 16-KB pages, zlib+dict per window",
+                     loose_windows),
+                    ("schema 5: compacted into epoch blocks", windows_b)):
+        print(f"{name:58s} {b / n:>14,.0f} B {b / loose_windows:>11.2f}x")
+    loose_total = sum(loose.values())
+    print(f"{'everything at rest, schema 4 layout':58s} {loose_total / n:>14,.0f} B")
+    print(f"{'everything at rest, schema 5 (compacted)':58s} {total / n:>14,.0f} B "
+          f"{total / loose_total:>11.2f}x")
     print(f"\nthe payload, {len(sample):,} windows of {cfg.gpus_per_node} GPUs:")
     print(f"{'codec':40s} {'bytes':>8s} {'µs':>7s}")
     for name, size, us in _codecs(sample):
@@ -233,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     per_slot = summary_b / gpu_slots
     print(f"\nsummaries: {slots} slot(s) x {args.gpus:,} GPUs in {t_sum:.1f} s "
-          f"({t_sum / (n * 1.0) * 1e3:.2f} ms per window), {summary_b:,} B of pages: "
-          f"{per_slot:.1f} B per GPU-slot")
+          f"of CPU ({t_sum / (n * 1.0) * 1e3:.2f} ms per window, read from blocks), "
+          f"{summary_b:,} B of pages: {per_slot:.1f} B per GPU-slot")
     # steady state of a 16,384-GPU job
     nodes = TARGET_GPUS // GPUS_PER_NODE
     raw_windows = nodes * RAW_HOURS * 3600 / WINDOW_S
@@ -242,7 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     snap_target = (len(snap.state) if snap is not None else 0) * TARGET_GPUS / args.gpus
     epochs_raw = RAW_HOURS * 3600 / WINDOW_S
     parts = [
-        ("raw windows, 6 h", windows_b / n * raw_windows),
+        ("raw windows, 6 h, in blocks", windows_b / n * raw_windows),
+        # compacted once COMPACT_AFTER_S old, by a retention pass every RETENTION_EVERY_S
+        ("windows not yet compacted (3 min, one payload each)",
+         loose_windows / n * nodes * (COMPACT_AFTER_S + RETENTION_EVERY_S) / WINDOW_S),
         ("score rows, 6 h (per epoch, as measured)", scores_b / epochs * epochs_raw),
         ("summaries, 30 days", per_slot * TARGET_GPUS * SUMMARY_DAYS * 86400 / 300),
         # verdict changes follow the raw retention once summarised; each GPU keeps besides its

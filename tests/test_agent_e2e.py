@@ -357,19 +357,14 @@ SLICE_LINE = re.compile(r"slice in window (\d+) at \+([\d.]+) s \(planned \+([\d
 
 def _stored_windows(db: Path, agent_id: str) -> list:
     """The NodeWindows the analyzer stored for one agent, in seq order (read-only)."""
-    import sqlite3
+    from hypertrace.analyzer.storage import Storage
 
-    from hypertrace.proto import hypertrace_pb2 as pb
-
-    from hypertrace.analyzer.storage import decode_payload
-
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    storage = Storage.open_read_only(db)
     try:
-        rows = con.execute("SELECT payload, codec FROM windows WHERE agent_id = ? ORDER BY seq",
-                           (agent_id,)).fetchall()
+        return sorted((sw.message() for sw in storage.iter_windows() if sw.agent_id == agent_id),
+                      key=lambda w: w.seq)
     finally:
-        con.close()
-    return [pb.NodeWindow.FromString(decode_payload(bytes(r[0]), r[1])) for r in rows]
+        storage.close()
 
 
 def test_default_budget_windows_carry_sched_and_steps_and_slices_follow_the_schedule(

@@ -49,10 +49,9 @@ def test_a_late_node_is_reported_as_late_live_and_after_a_restart(tmp_path):
     assert list(again.jobs[0].late_nodes) == list(job.late_nodes)
 
 
-def test_replay_holds_a_few_epochs_not_the_history(tmp_path):
-    cfg = SimConfig(gpus=16, gpus_per_node=8, windows=40, seed=2,
-                    stragglers=(Straggler("node-0001", 1.3),))
-    db = tmp_path / "a.db"
+def live_then_restarted(db, cfg: SimConfig, meanwhile=None) -> tuple[pb.Report, pb.Report, int]:
+    """(the live report, the restarted analyzer's report, the most epochs its replay held
+    pending) for ``cfg``'s windows streamed and scored; ``meanwhile(db)`` runs between."""
     server, target = start_server(db)
     try:
         send(target, list(generate(cfg)))
@@ -60,12 +59,20 @@ def test_replay_holds_a_few_epochs_not_the_history(tmp_path):
         live = server.analyzer.report()
     finally:
         stop_server(server)
+    if meanwhile is not None:
+        meanwhile(db)
     server, _ = start_server(db)
     try:
-        assert server.analyzer.replay_pending_max <= 4      # of 40 epochs
-        again = server.analyzer.report()
+        return live, server.analyzer.report(), server.analyzer.replay_pending_max
     finally:
         stop_server(server)
+
+
+def test_replay_holds_a_few_epochs_not_the_history(tmp_path):
+    cfg = SimConfig(gpus=16, gpus_per_node=8, windows=40, seed=2,
+                    stragglers=(Straggler("node-0001", 1.3),))
+    live, again, pending = live_then_restarted(tmp_path / "a.db", cfg)
+    assert pending <= 4      # of 40 epochs
     assert _verdicts(again) == _verdicts(live)
     assert again.jobs[0].windows == live.jobs[0].windows == 40
 

@@ -110,7 +110,7 @@ def extract_windows(db_path: str | Path) -> list[dict]:
     """
     import numpy as np
 
-    from hypertrace.analyzer.storage import decode_payload
+    from hypertrace.analyzer.storage import Storage
     from hypertrace.collector.apis import api_by_name
     from hypertrace.proto import buckets
     from hypertrace.proto import hypertrace_pb2 as pb
@@ -122,13 +122,11 @@ def extract_windows(db_path: str | Path) -> list[dict]:
         v = float(buckets.quantiles_us(unpack_histogram(h), [0.5])[0])
         return None if np.isnan(v) else v
 
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    storage = Storage.open_read_only(db_path)
     rows = []
     try:
-        for agent_id, seq, node, payload, codec in conn.execute(
-                "SELECT agent_id, seq, node, payload, codec FROM windows "
-                "ORDER BY end_ns, agent_id, seq"):
-            w = pb.NodeWindow.FromString(decode_payload(bytes(payload), codec))
+        for sw in storage.iter_windows():
+            agent_id, seq, node, w = sw.agent_id, sw.seq, sw.node, sw.message()
             start = w.start.seconds + w.start.nanos / 1e9
             end = w.end.seconds + w.end.nanos / 1e9
             for p in w.processes:
@@ -155,7 +153,7 @@ def extract_windows(db_path: str | Path) -> list[dict]:
                     "apis": apis, "runq_ns": int(sc.runq_ns), "sched_window_s": sc.window_s,
                 })
     finally:
-        conn.close()
+        storage.close()
     return rows
 
 

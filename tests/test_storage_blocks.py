@@ -1,0 +1,249 @@
+"""Windows compacted into blocks (schema 5) on a real SQLite file: every reader gets the same
+windows back, dedup still knows their keys, retention deletes the blocks, a schema-4 file is
+upgraded, and a restart from blocks reaches the live verdicts."""
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from hypertrace.analyzer import blocks
+from hypertrace.analyzer.storage import (CODEC_ZLIB_DICT1, SCHEMA_VERSION,
+                                         ConflictingDuplicate, Storage, StorageError,
+                                         encode_payload)
+from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.sim.simulate import SimConfig, Straggler, generate
+
+CFG = SimConfig(gpus=64, gpus_per_node=8, windows=5, seed=3,
+                stragglers=(Straggler("node-0002", 1.3),))
+NODES = CFG.gpus // CFG.gpus_per_node
+
+
+def _read(st: Storage) -> list[tuple]:
+    return [(s.agent_id, s.seq, s.node, s.end_ns, s.late, s.received_ns, s.id, s.payload)
+            for s in st.iter_windows()]
+
+
+def test_a_block_gives_back_every_windows_exact_bytes_non_canonical_ones_included():
+    ws = [w.SerializeToString() for w in generate(CFG)]
+    # bytes a re-serialization would not reproduce: an unknown field, fields out of order
+    odd = ws[1] + b"\xf8\x07\x01"
+    m = pb.NodeWindow.FromString(ws[2])
+    swapped = pb.NodeWindow(seq=m.seq).SerializeToString() + pb.NodeWindow(
+        agent_id=m.agent_id).SerializeToString()
+    items = [(i + 1, b) for i, b in enumerate([*ws, odd, swapped, b""])]
+    assert blocks.decode(blocks.encode(items)) == dict(items)
+
+
+def test_a_damaged_block_is_a_block_error_not_a_crash():
+    items = [(i + 1, w.SerializeToString()) for i, w in enumerate(generate(CFG))]
+    blob = bytearray(blocks.encode(items))
+    blob[len(blob) // 2] ^= 0xFF
+    with pytest.raises(blocks.BlockError):
+        blocks.decode(bytes(blob))
+
+
+def _compacted(tmp_path) -> tuple[Storage, list[pb.NodeWindow]]:
+    """A store holding CFG's windows, all compacted."""
+    st = Storage.open(tmp_path / "a.db")
+    ws = list(generate(CFG))
+    for w in ws:
+        st.add_window(w)
+    st.compact(2**62)
+    return st, ws
+
+
+def test_compaction_keeps_what_every_reader_sees_and_shrinks_the_windows(tmp_path):
+    st = Storage.open(tmp_path / "a.db")
+    ws = list(generate(CFG))
+    for i, w in enumerate(ws):
+        st.add_window(w, received_ns=1000 + i)
+    st.mark_late(ws[3].agent_id, ws[3].seq)
+    before = _read(st)
+    loose = st._conn.execute("SELECT SUM(LENGTH(payload)) FROM windows").fetchone()[0]
+    last_end = ws[-1].end.ToNanoseconds()
+    assert st.compact(last_end) == len(ws) - NODES       # the last epoch ends at last_end
+    assert st.compact(last_end) == 0                        # nothing left to take
+    assert _read(st) == before
+    assert st.compact(2**62) == NODES
+    assert _read(st) == before
+    # the rows left ``windows`` (their pages take the next windows) for ``compacted``
+    assert st._conn.execute("SELECT COUNT(*) FROM windows").fetchone()[0] == 0
+    assert st._conn.execute("SELECT COUNT(*) FROM compacted").fetchone()[0] == len(ws)
+    blocks_b = st._conn.execute("SELECT SUM(LENGTH(data)) FROM blocks").fetchone()[0]
+    assert blocks_b < 0.75 * loose
+    # one block per epoch: the windows that end together
+    assert st._conn.execute("SELECT COUNT(*) FROM blocks").fetchone()[0] == CFG.windows
+    # after_id (what an Engine snapshot does not hold) reads from blocks too
+    assert [s.id for s in st.iter_windows(after_id=10)] == [r[6] for r in before if r[6] > 10]
+    st.close()
+
+
+def test_dedup_knows_compacted_windows_and_refuses_other_bytes_under_their_key(tmp_path):
+    st, ws = _compacted(tmp_path)
+    assert not any(st.add_window(w) for w in ws)             # an agent's replay: all known
+    other = pb.NodeWindow()
+    other.CopyFrom(ws[0])
+    other.processes[0].pid += 1
+    with pytest.raises(ConflictingDuplicate):
+        st.add_window(other)
+    assert st.count_windows() == len(ws)
+    st.close()
+
+
+def test_a_window_stored_after_its_epoch_was_compacted_is_read_and_compacted_later(tmp_path):
+    st = Storage.open(tmp_path / "a.db")
+    ws = list(generate(CFG))
+    straggler = ws[0]
+    for w in ws[1:]:
+        st.add_window(w)
+    st.compact(2**62)
+    assert st.add_window(straggler)
+    assert sorted(s.message().SerializeToString() for s in st.iter_windows()) == sorted(
+        w.SerializeToString() for w in ws)
+    assert st.compact(2**62) == 1                          # a second block of its end time
+    assert sorted(s.message().SerializeToString() for s in st.iter_windows()) == sorted(
+        w.SerializeToString() for w in ws)
+    st.close()
+
+
+def test_retention_deletes_blocks_with_their_windows(tmp_path):
+    st, ws = _compacted(tmp_path)
+    ends = sorted({w.end.ToNanoseconds() for w in ws})
+    # keep the last two epochs: windows end before ends[-2] go
+    st.prune(retention_seconds=0, now_ns=ends[-2])
+    assert st._conn.execute("SELECT COUNT(*) FROM blocks").fetchone()[0] == 2
+    assert st.count_windows() == 2 * NODES
+    assert len(list(st.iter_windows())) == 2 * NODES
+    st.prune(retention_seconds=0, now_ns=2**62)
+    assert st._conn.execute("SELECT COUNT(*) FROM blocks").fetchone()[0] == 0
+    st.close()
+
+
+def test_a_damaged_block_costs_its_windows_and_the_agents_replay_is_still_known(tmp_path):
+    st, ws = _compacted(tmp_path)
+    bad = st._conn.execute("SELECT MIN(id) FROM blocks").fetchone()[0]
+    st._conn.execute("UPDATE blocks SET data = ? WHERE id = ?", (b"HB1garbage", bad))
+    good, lost = [], 0
+    for s in st.iter_windows():
+        try:
+            good.append(s.message())
+        except StorageError:
+            lost += 1
+    assert lost == NODES and len(good) == len(ws) - NODES
+    assert not st.add_window(ws[0])                         # its key and digest are intact
+    st.close()
+
+
+_SCHEMA_4 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO meta VALUES ('schema_version', '4');
+CREATE TABLE windows (id INTEGER PRIMARY KEY AUTOINCREMENT, agent_id TEXT NOT NULL,
+    seq INTEGER NOT NULL, node TEXT NOT NULL, start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL,
+    received_ns INTEGER NOT NULL, payload BLOB NOT NULL, late INTEGER NOT NULL DEFAULT 0,
+    codec INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX windows_end ON windows (end_ns);
+CREATE UNIQUE INDEX windows_key ON windows (agent_id, seq);
+"""
+
+
+def test_a_schema_4_file_is_upgraded_and_its_windows_compacted(tmp_path):
+    db = tmp_path / "v4.db"
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA page_size = 16384")
+    conn.executescript(_SCHEMA_4)
+    ws = list(generate(CFG))
+    for i, w in enumerate(ws):
+        conn.execute("INSERT INTO windows (agent_id, seq, node, start_ns, end_ns, received_ns, "
+                     "payload, late, codec) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     (w.agent_id, w.seq, w.node, w.start.ToNanoseconds(),
+                      w.end.ToNanoseconds(), i, encode_payload(w.SerializeToString()),
+                      int(i == 5), CODEC_ZLIB_DICT1))
+    conn.commit()
+    conn.close()
+    st = Storage.open(db)
+    version = st._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    assert int(version[0]) == SCHEMA_VERSION == 5
+    before = _read(st)
+    assert [m for *_, m in before] == [w.SerializeToString() for w in ws]
+    assert st.compact(2**62) == len(ws)
+    assert _read(st) == before and before[5][4] is True
+    assert not st.add_window(ws[0])
+    st.close()
+
+
+def test_a_restart_from_blocks_reaches_the_live_verdicts(tmp_path):
+    """No snapshot: the whole history is replayed from the blocks."""
+    from test_restart_consistency import _verdicts, live_then_restarted
+    cfg = SimConfig(gpus=64, gpus_per_node=8, windows=8, seed=4,
+                    stragglers=(Straggler("node-0002", 1.3),))
+
+    def compact(db):
+        st = Storage.open(db)
+        assert st.compact(2**62) == cfg.gpus // cfg.gpus_per_node * cfg.windows
+        st._conn.execute("DELETE FROM snapshot")
+        st.close()
+    live, again, _ = live_then_restarted(tmp_path / "a.db", cfg, compact)
+    assert _verdicts(again) == _verdicts(live)
+    assert again.jobs[0].windows == live.jobs[0].windows == cfg.windows
+
+
+def test_a_reader_paging_through_a_compaction_reads_every_window_once(tmp_path, monkeypatch):
+    """The retention pass may compact while another reader (an export) pages through."""
+    import hypertrace.analyzer.storage as storage_mod
+    monkeypatch.setattr(storage_mod, "REPLAY_PAGE", 7)
+    st = Storage.open(tmp_path / "a.db")
+    ws = list(generate(CFG))
+    for w in ws:
+        st.add_window(w)
+    ends = sorted({w.end.ToNanoseconds() for w in ws})
+    seen = []
+    for i, sw in enumerate(st.iter_windows()):
+        seen.append((sw.agent_id, sw.seq, sw.payload))
+        if i == 10:                      # behind and ahead of the reader at once
+            assert st.compact(ends[3]) > 0
+    assert sorted(seen) == sorted((w.agent_id, w.seq, w.SerializeToString()) for w in ws)
+    st.close()
+
+
+def test_a_read_only_reader_sees_compacted_windows_and_leaves_an_old_file_as_it_is(tmp_path):
+    """What tools that read a run's database use (tests/gpu/matrix_report.py, the agent's
+    end-to-end test): every window, blocks included; a schema-4 file is not upgraded."""
+    st, ws = _compacted(tmp_path)
+    st.close()
+    ro = Storage.open_read_only(tmp_path / "a.db")
+    assert [s.message() for s in ro.iter_windows()] == ws
+    ro.close()
+    db = tmp_path / "v4.db"
+    conn = sqlite3.connect(db)
+    conn.executescript(_SCHEMA_4)
+    conn.execute("INSERT INTO windows (agent_id, seq, node, start_ns, end_ns, received_ns, "
+                 "payload, codec) VALUES ('a', 1, 'n', 0, 1, 0, ?, ?)",
+                 (encode_payload(ws[0].SerializeToString()), CODEC_ZLIB_DICT1))
+    conn.commit()
+    conn.close()
+    ro = Storage.open_read_only(db)
+    assert [s.message() for s in ro.iter_windows()] == [ws[0]]
+    ro.close()
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT value FROM meta").fetchone()[0] == "4"
+    assert "compacted" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    conn.close()
+
+
+def test_the_retention_pass_compacts_what_ended_two_minutes_ago_and_no_more(tmp_path):
+    from hypertrace.analyzer import summaries
+    from hypertrace.analyzer.config import ScoringConfig
+    from hypertrace.analyzer.storage import COMPACT_AFTER_S
+    st = Storage.open(tmp_path / "a.db")
+    ws = list(generate(CFG))
+    for w in ws:
+        st.add_window(w)
+    last_end = max(w.end.ToNanoseconds() for w in ws)
+    # the last epoch ended less than COMPACT_AFTER_S ago: it stays one payload per window
+    now = last_end + int(COMPACT_AFTER_S * 1e9)
+    summaries.apply_retention(st, ScoringConfig(), raw_hours=6, summary_days=30, now_ns=now)
+    assert st._conn.execute("SELECT COUNT(*) FROM windows").fetchone()[0] == NODES
+    assert st._conn.execute("SELECT COUNT(*) FROM compacted").fetchone()[0] == len(ws) - NODES
+    assert st.compact(2**62, limit=1) == NODES          # a whole block, then it stops
+    st.close()
