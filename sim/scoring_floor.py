@@ -8,7 +8,7 @@ with nothing else:
 * per API, the dense bucket-major (K, G) count matrix of the buckets that hold data, built from
   the wire histograms with one ``np.bincount`` (several processes of one GPU add up);
 * per GPU, each configured quantile (p50, p99) by linear interpolation inside the bucket that
-  holds it, from one ``cumsum`` over the buckets (the analyzer's definition);
+  holds it, from the cumulative counts over the buckets (the analyzer's definition);
 * across GPUs with ``min_samples`` calls, per stat: median, MAD (floored at ``mad_floor`` x
   |median|), quartiles by ``np.percentile``; the robust z, the Tukey fence, the effect gate
   (``min_effect``); the high and low flags.
@@ -63,7 +63,9 @@ def floor_flags(acc: EpochAccumulator, cfg: ScoringConfig
                 + np.repeat((firsts - lo - starts) * n + position[rows], lens))
         dense = np.bincount(flat, weights=counts.astype(np.float64),
                             minlength=width * n).reshape(width, n)
-        cum = np.cumsum(dense, axis=0)
+        cum = dense                                # cumulative counts in place, bucket by
+        for k in range(1, width):                  # bucket: K vector adds over G contiguous
+            cum[k] += cum[k - 1]                   # values (np.cumsum(axis=0) is ~5x slower)
         total = cum[-1]
         x = np.empty((len(qs), n))
         for j, q in enumerate(qs):
