@@ -149,7 +149,7 @@ def _first_reaching(flat: np.ndarray, k: int, g: int, cols: np.ndarray,
         np.copyto(lo, mid + 1, where=less)
         np.copyto(hi, mid, where=~less)
         span >>= 1
-    return lo
+    return np.minimum(lo, k - 1, out=lo)            # a target above every count: the last
 
 
 @dataclass

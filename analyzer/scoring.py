@@ -41,6 +41,7 @@ over them.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -195,6 +196,34 @@ def _fence_quartiles(x: np.ndarray, q1: np.ndarray, q3: np.ndarray, med: np.ndar
     return q1, q3
 
 
+def sorted_percentiles(x: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
+    """(len(qs), S) quantiles of each row of ``x`` (S, n), rows sorted ascending, n >= 1: the
+    numbers ``np.percentile(x, 100 * q, axis=1)`` gives (its default "linear" method, the same
+    float operations), read off one sort instead of a partition per call. Why: a sort of
+    16,384 values costs less than numpy's percentile machinery around its partitions (measured
+    at 16,384 GPUs x 2 stats: 0.2 ms against 1.0 ms), and the MAD needs the median anyway."""
+    n = x.shape[1]
+    out = np.empty((len(qs), x.shape[0]))
+    for i, q in enumerate(qs):
+        v = (n - 1) * q                       # numpy's virtual index
+        lo = min(int(math.floor(v)), n - 1)
+        hi = min(lo + 1, n - 1)
+        gamma = v - math.floor(v)
+        a, b = x[:, lo], x[:, hi]
+        diff = b - a
+        out[i] = b - diff * (1.0 - gamma) if gamma >= 0.5 else a + diff * gamma
+    return out
+
+
+def sorted_median(x: np.ndarray) -> np.ndarray:
+    """(S,) median of each row of ``x`` (S, n), rows sorted ascending: ``np.median(x, axis=1)``
+    (the middle value, or the mean of the two middle values)."""
+    n = x.shape[1]
+    if n % 2:
+        return x[:, n // 2].copy()
+    return (x[:, n // 2 - 1] + x[:, n // 2]) / 2.0
+
+
 def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
                  stats: tuple[str, ...], se_us: np.ndarray | None = None,
                  allowance: np.ndarray | None = None,
@@ -220,8 +249,11 @@ def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
         return StatScores(stats, np.where(ok[:, None], values_us, np.nan), np.asarray(count), ok,
                           nan_s, nan_s, nan_s, empty, empty.copy(), no, no.copy())
     x = np.ascontiguousarray(values_us[ok].T)                # (S, n): contiguous per stat
-    q1, med, q3 = np.percentile(x, [25.0, 50.0, 75.0], axis=1)
-    mad = np.median(np.abs(x - med[:, None]), axis=1)
+    x.sort(axis=1)
+    q1, med, q3 = sorted_percentiles(x, (0.25, 0.5, 0.75))
+    dev = np.abs(x - med[:, None])
+    dev.sort(axis=1)
+    mad = sorted_median(dev)
     mad_eff = np.maximum(mad, np.maximum(cfg.mad_floor * np.abs(med), 1e-9))
     q1, q3 = _fence_quartiles(x, q1, q3, med, mad_eff, cfg.z_threshold)
     iqr = q3 - q1
