@@ -81,7 +81,8 @@ class Hists:
         return cum
 
     def quantiles_us(self, qs: list[float]) -> np.ndarray:
-        """(G, len(qs)) quantiles in µs; NaN for GPUs with no samples.
+        """(G, len(qs)) quantiles in µs; NaN for GPUs with no samples. A transposed view of a
+        (len(qs), G) array: each quantile's G values are contiguous, as the scorer reads them.
 
         Same definition as :func:`hypertrace.proto.buckets.quantiles_us` (linear interpolation
         inside the bucket that holds the quantile; tests/test_scoring.py checks they agree to
@@ -92,7 +93,7 @@ class Hists:
         total = cum[-1]
         flat = cum.ravel()
         cols = np.arange(g)
-        out = np.empty((g, len(qs)))
+        out = np.empty((len(qs), g))                 # filled per quantile; returned as (G, Q)
         for j, q in enumerate(qs):                   # a handful of quantiles
             t = total * q
             idx = _first_reaching(flat, k, g, cols, t)
@@ -102,10 +103,10 @@ class Hists:
             frac = np.where(inside > 0, (t - below) / np.where(inside > 0, inside, 1.0), 0.5)
             b = idx + self.first
             lower = buckets.LOWER_NS.take(b)
-            out[:, j] = lower + np.clip(frac, 0.0, 1.0) * (buckets.UPPER_NS.take(b) - lower)
+            out[j] = lower + np.clip(frac, 0.0, 1.0) * (buckets.UPPER_NS.take(b) - lower)
         out /= 1000.0
-        out[total <= 0] = np.nan
-        return out
+        out[:, total <= 0] = np.nan
+        return out.T
 
     def excess_above_us(self, base_us: np.ndarray, factor: float) -> np.ndarray:
         """(G,) mean excess per sample (µs) over ``base_us`` (G,) of the samples in buckets that

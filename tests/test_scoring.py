@@ -374,3 +374,18 @@ def test_quantile_bucket_search_counts_the_buckets_below_the_target():
             want = np.minimum((cum < t).sum(axis=0), k - 1)
             got = _first_reaching(cum.ravel(), k, 500, np.arange(500), t)
             assert np.array_equal(got, want)
+
+
+def test_far_count_equals_counting_every_robust_z():
+    """The binary-search count of values beyond the z cut (behind the fence re-read) equals
+    the full count, at ties, at the cut and with most values beyond it."""
+    from hypertrace.analyzer.scoring import _far_count
+    rng = np.random.default_rng(9)
+    for n in (1, 2, 5, 32, 1000):
+        for spread in (0.01, 1.0, 30.0):
+            row = np.sort(np.round(rng.normal(10.0, spread, n), 2))
+            med, mad = float(np.median(row)), max(float(np.median(np.abs(row - np.median(row)))),
+                                                   1e-9)
+            for z_cut in (0.0, 1.0, 3.5):
+                want = int((np.abs(0.6745 * (row - med) / mad) > z_cut).sum())
+                assert _far_count(row, np.float64(med), np.float64(mad), z_cut) == want
