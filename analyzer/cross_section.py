@@ -96,7 +96,8 @@ class Hists:
         out = np.empty((len(qs), g))                 # filled per quantile; returned as (G, Q)
         for j, q in enumerate(qs):                   # a handful of quantiles
             t = total * q
-            idx = _first_reaching(flat, k, g, cols, t)
+            idx = (_first_reaching(flat, k, g, cols, t) if g >= SEARCH_MIN_COLUMNS
+                   else np.minimum((cum < t).sum(axis=0), k - 1))
             at = idx * g + cols                      # cum[idx, cols], as a flat take
             below = np.where(idx > 0, flat.take(np.maximum(at - g, 0)), 0.0)
             inside = flat.take(at) - below
@@ -133,6 +134,12 @@ class Hists:
     def select(self, sel: np.ndarray) -> "Hists":
         return Hists(self.counts_t[:, sel], self.first,
                      None if self.totals is None else self.totals[sel])
+
+
+#: From this many columns on, :meth:`Hists.quantiles_us` finds the bucket of a quantile by a
+#: binary search; under it (a pooled histogram, a handful of GPUs) by one comparison of the
+#: whole matrix, which costs less than the search's log2(K) rounds of numpy calls.
+SEARCH_MIN_COLUMNS = 1024
 
 
 def _first_reaching(flat: np.ndarray, k: int, g: int, cols: np.ndarray,
