@@ -151,7 +151,9 @@ def host_allowance(values: np.ndarray, scored: np.ndarray, layout: "HostLayout",
     if not use.any() or cfg.host_effect_sigmas <= 0:
         return out
     mine = ok & use[layout.host]
-    dev = np.abs(v - med_h[layout.host])                     # (G, S) around the own host
+    # (G, S) around the own host, computed per stat over contiguous GPUs
+    dev = np.abs(np.ascontiguousarray(v.T) - np.ascontiguousarray(med_h.T).take(layout.host,
+                                                                               axis=1)).T
     spread, _ = host_medians(dev, mine, layout)              # per-host MAD
     spread = spread[use]
     mad = np.array([np.median(c[np.isfinite(c)]) if np.isfinite(c).any() else 0.0
@@ -342,14 +344,17 @@ def host_medians(values: np.ndarray, scored: np.ndarray,
     ok = scored & _finite_rows(v)
     cell = layout.cell[ok]
     # one (H, slots) grid per stat, filled by a 1-D scatter (a 2-D fancy scatter costs ~5x more)
-    grid = np.full((s, layout.hosts * layout.slots), np.nan)
+    size = layout.hosts * layout.slots
+    grid = np.full((s, size), np.nan)
     for j in range(s):
-        grid[j, cell] = v[ok, j]
+        grid[j, cell] = v[:, j][ok]
     grid = grid.reshape(s, layout.hosts, layout.slots)
     grid.sort(axis=2)                                   # NaNs sort last
     n = np.bincount(layout.host[ok], minlength=layout.hosts)
-    h = np.arange(layout.hosts)
-    med = ((grid[:, h, np.maximum(n - 1, 0) // 2] + grid[:, h, n // 2]) / 2.0).T
+    at = np.arange(layout.hosts) * layout.slots         # each host's first cell, flat
+    flat = grid.reshape(s, size)
+    med = ((flat.take(at + np.maximum(n - 1, 0) // 2, axis=1)
+            + flat.take(at + n // 2, axis=1)) / 2.0).T
     med[n == 0] = np.nan
     return med, n
 
