@@ -230,9 +230,9 @@ class _Flat:
         self.vals.extend(hist.counts)
         self.totals.append(float(sum(hist.counts)) if total is None else float(total))
 
-    def hists(self, local: np.ndarray, n_local: int) -> Hists:
+    def hists(self, local: np.ndarray, n_local: int, scratch: "_Scratch | None" = None) -> Hists:
         """Merge into bucket-major (K, n_local); ``local`` maps this object's rows to local
-        indices."""
+        indices. ``scratch``: buffers shared with the other histogram sets of one build."""
         if not self.rows:
             return Hists(np.zeros((1, n_local)), 0, np.zeros(n_local))
         lens = np.frombuffer(self.lens, dtype=np.int64)
@@ -244,22 +244,48 @@ class _Flat:
         # count j of histogram h (j counted over all histograms) goes to bucket
         # (first[h] - lo + j - start[h]), GPU local[h]: flat index bucket * n_local + local[h] in
         # the (K, n_local) matrix, i.e. j * n_local + ((first[h] - lo - start[h]) * n_local +
-        # local[h]). One repeat and one in-place add: every temporary of this size costs its
-        # page faults (~1 ms per 3 MB at 16,384 GPUs)
-        flat = np.arange(0, size * n_local, n_local, dtype=np.int64)
-        flat += np.repeat((firsts - lo - starts) * n_local + local, lens)
-        counts = np.frombuffer(self.vals, dtype=np.uint64)
+        # local[h]). One repeat and one in-place add of the shared j * n_local: every fresh
+        # temporary of this size costs its page faults (~1 ms per 3 MB at 16,384 GPUs)
+        scratch = scratch if scratch is not None else _Scratch(n_local)
+        flat = np.repeat((firsts - lo - starts) * n_local + local, lens)
+        flat += scratch.stride(size)
+        counts = scratch.floats(np.frombuffer(self.vals, dtype=np.uint64))
         totals = np.frombuffer(self.totals, dtype=np.float64)
         if lens.size == n_local and _one_each(local, n_local):
             dense = np.zeros(width * n_local)        # one histogram per GPU: plain scatter
-            dense[flat] = counts.astype(np.float64)  # (a casting scatter is slower)
+            dense[flat] = counts
             per_gpu = np.empty(n_local)
             per_gpu[local] = totals
         else:                                        # merge several windows/processes per GPU
-            dense = np.bincount(flat, weights=counts.astype(np.float64),
-                                minlength=width * n_local)
+            dense = np.bincount(flat, weights=counts, minlength=width * n_local)
             per_gpu = np.bincount(local, weights=totals, minlength=n_local)
         return Hists(dense.reshape(width, n_local), lo, per_gpu)
+
+
+class _Scratch:
+    """Buffers that the histogram sets of one build share (:meth:`_Flat.hists`): the flat
+    offsets ``j * n_local`` and the counts as floats. Why: at 16,384 GPUs each is ~3 MB per
+    API, and a fresh array of that size pays its page faults every time."""
+
+    def __init__(self, n_local: int):
+        self.n_local = n_local
+        self._stride = np.zeros(0, dtype=np.int64)
+        self._floats = np.zeros(0)
+
+    def stride(self, size: int) -> np.ndarray:
+        """``arange(size) * n_local`` (a view: read only)."""
+        if self._stride.size < size:
+            self._stride = np.arange(0, size * self.n_local, self.n_local, dtype=np.int64)
+        return self._stride[:size]
+
+    def floats(self, counts: np.ndarray) -> np.ndarray:
+        """``counts`` converted to float64, in the shared buffer (valid until the next call;
+        a scatter that converts on the way is slower than the conversion and a plain one)."""
+        if self._floats.size < counts.size:
+            self._floats = np.empty(counts.size)
+        out = self._floats[:counts.size]
+        np.copyto(out, counts, casting="unsafe")
+        return out
 
 
 def _one_each(local: np.ndarray, n: int) -> bool:
@@ -355,8 +381,10 @@ class EpochAccumulator:
         def local(flat: _Flat) -> np.ndarray:
             return position[np.frombuffer(flat.rows, dtype=np.int64)]
 
-        apis = {api: flat.hists(local(flat), n) for api, flat in sorted(self._apis.items())}
-        steps = self._steps.hists(local(self._steps), n) if self._steps.rows else None
+        scratch = _Scratch(n)
+        apis = {api: flat.hists(local(flat), n, scratch)
+                for api, flat in sorted(self._apis.items())}
+        steps = self._steps.hists(local(self._steps), n, scratch) if self._steps.rows else None
         return CrossSection(self.job_id, self.epoch, rows, apis, steps, self.windows,
                             self._signals(position, n, local))
 
