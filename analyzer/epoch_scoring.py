@@ -124,7 +124,9 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
         q = quantiles[api] = hists.quantiles_us([KNOWN_STATS[x] for x in cfg.stats])
         cnt = hists.total()
         se = sampling_se_us(hists, q, cfg.stats)
-        gpu_high, gpu_low, host_high, host_low = (np.zeros((g, s), dtype=bool)
+        # the flags as (S, G): per stat, G contiguous GPUs (StatScores' arrays are transposed
+        # views of that layout), so no operation runs over a short last axis
+        gpu_high, gpu_low, host_high, host_low = (np.zeros((s, g), dtype=bool)
                                                   for _ in range(4))
         parts: list[_Part] = []
         for sel, layout in zip(groups, layouts):
@@ -132,16 +134,17 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
             sc = score_values(q if one else q[sel], cnt if one else cnt[sel], cfg,
                               cfg.stats, se if one else se[sel])
             hs, of_gpu = score_hosts(sc.value_us, sc.scored, layout, cfg, cfg.stats)
-            mine = sc.scored[:, None]        # a host flag never lands on a GPU without data
+            mine = sc.scored                 # a host flag never lands on a GPU without data
+            h_high = np.ascontiguousarray(hs.high.T).take(of_gpu, axis=1) & mine
+            h_low = np.ascontiguousarray(hs.low.T).take(of_gpu, axis=1) & mine
             if one:
                 sufficient |= sc.scored
-                gpu_high, gpu_low = sc.high, sc.low
-                host_high, host_low = hs.high[of_gpu] & mine, hs.low[of_gpu] & mine
+                gpu_high, gpu_low = np.ascontiguousarray(sc.high.T), np.ascontiguousarray(sc.low.T)
+                host_high, host_low = h_high, h_low
             else:
                 sufficient[sel] |= sc.scored
-                gpu_high[sel], gpu_low[sel] = sc.high, sc.low
-                host_high[sel] = hs.high[of_gpu] & mine
-                host_low[sel] = hs.low[of_gpu] & mine
+                gpu_high[:, sel], gpu_low[:, sel] = sc.high.T, sc.low.T
+                host_high[:, sel], host_low[:, sel] = h_high, h_low
             parts.append(_Part(sel, sc, hs, of_gpu))
             if "p50" in cfg.stats:
                 _remember_p50_ratio(job, api, rows[sel], sc, cfg.stats.index("p50"))
@@ -152,23 +155,24 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
             shift_gpu, shift_host = _shift_checks(hists, parts, gpu_high, host_high,
                                                   verdict_cols, cfg, g)
         if kind == "sync":                   # arrives last: supporting evidence only
-            bad = np.zeros((g, s), dtype=bool)
+            bad = np.zeros((s, g), dtype=bool)
         elif kind == "launch":
-            bad = ((gpu_high & (gpu_ok & shift_gpu)[:, None])
-                   | (host_high & (host_ok & shift_host)[:, None]))
+            bad = (gpu_high & (gpu_ok & shift_gpu)) | (host_high & (host_ok & shift_host))
         else:
-            bad = (gpu_high & shift_gpu[:, None]) | (host_high & shift_host[:, None])
-        for j in np.flatnonzero(verdict_cols):      # column by column: G x 1 reductions
-            flagged |= bad[:, j]                      # along a short axis are slow
+            bad = (gpu_high & shift_gpu) | (host_high & shift_host)
+        for j in np.flatnonzero(verdict_cols):
+            flagged |= bad[j]
         gpu_cells = gpu_high | gpu_low
         per_step = (launches_per_step(hists.total(), cs, sig.step_us)
                     if kind == "launch" and gpu_cells.any() | host_high.any() else None)
         for basis, hi, cells in (("gpu", gpu_high, gpu_cells),
                                  ("host", host_high, (host_high | host_low) & ~gpu_cells)):
-            gi, si = np.nonzero(cells)               # flagged cells only
+            si, gi = np.nonzero(cells)               # flagged cells only
             if gi.size:
+                order = np.lexsort((si, gi))         # GPU by GPU, stat by stat
+                gi, si = gi[order], si[order]
                 pending.append(_Cells.of(
-                    api, kind, basis, gi, si, hi[gi, si], parts, verdict_cols,
+                    api, kind, basis, gi, si, hi[si, gi], parts, verdict_cols,
                     gpu_ok if basis == "gpu" else host_ok,
                     shift_gpu if basis == "gpu" else shift_host, per_step, g))
     sufficient |= sig.sufficient
@@ -477,13 +481,14 @@ def _shift_checks(hists: Hists, parts: list[_Part], gpu_high: np.ndarray, host_h
                   ) -> tuple[np.ndarray, np.ndarray]:
     """(G,) bools: whether each GPU's whole distribution shifted (analyzer/shift.py) enough to
     back a verdict-stat high tail, on the GPU basis and on its host's basis. Computed only for
-    the GPUs and hosts a verdict stat flagged high; True elsewhere (nothing to back)."""
+    the GPUs and hosts a verdict stat flagged high; True elsewhere (nothing to back).
+    ``gpu_high`` and ``host_high`` are (S, G)."""
     ok_gpu, ok_host = np.ones(g, dtype=bool), np.ones(g, dtype=bool)
     vcols = np.flatnonzero(verdict_cols)
     if vcols.size == 0:
         return ok_gpu, ok_host
-    gh = gpu_high[:, vcols].any(axis=1)
-    hh = host_high[:, vcols].any(axis=1)
+    gh = gpu_high[vcols].any(axis=0)
+    hh = host_high[vcols].any(axis=0)
     if not (gh.any() or hh.any()):
         return ok_gpu, ok_host
     j = int(vcols[0])
