@@ -81,7 +81,8 @@ class Hists:
         return cum
 
     def quantiles_us(self, qs: list[float]) -> np.ndarray:
-        """(G, len(qs)) quantiles in µs; NaN for GPUs with no samples.
+        """(G, len(qs)) quantiles in µs; NaN for GPUs with no samples. A transposed view of a
+        (len(qs), G) array: each quantile's G values are contiguous, as the scorer reads them.
 
         Same definition as :func:`hypertrace.proto.buckets.quantiles_us` (linear interpolation
         inside the bucket that holds the quantile; tests/test_scoring.py checks they agree to
@@ -90,20 +91,23 @@ class Hists:
         cum = self.cumulative()
         k, g = cum.shape
         total = cum[-1]
+        flat = cum.ravel()
         cols = np.arange(g)
-        out = np.empty((g, len(qs)))
+        out = np.empty((len(qs), g))                 # filled per quantile; returned as (G, Q)
         for j, q in enumerate(qs):                   # a handful of quantiles
             t = total * q
-            idx = np.minimum((cum < t).sum(axis=0), k - 1)
-            below = np.where(idx > 0, cum[np.maximum(idx - 1, 0), cols], 0.0)
-            inside = cum[idx, cols] - below
+            idx = (_first_reaching(flat, k, g, cols, t) if g >= SEARCH_MIN_COLUMNS
+                   else np.minimum((cum < t).sum(axis=0), k - 1))
+            at = idx * g + cols                      # cum[idx, cols], as a flat take
+            below = np.where(idx > 0, flat.take(np.maximum(at - g, 0)), 0.0)
+            inside = flat.take(at) - below
             frac = np.where(inside > 0, (t - below) / np.where(inside > 0, inside, 1.0), 0.5)
             b = idx + self.first
-            out[:, j] = buckets.LOWER_NS[b] + np.clip(frac, 0.0, 1.0) * (
-                buckets.UPPER_NS[b] - buckets.LOWER_NS[b])
+            lower = buckets.LOWER_NS.take(b)
+            out[j] = lower + np.clip(frac, 0.0, 1.0) * (buckets.UPPER_NS.take(b) - lower)
         out /= 1000.0
-        out[total <= 0] = np.nan
-        return out
+        out[:, total <= 0] = np.nan
+        return out.T
 
     def excess_above_us(self, base_us: np.ndarray, factor: float) -> np.ndarray:
         """(G,) mean excess per sample (µs) over ``base_us`` (G,) of the samples in buckets that
@@ -130,6 +134,30 @@ class Hists:
     def select(self, sel: np.ndarray) -> "Hists":
         return Hists(self.counts_t[:, sel], self.first,
                      None if self.totals is None else self.totals[sel])
+
+
+#: From this many columns on, :meth:`Hists.quantiles_us` finds the bucket of a quantile by a
+#: binary search; under it (a pooled histogram, a handful of GPUs) by one comparison of the
+#: whole matrix, which costs less than the search's log2(K) rounds of numpy calls.
+SEARCH_MIN_COLUMNS = 1024
+
+
+def _first_reaching(flat: np.ndarray, k: int, g: int, cols: np.ndarray,
+                    t: np.ndarray) -> np.ndarray:
+    """(G,) per column, the first bucket whose cumulative count reaches ``t`` (the number of
+    buckets below it), capped at K - 1. ``flat`` is the (K, G) cumulative matrix raveled.
+    A binary search over the buckets, all columns at once: log2(K) gathers of G values instead
+    of a (K, G) comparison (cumulative counts never decrease along the buckets)."""
+    lo = np.zeros(g, dtype=np.int64)
+    hi = np.full(g, k - 1, dtype=np.int64)          # the answer lies in [lo, hi]
+    span = k - 1
+    while span > 0:
+        mid = (lo + hi) >> 1
+        less = flat.take(mid * g + cols) < t
+        np.copyto(lo, mid + 1, where=less)
+        np.copyto(hi, mid, where=~less)
+        span >>= 1
+    return np.minimum(lo, k - 1, out=lo)            # a target above every count: the last
 
 
 @dataclass
@@ -202,9 +230,9 @@ class _Flat:
         self.vals.extend(hist.counts)
         self.totals.append(float(sum(hist.counts)) if total is None else float(total))
 
-    def hists(self, local: np.ndarray, n_local: int) -> Hists:
+    def hists(self, local: np.ndarray, n_local: int, scratch: "_Scratch | None" = None) -> Hists:
         """Merge into bucket-major (K, n_local); ``local`` maps this object's rows to local
-        indices."""
+        indices. ``scratch``: buffers shared with the other histogram sets of one build."""
         if not self.rows:
             return Hists(np.zeros((1, n_local)), 0, np.zeros(n_local))
         lens = np.frombuffer(self.lens, dtype=np.int64)
@@ -212,21 +240,60 @@ class _Flat:
         lo = int(firsts.min())
         width = int((firsts + lens).max()) - lo
         starts = np.cumsum(lens) - lens
-        # count j of histogram h goes to bucket (first[h] - lo + j - start[h]), GPU local[h]:
-        # flat index bucket * n_local + local[h] in the (K, n_local) matrix
-        pos = np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(firsts - lo - starts, lens)
-        flat = pos * n_local + np.repeat(local, lens)
-        vals = np.frombuffer(self.vals, dtype=np.uint64).astype(np.float64)
+        size = int(lens.sum())
+        # count j of histogram h (j counted over all histograms) goes to bucket
+        # (first[h] - lo + j - start[h]), GPU local[h]: flat index bucket * n_local + local[h] in
+        # the (K, n_local) matrix, i.e. j * n_local + ((first[h] - lo - start[h]) * n_local +
+        # local[h]). One repeat and one in-place add of the shared j * n_local: every fresh
+        # temporary of this size costs its page faults (~1 ms per 3 MB at 16,384 GPUs)
+        scratch = scratch if scratch is not None else _Scratch(n_local)
+        flat = np.repeat((firsts - lo - starts) * n_local + local, lens)
+        flat += scratch.stride(size)
+        counts = scratch.floats(np.frombuffer(self.vals, dtype=np.uint64))
         totals = np.frombuffer(self.totals, dtype=np.float64)
-        if lens.size == n_local and np.bincount(local, minlength=n_local).max() <= 1:
+        if lens.size == n_local and _one_each(local, n_local):
             dense = np.zeros(width * n_local)        # one histogram per GPU: plain scatter
-            dense[flat] = vals
+            dense[flat] = counts
             per_gpu = np.empty(n_local)
             per_gpu[local] = totals
         else:                                        # merge several windows/processes per GPU
-            dense = np.bincount(flat, weights=vals, minlength=width * n_local)
+            dense = np.bincount(flat, weights=counts, minlength=width * n_local)
             per_gpu = np.bincount(local, weights=totals, minlength=n_local)
         return Hists(dense.reshape(width, n_local), lo, per_gpu)
+
+
+class _Scratch:
+    """Buffers that the histogram sets of one build share (:meth:`_Flat.hists`): the flat
+    offsets ``j * n_local`` and the counts as floats. Why: at 16,384 GPUs each is ~3 MB per
+    API, and a fresh array of that size pays its page faults every time."""
+
+    def __init__(self, n_local: int):
+        self.n_local = n_local
+        self._stride = np.zeros(0, dtype=np.int64)
+        self._floats = np.zeros(0)
+
+    def stride(self, size: int) -> np.ndarray:
+        """``arange(size) * n_local`` (a view: read only)."""
+        if self._stride.size < size:
+            self._stride = np.arange(0, size * self.n_local, self.n_local, dtype=np.int64)
+        return self._stride[:size]
+
+    def floats(self, counts: np.ndarray) -> np.ndarray:
+        """``counts`` converted to float64, in the shared buffer (valid until the next call;
+        a scatter that converts on the way is slower than the conversion and a plain one)."""
+        if self._floats.size < counts.size:
+            self._floats = np.empty(counts.size)
+        out = self._floats[:counts.size]
+        np.copyto(out, counts, casting="unsafe")
+        return out
+
+
+def _one_each(local: np.ndarray, n: int) -> bool:
+    """Does ``local`` (n values in 0..n-1) name every index exactly once? Strictly increasing
+    (the common order: GPUs registered as they arrive) says so without counting."""
+    if local.size < 2 or bool((local[1:] > local[:-1]).all()):
+        return True
+    return bool(np.bincount(local, minlength=n).max() <= 1)
 
 
 @dataclass
@@ -314,8 +381,10 @@ class EpochAccumulator:
         def local(flat: _Flat) -> np.ndarray:
             return position[np.frombuffer(flat.rows, dtype=np.int64)]
 
-        apis = {api: flat.hists(local(flat), n) for api, flat in sorted(self._apis.items())}
-        steps = self._steps.hists(local(self._steps), n) if self._steps.rows else None
+        scratch = _Scratch(n)
+        apis = {api: flat.hists(local(flat), n, scratch)
+                for api, flat in sorted(self._apis.items())}
+        steps = self._steps.hists(local(self._steps), n, scratch) if self._steps.rows else None
         return CrossSection(self.job_id, self.epoch, rows, apis, steps, self.windows,
                             self._signals(position, n, local))
 

@@ -110,7 +110,7 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     groups, labels = job.peer_groups(rows, cfg.min_gpus)
     sufficient = np.zeros(g, dtype=bool)
     flagged = np.zeros(g, dtype=bool)
-    found: list[ScoreRow] = []
+    pending: list[_Cells] = []
     verdict_cols = np.asarray(cfg.verdict_mask(), dtype=bool)
     quantiles: dict[str, np.ndarray] = {}
     layouts = job.host_layouts(rows, groups)
@@ -124,7 +124,9 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
         q = quantiles[api] = hists.quantiles_us([KNOWN_STATS[x] for x in cfg.stats])
         cnt = hists.total()
         se = sampling_se_us(hists, q, cfg.stats)
-        gpu_high, gpu_low, host_high, host_low = (np.zeros((g, s), dtype=bool)
+        # the flags as (S, G): per stat, G contiguous GPUs (StatScores' arrays are transposed
+        # views of that layout), so no operation runs over a short last axis
+        gpu_high, gpu_low, host_high, host_low = (np.zeros((s, g), dtype=bool)
                                                   for _ in range(4))
         parts: list[_Part] = []
         for sel, layout in zip(groups, layouts):
@@ -132,16 +134,17 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
             sc = score_values(q if one else q[sel], cnt if one else cnt[sel], cfg,
                               cfg.stats, se if one else se[sel])
             hs, of_gpu = score_hosts(sc.value_us, sc.scored, layout, cfg, cfg.stats)
-            mine = sc.scored[:, None]        # a host flag never lands on a GPU without data
+            mine = sc.scored                 # a host flag never lands on a GPU without data
+            h_high = np.ascontiguousarray(hs.high.T).take(of_gpu, axis=1) & mine
+            h_low = np.ascontiguousarray(hs.low.T).take(of_gpu, axis=1) & mine
             if one:
                 sufficient |= sc.scored
-                gpu_high, gpu_low = sc.high, sc.low
-                host_high, host_low = hs.high[of_gpu] & mine, hs.low[of_gpu] & mine
+                gpu_high, gpu_low = np.ascontiguousarray(sc.high.T), np.ascontiguousarray(sc.low.T)
+                host_high, host_low = h_high, h_low
             else:
                 sufficient[sel] |= sc.scored
-                gpu_high[sel], gpu_low[sel] = sc.high, sc.low
-                host_high[sel] = hs.high[of_gpu] & mine
-                host_low[sel] = hs.low[of_gpu] & mine
+                gpu_high[:, sel], gpu_low[:, sel] = sc.high.T, sc.low.T
+                host_high[:, sel], host_low[:, sel] = h_high, h_low
             parts.append(_Part(sel, sc, hs, of_gpu))
             if "p50" in cfg.stats:
                 _remember_p50_ratio(job, api, rows[sel], sc, cfg.stats.index("p50"))
@@ -152,44 +155,29 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
             shift_gpu, shift_host = _shift_checks(hists, parts, gpu_high, host_high,
                                                   verdict_cols, cfg, g)
         if kind == "sync":                   # arrives last: supporting evidence only
-            bad = np.zeros((g, s), dtype=bool)
+            bad = np.zeros((s, g), dtype=bool)
         elif kind == "launch":
-            bad = ((gpu_high & (gpu_ok & shift_gpu)[:, None])
-                   | (host_high & (host_ok & shift_host)[:, None]))
+            bad = (gpu_high & (gpu_ok & shift_gpu)) | (host_high & (host_ok & shift_host))
         else:
-            bad = (gpu_high & shift_gpu[:, None]) | (host_high & shift_host[:, None])
-        for j in np.flatnonzero(verdict_cols):      # column by column: G x 1 reductions
-            flagged |= bad[:, j]                      # along a short axis are slow
+            bad = (gpu_high & shift_gpu) | (host_high & shift_host)
+        for j in np.flatnonzero(verdict_cols):
+            flagged |= bad[j]
         gpu_cells = gpu_high | gpu_low
         per_step = (launches_per_step(hists.total(), cs, sig.step_us)
                     if kind == "launch" and gpu_cells.any() | host_high.any() else None)
         for basis, hi, cells in (("gpu", gpu_high, gpu_cells),
                                  ("host", host_high, (host_high | host_low) & ~gpu_cells)):
-            for gi, si in zip(*np.nonzero(cells)):      # flagged cells only: a handful
-                direction = "high" if hi[gi, si] else "low"
-                part = next(p for p in parts if p.sel.size and gi in p.sel) \
-                    if len(parts) > 1 else parts[0]
-                local = int(np.searchsorted(part.sel, gi)) if len(parts) > 1 else int(gi)
-                sc_, r = part.row(basis, local)
-                row = int(rows[gi])
-                node, gpu_name = job.keys[row]
-                found.append(ScoreRow(
-                    job_id=job.job_id, epoch=cs.epoch, node=node, gpu=gpu_name,
-                    rank=job.ranks[row], api=api, stat=cfg.stats[si],
-                    value_us=float(sc_.value_us[r, si]),
-                    job_median_us=float(sc_.median_us[si]), ratio=float(sc_.ratio[r, si]),
-                    robust_z=float(sc_.robust_z[r, si]), flagged=True, direction=direction,
-                    implicates=bool(verdict_cols[si]) and implicates(kind, direction)
-                    and (kind != "launch" or bool((gpu_ok if basis == "gpu"
-                                                   else host_ok)[gi]))
-                    and bool((shift_gpu if basis == "gpu" else shift_host)[gi]),
-                    basis=basis,
-                    step_share=float("nan") if per_step is None else float(
-                        (sc_.value_us[r, si] - sc_.median_us[si]) * per_step[0][gi]
-                        / per_step[1])))
+            si, gi = np.nonzero(cells)               # flagged cells only
+            if gi.size:
+                order = np.lexsort((si, gi))         # GPU by GPU, stat by stat
+                gi, si = gi[order], si[order]
+                pending.append(_Cells.of(
+                    api, kind, basis, gi, si, hi[si, gi], parts, verdict_cols,
+                    gpu_ok if basis == "gpu" else host_ok,
+                    shift_gpu if basis == "gpu" else shift_host, per_step, g))
     sufficient |= sig.sufficient
     flagged |= sig.flagged
-    found.extend(_signal_rows(job, cs, sig))
+    found = _kept_rows(job, cs, cfg, pending, _signal_rows(job, cs, sig))
     if sig.mode:
         job.mode = sig.mode
     covered = launch_calls >= cfg.min_samples
@@ -208,20 +196,114 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     job.epochs_scored += 1
     job.last_scored_epoch = cs.epoch if job.last_scored_epoch is None else max(
         job.last_scored_epoch, cs.epoch)
-    return EpochResult(job.job_id, cs.epoch, _kept_rows(found, by_row),
-                       job.verdict_dict(rows, codes))
+    return EpochResult(job.job_id, cs.epoch, found, job.verdict_dict(rows, codes))
 
 
-def _kept_rows(found: list[ScoreRow], by_row: dict[int, list[ScoreRow]]) -> list[ScoreRow]:
-    """Every row of the GPUs something implicated this epoch, and the :data:`OTHER_ROWS_KEPT`
-    strongest of the others (by |robust z|; NaN last), in the order they were found."""
-    others = [r for fs in by_row.values() if not any(f.implicates for f in fs) for r in fs]
-    if len(others) <= OTHER_ROWS_KEPT:
-        return found
-    z = np.nan_to_num(np.abs(np.array([r.robust_z for r in others], dtype=np.float64)),
-                      nan=-1.0, posinf=np.inf)
-    drop = {id(others[i]) for i in np.argsort(-z, kind="stable")[OTHER_ROWS_KEPT:].tolist()}
-    return [r for r in found if id(r) not in drop]
+@dataclass
+class _Cells:
+    """The flagged cells of one API on one basis, before any ScoreRow is made: per cell its GPU
+    (``gi``), stat, tail, whether it implicates the GPU and its robust z, and where its scores
+    are (``part``, ``r``). Why: at scale most flagged cells implicate nobody and are not kept
+    (:func:`_kept_rows`); deciding that on arrays costs far less than making their rows."""
+
+    api: str
+    kind: str
+    basis: str
+    gi: np.ndarray
+    si: np.ndarray
+    high: np.ndarray
+    implicates: np.ndarray
+    z: np.ndarray
+    part: np.ndarray
+    r: np.ndarray
+    parts: list[_Part]
+    per_step: tuple[np.ndarray, float] | None
+
+    @classmethod
+    def of(cls, api: str, kind: str, basis: str, gi: np.ndarray, si: np.ndarray,
+           high: np.ndarray, parts: list[_Part], verdict_cols: np.ndarray, ok: np.ndarray,
+           shift: np.ndarray, per_step: tuple[np.ndarray, float] | None, g: int) -> "_Cells":
+        """A GPU's cell lies in the first part (kind group) that holds it, at its position
+        there; its host's row on the host basis."""
+        if len(parts) == 1:
+            part = np.zeros(gi.size, dtype=np.int64)
+            local = gi
+        else:
+            part_of = np.full(g, -1, dtype=np.int64)
+            local_of = np.zeros(g, dtype=np.int64)
+            for i in range(len(parts) - 1, -1, -1):       # the first part holding a GPU wins
+                part_of[parts[i].sel] = i
+                local_of[parts[i].sel] = np.arange(parts[i].sel.size)
+            part, local = part_of[gi], local_of[gi]
+        r = np.empty(gi.size, dtype=np.int64)
+        z = np.empty(gi.size)
+        for i in np.unique(part).tolist():
+            mine = part == i
+            scores, rows = parts[i].gpus, local[mine]
+            if basis == "host":
+                scores, rows = parts[i].hosts, parts[i].of_gpu[rows]
+            r[mine] = rows
+            z[mine] = scores.robust_z[rows, si[mine]]
+        imp = verdict_cols[si] & high & (kind != "sync") & shift[gi]
+        if kind == "launch":
+            imp &= ok[gi]
+        return cls(api, kind, basis, gi, si, high, imp, z, part, r, parts, per_step)
+
+    def rows(self, job: JobState, cs: CrossSection, cfg: ScoringConfig,
+             keep: np.ndarray) -> list[ScoreRow]:
+        """ScoreRows of the cells where ``keep``, in cell order."""
+        out = []
+        for c in np.flatnonzero(keep).tolist():
+            gi, si, r = int(self.gi[c]), int(self.si[c]), int(self.r[c])
+            part = self.parts[int(self.part[c])]
+            sc_ = part.gpus if self.basis == "gpu" else part.hosts
+            row = int(cs.rows[gi])
+            node, gpu_name = job.keys[row]
+            out.append(ScoreRow(
+                job_id=job.job_id, epoch=cs.epoch, node=node, gpu=gpu_name,
+                rank=job.ranks[row], api=self.api, stat=cfg.stats[si],
+                value_us=float(sc_.value_us[r, si]),
+                job_median_us=float(sc_.median_us[si]), ratio=float(sc_.ratio[r, si]),
+                robust_z=float(sc_.robust_z[r, si]), flagged=True,
+                direction="high" if self.high[c] else "low",
+                implicates=bool(self.implicates[c]), basis=self.basis,
+                step_share=float("nan") if self.per_step is None else float(
+                    (sc_.value_us[r, si] - sc_.median_us[si]) * self.per_step[0][gi]
+                    / self.per_step[1])))
+        return out
+
+
+def _kept_rows(job: JobState, cs: CrossSection, cfg: ScoringConfig, cells: list[_Cells],
+               signal_rows: list[ScoreRow]) -> list[ScoreRow]:
+    """The ScoreRows an epoch keeps, in the order found (API cells, then signal findings):
+    every row of the GPUs something implicated this epoch, and the :data:`OTHER_ROWS_KEPT`
+    strongest of the others (by |robust z|, NaN last; ties in the order of the GPUs' first
+    finding, then found). Rows are made only for the cells kept."""
+    sizes = [c.gi.size for c in cells]
+    gpu_row = np.concatenate([cs.rows[c.gi] for c in cells]
+                             + [np.array([job.index[(r.node, r.gpu)] for r in signal_rows],
+                                         dtype=np.int64)])
+    imp = np.concatenate([c.implicates for c in cells]
+                         + [np.array([r.implicates for r in signal_rows], dtype=bool)])
+    z = np.concatenate([c.z for c in cells]
+                       + [np.array([r.robust_z for r in signal_rows], dtype=np.float64)])
+    keep = np.ones(gpu_row.size, dtype=bool)
+    other = ~np.isin(gpu_row, gpu_row[imp])
+    if int(other.sum()) > OTHER_ROWS_KEPT:
+        uniq, first = np.unique(gpu_row, return_index=True)
+        first_found = first[np.searchsorted(uniq, gpu_row)]
+        idx = np.flatnonzero(other)
+        strength = np.nan_to_num(np.abs(z[idx]), nan=-1.0, posinf=np.inf)
+        order = np.lexsort((idx, first_found[idx], -strength))
+        keep[idx[order[OTHER_ROWS_KEPT:]]] = False
+    out: list[ScoreRow] = []
+    at = 0
+    for c, n in zip(cells, sizes):
+        out.extend(c.rows(job, cs, cfg, keep[at:at + n]))
+        at += n
+    out.extend(r for r, k in zip(signal_rows, keep[at:].tolist()) if k)
+    return out
+
 
 def _remember_p50_ratio(job: JobState, api: str, rows: np.ndarray, sc, j: int) -> None:
     """The scored GPUs' p50 over their group's median, for GpuReport.p50_ratio."""
@@ -399,13 +481,14 @@ def _shift_checks(hists: Hists, parts: list[_Part], gpu_high: np.ndarray, host_h
                   ) -> tuple[np.ndarray, np.ndarray]:
     """(G,) bools: whether each GPU's whole distribution shifted (analyzer/shift.py) enough to
     back a verdict-stat high tail, on the GPU basis and on its host's basis. Computed only for
-    the GPUs and hosts a verdict stat flagged high; True elsewhere (nothing to back)."""
+    the GPUs and hosts a verdict stat flagged high; True elsewhere (nothing to back).
+    ``gpu_high`` and ``host_high`` are (S, G)."""
     ok_gpu, ok_host = np.ones(g, dtype=bool), np.ones(g, dtype=bool)
     vcols = np.flatnonzero(verdict_cols)
     if vcols.size == 0:
         return ok_gpu, ok_host
-    gh = gpu_high[:, vcols].any(axis=1)
-    hh = host_high[:, vcols].any(axis=1)
+    gh = gpu_high[vcols].any(axis=0)
+    hh = host_high[vcols].any(axis=0)
     if not (gh.any() or hh.any()):
         return ok_gpu, ok_host
     j = int(vcols[0])

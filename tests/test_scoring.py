@@ -340,3 +340,52 @@ def test_a_quarter_of_the_gpus_slow_does_not_hide_behind_the_fence():
     vals = list(10.0 * (1 + rng.normal(0, 0.01, 48))) + [10.9] * 8 + [12.0] * 8
     sc = _score(vals)
     assert sc.high[48:, 0].all() and not sc.high[:48, 0].any()
+
+
+def test_sorted_percentiles_and_median_are_numpys_bit_for_bit():
+    """The one-sort quantiles the scorer reads equal np.percentile / np.median exactly, for
+    every sample size (odd, even, one value) and with ties (quantized histogram reads)."""
+    from hypertrace.analyzer.scoring import sorted_median, sorted_percentiles
+    rng = np.random.default_rng(3)
+    for n in list(range(1, 40)) + [255, 256, 2048, 16383]:
+        for tied in (False, True):
+            x = rng.lognormal(2.0, 0.3, (2, n))
+            if tied:
+                x = np.round(x, 1)
+            xs = np.sort(x, axis=1)
+            want = np.percentile(x, [25.0, 50.0, 75.0], axis=1)
+            assert np.array_equal(sorted_percentiles(xs, (0.25, 0.5, 0.75)), want)
+            dev = np.sort(np.abs(x - want[1][:, None]), axis=1)
+            assert np.array_equal(sorted_median(dev),
+                                  np.median(np.abs(x - want[1][:, None]), axis=1))
+
+
+def test_quantile_bucket_search_counts_the_buckets_below_the_target():
+    """The binary search behind Hists.quantiles_us finds, per column, how many cumulative
+    counts lie below the target (capped at K - 1), as a full comparison would."""
+    from hypertrace.analyzer.cross_section import _first_reaching
+    rng = np.random.default_rng(5)
+    for k in (1, 2, 3, 7, 8, 9, 38, 64, 226):
+        counts = rng.integers(0, 3, (k, 500)).astype(np.float64)
+        counts[:, :50] = 0.0                             # empty columns
+        cum = np.cumsum(counts, axis=0)
+        for q in (0.0, 0.1, 0.5, 0.99, 1.0, 1.5):
+            t = cum[-1] * q
+            want = np.minimum((cum < t).sum(axis=0), k - 1)
+            got = _first_reaching(cum.ravel(), k, 500, np.arange(500), t)
+            assert np.array_equal(got, want)
+
+
+def test_far_count_equals_counting_every_robust_z():
+    """The binary-search count of values beyond the z cut (behind the fence re-read) equals
+    the full count, at ties, at the cut and with most values beyond it."""
+    from hypertrace.analyzer.scoring import _far_count
+    rng = np.random.default_rng(9)
+    for n in (1, 2, 5, 32, 1000):
+        for spread in (0.01, 1.0, 30.0):
+            row = np.sort(np.round(rng.normal(10.0, spread, n), 2))
+            med, mad = float(np.median(row)), max(float(np.median(np.abs(row - np.median(row)))),
+                                                   1e-9)
+            for z_cut in (0.0, 1.0, 3.5):
+                want = int((np.abs(0.6745 * (row - med) / mad) > z_cut).sum())
+                assert _far_count(row, np.float64(med), np.float64(mad), z_cut) == want
