@@ -17,8 +17,9 @@ payload compression) and acks it after the commit, so exactly-once holds on both
   many threads as there are streams (``run_in_executor``), so commits still group.
 
 No validation and no Engine: both are the same Python on either side. The load generator (this
-process, :class:`hypertrace.sim.bench_scale.LoadGenerator`) sends each epoch's windows of every
-node at once on ``--streams`` shared streams, as fast as it can, and waits for every ack. The
+process, from :mod:`hypertrace.sim.bench_scale`) sends each epoch's windows of every node at once
+on ``--streams`` shared streams (``--streams 0``: as agents do, a connection per node and a
+stream per window), as fast as it can, and waits for every ack. The
 server's CPU (``/proc/PID/stat``, all threads) over the measured epochs divided by the windows
 gives CPU per window. The sides alternate (sync, aio, sync, ...) so they meet the same noise.
 
@@ -42,7 +43,9 @@ import numpy as np
 from hypertrace.analyzer.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import INGEST_SERVICE
-from hypertrace.sim.bench_scale import LoadGenerator, ScaleConfig, WindowPool, machine_info, read_proc
+from hypertrace.daemon.uplink import IDLE_CLOSE_S
+from hypertrace.sim.bench_scale import (AgentStreamsGenerator, LoadGenerator, ScaleConfig,
+                                       WindowPool, machine_info, read_proc)
 from hypertrace.sim.demo import stop_process
 
 MODES = ("sync", "aio")
@@ -75,11 +78,11 @@ def serve_sync(db: str, workers: int) -> None:
 
 
 def serve_aio(db: str, workers: int) -> None:
-    """One event loop for every stream; the blocking store in a pool of ``workers`` threads."""
+    """One event loop for every stream; the blocking store in a pool of up to 64 threads."""
     import grpc
 
     storage = Storage.open(db)
-    pool = futures.ThreadPoolExecutor(max_workers=workers)
+    pool = futures.ThreadPoolExecutor(max_workers=min(workers, 64))
 
     async def stream(requests: AsyncIterator[bytes], context) -> AsyncIterator[pb.Ack]:
         loop = asyncio.get_running_loop()
@@ -104,15 +107,20 @@ def serve_aio(db: str, workers: int) -> None:
 
 def run_side(mode: str, workdir: Path, pool: WindowPool, nodes: int, streams: int,
              warmup: int, epochs: int) -> tuple[float, bool]:
-    """One server of ``mode``: (CPU ms per window over the measured epochs, exactly once)."""
+    """One server of ``mode``: (CPU ms per window over the measured epochs, exactly once).
+    ``streams`` 0: every node sends as an agent does (its own connection, a stream per window
+    closed ``IDLE_CLOSE_S`` after the ack); the CPU is then read once the last streams closed."""
     db = workdir / f"{mode}.db"
+    workers = streams + 16 if streams else 2 * nodes + 64
     proc = subprocess.Popen([sys.executable, "-m", "hypertrace.sim.bench_transport", "--serve",
-                             mode, "--db", str(db), "--workers", str(streams + 16)],
+                             mode, "--db", str(db), "--workers", str(workers)],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
-        gen = LoadGenerator(f"127.0.0.1:{port}", streams, channels=min(4, streams))
+        target = f"127.0.0.1:{port}"
+        gen = (LoadGenerator(target, streams, channels=min(4, streams)) if streams
+               else AgentStreamsGenerator(target, IDLE_CLOSE_S))
         try:
             cpu0 = 0.0
             for e in range(warmup + epochs):
@@ -123,6 +131,8 @@ def run_side(mode: str, workdir: Path, pool: WindowPool, nodes: int, streams: in
                     gen.send(node, pool.window(node, e + 1, end - 10**10, end))
                 if not gen.wait_acked(gen.sent, timeout=300):
                     break
+            if not streams:
+                time.sleep(IDLE_CLOSE_S + 1.0)
             cpu = read_proc(proc.pid).cpu_s - cpu0
             acked, dups, errors = gen.acked, gen.duplicates, gen.errors
         finally:
@@ -141,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=2048, help="windows per epoch (default 2048)")
-    ap.add_argument("--streams", type=int, default=32, help="shared streams (default 32)")
+    ap.add_argument("--streams", type=int, default=32,
+                    help="shared streams (default 32); 0: one connection per node and a stream "
+                    "per window, as agents send")
     ap.add_argument("--warmup", type=int, default=1, help="warm-up epochs per side")
     ap.add_argument("--epochs", type=int, default=3, help="measured epochs per side")
     ap.add_argument("--rounds", type=int, default=3, help="runs of each side, alternating")
@@ -156,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"== machine: {machine_info()}", flush=True)
     pool = WindowPool(ScaleConfig(nodes=args.nodes, pool_nodes=min(256, args.nodes),
                                   pool_windows=1))
-    print(f"== {args.nodes} windows per epoch on {args.streams} shared streams, sent at once; "
+    how = (f"{args.streams} shared streams" if args.streams
+           else "one connection per node, a stream per window")
+    print(f"== {args.nodes} windows per epoch on {how}, sent at once; "
           f"{args.warmup} warm-up + {args.epochs} measured epochs per side; SQLite "
           "synchronous=FULL", flush=True)
     ms: dict[str, list[float]] = {m: [] for m in MODES}
