@@ -6,7 +6,10 @@ an opaque INTERNAL error, so Ingest is registered with an identity deserializer 
 parsed, size-checked and validated (``proto.wire.accept_window``: a bad process entry is
 dropped and counted, the rest of the window kept) here.
 
-Per window: validate -> store durably in SQLite -> feed the Engine -> Ack(seq). A window whose
+Per window: validate -> store durably in SQLite -> Ack(seq); the Engine is fed from the queue of
+stored windows. The server is grpc.aio: every Ingest stream is a coroutine on one event loop
+(validation runs there), and only the store's wait for its group commit runs in a thread pool;
+one stream per agent therefore costs no thread (sim/bench_transport.py measures why). A window whose
 ``(agent_id, seq)`` is already stored is acked with ``duplicate=true`` and not fed again, so agents
 may replay their spool freely. An invalid window aborts only that stream; the server keeps
 serving everything else.

@@ -12,7 +12,8 @@ Each side is a server **subprocess** whose Ingest handler parses the window, sto
 a real :class:`~hypertrace.analyzer.storage.Storage` (SQLite, ``synchronous=FULL``, group commit,
 payload compression) and acks it after the commit, so exactly-once holds on both:
 
-* ``sync``: ``grpc.server`` with a thread pool, a worker thread per stream (as the analyzer);
+* ``sync``: ``grpc.server`` with a thread pool, a worker thread per stream (the analyzer's
+  layout until it moved to grpc.aio);
 * ``aio``: ``grpc.aio.server``, one event loop; the blocking store runs in a thread pool of as
   many threads as there are streams (``run_in_executor``), so commits still group.
 
@@ -56,7 +57,7 @@ def _ack(w: pb.NodeWindow, new: bool) -> pb.Ack:
 
 
 def serve_sync(db: str, workers: int) -> None:
-    """The analyzer's layout: a worker thread per stream, the store called in it."""
+    """A worker thread per stream, the store called in it (the analyzer's former layout)."""
     import grpc
 
     storage = Storage.open(db)
@@ -78,7 +79,8 @@ def serve_sync(db: str, workers: int) -> None:
 
 
 def serve_aio(db: str, workers: int) -> None:
-    """One event loop for every stream; the blocking store in a pool of up to 64 threads."""
+    """One event loop for every stream; the blocking store in a pool of up to 64 threads (the
+    analyzer's layout, analyzer/server.py)."""
     import grpc
 
     storage = Storage.open(db)
