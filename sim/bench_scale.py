@@ -622,7 +622,8 @@ def compare(cfg: ScaleConfig, base_path: str, rounds: int, workdir: Path,
             runs[label].append(r)
             mx = f"{r.max_wps:,.0f}" if r.max_wps else "-"
             print(f"{label} round {k + 1}: {r.cpu_ms_per_window:.3f} ms CPU per window "
-                  f"({r.cpu_cores:.3f} cores), max {mx} windows/s, p99 beyond grace "
+                  f"({r.cpu_cores:.3f} cores), peak RSS {r.peak_rss_mb:,.0f} MB, max {mx} "
+                  f"windows/s, p99 beyond grace "
                   f"{r.beyond_grace_p99_s:+.2f} s, late {r.late_windows}, exactly once "
                   f"{'yes' if r.exactly_once else 'NO'}, stragglers {r.stragglers}", flush=True)
     med = {k: float(np.median([r.cpu_ms_per_window for r in v])) for k, v in runs.items()}
@@ -631,6 +632,8 @@ def compare(cfg: ScaleConfig, base_path: str, rounds: int, workdir: Path,
           f"head/base {med['head'] / med['base']:.3f}")
     print(f"median max rate: base {mx['base']:,.0f}, head {mx['head']:,.0f} windows/s -> "
           f"head/base {mx['head'] / mx['base']:.3f}")
+    rss = {k: float(np.median([r.peak_rss_mb for r in v])) for k, v in runs.items()}
+    print(f"median peak RSS: base {rss['base']:,.0f} MB, head {rss['head']:,.0f} MB")
     all_runs = runs["base"] + runs["head"]
     ok = (all(r.exactly_once for r in all_runs)
           and len({tuple(r.stragglers) for r in all_runs}) == 1)
