@@ -625,7 +625,9 @@ def compare(cfg: ScaleConfig, base_path: str, rounds: int, workdir: Path,
                   f"({r.cpu_cores:.3f} cores), peak RSS {r.peak_rss_mb:,.0f} MB, max {mx} "
                   f"windows/s, p99 beyond grace "
                   f"{r.beyond_grace_p99_s:+.2f} s, late {r.late_windows}, exactly once "
-                  f"{'yes' if r.exactly_once else 'NO'}, stragglers {r.stragglers}", flush=True)
+                  f"{'yes' if r.exactly_once else 'NO'} (sent {r.windows_sent:,}, acked "
+                  f"{r.windows_acked:,}, stored {r.windows_stored:,}), stragglers "
+                  f"{r.stragglers}", flush=True)
     med = {k: float(np.median([r.cpu_ms_per_window for r in v])) for k, v in runs.items()}
     mx = {k: float(np.median([r.max_wps or np.nan for r in v])) for k, v in runs.items()}
     print(f"\nmedian CPU per window: base {med['base']:.3f} ms, head {med['head']:.3f} ms -> "
