@@ -9,9 +9,10 @@ dropped and counted, the rest of the window kept) here.
 Per window: validate -> store durably in SQLite -> Ack(seq); the Engine is fed from the queue of
 stored windows. The server is grpc.aio: every Ingest stream is a coroutine on one event loop
 (validation runs there), and only the store's wait for its group commit runs in a thread pool;
-one stream per agent therefore costs no thread (sim/bench_transport.py measures why). A window whose
-``(agent_id, seq)`` is already stored is acked with ``duplicate=true`` and not fed again, so agents
-may replay their spool freely. An invalid window aborts only that stream; the server keeps
+one stream per agent therefore costs no thread (sim/bench_transport.py measures why).
+
+A window whose ``(agent_id, seq)`` is already stored is acked with ``duplicate=true`` and not fed
+again, so agents may replay their spool freely. An invalid window aborts only that stream; the server keeps
 serving everything else.
 
 Who may call what (:class:`Access`, proto/transport.py): on a TLS listener every client presents
