@@ -6,9 +6,13 @@ an opaque INTERNAL error, so Ingest is registered with an identity deserializer 
 parsed, size-checked and validated (``proto.wire.accept_window``: a bad process entry is
 dropped and counted, the rest of the window kept) here.
 
-Per window: validate -> store durably in SQLite -> feed the Engine -> Ack(seq). A window whose
-``(agent_id, seq)`` is already stored is acked with ``duplicate=true`` and not fed again, so agents
-may replay their spool freely. An invalid window aborts only that stream; the server keeps
+Per window: validate -> store durably in SQLite -> Ack(seq); the Engine is fed from the queue of
+stored windows. The server is grpc.aio: every Ingest stream is a coroutine on one event loop
+(validation runs there), and only the store's wait for its group commit runs in a thread pool;
+one stream per agent therefore costs no thread (sim/bench_transport.py measures why).
+
+A window whose ``(agent_id, seq)`` is already stored is acked with ``duplicate=true`` and not fed
+again, so agents may replay their spool freely. An invalid window aborts only that stream; the server keeps
 serving everything else.
 
 Who may call what (:class:`Access`, proto/transport.py): on a TLS listener every client presents
@@ -25,13 +29,14 @@ a restarted analyzer resumes with the history it had.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections import deque
 import time
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, AsyncIterator, Callable
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -326,16 +331,18 @@ class Access:
                           f"{ident or 'without a hypertrace identity'}; issue one with "
                           "`hypertrace certs issue --role reader NAME`")
 
-    def check_window(self, context: grpc.ServicerContext, w: pb.NodeWindow) -> None:
+    def window_refusal(self, context: Any, w: pb.NodeWindow) -> str | None:
+        """Why this caller may not send ``w`` (None: it may). A plain check, no abort: the
+        Ingest handler is a coroutine and ends the stream itself."""
         ident = peer_identity(context, self.trust_domain)
-        if ident is None or not may_send_for(ident, w.node, w.agent_id):
-            log.warning("refused window seq %d: node %.64r agent %.64r sent by %s", w.seq, w.node,
-                        w.agent_id, ident or "a certificate without a hypertrace identity")
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"window seq {w.seq}: node {w.node[:64]!r} / agent_id "
-                          f"{w.agent_id[:64]!r} may only be sent with the certificate "
-                          f"spiffe://{self.trust_domain}/agent/{w.node[:64]}; this one is "
-                          f"{ident or 'without a hypertrace identity'}")
+        if ident is not None and may_send_for(ident, w.node, w.agent_id):
+            return None
+        log.warning("refused window seq %d: node %.64r agent %.64r sent by %s", w.seq, w.node,
+                    w.agent_id, ident or "a certificate without a hypertrace identity")
+        return (f"window seq {w.seq}: node {w.node[:64]!r} / agent_id "
+                f"{w.agent_id[:64]!r} may only be sent with the certificate "
+                f"spiffe://{self.trust_domain}/agent/{w.node[:64]}; this one is "
+                f"{ident or 'without a hypertrace identity'}")
 
 
 #: Healthy nodes a report lists per job unless all are asked for (nodes come worst first, so
@@ -385,74 +392,108 @@ class _QueryServicer(pb_grpc.QueryServicer):
         raise AssertionError("unreachable")
 
 
-def _ingest_handler(analyzer: Analyzer, access: Access | None,
+class _Refused(Exception):
+    """A window its stream must end on: the status, the reject counter's reason, the message."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str, details: str):
+        super().__init__(details)
+        self.code, self.reason, self.details = code, reason, details
+
+
+def _accept(raw: bytes, context: Any, access: Access | None,
+            max_skew_s: float) -> tuple[pb.NodeWindow, bytes, list[WireError]]:
+    """Parse, size-check, validate and authorize one window: (the window, the bytes to store,
+    the process entries dropped), or :class:`_Refused`."""
+    if len(raw) > MAX_WINDOW_BYTES:
+        raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "too_large",
+                       f"NodeWindow: is {len(raw)} bytes, over the {MAX_WINDOW_BYTES}-byte "
+                       "limit; send smaller windows")
+    try:
+        w = pb.NodeWindow.FromString(raw)
+    except DecodeError as exc:
+        raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "malformed",
+                       f"NodeWindow: not a valid hypertrace.v1 NodeWindow protobuf ({exc}); "
+                       "is the agent speaking another protocol?") from None
+    try:
+        dropped = accept_window(w, encoded_size=len(raw))
+    except WireError as exc:
+        raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "invalid",
+                       f"window seq {w.seq} of agent {quote(w.agent_id)}: {exc}") from None
+    except Exception as exc:  # a validator bug must reject the window, not wedge the agent
+        log.exception("validating window %.64r/%d failed", w.agent_id, w.seq)
+        raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "invalid",
+                       f"window seq {w.seq} of agent {quote(w.agent_id)}: cannot be "
+                       f"validated ({type(exc).__name__})") from None
+    try:
+        check_clock(w, time.time_ns(), max_skew_s)
+    except WireError as exc:
+        raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "clock_skew",
+                       f"window seq {w.seq} of agent {quote(w.agent_id)}: {exc}") from None
+    if access is not None:
+        refusal = access.window_refusal(context, w)
+        if refusal is not None:
+            raise _Refused(grpc.StatusCode.PERMISSION_DENIED, "identity", refusal)
+    if dropped:
+        w.rejected_processes = len(dropped)
+        raw = w.SerializeToString()          # what is stored is what was accepted
+        log.warning("window %.64r/%d: dropped %d invalid process entries (first: %s)",
+                    w.agent_id, w.seq, len(dropped), dropped[0])
+    return w, raw, dropped
+
+
+def _store(analyzer: Analyzer, w: pb.NodeWindow, raw: bytes,
+           on_broken: Callable[[], None] | None) -> bool:
+    """Store one accepted window durably (True: new, False: a duplicate), or
+    :class:`_Refused`. Blocks until its group's commit: run in the store's thread pool."""
+    try:
+        return analyzer.ingest(w, raw)
+    except ConflictingDuplicate as exc:
+        log.error("%s", exc)
+        raise _Refused(grpc.StatusCode.ALREADY_EXISTS, "invalid", str(exc)) from None
+    except StorageCorrupt as exc:
+        if not analyzer.broken:
+            analyzer.broken = str(exc)
+            log.critical("%s", exc)
+            if on_broken is not None:
+                on_broken()
+        raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage",
+                       f"analyzer cannot store windows: {exc}") from None
+    except StorageError as exc:
+        raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage",
+                       f"analyzer cannot store windows: {exc}") from None
+    except Exception as exc:   # e.g. sqlite3 disk full: the agent keeps it and retries
+        log.exception("storing window %s/%d failed", w.agent_id, w.seq)
+        raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage",
+                       f"analyzer cannot store windows right now ({exc}); retry later") from None
+
+
+#: Threads that wait for the store's commits. Windows queued while a commit runs share the next
+#: one, so this bounds a commit group's size, not the number of open streams.
+STORE_THREADS = 64
+
+
+def _ingest_handler(analyzer: Analyzer, access: Access | None, store_pool: futures.Executor,
                     max_skew_s: float = MAX_CLOCK_SKEW_S,
                     on_broken: Callable[[], None] | None = None) -> grpc.GenericRpcHandler:
-    def stream(request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[pb.Ack]:
-        for raw in request_iterator:
-            if len(raw) > MAX_WINDOW_BYTES:
-                analyzer.metrics.reject("too_large")
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"NodeWindow: is {len(raw)} bytes, over the {MAX_WINDOW_BYTES}-byte "
-                              "limit; send smaller windows")
+    """Ingest.Stream on the server's event loop: every stream is a coroutine, not a thread.
+
+    Why: with a thread per stream (grpc's sync server) every window crossed threads twice in
+    grpc alone (its poller wakes the stream's thread for the window and again for the ack's
+    send), and every agent stream took a pool thread for its lifetime; at one stream per agent
+    that cost more than parsing and storing the window (sim/bench_transport.py). Here the
+    window is checked on the loop and only the blocking store goes to ``store_pool``; the ack
+    is sent after the store returned, so after the commit that holds the window."""
+    async def stream(request_iterator: AsyncIterator[bytes],
+                     context: Any) -> AsyncIterator[pb.Ack]:
+        loop = asyncio.get_running_loop()
+        async for raw in request_iterator:
             try:
-                w = pb.NodeWindow.FromString(raw)
-            except DecodeError as exc:
-                analyzer.metrics.reject("malformed")
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"NodeWindow: not a valid hypertrace.v1 NodeWindow protobuf ({exc}); "
-                              "is the agent speaking another protocol?")
-            try:
-                dropped = accept_window(w, encoded_size=len(raw))
-            except WireError as exc:
-                analyzer.metrics.reject("invalid")
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"window seq {w.seq} of agent {quote(w.agent_id)}: {exc}")
-            except Exception as exc:  # a validator bug must reject the window, not wedge the agent
-                log.exception("validating window %.64r/%d failed", w.agent_id, w.seq)
-                analyzer.metrics.reject("invalid")
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"window seq {w.seq} of agent {quote(w.agent_id)}: cannot be "
-                              f"validated ({type(exc).__name__})")
-            try:
-                check_clock(w, time.time_ns(), max_skew_s)
-            except WireError as exc:
-                analyzer.metrics.reject("clock_skew")
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"window seq {w.seq} of agent {quote(w.agent_id)}: {exc}")
-            if access is not None:
-                try:
-                    access.check_window(context, w)
-                except Exception:                    # the abort: counted, then raised on
-                    analyzer.metrics.reject("identity")
-                    raise
-            if dropped:
-                w.rejected_processes = len(dropped)
-                raw = w.SerializeToString()          # what is stored is what was accepted
-                log.warning("window %.64r/%d: dropped %d invalid process entries (first: %s)",
-                            w.agent_id, w.seq, len(dropped), dropped[0])
-            try:
-                new = analyzer.ingest(w, raw)
-            except ConflictingDuplicate as exc:
-                analyzer.metrics.reject("invalid")
-                log.error("%s", exc)
-                context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
-            except StorageCorrupt as exc:
-                analyzer.metrics.reject("storage")
-                if not analyzer.broken:
-                    analyzer.broken = str(exc)
-                    log.critical("%s", exc)
-                    if on_broken is not None:
-                        on_broken()
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"analyzer cannot store windows: {exc}")
-            except StorageError as exc:
-                analyzer.metrics.reject("storage")
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"analyzer cannot store windows: {exc}")
-            except Exception as exc:   # e.g. sqlite3 disk full: the agent keeps it and retries
-                analyzer.metrics.reject("storage")
-                log.exception("storing window %s/%d failed", w.agent_id, w.seq)
-                context.abort(grpc.StatusCode.UNAVAILABLE,
-                              f"analyzer cannot store windows right now ({exc}); retry later")
+                w, raw, dropped = _accept(raw, context, access, max_skew_s)
+                new = await loop.run_in_executor(store_pool, _store, analyzer, w, raw, on_broken)
+            except _Refused as refused:
+                analyzer.metrics.reject(refused.reason)
+                await context.abort(refused.code, refused.details)
+                return
             yield pb.Ack(agent_id=w.agent_id, seq=w.seq, duplicate=not new,
                          rejected_processes=len(dropped),
                          rejected_reason=str(dropped[0]) if dropped else "")
@@ -472,7 +513,7 @@ class ServerOptions:
     #: summaries, verdict changes and scored epochs are kept this long (0: no summaries; the
     #: verdicts then follow retention_hours)
     summary_retention_days: float = SUMMARY_RETENTION_DAYS
-    max_workers: int = 4096              # each open Ingest stream holds one worker thread (>= nodes)
+    max_workers: int = 4096              # threads for Query and health calls (Ingest needs none)
     shutdown_grace_s: float = 2.0        # how long stop() lets in-flight calls finish
     tls: TlsFiles | None = None          # mutual TLS (proto/transport.py)
     insecure: bool = False               # plaintext without identities: tests on one machine
@@ -482,7 +523,11 @@ class ServerOptions:
 
 
 class AnalyzerServer:
-    """Runs the gRPC server plus the background flush/retention thread for one Analyzer."""
+    """Runs the gRPC server plus the background flush/retention thread for one Analyzer.
+
+    The server is grpc.aio on an event loop of its own thread: Ingest streams are coroutines on
+    it (:func:`_ingest_handler`); Query and health are plain handlers that grpc runs in a pool
+    of ``max_workers`` threads (a report can hold the Engine's lock for a second)."""
 
     def __init__(self, analyzer: Analyzer, options: ServerOptions = ServerOptions()):
         self.analyzer = analyzer
@@ -494,16 +539,48 @@ class AnalyzerServer:
         self._thread: threading.Thread | None = None
         self._retention_thread: threading.Thread | None = None
         self._health = health.HealthServicer()
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=options.max_workers,
-                                       thread_name_prefix="hypertrace-rpc"),
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._server: Any = None             # grpc.aio.Server, made on the loop in start()
+        self._rpc_pool = futures.ThreadPoolExecutor(max_workers=options.max_workers,
+                                                    thread_name_prefix="hypertrace-rpc")
+        self._store_pool = futures.ThreadPoolExecutor(max_workers=STORE_THREADS,
+                                                      thread_name_prefix="hypertrace-store")
+        self._stopped = threading.Event()
+
+    def _on_loop(self, coro: Any, timeout: float | None = None) -> Any:
+        """Run a coroutine on the server's loop and wait for its result."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _make_server(self) -> Any:
+        server = grpc.aio.server(
+            migration_thread_pool=self._rpc_pool,
             options=[("grpc.max_receive_message_length", 2 * MAX_WINDOW_BYTES),
                      ("grpc.so_reuseport", 0)])
-        access = None if options.tls is None else Access(options.trust_domain)
-        self._server.add_generic_rpc_handlers(
-            (_ingest_handler(analyzer, access, options.max_clock_skew_s, self._not_serving),))
-        pb_grpc.add_QueryServicer_to_server(_QueryServicer(analyzer, access), self._server)
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        access = None if self.options.tls is None else Access(self.options.trust_domain)
+        server.add_generic_rpc_handlers((_ingest_handler(
+            self.analyzer, access, self._store_pool, self.options.max_clock_skew_s,
+            self._not_serving),))
+        pb_grpc.add_QueryServicer_to_server(_QueryServicer(self.analyzer, access), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        return server
+
+    def _start_loop(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                             name="hypertrace-grpc")
+        self._loop_thread.start()
+
+    def _end_loop(self) -> None:
+        """Stop the loop and its thread (the server is stopped or was never started)."""
+        if self._loop is not None and self._loop_thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(timeout=10)
+            self._loop.close()
+        self._rpc_pool.shutdown(wait=False)
+        self._store_pool.shutdown(wait=True)     # a store under way finishes its commit
+        self._stopped.set()
 
     def start(self) -> int:
         """Bind and start serving; returns the bound port (useful with port 0)."""
@@ -522,33 +599,40 @@ class AnalyzerServer:
             log.warning("listening WITHOUT TLS on %s: no client is identified; anyone who "
                         "reaches this port can read reports and send windows for any node",
                         self.options.listen)
+        self._start_loop()
         try:
-            port = (self._server.add_secure_port(self.options.listen, creds) if creds is not None
-                    else self._server.add_insecure_port(self.options.listen))
-        except RuntimeError as exc:
-            port = 0
-            detail = str(exc)
-        else:
-            detail = ""
-        if not port:
-            raise ServerError(f"cannot listen on {self.options.listen}: the port is taken or the "
-                              f"address is not local ({detail or 'bind failed'}); stop the other "
-                              "process or pass another --listen HOST:PORT (port 0 picks a free one)")
-        self.port = port
-        if self.options.metrics_listen:
-            m = self.analyzer.metrics
-            m.add_collector(self.analyzer.job_collector())
-            m.watch_files(self.analyzer.storage.files)
-            if self.analyzer.evictor is not None:
-                m.add_collector(self.analyzer.evictor.collector())
+            self._server = self._on_loop(self._make_server())
             try:
-                self._metrics_server, self.metrics_port = serve_metrics(
-                    m, self.options.metrics_listen)
-            except (OSError, ValueError) as exc:
-                self._server.stop(0)
-                raise ServerError(f"cannot serve metrics on {self.options.metrics_listen} "
-                                  f"({exc}); pass another --metrics-listen HOST:PORT") from None
-        self._server.start()
+                port = (self._server.add_secure_port(self.options.listen, creds)
+                        if creds is not None
+                        else self._server.add_insecure_port(self.options.listen))
+            except RuntimeError as exc:
+                port = 0
+                detail = str(exc)
+            else:
+                detail = ""
+            if not port:
+                raise ServerError(f"cannot listen on {self.options.listen}: the port is taken or "
+                                  f"the address is not local ({detail or 'bind failed'}); stop "
+                                  "the other process or pass another --listen HOST:PORT (port 0 "
+                                  "picks a free one)")
+            self.port = port
+            if self.options.metrics_listen:
+                m = self.analyzer.metrics
+                m.add_collector(self.analyzer.job_collector())
+                m.watch_files(self.analyzer.storage.files)
+                if self.analyzer.evictor is not None:
+                    m.add_collector(self.analyzer.evictor.collector())
+                try:
+                    self._metrics_server, self.metrics_port = serve_metrics(
+                        m, self.options.metrics_listen)
+                except (OSError, ValueError) as exc:
+                    raise ServerError(f"cannot serve metrics on {self.options.metrics_listen} "
+                                      f"({exc}); pass another --metrics-listen HOST:PORT") from None
+            self._on_loop(self._server.start())
+        except BaseException:
+            self._end_loop()
+            raise
         for service in ("", INGEST_SERVICE, QUERY_SERVICE):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         self._thread = threading.Thread(target=self._background, name="hypertrace-flush",
@@ -595,7 +679,11 @@ class AnalyzerServer:
         """Stop accepting, let in-flight calls finish (grace), score what is complete, stop."""
         self._health.enter_graceful_shutdown()
         self._stop.set()
-        self._server.stop(self.options.shutdown_grace_s).wait()
+        if self._server is not None and not self._stopped.is_set():
+            try:
+                self._on_loop(self._server.stop(self.options.shutdown_grace_s))
+            finally:
+                self._end_loop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
@@ -609,4 +697,5 @@ class AnalyzerServer:
             log.exception("final flush failed")
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._server.wait_for_termination(timeout)
+        """Block until the server stopped; True if ``timeout`` ran out first."""
+        return not self._stopped.wait(timeout)

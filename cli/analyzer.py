@@ -67,7 +67,7 @@ def register(subparsers) -> None:
     p.add_argument("--synchronous", choices=["FULL", "NORMAL"],
                    help="SQLite durability (default FULL: acked windows survive power loss)")
     p.add_argument("--max-workers", type=int,
-                   help="gRPC worker threads; each open agent stream holds one, so use at least the number of nodes (default 4096)")
+                   help="threads for Query and health calls; Ingest streams need none (default 4096)")
     p.add_argument("--max-clock-skew-s", type=float,
                    help="refuse live windows that end more than this many seconds after the "
                    "analyzer's clock (a node with a broken clock; default 300)")

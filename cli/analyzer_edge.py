@@ -34,8 +34,8 @@ EDGE_KEYS: dict[str, Key] = {
                   "127.0.0.1:50051; port 0 picks a free one)"),
     "metrics_listen": Key(str, None, "serve Prometheus metrics at http://HOST:PORT/metrics "
                           "(default off): ingest counters and which partitions have a worker"),
-    "max_workers": Key(int, 4096, "gRPC worker threads; each open agent stream holds one "
-                       "(default 4096)"),
+    "max_workers": Key(int, 4096, "threads for Query and health calls; Ingest streams "
+                       "need none (default 4096)"),
     "max_clock_skew_s": Key(float, 300.0, "refuse windows that end more than this many seconds "
                             "after the edge's clock (default 300)"),
     "publish_timeout_s": Key(float, 5.0, "how long an ack waits for JetStream to store a "

@@ -24,8 +24,9 @@ What runs:
    carrying many nodes' windows: that keeps the generator cheap on a 2-core machine. With
    ``--agent-streams`` they travel as real agents send them instead: every simulated node has its
    own connection and opens a new stream for each window, closing it ``IDLE_CLOSE_S`` (2 s, the
-   uplink's value) after the ack. The server then holds one worker thread per open stream, about
-   one per node around every window boundary (grpc.aio in the generator keeps its side cheap).
+   uplink's value) after the ack: about one open stream per node around every window boundary
+   (grpc.aio in the generator keeps its side cheap; the analyzer's grpc.aio server holds no
+   thread per stream).
 5. After the paced run, a **blast**: two further epochs' windows sent as fast as the generator
    can, which measures the maximum ingest rate (each window fully stored and ingested).
 6. A **ramp** of larger jobs (fewer epochs each) until one does not keep up.
@@ -193,8 +194,9 @@ def read_proc(pid: int) -> ProcSample:
 
 def server_workers(cfg: ScaleConfig) -> int:
     """The analyzer's --max-workers for this load: one thread per stream that can be open at
-    once. Agents' streams outlive their window by ``idle_close_s``, so with windows shorter than
-    that a node holds more than one (docs/scaling.md: at least the nodes of the replica)."""
+    once, which an analyzer with grpc's sync server (an older tree under ``--compare-with``)
+    needs; the grpc.aio one runs only queries on them. Agents' streams outlive their window by
+    ``idle_close_s``, so with windows shorter than that a node holds more than one."""
     if cfg.agent_streams:
         return cfg.nodes * (1 + math.ceil(cfg.idle_close_s / cfg.window_seconds)) + 64
     return max(64, cfg.streams * cfg.channels + 16)
@@ -620,15 +622,20 @@ def compare(cfg: ScaleConfig, base_path: str, rounds: int, workdir: Path,
             runs[label].append(r)
             mx = f"{r.max_wps:,.0f}" if r.max_wps else "-"
             print(f"{label} round {k + 1}: {r.cpu_ms_per_window:.3f} ms CPU per window "
-                  f"({r.cpu_cores:.3f} cores), max {mx} windows/s, p99 beyond grace "
+                  f"({r.cpu_cores:.3f} cores), peak RSS {r.peak_rss_mb:,.0f} MB, max {mx} "
+                  f"windows/s, p99 beyond grace "
                   f"{r.beyond_grace_p99_s:+.2f} s, late {r.late_windows}, exactly once "
-                  f"{'yes' if r.exactly_once else 'NO'}, stragglers {r.stragglers}", flush=True)
+                  f"{'yes' if r.exactly_once else 'NO'} (sent {r.windows_sent:,}, acked "
+                  f"{r.windows_acked:,}, stored {r.windows_stored:,}), stragglers "
+                  f"{r.stragglers}", flush=True)
     med = {k: float(np.median([r.cpu_ms_per_window for r in v])) for k, v in runs.items()}
     mx = {k: float(np.median([r.max_wps or np.nan for r in v])) for k, v in runs.items()}
     print(f"\nmedian CPU per window: base {med['base']:.3f} ms, head {med['head']:.3f} ms -> "
           f"head/base {med['head'] / med['base']:.3f}")
     print(f"median max rate: base {mx['base']:,.0f}, head {mx['head']:,.0f} windows/s -> "
           f"head/base {mx['head'] / mx['base']:.3f}")
+    rss = {k: float(np.median([r.peak_rss_mb for r in v])) for k, v in runs.items()}
+    print(f"median peak RSS: base {rss['base']:,.0f} MB, head {rss['head']:,.0f} MB")
     all_runs = runs["base"] + runs["head"]
     ok = (all(r.exactly_once for r in all_runs)
           and len({tuple(r.stragglers) for r in all_runs}) == 1)
@@ -650,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="shared long-lived streams carrying all nodes' windows (default 32)")
     ap.add_argument("--agent-streams", action="store_true",
                     help="send as real agents do: one connection per node, a new stream per "
-                    "window closed 2 s after its ack (the server holds a thread per open stream)")
+                    "window closed 2 s after its ack")
     ap.add_argument("--spread", type=float, default=2.0,
                     help="seconds over which one epoch's windows arrive after its end")
     ap.add_argument("--synchronous", choices=["FULL", "NORMAL"], default="FULL")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -253,4 +254,35 @@ def test_reports_list_at_most_100_healthy_nodes_unless_all_are_asked_for(tmp_pat
         main(["report", "--analyzer", target, "--insecure"])
         assert "more healthy nodes not listed" in capsys.readouterr().out
     finally:
+        stop_server(server)
+
+
+def test_open_agent_streams_need_no_worker_thread_each(tmp_path):
+    """Agents keep their stream open after the ack (the uplink's idle close). With a single
+    worker thread, 20 such streams open at once each get their window stored and acked."""
+    storage = Storage.open(tmp_path / "analyzer.db", synchronous="NORMAL")
+    server = AnalyzerServer(Analyzer(storage, ScoringConfig()),
+                            ServerOptions(listen="127.0.0.1:0", flush_interval=0,
+                                          shutdown_grace_s=0.5, insecure=True, max_workers=1))
+    target = f"127.0.0.1:{server.start()}"
+    release = threading.Event()
+
+    def held_open(w: pb.NodeWindow):
+        yield w
+        release.wait(30)
+
+    windows = list(generate(SMALL))
+    try:
+        with grpc.insecure_channel(target) as ch:
+            stub = pb_grpc.IngestStub(ch)
+            calls = [stub.Stream(held_open(w), timeout=20) for w in windows]
+            acks = [next(call) for call in calls]            # every stream still open
+            release.set()
+            for call in calls:
+                assert list(call) == []
+        assert [(a.agent_id, a.seq, a.duplicate) for a in acks] == [
+            (w.agent_id, w.seq, False) for w in windows]
+        assert storage.count_windows() == len(windows)
+    finally:
+        release.set()
         stop_server(server)
