@@ -69,7 +69,8 @@ def _default_engine_factory(config: Any) -> Any:
 #: How often the evictor re-reviews a job whose convicted GPUs did not change (ns).
 REVIEW_EVERY_NS = 60 * 10**9
 #: Default retention of the raw windows (hours) and of their 5-minute summaries (days): about
-#: 12.7 GB and 1.2 GB at rest for a 16,384-GPU job (BENCHMARKS.md, "Storage at rest, schema 4").
+#: 8.1 GB at rest in all for a 16,384-GPU job, raw windows compacted into epoch blocks
+#: (BENCHMARKS.md, "Storage at rest, schema 5").
 RETENTION_HOURS = 6.0
 SUMMARY_RETENTION_DAYS = 30.0
 #: Seconds between retention passes.

@@ -105,6 +105,7 @@ MAX_BLOCK_WINDOWS = 4096
 #: SQLite page size of a new database file (module docstring). An existing file keeps its own.
 PAGE_SIZE = 16384
 _PAYLOAD_DICT1 = (Path(__file__).parent / "payload_dict_v1.bin").read_bytes()
+_PAYLOAD_COMPRESSOR = zlib.compressobj(ZLIB_LEVEL, zdict=_PAYLOAD_DICT1)
 _WINDOWS_TABLE = """CREATE TABLE IF NOT EXISTS windows (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
     agent_id    TEXT    NOT NULL,
@@ -933,8 +934,8 @@ class Storage:
 def encode_payload(data: bytes) -> bytes:
     """Wire bytes as stored (:data:`CODEC_ZLIB_DICT1`): zlib level 1 with the preset dictionary,
     which holds what every window repeats (field tags, API names, the overhead report)."""
-    c = zlib.compressobj(ZLIB_LEVEL, zdict=_PAYLOAD_DICT1)
-    return c.compress(data) + c.flush()
+    c = _PAYLOAD_COMPRESSOR.copy()         # primed once: setting the dictionary per window
+    return c.compress(data) + c.flush()     # cost about a sixth of the compression
 
 
 def window_digest(data: bytes) -> bytes:

@@ -16,8 +16,9 @@ order. A window the analyzer rejects as INVALID_ARGUMENT, or as ALREADY_EXISTS (
 with other content: a reset spool or a shared agent id), is dropped from the spool with a logged
 error, so one poison window cannot wedge the agent forever.
 
-A stream is closed after ``idle_close`` seconds with nothing to send: a sync gRPC server holds one
-worker thread per open stream, and a fleet of idle agents should not hold them all.
+A stream is closed after ``idle_close`` seconds with nothing to send: an open stream holds
+memory and a connection's state at the analyzer (and a worker thread at a sync gRPC server, such
+as older analyzers), and a fleet of idle agents should not hold them all.
 """
 from __future__ import annotations
 
