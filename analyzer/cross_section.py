@@ -88,12 +88,20 @@ class Hists:
         inside the bucket that holds the quantile; tests/test_scoring.py checks they agree to
         1e-12), computed in the bucket-major layout.
         """
+        return self.quantiles_and_buckets(qs)[0]
+
+    def quantiles_and_buckets(self, qs: list[float]) -> tuple[np.ndarray, np.ndarray]:
+        """(:meth:`quantiles_us`, (len(qs), G) the bucket each was read from). Why the buckets:
+        a quantile's sampling error needs the bucket that holds its value, which is this one
+        or, at a bucket's edge, its neighbour (:func:`~hypertrace.analyzer.scoring.
+        sampling_se_us` checks); searching all edges again costs more than the check."""
         cum = self.cumulative()
         k, g = cum.shape
         total = cum[-1]
         flat = cum.ravel()
         cols = np.arange(g)
         out = np.empty((len(qs), g))                 # filled per quantile; returned as (G, Q)
+        held = np.empty((len(qs), g), dtype=np.int64)
         for j, q in enumerate(qs):                   # a handful of quantiles
             t = total * q
             idx = (_first_reaching(flat, k, g, cols, t) if g >= SEARCH_MIN_COLUMNS
@@ -102,12 +110,12 @@ class Hists:
             below = np.where(idx > 0, flat.take(np.maximum(at - g, 0)), 0.0)
             inside = flat.take(at) - below
             frac = np.where(inside > 0, (t - below) / np.where(inside > 0, inside, 1.0), 0.5)
-            b = idx + self.first
+            b = held[j] = idx + self.first
             lower = buckets.LOWER_NS.take(b)
             out[j] = lower + np.clip(frac, 0.0, 1.0) * (buckets.UPPER_NS.take(b) - lower)
         out /= 1000.0
         out[:, total <= 0] = np.nan
-        return out.T
+        return out.T, held
 
     def excess_above_us(self, base_us: np.ndarray, factor: float) -> np.ndarray:
         """(G,) mean excess per sample (µs) over ``base_us`` (G,) of the samples in buckets that

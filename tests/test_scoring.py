@@ -389,3 +389,19 @@ def test_far_count_equals_counting_every_robust_z():
             for z_cut in (0.0, 1.0, 3.5):
                 want = int((np.abs(0.6745 * (row - med) / mad) > z_cut).sum())
                 assert _far_count(row, np.float64(med), np.float64(mad), z_cut) == want
+
+
+def test_sampling_se_from_the_quantiles_buckets_equals_the_full_search():
+    """The bucket each quantile was read from, checked and searched only where the value lies
+    outside it, gives the same standard errors as the search over every edge (values at a
+    bucket's upper edge, empty GPUs, single-bucket histograms included)."""
+    from hypertrace.analyzer.scoring import sampling_se_us
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        g, k = int(rng.integers(1, 2000)), int(rng.integers(1, 40))
+        first = int(rng.integers(0, 226 - k))
+        counts = rng.integers(0, 5, size=(k, g)).astype(float) * (rng.random((k, g)) < 0.5)
+        h = Hists(counts, first)
+        q, near = h.quantiles_and_buckets([0.5, 0.99])
+        assert np.array_equal(sampling_se_us(h, q, ("p50", "p99")),
+                              sampling_se_us(h, q, ("p50", "p99"), near), equal_nan=True)
