@@ -405,3 +405,22 @@ def test_sampling_se_from_the_quantiles_buckets_equals_the_full_search():
         q, near = h.quantiles_and_buckets([0.5, 0.99])
         assert np.array_equal(sampling_se_us(h, q, ("p50", "p99")),
                               sampling_se_us(h, q, ("p50", "p99"), near), equal_nan=True)
+
+
+def test_quantile_bucket_search_outside_the_sampled_bracket():
+    """Columns whose quantile lies outside the buckets the sampled columns bracket (a slow
+    GPU, an empty one, between the sampled ones) get the same bucket as a full comparison."""
+    from hypertrace.analyzer.cross_section import BRACKET_SAMPLE, _first_reaching
+    rng = np.random.default_rng(6)
+    g, k = 50 * BRACKET_SAMPLE, 40
+    counts = np.zeros((k, g))
+    counts[18:22] = rng.integers(0, 50, (4, g))        # a job's GPUs within four buckets
+    odd = rng.choice(np.flatnonzero(np.arange(g) % 50), 40, replace=False)  # never sampled
+    counts[:, odd[:20]] = np.roll(counts[:, odd[:20]], 12, axis=0)          # slow
+    counts[:, odd[20:30]] = np.roll(counts[:, odd[20:30]], -15, axis=0)     # fast
+    counts[:, odd[30:]] = 0.0                                               # empty
+    cum = np.cumsum(counts, axis=0)
+    for q in (0.0, 0.01, 0.5, 0.99, 1.0, 1.5):
+        t = cum[-1] * q
+        want = np.minimum((cum < t).sum(axis=0), k - 1)
+        assert np.array_equal(_first_reaching(cum.ravel(), k, g, np.arange(g), t), want)
