@@ -395,7 +395,6 @@ def test_sampling_se_from_the_quantiles_buckets_equals_the_full_search():
     """The bucket each quantile was read from, checked and searched only where the value lies
     outside it, gives the same standard errors as the search over every edge (values at a
     bucket's upper edge, empty GPUs, single-bucket histograms included)."""
-    from hypertrace.analyzer.scoring import sampling_se_us
     rng = np.random.default_rng(0)
     for _ in range(100):
         g, k = int(rng.integers(1, 2000)), int(rng.integers(1, 40))
