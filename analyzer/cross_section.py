@@ -88,12 +88,20 @@ class Hists:
         inside the bucket that holds the quantile; tests/test_scoring.py checks they agree to
         1e-12), computed in the bucket-major layout.
         """
+        return self.quantiles_and_buckets(qs)[0]
+
+    def quantiles_and_buckets(self, qs: list[float]) -> tuple[np.ndarray, np.ndarray]:
+        """(:meth:`quantiles_us`, (len(qs), G) the bucket each was read from). Why the buckets:
+        a quantile's sampling error needs the bucket that holds its value, which is this one
+        or, at a bucket's edge, its neighbour (:func:`~hypertrace.analyzer.scoring.
+        sampling_se_us` checks); searching all edges again costs more than the check."""
         cum = self.cumulative()
         k, g = cum.shape
         total = cum[-1]
         flat = cum.ravel()
         cols = np.arange(g)
         out = np.empty((len(qs), g))                 # filled per quantile; returned as (G, Q)
+        held = np.empty((len(qs), g), dtype=np.int64)
         for j, q in enumerate(qs):                   # a handful of quantiles
             t = total * q
             idx = (_first_reaching(flat, k, g, cols, t) if g >= SEARCH_MIN_COLUMNS
@@ -102,12 +110,12 @@ class Hists:
             below = np.where(idx > 0, flat.take(np.maximum(at - g, 0)), 0.0)
             inside = flat.take(at) - below
             frac = np.where(inside > 0, (t - below) / np.where(inside > 0, inside, 1.0), 0.5)
-            b = idx + self.first
+            b = held[j] = idx + self.first
             lower = buckets.LOWER_NS.take(b)
             out[j] = lower + np.clip(frac, 0.0, 1.0) * (buckets.UPPER_NS.take(b) - lower)
         out /= 1000.0
         out[:, total <= 0] = np.nan
-        return out.T
+        return out.T, held
 
     def excess_above_us(self, base_us: np.ndarray, factor: float) -> np.ndarray:
         """(G,) mean excess per sample (µs) over ``base_us`` (G,) of the samples in buckets that
@@ -142,22 +150,62 @@ class Hists:
 SEARCH_MIN_COLUMNS = 1024
 
 
+#: Columns sampled by :func:`_first_reaching` to bracket the buckets a quantile can lie in.
+BRACKET_SAMPLE = 256
+#: Up to this many buckets in the bracket, :func:`_first_reaching` counts the cumulative rows
+#: below the target (two vector operations a bucket) instead of searching (six a round).
+COUNT_MAX_BUCKETS = 8
+
+
 def _first_reaching(flat: np.ndarray, k: int, g: int, cols: np.ndarray,
                     t: np.ndarray) -> np.ndarray:
     """(G,) per column, the first bucket whose cumulative count reaches ``t`` (the number of
-    buckets below it), capped at K - 1. ``flat`` is the (K, G) cumulative matrix raveled.
-    A binary search over the buckets, all columns at once: log2(K) gathers of G values instead
-    of a (K, G) comparison (cumulative counts never decrease along the buckets)."""
-    lo = np.zeros(g, dtype=np.int64)
-    hi = np.full(g, k - 1, dtype=np.int64)          # the answer lies in [lo, hi]
-    span = k - 1
+    buckets below it), capped at K - 1. ``flat`` is the (K, G) cumulative matrix raveled and
+    ``cols`` is ``arange(G)``. A binary search over the buckets, all columns at once: rounds of
+    G gathers instead of a (K, G) comparison (cumulative counts never decrease along the
+    buckets). The search runs over the buckets where a sample of columns reaches ``t``, one
+    bucket of margin either side, checked on every column with two row comparisons; the
+    columns outside that bracket (an empty GPU, a slow one the sample missed) are searched
+    again over all K buckets. Why: a job's GPUs hold a quantile within a few of the K
+    buckets (at 16,384 GPUs: p50 in 2, p99 in 4 of 39), where counting the rows below the
+    target over the bracket costs a handful of row comparisons instead of log2(K) rounds."""
+    rows = flat.reshape(k, g)
+    sub = cols[::max(1, g // BRACKET_SAMPLE)]
+    hit = (rows[:, sub] < t[sub]).sum(axis=0)
+    lo, hi = max(int(hit.min()) - 1, 0), min(int(hit.max()) + 1, k - 1)
+    outside = np.zeros(g, dtype=bool)
+    if lo > 0:                                       # the answer is >= lo: cum[lo - 1] < t
+        outside |= rows[lo - 1] >= t
+    if hi < k - 1:                                   # and <= hi: cum[hi] >= t
+        outside |= rows[hi] < t
+    if hi - lo <= COUNT_MAX_BUCKETS:                 # count the buckets below t in the bracket
+        out = np.full(g, lo, dtype=np.int64)
+        for b in range(lo, hi):
+            out += rows[b] < t
+    else:
+        out = _search_buckets(flat, g, cols, t, lo, hi)
+    if outside.any():
+        o = np.flatnonzero(outside)
+        out[o] = _search_buckets(flat, g, cols[o], t[o], 0, k - 1)
+    return out
+
+
+def _search_buckets(flat: np.ndarray, g: int, cols: np.ndarray, t: np.ndarray, lo: int,
+                    hi: int) -> np.ndarray:
+    """Per column of ``cols``, the first bucket in ``lo .. hi`` whose cumulative count reaches
+    ``t``, ``hi`` when none does (the answer must lie in ``lo .. hi``): the binary search of
+    :func:`_first_reaching`."""
+    n = cols.size
+    lo_a = np.full(n, lo, dtype=np.int64)
+    hi_a = np.full(n, hi, dtype=np.int64)          # the answer lies in [lo_a, hi_a]
+    span = hi - lo
     while span > 0:
-        mid = (lo + hi) >> 1
+        mid = (lo_a + hi_a) >> 1
         less = flat.take(mid * g + cols) < t
-        np.copyto(lo, mid + 1, where=less)
-        np.copyto(hi, mid, where=~less)
+        np.copyto(lo_a, mid + 1, where=less)
+        np.copyto(hi_a, mid, where=~less)
         span >>= 1
-    return np.minimum(lo, k - 1, out=lo)            # a target above every count: the last
+    return np.minimum(lo_a, hi, out=lo_a)          # a target above every count: ``hi``
 
 
 @dataclass

@@ -121,9 +121,10 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
         kind = cfg.api_kind(api)
         if kind == "marker":                 # a step boundary, not a latency
             continue
-        q = quantiles[api] = hists.quantiles_us([KNOWN_STATS[x] for x in cfg.stats])
+        q, near = hists.quantiles_and_buckets([KNOWN_STATS[x] for x in cfg.stats])
+        quantiles[api] = q
         cnt = hists.total()
-        se = sampling_se_us(hists, q, cfg.stats)
+        se = sampling_se_us(hists, q, cfg.stats, near)
         # the flags as (S, G): per stat, G contiguous GPUs (StatScores' arrays are transposed
         # views of that layout), so no operation runs over a short last axis
         gpu_high, gpu_low, host_high, host_low = (np.zeros((s, g), dtype=bool)

@@ -101,14 +101,40 @@ class StatScores:
     low: np.ndarray            # (G, S) bool
 
 
-def sampling_se_us(hists: Hists, values_us: np.ndarray, stats: tuple[str, ...]) -> np.ndarray:
+#: Per bucket, the lowest and the first excluded value (ns) that :func:`_bucket_holding` places
+#: in it: ``LOWER_NS`` with the first bucket open below and the last open above.
+_HOLD_FROM = np.concatenate(([-np.inf], buckets.LOWER_NS[1:]))
+_HOLD_UNTIL = np.concatenate((buckets.LOWER_NS[1:], [np.inf]))
+
+
+def _bucket_holding(x_ns: np.ndarray, near: np.ndarray | None) -> np.ndarray:
+    """The bucket of each value (ns): ``searchsorted(LOWER_NS, x, "right") - 1`` clipped to the
+    scheme. ``near``: a guess per value (the bucket a quantile was read from), taken where the
+    value lies inside it; only the other values are searched for (at a bucket's upper edge a
+    quantile's value belongs to the next bucket). Why: a search over all 226 edges costs
+    several times the check."""
+    def search(x: np.ndarray) -> np.ndarray:
+        return np.clip(np.searchsorted(buckets.LOWER_NS, x, side="right") - 1, 0,
+                       buckets.NUM_BUCKETS - 1)
+
+    if near is None:
+        return search(x_ns)
+    b = np.clip(near, 0, buckets.NUM_BUCKETS - 1)
+    miss = ~((_HOLD_FROM.take(b) <= x_ns) & (x_ns < _HOLD_UNTIL.take(b)))
+    if miss.any():
+        b[miss] = search(x_ns[miss])
+    return b
+
+
+def sampling_se_us(hists: Hists, values_us: np.ndarray, stats: tuple[str, ...],
+                   near: np.ndarray | None = None) -> np.ndarray:
     """Standard error (µs) of each quantile in ``values_us`` (G, S), read off the GPUs'
-    histograms (see the module docstring). NaN values give NaN."""
+    histograms (see the module docstring). NaN values give NaN. ``near`` (S, G): the buckets
+    the values were read from (:meth:`Hists.quantiles_and_buckets`), a guess that saves the
+    search for the bucket holding each value."""
     v = np.ascontiguousarray(np.asarray(values_us, dtype=np.float64).T)     # (S, G)
     finite = np.isfinite(v)
-    # bucket holding each value (searchsorted on the edges: exact for values inside a bucket)
-    b = np.clip(np.searchsorted(buckets.LOWER_NS, np.where(finite, v * 1e3, 0.0), side="right")
-                - 1, 0, buckets.NUM_BUCKETS - 1)
+    b = _bucket_holding(np.where(finite, v * 1e3, 0.0), near)
     k, g = hists.counts_t.shape
     col = np.clip(b - hists.first, 0, k - 1)
     in_bucket = hists.counts_t.ravel().take(col * g + np.arange(g))
@@ -304,8 +330,9 @@ def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
 
 def score_api(hists: Hists, cfg: ScoringConfig) -> StatScores:
     """Score one API of G GPUs on every stat of ``cfg`` (quantiles, sampling error, rules)."""
-    q = hists.quantiles_us([KNOWN_STATS[s] for s in cfg.stats])
-    return score_values(q, hists.total(), cfg, cfg.stats, sampling_se_us(hists, q, cfg.stats))
+    q, near = hists.quantiles_and_buckets([KNOWN_STATS[s] for s in cfg.stats])
+    return score_values(q, hists.total(), cfg, cfg.stats,
+                        sampling_se_us(hists, q, cfg.stats, near))
 
 
 @dataclass

@@ -191,8 +191,8 @@ def _p50(h: Hists | None, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if h is None:
         nan = np.full(n, np.nan)
         return nan, np.zeros(n), nan
-    q = h.quantiles_us([0.5])
-    return q[:, 0], h.total(), sampling_se_us(h, q, ("p50",))[:, 0]
+    q, near = h.quantiles_and_buckets([0.5])
+    return q[:, 0], h.total(), sampling_se_us(h, q, ("p50",), near)[:, 0]
 
 
 def infer_mode(step_p50_us: np.ndarray, has_steps: np.ndarray, cfg: ScoringConfig) -> str:

@@ -389,3 +389,37 @@ def test_far_count_equals_counting_every_robust_z():
             for z_cut in (0.0, 1.0, 3.5):
                 want = int((np.abs(0.6745 * (row - med) / mad) > z_cut).sum())
                 assert _far_count(row, np.float64(med), np.float64(mad), z_cut) == want
+
+
+def test_sampling_se_from_the_quantiles_buckets_equals_the_full_search():
+    """The bucket each quantile was read from, checked and searched only where the value lies
+    outside it, gives the same standard errors as the search over every edge (values at a
+    bucket's upper edge, empty GPUs, single-bucket histograms included)."""
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        g, k = int(rng.integers(1, 2000)), int(rng.integers(1, 40))
+        first = int(rng.integers(0, 226 - k))
+        counts = rng.integers(0, 5, size=(k, g)).astype(float) * (rng.random((k, g)) < 0.5)
+        h = Hists(counts, first)
+        q, near = h.quantiles_and_buckets([0.5, 0.99])
+        assert np.array_equal(sampling_se_us(h, q, ("p50", "p99")),
+                              sampling_se_us(h, q, ("p50", "p99"), near), equal_nan=True)
+
+
+def test_quantile_bucket_search_outside_the_sampled_bracket():
+    """Columns whose quantile lies outside the buckets the sampled columns bracket (a slow
+    GPU, an empty one, between the sampled ones) get the same bucket as a full comparison."""
+    from hypertrace.analyzer.cross_section import BRACKET_SAMPLE, _first_reaching
+    rng = np.random.default_rng(6)
+    g, k = 50 * BRACKET_SAMPLE, 40
+    counts = np.zeros((k, g))
+    counts[18:22] = rng.integers(0, 50, (4, g))        # a job's GPUs within four buckets
+    odd = rng.choice(np.flatnonzero(np.arange(g) % 50), 40, replace=False)  # never sampled
+    counts[:, odd[:20]] = np.roll(counts[:, odd[:20]], 12, axis=0)          # slow
+    counts[:, odd[20:30]] = np.roll(counts[:, odd[20:30]], -15, axis=0)     # fast
+    counts[:, odd[30:]] = 0.0                                               # empty
+    cum = np.cumsum(counts, axis=0)
+    for q in (0.0, 0.01, 0.5, 0.99, 1.0, 1.5):
+        t = cum[-1] * q
+        want = np.minimum((cum < t).sum(axis=0), k - 1)
+        assert np.array_equal(_first_reaching(cum.ravel(), k, g, np.arange(g), t), want)
