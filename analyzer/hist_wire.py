@@ -1,0 +1,84 @@
+"""Histograms kept as their wire encoding until an epoch is built, then decoded all at once.
+
+Why: reading a ``Histogram``'s repeated ``counts`` from Python costs one Python int per count
+(~2.5 µs per histogram of ~40 buckets), while ``SerializeToString`` is one C call (~0.4 µs).
+An accumulator keeps the serialized messages back to back; :func:`parse_histograms` decodes
+every varint of them with a few numpy passes. Every field of ``Histogram`` (``scheme``,
+``first_bucket``, packed ``counts``) is made of varints, so the whole buffer is a sequence of
+varints: tags, values, the packed field's byte length, and the counts.
+
+The vectorized parse expects the layout the protobuf runtime writes: fields in number order,
+``counts`` packed and last. A message laid out otherwise (e.g. carrying unknown fields) sends
+the whole buffer through the protobuf parser instead, so the result never depends on it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hypertrace.proto import hypertrace_pb2 as pb
+
+_TAG_SCHEME, _TAG_FIRST, _TAG_COUNTS = 0x08, 0x10, 0x1A
+
+
+def decode_varints(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(values as uint64, byte offset where each starts) of the varints filling ``buf``
+    (uint8). Most counts take one byte, so the loop over further bytes touches few."""
+    ends = np.flatnonzero(buf < 0x80)
+    starts = np.empty_like(ends)
+    starts[:1] = 0
+    starts[1:] = ends[:-1] + 1
+    vals = (buf[starts] & 0x7F).astype(np.uint64)
+    length = ends - starts + 1
+    multi = np.flatnonzero(length > 1)
+    k = 1
+    while multi.size:
+        vals[multi] |= (buf[starts[multi] + k] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+        k += 1
+        multi = multi[length[multi] > k]
+    return vals, starts
+
+
+def parse_histograms(wire: np.ndarray, ends: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of the serialized ``Histogram`` messages in ``wire`` (uint8) ending at byte offsets
+    ``ends``: (first buckets int64, count lengths int64, all counts uint64 back to back)."""
+    m = ends.size
+    if m == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint64)
+    vals, starts = decode_varints(wire)
+    begins = np.empty_like(ends)
+    begins[:1] = 0
+    begins[1:] = ends[:-1]
+    at = np.searchsorted(starts, begins)                # each message's first varint
+    stop = np.searchsorted(starts, ends)                # one past its last
+    v = np.concatenate((vals, np.zeros(2, np.uint64)))  # reads one past a message stay in range
+    s = np.concatenate((starts, [wire.size, wire.size]))
+    has = (at < stop) & (v[at] == _TAG_SCHEME)
+    at = at + 2 * has
+    has = (at < stop) & (v[at] == _TAG_FIRST)
+    firsts = np.where(has, v[at + 1], 0).astype(np.int64)
+    at = at + 2 * has
+    has = (at < stop) & (v[at] == _TAG_COUNTS)
+    size = np.where(has, v[at + 1], 0).astype(np.int64)
+    cstart = np.where(has, at + 2, at)
+    ok = np.where(has, s[cstart] + size == ends, at == stop)
+    if not ok.all():
+        return _parse_slowly(wire, begins, ends)
+    lens = np.where(has, stop - cstart, 0)
+    total = int(lens.sum())
+    idx = np.repeat(cstart - (np.cumsum(lens) - lens), lens) + np.arange(total, dtype=np.int64)
+    return firsts, lens, vals[idx]
+
+
+def _parse_slowly(wire: np.ndarray, begins: np.ndarray, ends: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`parse_histograms` by the protobuf parser, message by message."""
+    raw = wire.tobytes()
+    firsts, lens, counts = [], [], []
+    for b, e in zip(begins.tolist(), ends.tolist()):
+        h = pb.Histogram.FromString(raw[b:e])
+        firsts.append(h.first_bucket)
+        lens.append(len(h.counts))
+        counts.extend(h.counts)
+    return (np.asarray(firsts, dtype=np.int64), np.asarray(lens, dtype=np.int64),
+            np.asarray(counts, dtype=np.uint64))
