@@ -294,17 +294,22 @@ class _Flat:
             totals[missing] = sums[missing].astype(np.float64)
         return rows, firsts, lens, vals, totals
 
-    def has_counts(self) -> bool:
-        """Does some histogram added hold a count?"""
-        return bool(self.rows) and bool(self.raw()[2].size)
-
     def hists(self, position: np.ndarray, n_local: int,
               scratch: "_Scratch | None" = None) -> Hists:
         """Merge into bucket-major (K, n_local); ``position`` maps job rows to local
-        indices. ``scratch``: buffers shared with the other histogram sets of one build."""
+        indices. ``scratch``: buffers shared with the other histogram sets of one build.
+        No histogram with counts: a single empty bucket."""
+        out = self.hists_or_none(position, n_local, scratch)
+        return Hists(np.zeros((1, n_local)), 0, np.zeros(n_local)) if out is None else out
+
+    def hists_or_none(self, position: np.ndarray, n_local: int,
+                      scratch: "_Scratch | None" = None) -> Hists | None:
+        """:meth:`hists`, or None when no histogram added holds a count."""
+        if not self.rows:
+            return None
         rows, firsts, lens, vals, totals = self.raw()
         if not rows.size:
-            return Hists(np.zeros((1, n_local)), 0, np.zeros(n_local))
+            return None
         local = position[rows]
         lo = int(firsts.min())
         width = int((firsts + lens).max()) - lo
@@ -366,23 +371,28 @@ def _one_each(local: np.ndarray, n: int) -> bool:
 
 @dataclass
 class _Scalars:
-    """Per-process numbers as flat columns, until :meth:`sums` adds them up per GPU."""
+    """Per-process numbers, one row of ``names`` each, until :meth:`sums` adds them up per GPU.
+    Kept interleaved in one array: one extend per process instead of an append per number."""
 
     names: tuple[str, ...]
     rows: array = field(default_factory=lambda: array("q"))
-    cols: dict[str, array] = field(default_factory=dict)
+    values: array = field(default_factory=lambda: array("d"))
 
     def add(self, row: int, *values: float) -> None:
         self.rows.append(row)
-        for name, v in zip(self.names, values):
-            self.cols.setdefault(name, array("d")).append(float(v))
+        self.values.extend(values)
+
+    def column(self, name: str) -> np.ndarray:
+        """The values of ``name``, one per process added (a strided view)."""
+        table = np.frombuffer(self.values, dtype=np.float64).reshape(-1, len(self.names))
+        return table[:, self.names.index(name)]
 
     def sums(self, position: np.ndarray, n: int) -> dict[str, np.ndarray]:
         if not self.rows:
             return {name: np.zeros(n) for name in self.names}
         local = position[np.frombuffer(self.rows, dtype=np.int64)]
-        return {name: np.bincount(local, weights=np.frombuffer(self.cols[name], dtype=np.float64),
-                                  minlength=n) for name in self.names}
+        return {name: np.bincount(local, weights=self.column(name), minlength=n)
+                for name in self.names}
 
 
 class EpochAccumulator:
@@ -449,7 +459,7 @@ class EpochAccumulator:
         scratch = _Scratch(n)
         apis = {api: flat.hists(position, n, scratch)
                 for api, flat in sorted(self._apis.items())}
-        steps = self._steps.hists(position, n, scratch) if self._steps.has_counts() else None
+        steps = self._steps.hists_or_none(position, n, scratch)
         return CrossSection(self.job_id, self.epoch, rows, apis, steps, self.windows,
                             self._signals(position, n))
 
@@ -460,8 +470,8 @@ class EpochAccumulator:
         ratio = np.full(n, np.nan)
         if self._clock.rows:                         # latest reading per GPU: sort by (GPU, end)
             who = position[np.frombuffer(self._clock.rows, dtype=np.int64)]
-            val = np.frombuffer(self._clock.cols["ratio"], dtype=np.float64)
-            when = np.frombuffer(self._clock.cols["order"], dtype=np.float64)
+            val = self._clock.column("ratio")
+            when = self._clock.column("order")
             order = np.lexsort((when, who))
             last = np.ones(order.size, dtype=bool)
             last[:-1] = who[order][1:] != who[order][:-1]
@@ -469,10 +479,9 @@ class EpochAccumulator:
         return ProcessSignals(
             sched_s=sched["sched_s"], runq_ns=sched["runq_ns"], offcpu_ns=sched["offcpu_ns"],
             switches=sched["switches"], involuntary=sched["involuntary"],
-            runq_latency=(self._runq_hist.hists(position, n)
-                          if self._runq_hist.has_counts() else None),
+            runq_latency=self._runq_hist.hists_or_none(position, n),
             steps=st["steps"], gpu_wait_us=st["gpu_wait_us"], peer_wait_us=st["peer_wait_us"],
             step_sum_us=st["step_sum_us"],
-            busy=self._busy.hists(position, n) if self._busy.has_counts() else None,
+            busy=self._busy.hists_or_none(position, n),
             attached_s=ov["attached_s"], sampled=ov["sampled"] > 0, sm_clock_ratio=ratio,
             step_sources=tuple(sorted(self._sources)))

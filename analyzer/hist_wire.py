@@ -49,7 +49,7 @@ def parse_histograms(wire: np.ndarray, ends: np.ndarray
     begins = np.empty_like(ends)
     begins[:1] = 0
     begins[1:] = ends[:-1]
-    at = np.searchsorted(starts, begins)                # each message's first varint
+    at = first = np.searchsorted(starts, begins)        # each message's first varint
     stop = np.searchsorted(starts, ends)                # one past its last
     v = np.concatenate((vals, np.zeros(2, np.uint64)))  # reads one past a message stay in range
     s = np.concatenate((starts, [wire.size, wire.size]))
@@ -65,9 +65,11 @@ def parse_histograms(wire: np.ndarray, ends: np.ndarray
     if not ok.all():
         return _parse_slowly(wire, begins, ends)
     lens = np.where(has, stop - cstart, 0)
-    total = int(lens.sum())
-    idx = np.repeat(cstart - (np.cumsum(lens) - lens), lens) + np.arange(total, dtype=np.int64)
-    return firsts, lens, vals[idx]
+    counts = np.ones(vals.size, dtype=bool)             # every varint but the headers'
+    for k in range(int((cstart - first).max())):        # at most 6 header varints
+        head = first + k
+        counts[head[head < cstart]] = False
+    return firsts, lens, vals[counts]
 
 
 def _parse_slowly(wire: np.ndarray, begins: np.ndarray, ends: np.ndarray
