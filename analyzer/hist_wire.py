@@ -46,22 +46,25 @@ def parse_histograms(wire: np.ndarray, ends: np.ndarray
     if m == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint64)
     vals, starts = decode_varints(wire)
+    if not vals.size:                                   # only messages of default fields
+        return np.zeros(m, np.int64), np.zeros(m, np.int64), vals
     begins = np.empty_like(ends)
     begins[:1] = 0
     begins[1:] = ends[:-1]
     at = first = np.searchsorted(starts, begins)        # each message's first varint
     stop = np.searchsorted(starts, ends)                # one past its last
-    v = np.concatenate((vals, np.zeros(2, np.uint64)))  # reads one past a message stay in range
-    s = np.concatenate((starts, [wire.size, wire.size]))
-    has = (at < stop) & (v[at] == _TAG_SCHEME)
+    last = vals.size - 1                                # reads past a message: clamped, and
+    v = lambda i: vals[np.minimum(i, last)]             # such a message fails the check below
+    has = (at < stop) & (v(at) == _TAG_SCHEME)
     at = at + 2 * has
-    has = (at < stop) & (v[at] == _TAG_FIRST)
-    firsts = np.where(has, v[at + 1], 0).astype(np.int64)
+    has = (at < stop) & (v(at) == _TAG_FIRST)
+    firsts = np.where(has, v(at + 1), 0).astype(np.int64)
     at = at + 2 * has
-    has = (at < stop) & (v[at] == _TAG_COUNTS)
-    size = np.where(has, v[at + 1], 0).astype(np.int64)
+    has = (at < stop) & (v(at) == _TAG_COUNTS)
+    size = np.where(has, v(at + 1), 0).astype(np.int64)
     cstart = np.where(has, at + 2, at)
-    ok = np.where(has, s[cstart] + size == ends, at == stop)
+    begin = np.where(cstart <= last, starts[np.minimum(cstart, last)], wire.size)
+    ok = np.where(has, begin + size == ends, at == stop)
     if not ok.all():
         return _parse_slowly(wire, begins, ends)
     lens = np.where(has, stop - cstart, 0)

@@ -17,7 +17,8 @@ def _hists() -> list[pb.Histogram]:
     out = [pb.Histogram(scheme=1, first_bucket=0, counts=[3, 0, 1]),
            pb.Histogram(scheme=1, first_bucket=12),                      # no counts
            pb.Histogram(first_bucket=5, counts=[2**63 + 5, 2**35, 127, 128, 16383, 16384]),
-           pb.Histogram(counts=[0, 0, 9])]                               # scheme 0, bucket 0
+           pb.Histogram(counts=[0, 0, 9]),                               # scheme 0, bucket 0
+           pb.Histogram()]                                               # zero bytes
     for _ in range(50):
         out.append(pb.Histogram(scheme=1, first_bucket=int(rng.integers(0, 60)),
                                 counts=rng.integers(0, 5000, int(rng.integers(0, 45))).tolist()))
@@ -44,6 +45,12 @@ def _assert_same(got, want) -> None:
 
 def test_parse_matches_the_protobuf_reader():
     hists = _hists()
+    _assert_same(parse_histograms(*_wire([h.SerializeToString() for h in hists])),
+                 _expected(hists))
+
+
+def test_histograms_of_zero_bytes():
+    hists = [pb.Histogram(), pb.Histogram()]
     _assert_same(parse_histograms(*_wire([h.SerializeToString() for h in hists])),
                  _expected(hists))
 
