@@ -21,21 +21,21 @@ _TAG_SCHEME, _TAG_FIRST, _TAG_COUNTS = 0x08, 0x10, 0x1A
 
 
 def decode_varints(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(values as uint64, byte offset where each starts) of the varints filling ``buf``
-    (uint8). Most counts take one byte, so the loop over further bytes touches few."""
-    ends = np.flatnonzero(buf < 0x80)
-    starts = np.empty_like(ends)
-    starts[:1] = 0
-    starts[1:] = ends[:-1] + 1
-    vals = (buf[starts] & 0x7F).astype(np.uint64)
-    length = ends - starts + 1
-    multi = np.flatnonzero(length > 1)
-    k = 1
-    while multi.size:
-        vals[multi] |= (buf[starts[multi] + k] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
-        k += 1
-        multi = multi[length[multi] > k]
-    return vals, starts
+    """(values as uint64, byte offset of each one's last byte) of the varints filling ``buf``
+    (uint8). A varint's last byte holds its highest bits; the bytes before it (most counts have
+    none) are folded in below it, nearest first, one pass per distance over those bytes."""
+    final = buf < 0x80
+    ends = np.flatnonzero(final)
+    vals = buf[ends].astype(np.uint64)
+    more = np.flatnonzero(~final)                  # bytes that another byte of theirs follows
+    if more.size:
+        vid = more - np.arange(more.size)          # their varint: the last bytes before them
+        dist = ends[vid] - more
+        for k in range(1, int(dist.max()) + 1):
+            sel = dist == k
+            v = vid[sel]
+            vals[v] = (vals[v] << np.uint64(7)) | (buf[more[sel]] & 0x7F).astype(np.uint64)
+    return vals, ends
 
 
 def parse_histograms(wire: np.ndarray, ends: np.ndarray
@@ -45,14 +45,14 @@ def parse_histograms(wire: np.ndarray, ends: np.ndarray
     m = ends.size
     if m == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint64)
-    vals, starts = decode_varints(wire)
+    vals, last_byte = decode_varints(wire)
     if not vals.size:                                   # only messages of default fields
         return np.zeros(m, np.int64), np.zeros(m, np.int64), vals
     begins = np.empty_like(ends)
     begins[:1] = 0
     begins[1:] = ends[:-1]
-    at = first = np.searchsorted(starts, begins)        # each message's first varint
-    stop = np.searchsorted(starts, ends)                # one past its last
+    at = first = np.searchsorted(last_byte, begins)     # each message's first varint
+    stop = np.searchsorted(last_byte, ends)             # one past its last
     last = vals.size - 1                                # reads past a message: clamped, and
     v = lambda i: vals[np.minimum(i, last)]             # such a message fails the check below
     has = (at < stop) & (v(at) == _TAG_SCHEME)
@@ -63,7 +63,7 @@ def parse_histograms(wire: np.ndarray, ends: np.ndarray
     has = (at < stop) & (v(at) == _TAG_COUNTS)
     size = np.where(has, v(at + 1), 0).astype(np.int64)
     cstart = np.where(has, at + 2, at)
-    begin = np.where(cstart <= last, starts[np.minimum(cstart, last)], wire.size)
+    begin = last_byte[np.clip(cstart - 1, 0, last)] + 1     # where the counts start
     ok = np.where(has, begin + size == ends, at == stop)
     if not ok.all():
         return _parse_slowly(wire, begins, ends)
