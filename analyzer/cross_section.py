@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hypertrace.analyzer.hist_wire import parse_histograms
 from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
 
@@ -253,38 +254,63 @@ class CrossSection:
         return int(self.rows.size)
 
 
+_SUM = float("nan")      # a histogram's total to add up from its counts (_Flat.totals)
+
+
 @dataclass
 class _Flat:
     """Histograms of many rows as the wire sent them, until :meth:`hists` is called."""
 
     rows: array = field(default_factory=lambda: array("q"))
-    firsts: array = field(default_factory=lambda: array("q"))
-    lens: array = field(default_factory=lambda: array("q"))
+    #: the sample count of each histogram as its sender stated it; NaN: add up its counts
     totals: array = field(default_factory=lambda: array("d"))
-    #: the counts as sent (uint64): extending an unsigned array from the wire's repeated field
-    #: costs half of converting every count to a float on the way in (measured: 3.0 vs 6.2 µs
-    #: per histogram); they become floats once, vectorized, in :meth:`hists`
-    vals: array = field(default_factory=lambda: array("Q"))
+    #: the serialized ``Histogram`` messages back to back (analyzer/hist_wire.py: one C call
+    #: per histogram here, every count decoded at once in :meth:`raw`), and where each ends
+    wire: array = field(default_factory=lambda: array("B"))
+    ends: array = field(default_factory=lambda: array("q"))
 
     def add(self, row: int, hist: pb.Histogram, total: int | None = None) -> None:
         """``total``: the sample count when the sender stated it (ApiStats.count, validated to
         equal the histogram's sum), so totals need no pass over the matrix."""
-        n = len(hist.counts)
-        if n == 0:
-            return
         self.rows.append(row)
-        self.firsts.append(hist.first_bucket)
-        self.lens.append(n)
-        self.vals.extend(hist.counts)
-        self.totals.append(float(sum(hist.counts)) if total is None else float(total))
+        self.totals.append(_SUM if total is None else float(total))
+        self.wire.frombytes(hist.SerializeToString())
+        self.ends.append(len(self.wire))
 
-    def hists(self, local: np.ndarray, n_local: int, scratch: "_Scratch | None" = None) -> Hists:
-        """Merge into bucket-major (K, n_local); ``local`` maps this object's rows to local
-        indices. ``scratch``: buffers shared with the other histogram sets of one build."""
+    def raw(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, first buckets, lengths, counts as uint64, totals) of the histograms that hold
+        counts, in the order added (an empty histogram adds nothing)."""
+        firsts, lens, vals = parse_histograms(np.frombuffer(self.wire, dtype=np.uint8),
+                                              np.frombuffer(self.ends, dtype=np.int64))
+        keep = lens > 0
+        rows = np.frombuffer(self.rows, dtype=np.int64)
+        totals = np.frombuffer(self.totals, dtype=np.float64)
+        if not keep.all():
+            rows, firsts, lens, totals = rows[keep], firsts[keep], lens[keep], totals[keep]
+        missing = np.isnan(totals)
+        if missing.any():                            # exact: integer sums, then one rounding
+            sums = np.add.reduceat(vals, np.cumsum(lens) - lens) if lens.size else vals[:0]
+            totals = totals.copy()
+            totals[missing] = sums[missing].astype(np.float64)
+        return rows, firsts, lens, vals, totals
+
+    def hists(self, position: np.ndarray, n_local: int,
+              scratch: "_Scratch | None" = None) -> Hists:
+        """Merge into bucket-major (K, n_local); ``position`` maps job rows to local
+        indices. ``scratch``: buffers shared with the other histogram sets of one build.
+        No histogram with counts: a single empty bucket."""
+        out = self.hists_or_none(position, n_local, scratch)
+        return Hists(np.zeros((1, n_local)), 0, np.zeros(n_local)) if out is None else out
+
+    def hists_or_none(self, position: np.ndarray, n_local: int,
+                      scratch: "_Scratch | None" = None) -> Hists | None:
+        """:meth:`hists`, or None when no histogram added holds a count."""
         if not self.rows:
-            return Hists(np.zeros((1, n_local)), 0, np.zeros(n_local))
-        lens = np.frombuffer(self.lens, dtype=np.int64)
-        firsts = np.frombuffer(self.firsts, dtype=np.int64)
+            return None
+        rows, firsts, lens, vals, totals = self.raw()
+        if not rows.size:
+            return None
+        local = position[rows]
         lo = int(firsts.min())
         width = int((firsts + lens).max()) - lo
         starts = np.cumsum(lens) - lens
@@ -297,8 +323,7 @@ class _Flat:
         scratch = scratch if scratch is not None else _Scratch(n_local)
         flat = np.repeat((firsts - lo - starts) * n_local + local, lens)
         flat += scratch.stride(size)
-        counts = scratch.floats(np.frombuffer(self.vals, dtype=np.uint64))
-        totals = np.frombuffer(self.totals, dtype=np.float64)
+        counts = scratch.floats(vals)
         if lens.size == n_local and _one_each(local, n_local):
             dense = np.zeros(width * n_local)        # one histogram per GPU: plain scatter
             dense[flat] = counts
@@ -346,23 +371,28 @@ def _one_each(local: np.ndarray, n: int) -> bool:
 
 @dataclass
 class _Scalars:
-    """Per-process numbers as flat columns, until :meth:`sums` adds them up per GPU."""
+    """Per-process numbers, one row of ``names`` each, until :meth:`sums` adds them up per GPU.
+    Kept interleaved in one array: one extend per process instead of an append per number."""
 
     names: tuple[str, ...]
     rows: array = field(default_factory=lambda: array("q"))
-    cols: dict[str, array] = field(default_factory=dict)
+    values: array = field(default_factory=lambda: array("d"))
 
     def add(self, row: int, *values: float) -> None:
         self.rows.append(row)
-        for name, v in zip(self.names, values):
-            self.cols.setdefault(name, array("d")).append(float(v))
+        self.values.extend(values)
+
+    def column(self, name: str) -> np.ndarray:
+        """The values of ``name``, one per process added (a strided view)."""
+        table = np.frombuffer(self.values, dtype=np.float64).reshape(-1, len(self.names))
+        return table[:, self.names.index(name)]
 
     def sums(self, position: np.ndarray, n: int) -> dict[str, np.ndarray]:
         if not self.rows:
             return {name: np.zeros(n) for name in self.names}
         local = position[np.frombuffer(self.rows, dtype=np.int64)]
-        return {name: np.bincount(local, weights=np.frombuffer(self.cols[name], dtype=np.float64),
-                                  minlength=n) for name in self.names}
+        return {name: np.bincount(local, weights=self.column(name), minlength=n)
+                for name in self.names}
 
 
 class EpochAccumulator:
@@ -426,25 +456,22 @@ class EpochAccumulator:
         position = np.cumsum(mask) - 1               # job row -> local index
         n = rows.size
 
-        def local(flat: _Flat) -> np.ndarray:
-            return position[np.frombuffer(flat.rows, dtype=np.int64)]
-
         scratch = _Scratch(n)
-        apis = {api: flat.hists(local(flat), n, scratch)
+        apis = {api: flat.hists(position, n, scratch)
                 for api, flat in sorted(self._apis.items())}
-        steps = self._steps.hists(local(self._steps), n, scratch) if self._steps.rows else None
+        steps = self._steps.hists_or_none(position, n, scratch)
         return CrossSection(self.job_id, self.epoch, rows, apis, steps, self.windows,
-                            self._signals(position, n, local))
+                            self._signals(position, n))
 
-    def _signals(self, position: np.ndarray, n: int, local) -> ProcessSignals:
+    def _signals(self, position: np.ndarray, n: int) -> ProcessSignals:
         sched = self._sched.sums(position, n)
         st = self._stepstats.sums(position, n)
         ov = self._overhead.sums(position, n)
         ratio = np.full(n, np.nan)
         if self._clock.rows:                         # latest reading per GPU: sort by (GPU, end)
             who = position[np.frombuffer(self._clock.rows, dtype=np.int64)]
-            val = np.frombuffer(self._clock.cols["ratio"], dtype=np.float64)
-            when = np.frombuffer(self._clock.cols["order"], dtype=np.float64)
+            val = self._clock.column("ratio")
+            when = self._clock.column("order")
             order = np.lexsort((when, who))
             last = np.ones(order.size, dtype=bool)
             last[:-1] = who[order][1:] != who[order][:-1]
@@ -452,10 +479,9 @@ class EpochAccumulator:
         return ProcessSignals(
             sched_s=sched["sched_s"], runq_ns=sched["runq_ns"], offcpu_ns=sched["offcpu_ns"],
             switches=sched["switches"], involuntary=sched["involuntary"],
-            runq_latency=(self._runq_hist.hists(local(self._runq_hist), n)
-                          if self._runq_hist.rows else None),
+            runq_latency=self._runq_hist.hists_or_none(position, n),
             steps=st["steps"], gpu_wait_us=st["gpu_wait_us"], peer_wait_us=st["peer_wait_us"],
             step_sum_us=st["step_sum_us"],
-            busy=self._busy.hists(local(self._busy), n) if self._busy.rows else None,
+            busy=self._busy.hists_or_none(position, n),
             attached_s=ov["attached_s"], sampled=ov["sampled"] > 0, sm_clock_ratio=ratio,
             step_sources=tuple(sorted(self._sources)))

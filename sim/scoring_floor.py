@@ -31,12 +31,16 @@ from hypertrace.proto import buckets
 def raw_histograms(acc: EpochAccumulator
                    ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """{api: (job rows, first buckets, lengths, counts as uint64)}, one entry per process
-    histogram as ingested (views of the accumulator's flat arrays, nothing copied). Read from
-    the accumulator's internals on purpose: tests/gpu/scoring_ab.sh runs this bench against
-    older analyzers, which have no accessor for them."""
+    histogram as ingested. Read from the accumulator's internals on purpose:
+    tests/gpu/scoring_ab.sh runs this bench against older analyzers, which have no accessor for
+    them (they kept the counts decoded: views of their flat arrays)."""
     out = {}
     for api, flat in sorted(acc._apis.items()):
-        if flat.rows:
+        if hasattr(flat, "raw"):                  # counts kept as the wire encoded them
+            rows, firsts, lens, vals, _ = flat.raw()
+            if rows.size:
+                out[api] = (rows, firsts, lens, vals)
+        elif flat.rows:
             out[api] = (np.frombuffer(flat.rows, dtype=np.int64),
                         np.frombuffer(flat.firsts, dtype=np.int64),
                         np.frombuffer(flat.lens, dtype=np.int64),
