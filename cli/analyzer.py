@@ -160,14 +160,10 @@ def _check_server_settings(server: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import logging
-    import time
-
     from hypertrace.analyzer.config import ConfigError, ScoringConfig
-    from hypertrace.analyzer.server import Analyzer, AnalyzerServer, ServerError, ServerOptions
+    from hypertrace.analyzer.server import Analyzer, AnalyzerServer, ServerOptions
     from hypertrace.analyzer.storage import Storage, StorageError
 
-    log = logging.getLogger("hypertrace.analyzer")
     try:
         server_cfg, scoring_cfg = resolve_settings(args)
         config = ScoringConfig.from_mapping(scoring_cfg)
@@ -210,31 +206,6 @@ def run(args: argparse.Namespace) -> int:
                             trust_domain=server_cfg["trust_domain"],
                             max_clock_skew_s=float(server_cfg["max_clock_skew_s"]),
                             metrics_listen=server_cfg["metrics_listen"])
-    server = AnalyzerServer(analyzer, options)
-    try:
-        port = server.start()
-    except ServerError as exc:
-        print(f"hypertrace analyzer: {exc}", file=sys.stderr)
-        storage.close()
-        return 1
-    host = server_cfg["listen"].rsplit(":", 1)[0]
-    print(f"hypertrace analyzer listening on {host}:{port} (db {storage.path}, "
-          f"{resumed} windows resumed)", flush=True)
-    if server.metrics_port is not None:
-        mhost = server_cfg["metrics_listen"].rsplit(":", 1)[0]
-        print(f"hypertrace analyzer metrics on http://{mhost}:{server.metrics_port}/metrics",
-              flush=True)
-    from hypertrace.cli.cluster_settings import run_until_signal
-
-    def serve(stopping) -> None:
-        while not stopping():
-            time.sleep(0.5)
-
-    try:
-        run_until_signal(serve)
-    finally:
-        log.info("shutting down")
-        server.stop()
-        storage.close()
-    print("hypertrace analyzer stopped", flush=True)
-    return 0
+    from hypertrace.cli.cluster_settings import serve_until_signal
+    return serve_until_signal(AnalyzerServer(analyzer, options), "analyzer",
+                              f"db {storage.path}, {resumed} windows resumed", storage.close)

@@ -62,13 +62,11 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import time
-
     from hypertrace.analyzer.cluster.edge import ClusterEdge, EdgeOptions
     from hypertrace.analyzer.cluster.jetstream import ClusterError
     from hypertrace.analyzer.config import ConfigError
-    from hypertrace.analyzer.server import AnalyzerServer, ServerError, ServerOptions
-    from hypertrace.cli.cluster_settings import run_until_signal
+    from hypertrace.analyzer.server import AnalyzerServer, ServerOptions
+    from hypertrace.cli.cluster_settings import serve_until_signal
     from hypertrace.proto.transport import tls_files
 
     try:
@@ -97,28 +95,5 @@ def run(args: argparse.Namespace) -> int:
         listen=values["listen"], flush_interval=0, max_workers=values["max_workers"], tls=tls,
         insecure=bool(values["insecure"]), trust_domain=values["trust_domain"],
         max_clock_skew_s=values["max_clock_skew_s"], metrics_listen=values["metrics_listen"]))
-    try:
-        port = server.start()
-    except ServerError as exc:
-        print(f"hypertrace analyzer-edge: {exc}", file=sys.stderr)
-        edge.close()
-        return 1
-    host = values["listen"].rsplit(":", 1)[0]
-    print(f"hypertrace analyzer-edge listening on {host}:{port} (NATS "
-          f"{','.join(settings.servers)}, {settings.partitions} partitions)", flush=True)
-    if server.metrics_port is not None:
-        print(f"hypertrace analyzer-edge metrics on http://"
-              f"{values['metrics_listen'].rsplit(':', 1)[0]}:{server.metrics_port}/metrics",
-              flush=True)
-
-    def serve(stopping) -> None:
-        while not stopping():
-            time.sleep(0.5)
-
-    try:
-        run_until_signal(serve)
-    finally:
-        server.stop()
-        edge.close()
-    print("hypertrace analyzer-edge stopped", flush=True)
-    return 0
+    return serve_until_signal(server, "analyzer-edge", f"NATS {','.join(settings.servers)}, "
+                              f"{settings.partitions} partitions", edge.close)

@@ -4,10 +4,14 @@ winning, then the documented defaults. Not a subcommand."""
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from hypertrace.proto.settings import layer
+
+log = logging.getLogger("hypertrace.cli")
 
 
 @dataclass(frozen=True)
@@ -108,3 +112,37 @@ def run_until_signal(loop_body: Callable[[Callable[[], bool]], None]) -> None:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def serve_until_signal(server: Any, command: str, detail: str, close: Callable[[], None]) -> int:
+    """Start an AnalyzerServer, say where it listens (and its metrics), serve until SIGTERM or
+    SIGINT, then stop it and ``close()`` what it served from; the command's exit status.
+    ``detail``: what the listening line adds in parentheses."""
+    import time
+
+    from hypertrace.analyzer.server import ServerError
+    try:
+        port = server.start()
+    except ServerError as exc:
+        print(f"hypertrace {command}: {exc}", file=sys.stderr)
+        close()
+        return 1
+    opts = server.options
+    print(f"hypertrace {command} listening on {opts.listen.rsplit(':', 1)[0]}:{port} ({detail})",
+          flush=True)
+    if server.metrics_port is not None:
+        print(f"hypertrace {command} metrics on http://{opts.metrics_listen.rsplit(':', 1)[0]}:"
+              f"{server.metrics_port}/metrics", flush=True)
+
+    def serve(stopping) -> None:
+        while not stopping():
+            time.sleep(0.5)
+
+    try:
+        run_until_signal(serve)
+    finally:
+        log.info("shutting down")
+        server.stop()
+        close()
+    print(f"hypertrace {command} stopped", flush=True)
+    return 0

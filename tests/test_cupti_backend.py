@@ -82,6 +82,17 @@ def _fake(fakecupti: Path):
     return f
 
 
+def _syncing(fakecupti: Path, *apis: str):
+    """A subscribed recorder with the synchronize ``apis`` on, and the stand-in to call."""
+    r = _recorder(fakecupti)
+    fake = _fake(fakecupti)
+    for api in apis:
+        r.add_api(api, "sync")
+    assert r.subscribe() is None
+    r.enable(list(apis), True)
+    return r, fake
+
+
 # -- the recorder -------------------------------------------------------------------------------
 def test_recorder_buckets_are_the_wire_scheme(fakecupti):
     """A call of N ns lands in the bucket proto/buckets.py puts N in: one scheme everywhere."""
@@ -136,11 +147,7 @@ def test_callbacks_fire_only_while_enabled(fakecupti):
 def test_blocked_time_outside_calls_is_a_wait_not_busy(fakecupti):
     """Between a sync's exit and the next sync's entry the thread sleeps 30 ms (blocked, as a
     rank waiting for its peers): the interval's busy part excludes it, as the eBPF split does."""
-    r = _recorder(fakecupti)
-    fake = _fake(fakecupti)
-    r.add_api("cudaStreamSynchronize", "sync")
-    assert r.subscribe() is None
-    r.enable(["cudaStreamSynchronize"], True)
+    r, fake = _syncing(fakecupti, "cudaStreamSynchronize")
     for _ in range(6):
         fake.fakecupti_call(2, 131, 1_000_000, 0)
         time.sleep(0.03)
@@ -160,12 +167,7 @@ def test_another_threads_sleep_is_not_this_steps_wait(fakecupti):
     not turn the main thread's steps into waits: the process is idle only while every thread
     that makes synchronize calls is blocked, and the main thread never is."""
     import threading
-    r = _recorder(fakecupti)
-    fake = _fake(fakecupti)
-    r.add_api("cudaStreamSynchronize", "sync")
-    r.add_api("cudaEventSynchronize", "sync")
-    assert r.subscribe() is None
-    r.enable(["cudaStreamSynchronize", "cudaEventSynchronize"], True)
+    r, fake = _syncing(fakecupti, "cudaStreamSynchronize", "cudaEventSynchronize")
     stop = threading.Event()
 
     def sleeper():                                       # syncs on an event, then sleeps
@@ -202,12 +204,7 @@ def _alternating_workers(fakecupti, gpu_wait_ns: int, peer_wait_s: float, steps:
     inside cudaStreamSynchronize), then waits for its peers (``peer_wait_s`` blocked outside any
     call); the main thread syncs its device at the end of the step."""
     import threading
-    r = _recorder(fakecupti)
-    fake = _fake(fakecupti)
-    r.add_api("cudaStreamSynchronize", "sync")
-    r.add_api("cudaDeviceSynchronize", "sync")
-    assert r.subscribe() is None
-    r.enable(["cudaStreamSynchronize", "cudaDeviceSynchronize"], True)
+    r, fake = _syncing(fakecupti, "cudaStreamSynchronize", "cudaDeviceSynchronize")
     go = [threading.Semaphore(0), threading.Semaphore(0)]
     done = threading.Semaphore(0)
 
@@ -255,12 +252,7 @@ def test_a_lost_exit_does_not_end_the_idle_time(fakecupti):
     thread waits in a synchronize call). That thread must not count as inside a call for ever:
     the main thread's later idle steps (0.1-ms sync, 20 ms asleep) still read as waits."""
     import threading
-    r = _recorder(fakecupti)
-    fake = _fake(fakecupti)
-    r.add_api("cudaStreamSynchronize", "sync")
-    r.add_api("cudaDeviceSynchronize", "sync")
-    assert r.subscribe() is None
-    r.enable(["cudaStreamSynchronize", "cudaDeviceSynchronize"], True)
+    r, fake = _syncing(fakecupti, "cudaStreamSynchronize", "cudaDeviceSynchronize")
     th = threading.Thread(target=fake.fakecupti_call, args=(2, 131, 100_000_000, 0))
     th.start()
     time.sleep(0.03)
@@ -281,11 +273,7 @@ def test_idle_time_survives_many_short_lived_threads(fakecupti):
     synchronize call (more than the recorder has places for), a new thread's idle steps still
     read as waits."""
     import threading
-    r = _recorder(fakecupti)
-    fake = _fake(fakecupti)
-    r.add_api("cudaStreamSynchronize", "sync")
-    assert r.subscribe() is None
-    r.enable(["cudaStreamSynchronize"], True)
+    r, fake = _syncing(fakecupti, "cudaStreamSynchronize")
     for _ in range(300):
         t = threading.Thread(target=fake.fakecupti_call, args=(2, 131, 10_000, 0))
         t.start()
