@@ -314,8 +314,8 @@ def _hist_total(h: pb.Histogram) -> int:
 def _counts_total(counts) -> int:
     """The sum of a histogram's repeated ``counts``. Why the slice: it copies the counts into a
     list in one C call, and ``sum`` of a list takes its fast path; summing the repeated field
-    itself goes through its iterator, one call per count (about twice the time for a
-    40-bucket histogram)."""
+    itself goes through its iterator, one call per count (the slice takes 0.68-0.79 of that
+    time on a 16k-GPU recording: ``python -m hypertrace.sim.bench_hist_totals``)."""
     return sum(counts[:])
 
 
