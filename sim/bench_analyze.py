@@ -15,7 +15,6 @@ line's ``main(["analyze", FILE, ...])``, its table kept in memory. Sides, altern
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import io
@@ -44,29 +43,25 @@ def one_run(path: str, workers: str) -> dict:
 
 
 def run_side(path: str, tree: str, workers: str) -> dict:
-    env = dict(os.environ)
-    if tree:
-        env["PYTHONPATH"] = os.pathsep.join([tree] + [p for p in [env.get("PYTHONPATH")] if p])
+    from hypertrace.sim.bench_ingest import tree_env   # not in the measured subprocess:
+    env = tree_env(tree)                               # its tree may lack the helper
     cmd = [sys.executable, os.path.abspath(__file__), path, "--run-of", workers or "-"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hypertrace.sim.bench_analyze",
-                                 description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("file", help="recorded windows (.pb or JSON lines)")
-    ap.add_argument("--compare-with", metavar="DIR", default="",
-                    help="also run the code of this source tree (without --workers)")
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 3 and argv[1] == "--run-of":    # the measuring subprocess, which may
+        workers = argv[2]                           # import another tree: nothing else here
+        print(json.dumps(one_run(argv[0], "" if workers == "-" else workers)))
+        return 0
+    from hypertrace.sim.bench_ingest import file_parser
+    ap = file_parser("python -m hypertrace.sim.bench_analyze", __doc__,
+                     "also run the code of this source tree (without --workers)")
     ap.add_argument("--workers", default="", metavar="N",
                     help="the workers side's --workers (default: what analyze picks)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--run-of", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.run_of is not None:                # the measuring subprocess
-        print(json.dumps(one_run(args.file, "" if args.run_of == "-" else args.run_of)))
-        return 0
     sides = ([("base", os.path.abspath(args.compare_with), "")] if args.compare_with else []) \
         + [("workers 0", "", "0"), (f"workers {args.workers or 'default'}", "", args.workers)]
     runs: dict[str, list[dict]] = {label: [] for label, _, _ in sides}
