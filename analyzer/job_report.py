@@ -41,18 +41,29 @@ def job_report(job: JobState, cfg: ScoringConfig) -> pb.JobReport:
     by_node: dict[str, list[int]] = {}
     for r in job.live_rows():
         by_node.setdefault(job.keys[r][0], []).append(r)
+    # per-row numbers as Python lists, read once: indexing a numpy array per GPU (and
+    # np.isfinite on one number) was most of the cost of a 16k-GPU report's GPU entries
+    flagged_n = job.persistence.windows_flagged.tolist()
+    seen_n = job.persistence.windows_seen.tolist()
+    spike = np.where(np.isfinite(rates), rates, 0.0).tolist()
+    p50 = [(api, ratios.tolist(), np.isfinite(ratios).tolist())
+           for api, ratios in job.p50_ratio.items()]
+    code_of = codes.tolist()
+    intermittent = job.persistence.intermittent.tolist()
     node_reports = []
     for node, rws in by_node.items():
         gpu_reports = []
+        sort_keys = []
         for r in rws:
             verdict = names[r]
-            fs = job.findings.get(r, []) if codes[r] in (SUSPECT, STRAGGLER) else []
+            code = code_of[r]
+            fs = job.findings.get(r, []) if code in (SUSPECT, STRAGGLER) else []
+            ordered = sorted(fs, key=lambda f: (not f.implicates, -abs(f.robust_z)))
             gr = pb.GpuReport(
                 gpu=job.keys[r][1], rank=job.ranks[r], verdict=verdict, gpu_kind=job.kinds[r],
-                windows_flagged=int(job.persistence.windows_flagged[r]),
-                windows_seen=int(job.persistence.windows_seen[r]),
-                spike_rate=float(rates[r]) if np.isfinite(rates[r]) else 0.0)
-            for f in sorted(fs, key=lambda f: (not f.implicates, -abs(f.robust_z))):
+                windows_flagged=int(flagged_n[r]), windows_seen=int(seen_n[r]),
+                spike_rate=spike[r])
+            for f in ordered:
                 gr.findings.add(api=f.api, stat=f.stat, value_us=f.value_us,
                                 job_median_us=f.job_median_us, ratio=f.ratio,
                                 robust_z=f.robust_z, direction=f.direction,
@@ -60,19 +71,21 @@ def job_report(job: JobState, cfg: ScoringConfig) -> pb.JobReport:
                                 basis=f.basis, unit=f.unit)
                 if np.isfinite(f.step_share):
                     gr.findings[-1].step_share = f.step_share
-            for api, ratios in job.p50_ratio.items():
-                if r < ratios.size and np.isfinite(ratios[r]):
-                    gr.p50_ratio[api] = float(ratios[r])
-            if codes[r] in (SUSPECT, STRAGGLER):
+            for api, ratios, finite in p50:
+                if r < len(ratios) and finite[r]:
+                    gr.p50_ratio[api] = ratios[r]
+            if code in (SUSPECT, STRAGGLER):
                 gr.probable_cause = causes.gpu_cause(job.nvml[r], fs, bases[r])
-            if codes[r] == STRAGGLER and job.persistence.intermittent[r]:
+            if code == STRAGGLER and intermittent[r]:
                 gr.probable_cause = _intermittent(job, r, cfg) + gr.probable_cause
             gpu_reports.append(gr)
-        gpu_reports.sort(key=_gpu_sort_key)
-        bad_findings = [job.findings.get(r, []) for r in rws if codes[r] in (SUSPECT, STRAGGLER)]
+            sort_keys.append(_gpu_sort_key(verdict, ordered, job.ranks[r], job.keys[r][1]))
+        gpu_reports = [gpu_reports[i]
+                       for i in sorted(range(len(rws)), key=sort_keys.__getitem__)]
+        bad_findings = [job.findings.get(r, []) for r in rws if code_of[r] in (SUSPECT, STRAGGLER)]
         nr = _node_report(cfg, node, gpu_reports, [job.nvml[r] for r in rws],
                           bad_findings, [bases[r] for r in rws])
-        flapping = [r for r in rws if codes[r] == STRAGGLER and job.persistence.intermittent[r]]
+        flapping = [r for r in rws if code_of[r] == STRAGGLER and intermittent[r]]
         if nr.scope != "gpu" and flapping and not nr.probable_cause.startswith("intermittent"):
             nr.probable_cause = _intermittent(job, flapping[0], cfg) + nr.probable_cause
         node_reports.append(nr)
@@ -219,9 +232,12 @@ def _worst_z(n: pb.NodeReport) -> float:
     return max((abs(f.robust_z) for g in n.gpus for f in g.findings), default=0.0)
 
 
-def _gpu_sort_key(g: pb.GpuReport) -> tuple:
-    return (_SEVERITY[g.verdict], -max((abs(f.robust_z) for f in g.findings), default=0.0),
-            g.rank, g.gpu)
+def _gpu_sort_key(verdict: str, findings: list, rank: int, gpu: str) -> tuple:
+    """Worst first: verdict, then the largest |robust z| of the GPU's findings (in the order
+    the report lists them), then rank and GPU. Taken from the values the GpuReport is built
+    from (the same values: robust_z is a double on the wire), not read back from it."""
+    return (_SEVERITY[verdict], -max((abs(f.robust_z) for f in findings), default=0.0),
+            rank, gpu)
 
 
 def _node_report(cfg: ScoringConfig, node: str, gpus: list[pb.GpuReport],

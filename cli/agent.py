@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from hypertrace.proto.settings import fraction
-
-from hypertrace.daemon.config import DEFAULT_CONFIG_PATH
+from hypertrace.proto.settings import AGENT_CONFIG_PATH, fraction
 
 
 def register(subparsers) -> None:
@@ -31,7 +29,7 @@ def register(subparsers) -> None:
                    help="max fraction of a training process's time spent in probes: 0.005 "
                         "or 0.5%% (default 0.5%%)")
     p.add_argument("--config", metavar="FILE",
-                   help=f"TOML config file (default {DEFAULT_CONFIG_PATH} when it exists)")
+                   help=f"TOML config file (default {AGENT_CONFIG_PATH} when it exists)")
     p.add_argument("--spool-dir", metavar="DIR",
                    help="unsent windows and the window seq (default /var/lib/hypertrace/spool)")
     p.add_argument("--spool-max-mb", type=float, metavar="MB", help="spool bound (default 256)")

@@ -65,6 +65,10 @@ def register(subparsers) -> None:
                         "- is stdin")
     add_output_flags(p)
     p.add_argument("--job", default=None, help="report only this job id")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="processes validating a large binary (.pb) file's windows ahead of "
+                        "the reader; 0: validate in this process (default: the usable cores "
+                        "less one, at most 4)")
     add_scoring_flags(p)
     p.set_defaults(func=run)
 
@@ -73,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from hypertrace.analyzer.config import ConfigError
     from hypertrace.analyzer.engine import Engine, UnknownJobError
     from hypertrace.cli.report import emit
-    from hypertrace.proto.records import read_windows_sized
-    from hypertrace.proto import wire
+    from hypertrace.proto import validate_ahead, wire
 
     try:
         cfg = scoring_config_from_args(args)
@@ -87,11 +90,12 @@ def run(args: argparse.Namespace) -> int:
     n = 0
     progress = Progress("analyze: read", "windows")
     try:
-        for n, (window, size) in enumerate(read_windows_sized(args.file), 1):
-            try:
-                wire.validate_window(window, encoded_size=size)
-            except wire.WireError as exc:
-                raise wire.WireError(f"{args.file}: window {n}: {exc.field}", exc.problem) from exc
+        workers = validate_ahead.default_workers() if args.workers is None else args.workers
+        for n, (window, size, problem) in enumerate(
+                validate_ahead.validated_windows(args.file, max(workers, 0)), 1):
+            if problem is not None:
+                raise wire.WireError(f"{args.file}: window {n}: {problem.field}",
+                                     problem.problem) from problem
             engine.ingest(window)
             progress.add()
     except OSError as exc:

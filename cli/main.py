@@ -38,6 +38,19 @@ def version() -> str:
         return "0.1.0 (not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the version is looked up only when asked for (``importlib.metadata``
+    reads the installed distributions, a noticeable part of every command's start)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="show program's version number and exit"):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser._print_message(f"hypertrace {version()}\n", sys.stdout)
+        parser.exit()
+
+
 VERBOSE_HELP = ("more detail: report and analyze tables show one row per GPU; more logging "
                 "(-v info, -vv debug)")
 
@@ -49,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help=VERBOSE_HELP)
-    parser.add_argument("--version", action="version", version=f"hypertrace {version()}")
+    parser.add_argument("--version", action=_VersionAction)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"hypertrace.cli.{name}").register(subparsers)

@@ -82,10 +82,10 @@ from typing import Any, Mapping
 
 from hypertrace.collector.attribution import DEFAULT_JOB_ENV
 
-from hypertrace.proto.settings import ConfigError, fraction, read_toml
+from hypertrace.proto.settings import AGENT_CONFIG_PATH, ConfigError, fraction, read_toml
 from hypertrace.proto.transport import TransportError, tls_files
 
-DEFAULT_CONFIG_PATH = "/etc/hypertrace/agent.toml"
+DEFAULT_CONFIG_PATH = AGENT_CONFIG_PATH
 #: Probe backends the agent can run (``backend``).
 BACKENDS = ("auto", "ebpf", "cupti")
 

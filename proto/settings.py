@@ -16,6 +16,12 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 
+#: The agent's settings file when ``--config`` is not given. Here, not in daemon/config.py, so
+#: that building the command line's parser (every ``hypertrace`` command does) names it without
+#: importing the agent and its gRPC transport.
+AGENT_CONFIG_PATH = "/etc/hypertrace/agent.toml"
+
+
 class ConfigError(ValueError):
     """A configuration problem; the message names the file or key and how to fix it."""
 

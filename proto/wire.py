@@ -99,7 +99,7 @@ def _check_histogram(hist: pb.Histogram, field: str) -> int:
         raise WireError(f"{field}.counts", f"covers buckets {hist.first_bucket}.."
                         f"{hist.first_bucket + len(hist.counts) - 1} but scheme "
                         f"{buckets.SCHEME_ID} has {buckets.NUM_BUCKETS}")
-    total = int(sum(hist.counts))
+    total = _counts_total(hist.counts)
     if total > MAX_HISTOGRAM_COUNT:
         raise WireError(f"{field}.counts", f"hold {total:,} samples in one window, over the limit "
                         f"of {MAX_HISTOGRAM_COUNT:,}")
@@ -308,7 +308,15 @@ def _hist_total(h: pb.Histogram) -> int:
     counts = h.counts
     if h.scheme != buckets.SCHEME_ID or h.first_bucket + len(counts) > buckets.NUM_BUCKETS:
         return -1
-    return sum(counts)
+    return _counts_total(counts)
+
+
+def _counts_total(counts) -> int:
+    """The sum of a histogram's repeated ``counts``. Why the slice: it copies the counts into a
+    list in one C call, and ``sum`` of a list takes its fast path; summing the repeated field
+    itself goes through its iterator, one call per count (the slice takes 0.68-0.79 of that
+    time on a 16k-GPU recording: ``python -m hypertrace.sim.bench_hist_totals``)."""
+    return sum(counts[:])
 
 
 def _overhead_numbers_plain(o: pb.Overhead) -> bool:

@@ -60,11 +60,28 @@ def phases(path: str) -> dict:
     return out
 
 
-def run_side(path: str, tree: str) -> dict:
-    """One fresh subprocess measuring ``path`` with the code of ``tree`` ("" = this one)."""
+def tree_env(tree: str) -> dict[str, str]:
+    """The environment of a subprocess that imports the code of ``tree`` ("" = this one)."""
     env = dict(os.environ)
     if tree:
         env["PYTHONPATH"] = os.pathsep.join([tree] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
+def file_parser(prog: str, doc: str, compare_help: str) -> argparse.ArgumentParser:
+    """The arguments of a side-by-side benchmark of one recorded file (this one's and
+    bench_analyze's)."""
+    ap = argparse.ArgumentParser(prog=prog, description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("file", help="recorded windows (.pb or JSON lines)")
+    ap.add_argument("--compare-with", metavar="DIR", default="", help=compare_help)
+    ap.add_argument("--rounds", type=int, default=3)
+    return ap
+
+
+def run_side(path: str, tree: str) -> dict:
+    """One fresh subprocess measuring ``path`` with the code of ``tree`` ("" = this one)."""
+    env = tree_env(tree)
     # run as a file, so that DIR's tree (which may lack this module) is what gets imported
     cmd = [sys.executable, os.path.abspath(__file__), "--phases-of", path]
     if shutil.which("taskset"):
@@ -79,13 +96,8 @@ def _line(label: str, r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hypertrace.sim.bench_ingest",
-                                 description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("file", help="recorded windows (.pb or JSON lines)")
-    ap.add_argument("--compare-with", metavar="DIR", default="",
-                    help="alternate with the code of this source tree and print the ratios")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = file_parser("python -m hypertrace.sim.bench_ingest", __doc__,
+                     "alternate with the code of this source tree and print the ratios")
     ap.add_argument("--phases-of", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.phases_of:                        # the measuring subprocess
