@@ -178,8 +178,13 @@ def host_allowance(values: np.ndarray, scored: np.ndarray, layout: "HostLayout",
         return out
     mine = ok & use[layout.host]
     # (G, S) around the own host, computed per stat over contiguous GPUs
-    dev = np.abs(np.ascontiguousarray(v.T) - np.ascontiguousarray(med_h.T).take(layout.host,
-                                                                               axis=1)).T
+    if layout.full:                          # GPU i is cell i: its host's median broadcasts
+        s, h = v.shape[1], layout.hosts
+        dev = np.abs(np.ascontiguousarray(v.T).reshape(s, h, layout.slots)
+                     - np.ascontiguousarray(med_h.T)[:, :, None]).reshape(s, -1).T
+    else:
+        dev = np.abs(np.ascontiguousarray(v.T)
+                     - np.ascontiguousarray(med_h.T).take(layout.host, axis=1)).T
     spread, _ = host_medians(dev, mine, layout)              # per-host MAD
     spread = spread[use]
     mad = np.array([np.median(c[np.isfinite(c)]) if np.isfinite(c).any() else 0.0
@@ -345,6 +350,9 @@ class HostLayout:
     slot: np.ndarray     # (G,) position of the GPU within its host
     hosts: int
     slots: int
+    #: every host holds ``slots`` GPUs and GPU i is cell i (GPUs listed host by host, the
+    #: common order): then the (H, slots) grid of a stat is its values reshaped, no scatter
+    full: bool = False
 
     @property
     def cell(self) -> np.ndarray:
@@ -360,7 +368,10 @@ class HostLayout:
         starts = np.cumsum(sizes) - sizes
         slot = np.empty(codes.size, dtype=np.int64)
         slot[order] = np.arange(codes.size) - np.repeat(starts, sizes)
-        return cls(host, slot, int(uniq.size), int(sizes.max()) if sizes.size else 0)
+        slots = int(sizes.max()) if sizes.size else 0
+        full = bool(codes.size) and bool(
+            np.array_equal(host * slots + slot, np.arange(codes.size)))
+        return cls(host, slot, int(uniq.size), slots, full)
 
 
 def host_medians(values: np.ndarray, scored: np.ndarray,
@@ -369,6 +380,11 @@ def host_medians(values: np.ndarray, scored: np.ndarray,
     v = np.asarray(values, dtype=np.float64)
     s = v.shape[1]
     ok = scored & _finite_rows(v)
+    if layout.full and ok.all():             # every cell filled: the values are the grid
+        grid = np.sort(np.ascontiguousarray(v.T).reshape(s, layout.hosts, layout.slots),
+                       axis=2)
+        lo, hi = (layout.slots - 1) // 2, layout.slots // 2
+        return ((grid[:, :, lo] + grid[:, :, hi]) / 2.0).T, np.full(layout.hosts, layout.slots)
     cell = layout.cell[ok]
     # one (H, slots) grid per stat, filled by a 1-D scatter (a 2-D fancy scatter costs ~5x more)
     size = layout.hosts * layout.slots
