@@ -208,16 +208,29 @@ FENCE_RECOUNT_MIN = 32
 def _far_count(row: np.ndarray, med: float, mad: float, z_cut: float) -> int:
     """How many values of ``row`` (sorted ascending) have a robust z beyond +-``z_cut``:
     ``(np.abs(0.6745 * (row - med) / mad) > z_cut).sum()`` with ``mad > 0``, found by two
-    binary searches (the z never decreases along a sorted row), each step the same float
-    operations on one value, instead of four passes over the row."""
+    searches for where the z crosses the cut (it never decreases along a sorted row), each
+    step the same float operations on one value, instead of four passes over the row."""
     n = row.size
 
     def z(i: int) -> float:
         return 0.6745 * (row[i] - med) / mad
 
-    below = bisect.bisect_left(range(n), True, key=lambda i: not z(i) < -z_cut)
-    above = bisect.bisect_left(range(n), True, key=lambda i: z(i) > z_cut)
+    # where the cut's values would sit: a guess, confirmed with the z itself
+    span = z_cut * mad / 0.6745
+    below = _first_true(lambda i: not z(i) < -z_cut, n,
+                        int(np.searchsorted(row, med - span, side="left")))
+    above = _first_true(lambda i: z(i) > z_cut, n,
+                        int(np.searchsorted(row, med + span, side="right")))
     return below + n - above
+
+
+def _first_true(pred, n: int, guess: int) -> int:
+    """The first i in 0..n-1 where ``pred`` (False, then True along 0..n-1) holds, n where it
+    never does. Two evaluations confirm a right ``guess`` (the index before it fails, its own
+    holds); a wrong one (rounding, ties at the cut) falls back to a binary search."""
+    if (guess == 0 or not pred(guess - 1)) and (guess == n or pred(guess)):
+        return guess
+    return bisect.bisect_left(range(n), True, key=pred)
 
 
 def _fence_quartiles(x: np.ndarray, q1: np.ndarray, q3: np.ndarray, med: np.ndarray,

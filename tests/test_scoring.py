@@ -406,11 +406,12 @@ def test_far_count_equals_counting_every_robust_z():
     from hypertrace.analyzer.scoring import _far_count
     rng = np.random.default_rng(9)
     for n in (1, 2, 5, 32, 1000):
-        for spread in (0.01, 1.0, 30.0):
+        for spread in (0.0, 0.01, 1.0, 30.0):
             row = np.sort(np.round(rng.normal(10.0, spread, n), 2))
             med, mad = float(np.median(row)), max(float(np.median(np.abs(row - np.median(row)))),
                                                    1e-9)
-            for z_cut in (0.0, 1.0, 3.5):
+            # the cut's own values too: 3.5 MADs from the median sit exactly at +-z 3.5
+            for z_cut in (0.0, 1.0, 3.5, float(np.abs(0.6745 * (row[-1] - med) / mad))):
                 want = int((np.abs(0.6745 * (row - med) / mad) > z_cut).sum())
                 assert _far_count(row, np.float64(med), np.float64(mad), z_cut) == want
 
