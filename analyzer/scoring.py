@@ -126,6 +126,10 @@ def _bucket_holding(x_ns: np.ndarray, near: np.ndarray | None) -> np.ndarray:
     return b
 
 
+#: Each bucket's width (µs).
+_WIDTH_US = (buckets.UPPER_NS - buckets.LOWER_NS) / 1e3
+
+
 def sampling_se_us(hists: Hists, values_us: np.ndarray, stats: tuple[str, ...],
                    near: np.ndarray | None = None) -> np.ndarray:
     """Standard error (µs) of each quantile in ``values_us`` (G, S), read off the GPUs'
@@ -138,7 +142,7 @@ def sampling_se_us(hists: Hists, values_us: np.ndarray, stats: tuple[str, ...],
     k, g = hists.counts_t.shape
     col = np.clip(b - hists.first, 0, k - 1)
     in_bucket = hists.counts_t.ravel().take(col * g + np.arange(g))
-    width_us = (buckets.UPPER_NS.take(b) - buckets.LOWER_NS.take(b)) / 1e3
+    width_us = _WIDTH_US.take(b)
     q = np.asarray([KNOWN_STATS[s] for s in stats])[:, None]
     n = hists.total()
     se = np.sqrt(q * (1.0 - q) * n) * width_us / np.maximum(in_bucket, 1.0)
@@ -340,8 +344,11 @@ def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
         effect = np.abs(v - med_c) >= absolute_gate
     hi_fence = q3 + cfg.iqr_k * iqr if fence else np.full(s, -np.inf)
     lo_fence = q1 - cfg.iqr_k * iqr if fence else np.full(s, np.inf)
-    high = (z > cfg.z_threshold) & (v > hi_fence[:, None]) & effect & ok
-    low = (z < -cfg.z_threshold) & (v < lo_fence[:, None]) & effect & ok
+    high = (z > cfg.z_threshold) & (v > hi_fence[:, None]) & effect
+    low = (z < -cfg.z_threshold) & (v < lo_fence[:, None]) & effect
+    if not ok.all():                     # (an unscored value is NaN: no comparison holds)
+        high &= ok
+        low &= ok
     return StatScores(stats, v.T, np.asarray(count), ok, med, mad_eff, gate, z.T, ratio.T,
                       high.T, low.T)
 
