@@ -72,14 +72,23 @@ class Hists:
     def cumulative(self) -> np.ndarray:
         """(K, G) cumulative counts along the buckets (K vector adds; one cumsum for a few
         columns, where the K Python-level adds would cost more than the sums)."""
-        if self.counts_t.shape[1] <= 64:
-            return np.cumsum(self.counts_t, axis=0)
-        cum = np.empty_like(self.counts_t)
-        if cum.shape[0]:
-            cum[0] = self.counts_t[0]
-        for k in range(1, cum.shape[0]):
-            np.add(cum[k - 1], self.counts_t[k], out=cum[k])
-        return cum
+        return self._cumulative_below()[1:]
+
+    def _cumulative_below(self) -> np.ndarray:
+        """(K + 1, G): row 0 zeros, row k + 1 the cumulative counts through bucket k. Why the
+        zero row: the calls below bucket k are row k for every k, bucket 0 included, so a
+        quantile reads them with one gather instead of a gather, a clamp and a select."""
+        k, g = self.counts_t.shape
+        out = np.empty((k + 1, g), dtype=self.counts_t.dtype)
+        out[0] = 0
+        if g <= 64:
+            np.cumsum(self.counts_t, axis=0, out=out[1:])
+            return out
+        if k:
+            out[1] = self.counts_t[0]
+        for b in range(1, k):
+            np.add(out[b], self.counts_t[b], out=out[b + 1])
+        return out
 
     def quantiles_us(self, qs: list[float]) -> np.ndarray:
         """(G, len(qs)) quantiles in µs; NaN for GPUs with no samples. A transposed view of a
@@ -96,24 +105,31 @@ class Hists:
         a quantile's sampling error needs the bucket that holds its value, which is this one
         or, at a bucket's edge, its neighbour (:func:`~hypertrace.analyzer.scoring.
         sampling_se_us` checks); searching all edges again costs more than the check."""
-        cum = self.cumulative()
+        below_rows = self._cumulative_below()
+        cum = below_rows[1:]
         k, g = cum.shape
         total = cum[-1]
         flat = cum.ravel()
+        flat_below = below_rows.ravel()              # cum[idx - 1] (0 for bucket 0) at idx*g
         cols = np.arange(g)
         out = np.empty((len(qs), g))                 # filled per quantile; returned as (G, Q)
         held = np.empty((len(qs), g), dtype=np.int64)
+        frac = np.empty(g)
         for j, q in enumerate(qs):                   # a handful of quantiles
             t = total * q
             idx = (_first_reaching(flat, k, g, cols, t) if g >= SEARCH_MIN_COLUMNS
                    else np.minimum((cum < t).sum(axis=0), k - 1))
-            at = idx * g + cols                      # cum[idx, cols], as a flat take
-            below = np.where(idx > 0, flat.take(np.maximum(at - g, 0)), 0.0)
-            inside = flat.take(at) - below
-            frac = np.where(inside > 0, (t - below) / np.where(inside > 0, inside, 1.0), 0.5)
+            at = idx * g
+            at += cols                               # cum[idx, cols], as a flat take
+            below = flat_below.take(at)
+            inside = flat.take(at)
+            inside -= below
+            frac.fill(0.5)                           # an empty bucket: its middle
+            np.divide(t - below, inside, out=frac, where=inside > 0)
+            np.clip(frac, 0.0, 1.0, out=frac)
             b = held[j] = idx + self.first
-            lower = buckets.LOWER_NS.take(b)
-            out[j] = lower + np.clip(frac, 0.0, 1.0) * (buckets.UPPER_NS.take(b) - lower)
+            np.multiply(frac, _WIDTH_NS.take(b), out=out[j])
+            out[j] += buckets.LOWER_NS.take(b)
         out /= 1000.0
         out[:, total <= 0] = np.nan
         return out.T, held
@@ -144,6 +160,9 @@ class Hists:
         return Hists(self.counts_t[:, sel], self.first,
                      None if self.totals is None else self.totals[sel])
 
+
+#: Each bucket's width (ns), as ``UPPER_NS - LOWER_NS`` gives it.
+_WIDTH_NS = buckets.UPPER_NS - buckets.LOWER_NS
 
 #: From this many columns on, :meth:`Hists.quantiles_us` finds the bucket of a quantile by a
 #: binary search; under it (a pooled histogram, a handful of GPUs) by one comparison of the

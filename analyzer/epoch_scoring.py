@@ -315,7 +315,11 @@ def _remember_p50_ratio(job: JobState, api: str, rows: np.ndarray, sc, j: int) -
             grown[:store.size] = store
         store = job.p50_ratio[api] = grown
     ok = sc.scored
-    store[rows[ok]] = sc.ratio[ok, j]
+    ratio = sc.ratio[:, j]
+    if ok.all() and rows.size and rows[0] == 0 and rows[-1] == rows.size - 1:
+        store[:rows.size] = ratio            # sorted unique rows 0..G-1: a slice
+    else:
+        store[rows[ok]] = ratio[ok]
 
 
 def _remember_window(job: JobState, epoch: int, rows: np.ndarray,
@@ -500,11 +504,14 @@ def _shift_checks(hists: Hists, parts: list[_Part], gpu_high: np.ndarray, host_h
         if loc.size == 0 and not hosts:
             continue
         ref = pooled_deciles(hists, None if len(parts) == 1 else sel)
+        # the flagged GPUs and every GPU of the flagged hosts in one pass (each column's
+        # shift is its own)
+        on = np.flatnonzero(np.isin(part.of_gpu, hosts)) if hosts else loc[:0]
+        both = shift_ratios(hists, sel[np.concatenate((loc, on))], ref)
         if loc.size:
-            ok_gpu[sel[loc]] = shift_ratios(hists, sel[loc], ref) >= 1.0 + cfg.min_effect
-        if hosts:                           # every GPU of the flagged hosts in one pass
-            on = np.flatnonzero(np.isin(part.of_gpu, hosts))
-            r = shift_ratios(hists, sel[on], ref)
+            ok_gpu[sel[loc]] = both[:loc.size] >= 1.0 + cfg.min_effect
+        if hosts:
+            r = both[loc.size:]
             gate = 1.0 + float(part.hosts.effect_gate[j])
             host_of = part.of_gpu[on]
             for h in hosts:

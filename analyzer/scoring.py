@@ -126,6 +126,10 @@ def _bucket_holding(x_ns: np.ndarray, near: np.ndarray | None) -> np.ndarray:
     return b
 
 
+#: Each bucket's width (µs).
+_WIDTH_US = (buckets.UPPER_NS - buckets.LOWER_NS) / 1e3
+
+
 def sampling_se_us(hists: Hists, values_us: np.ndarray, stats: tuple[str, ...],
                    near: np.ndarray | None = None) -> np.ndarray:
     """Standard error (µs) of each quantile in ``values_us`` (G, S), read off the GPUs'
@@ -138,7 +142,7 @@ def sampling_se_us(hists: Hists, values_us: np.ndarray, stats: tuple[str, ...],
     k, g = hists.counts_t.shape
     col = np.clip(b - hists.first, 0, k - 1)
     in_bucket = hists.counts_t.ravel().take(col * g + np.arange(g))
-    width_us = (buckets.UPPER_NS.take(b) - buckets.LOWER_NS.take(b)) / 1e3
+    width_us = _WIDTH_US.take(b)
     q = np.asarray([KNOWN_STATS[s] for s in stats])[:, None]
     n = hists.total()
     se = np.sqrt(q * (1.0 - q) * n) * width_us / np.maximum(in_bucket, 1.0)
@@ -178,8 +182,13 @@ def host_allowance(values: np.ndarray, scored: np.ndarray, layout: "HostLayout",
         return out
     mine = ok & use[layout.host]
     # (G, S) around the own host, computed per stat over contiguous GPUs
-    dev = np.abs(np.ascontiguousarray(v.T) - np.ascontiguousarray(med_h.T).take(layout.host,
-                                                                               axis=1)).T
+    if layout.full:                          # GPU i is cell i: its host's median broadcasts
+        s, h = v.shape[1], layout.hosts
+        dev = np.abs(np.ascontiguousarray(v.T).reshape(s, h, layout.slots)
+                     - np.ascontiguousarray(med_h.T)[:, :, None]).reshape(s, -1).T
+    else:
+        dev = np.abs(np.ascontiguousarray(v.T)
+                     - np.ascontiguousarray(med_h.T).take(layout.host, axis=1)).T
     spread, _ = host_medians(dev, mine, layout)              # per-host MAD
     spread = spread[use]
     mad = np.array([np.median(c[np.isfinite(c)]) if np.isfinite(c).any() else 0.0
@@ -203,16 +212,29 @@ FENCE_RECOUNT_MIN = 32
 def _far_count(row: np.ndarray, med: float, mad: float, z_cut: float) -> int:
     """How many values of ``row`` (sorted ascending) have a robust z beyond +-``z_cut``:
     ``(np.abs(0.6745 * (row - med) / mad) > z_cut).sum()`` with ``mad > 0``, found by two
-    binary searches (the z never decreases along a sorted row), each step the same float
-    operations on one value, instead of four passes over the row."""
+    searches for where the z crosses the cut (it never decreases along a sorted row), each
+    step the same float operations on one value, instead of four passes over the row."""
     n = row.size
 
     def z(i: int) -> float:
         return 0.6745 * (row[i] - med) / mad
 
-    below = bisect.bisect_left(range(n), True, key=lambda i: not z(i) < -z_cut)
-    above = bisect.bisect_left(range(n), True, key=lambda i: z(i) > z_cut)
+    # where the cut's values would sit: a guess, confirmed with the z itself
+    span = z_cut * mad / 0.6745
+    below = _first_true(lambda i: not z(i) < -z_cut, n,
+                        int(np.searchsorted(row, med - span, side="left")))
+    above = _first_true(lambda i: z(i) > z_cut, n,
+                        int(np.searchsorted(row, med + span, side="right")))
     return below + n - above
+
+
+def _first_true(pred, n: int, guess: int) -> int:
+    """The first i in 0..n-1 where ``pred`` (False, then True along 0..n-1) holds, n where it
+    never does. Two evaluations confirm a right ``guess`` (the index before it fails, its own
+    holds); a wrong one (rounding, ties at the cut) falls back to a binary search."""
+    if (guess == 0 or not pred(guess - 1)) and (guess == n or pred(guess)):
+        return guess
+    return bisect.bisect_left(range(n), True, key=pred)
 
 
 def _fence_quartiles(x: np.ndarray, q1: np.ndarray, q3: np.ndarray, med: np.ndarray,
@@ -322,8 +344,11 @@ def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
         effect = np.abs(v - med_c) >= absolute_gate
     hi_fence = q3 + cfg.iqr_k * iqr if fence else np.full(s, -np.inf)
     lo_fence = q1 - cfg.iqr_k * iqr if fence else np.full(s, np.inf)
-    high = (z > cfg.z_threshold) & (v > hi_fence[:, None]) & effect & ok
-    low = (z < -cfg.z_threshold) & (v < lo_fence[:, None]) & effect & ok
+    high = (z > cfg.z_threshold) & (v > hi_fence[:, None]) & effect
+    low = (z < -cfg.z_threshold) & (v < lo_fence[:, None]) & effect
+    if not ok.all():                     # (an unscored value is NaN: no comparison holds)
+        high &= ok
+        low &= ok
     return StatScores(stats, v.T, np.asarray(count), ok, med, mad_eff, gate, z.T, ratio.T,
                       high.T, low.T)
 
@@ -345,6 +370,9 @@ class HostLayout:
     slot: np.ndarray     # (G,) position of the GPU within its host
     hosts: int
     slots: int
+    #: every host holds ``slots`` GPUs and GPU i is cell i (GPUs listed host by host, the
+    #: common order): then the (H, slots) grid of a stat is its values reshaped, no scatter
+    full: bool = False
 
     @property
     def cell(self) -> np.ndarray:
@@ -360,7 +388,10 @@ class HostLayout:
         starts = np.cumsum(sizes) - sizes
         slot = np.empty(codes.size, dtype=np.int64)
         slot[order] = np.arange(codes.size) - np.repeat(starts, sizes)
-        return cls(host, slot, int(uniq.size), int(sizes.max()) if sizes.size else 0)
+        slots = int(sizes.max()) if sizes.size else 0
+        full = bool(codes.size) and bool(
+            np.array_equal(host * slots + slot, np.arange(codes.size)))
+        return cls(host, slot, int(uniq.size), slots, full)
 
 
 def host_medians(values: np.ndarray, scored: np.ndarray,
@@ -369,6 +400,11 @@ def host_medians(values: np.ndarray, scored: np.ndarray,
     v = np.asarray(values, dtype=np.float64)
     s = v.shape[1]
     ok = scored & _finite_rows(v)
+    if layout.full and ok.all():             # every cell filled: the values are the grid
+        grid = np.sort(np.ascontiguousarray(v.T).reshape(s, layout.hosts, layout.slots),
+                       axis=2)
+        lo, hi = (layout.slots - 1) // 2, layout.slots // 2
+        return ((grid[:, :, lo] + grid[:, :, hi]) / 2.0).T, np.full(layout.hosts, layout.slots)
     cell = layout.cell[ok]
     # one (H, slots) grid per stat, filled by a 1-D scatter (a 2-D fancy scatter costs ~5x more)
     size = layout.hosts * layout.slots

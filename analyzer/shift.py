@@ -68,8 +68,10 @@ class PeerDeciles:
 def pooled_deciles(hists: Hists, peers: np.ndarray | None = None) -> PeerDeciles:
     """The deciles of the pooled histogram of the ``peers`` columns (None: all of them, without
     copying the matrix), read below ``SPIKE_CUT`` x its median."""
-    counts = hists.counts_t if peers is None else hists.counts_t[:, peers]
-    pooled = Hists(counts.sum(axis=1, keepdims=True), hists.first)
+    if peers is None:                   # a matrix-vector product: exact on whole counts
+        pooled = Hists((hists.counts_t @ np.ones(hists.size))[:, None], hists.first)
+    else:
+        pooled = Hists(hists.counts_t[:, peers].sum(axis=1, keepdims=True), hists.first)
     q = pooled.quantiles_us([0.5, *DECILES])[0]
     median_ns, whole = float(q[0]) * 1e3, q[1:]
     cut = int(np.searchsorted(buckets.LOWER_NS, SPIKE_CUT * median_ns, side="left")) \

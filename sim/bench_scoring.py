@@ -27,6 +27,10 @@ timed back to back on the same epoch, in alternating order, and the table prints
 
 Goals (``--strict`` exits 1 when one is missed): 16,384 GPUs with all APIs in <= 1.3x the
 floor; 131,072 GPUs in <= 100 ms per epoch.
+
+``--rules`` also times, per epoch, the cross-GPU rules alone (:func:`rules_seconds`): what no
+spreading of the work over the window at ingest can move out of the epoch's burst, since each
+rule compares every GPU's value with the median of all of them.
 """
 from __future__ import annotations
 
@@ -43,8 +47,11 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from hypertrace.analyzer.config import ScoringConfig  # noqa: E402
+from hypertrace.analyzer.config import KNOWN_STATS, ScoringConfig  # noqa: E402
+from hypertrace.analyzer.cross_section import CrossSection  # noqa: E402
 from hypertrace.analyzer.engine import Engine  # noqa: E402
+from hypertrace.analyzer.scoring import (HostLayout, sampling_se_us, score_hosts,  # noqa: E402
+                                         score_values)
 from hypertrace.sim.machine import cpu_model  # noqa: E402
 from hypertrace.sim.scoring_floor import floor_flags  # noqa: E402
 from hypertrace.sim.synthetic import job_windows, node_name  # noqa: E402
@@ -63,7 +70,27 @@ def machine_info() -> str:
             f"numpy {np.__version__}")
 
 
-def bench_size(gpus: int, epochs: int, seed: int, all_apis: bool = True) -> dict:
+def rules_seconds(cs: CrossSection, host_codes: np.ndarray, cfg: ScoringConfig) -> float:
+    """Seconds of the robust rules alone on one epoch: per API, the GPUs' p50 and p99 scored
+    against the job (median, MAD, fences, effect) and the hosts' median GPUs against the
+    other hosts. Their inputs (quantiles, sampling errors) are computed first, untimed: those
+    are per GPU and could be read as each window arrives; these rules cannot start before
+    the last window of the epoch."""
+    layout = HostLayout.of(host_codes)
+    qs = [KNOWN_STATS[s] for s in cfg.stats]
+    inputs = []
+    for hists in cs.apis.values():
+        q, near = hists.quantiles_and_buckets(qs)
+        inputs.append((q, hists.total(), sampling_se_us(hists, q, cfg.stats, near)))
+    t = time.perf_counter()
+    for q, total, se in inputs:
+        sc = score_values(q, total, cfg, cfg.stats, se)
+        score_hosts(sc.value_us, sc.scored, layout, cfg, cfg.stats)
+    return time.perf_counter() - t
+
+
+def bench_size(gpus: int, epochs: int, seed: int, all_apis: bool = True,
+               rules: bool = False) -> dict:
     """Ingest and score ``epochs`` epochs of a ``gpus``-GPU job; times per epoch."""
     cfg = ScoringConfig()
     engine = Engine(cfg)
@@ -73,6 +100,7 @@ def bench_size(gpus: int, epochs: int, seed: int, all_apis: bool = True) -> dict
     ingest_s: list[float] = []
     score_s: list[float] = []
     floor_s: list[float] = []
+    rules_s: list[float] = []
     windows = 0
     for e in range(epochs):
         pool = job_windows(pool_nodes, GPUS_PER_NODE, 1, slow={node_name(42): 1.10},
@@ -105,6 +133,11 @@ def bench_size(gpus: int, epochs: int, seed: int, all_apis: bool = True) -> dict
             floor_flags(acc, cfg)
             floor_s.append(time.perf_counter() - t)
         assert len(results) == 1 and len(results[0].verdicts) == gpus
+        if rules:                                  # the accumulator builds again, untimed
+            cs = acc.build()
+            (job,) = engine._jobs.values()
+            rules_s.append(rules_seconds(
+                cs, np.asarray(job.host_codes, dtype=np.int64)[cs.rows], cfg))
     t = time.perf_counter()
     report = engine.report()
     report_s = time.perf_counter() - t
@@ -117,7 +150,9 @@ def bench_size(gpus: int, epochs: int, seed: int, all_apis: bool = True) -> dict
             "floor_ratio": statistics.median([a / b for a, b in zip(steady, floor)]),
             "score_ms_first": score_s[0] * 1e3,
             "ingest_us_per_window": statistics.median(ingest_s) / nodes * 1e6,
-            "report_s": report_s, "stragglers": stragglers}
+            "report_s": report_s, "stragglers": stragglers,
+            "rules_ms_median": statistics.median(rules_s[1:] or rules_s) * 1e3 if rules_s
+            else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--apis", choices=("all", "2"), default="all",
                     help="all: the 10 APIs an agent sends (default); 2: cudaLaunchKernel and "
                          "cudaStreamSynchronize only (the figures before 2026-12)")
+    ap.add_argument("--rules", action="store_true",
+                    help="also time the cross-GPU rules alone per epoch: the part of the "
+                         "scoring that must wait for the epoch's last window")
     ap.add_argument("--strict", action="store_true",
                     help="exit 1 when a goal is missed (default: report it and exit 0, since "
                          "shared machines make single runs noisy)")
@@ -141,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for gpus in (int(x) for x in args.sizes.split(",")):
         epochs = args.epochs if gpus <= 16384 else max(2, args.epochs // 2)
-        r = bench_size(gpus, epochs, args.seed, args.apis == "all")
+        r = bench_size(gpus, epochs, args.seed, args.apis == "all", args.rules)
         marks = []
         goal = GOAL_MS.get(gpus)
         if goal is not None:
@@ -159,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['floor_ms_median']:>9.1f} {r['floor_ratio']:>8.2f} "
               f"{r['ingest_us_per_window']:>17.0f} {r['report_s']:>9.2f}  "
               f"{','.join(r['stragglers']) or '-'}{mark}")
+        if r["rules_ms_median"] is not None:
+            print(f"{'':>8} rules alone (after the epoch's last window): "
+                  f"{r['rules_ms_median']:.1f} ms per epoch")
         sys.stdout.flush()
     sizes = [int(x) for x in args.sizes.split(",")]
     if any(g // GPUS_PER_NODE > POOL_NODES for g in sizes):

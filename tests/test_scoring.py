@@ -2,6 +2,7 @@
 minimum samples, both tails, per-kind and per-job comparison."""
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -106,6 +107,29 @@ def test_host_medians_are_the_median_of_each_hosts_scored_gpus():
     by_host = dict(zip(layout.host[[0, 3]].tolist(), [0, 1]))
     assert med[layout.host[0], 0] == 3.0 and med[layout.host[3], 0] == 15.0
     assert n[layout.host[0]] == 3 and n[layout.host[3]] == 2 and len(by_host) == 2
+
+
+def test_full_host_grid_gives_the_same_host_medians_scores_and_allowance_as_the_scatter():
+    # GPUs listed host by host, 8 each: the grid is the values reshaped (HostLayout.full);
+    # with the scatter path forced, every number must be the same
+    rng = np.random.default_rng(5)
+    v = np.exp(rng.normal(2.0, 0.05, (2, 512))).T                 # (G, S) view, as scored
+    full = HostLayout.of(np.repeat(np.arange(64), 8))
+    scatter = dataclasses.replace(full, full=False)
+    assert full.full and not HostLayout.of(np.array([3, 1, 3, 1])).full
+    for scored in (np.ones(512, dtype=bool), np.arange(512) % 37 != 0):
+        for a, b in zip(host_medians(v, scored, full), host_medians(v, scored, scatter)):
+            assert np.array_equal(a, b, equal_nan=True)
+        med = np.median(v[scored], axis=0)
+        assert np.array_equal(host_allowance(v, scored, full, med, CFG),
+                              host_allowance(v, scored, scatter, med, CFG))
+        (hs_full, of_full), (hs_scatter, of_scatter) = (
+            score_hosts(v, scored, lay, CFG, CFG.stats) for lay in (full, scatter))
+        assert np.array_equal(of_full, of_scatter)
+        for name in ("value_us", "median_us", "mad_us", "effect_gate", "robust_z", "high",
+                     "low"):
+            assert np.array_equal(getattr(hs_full, name), getattr(hs_scatter, name),
+                                  equal_nan=True), name
 
 
 def test_a_host_measured_under_min_effect_is_flagged_through_its_median():
@@ -382,11 +406,12 @@ def test_far_count_equals_counting_every_robust_z():
     from hypertrace.analyzer.scoring import _far_count
     rng = np.random.default_rng(9)
     for n in (1, 2, 5, 32, 1000):
-        for spread in (0.01, 1.0, 30.0):
+        for spread in (0.0, 0.01, 1.0, 30.0):
             row = np.sort(np.round(rng.normal(10.0, spread, n), 2))
             med, mad = float(np.median(row)), max(float(np.median(np.abs(row - np.median(row)))),
                                                    1e-9)
-            for z_cut in (0.0, 1.0, 3.5):
+            # the cut's own values too: 3.5 MADs from the median sit exactly at +-z 3.5
+            for z_cut in (0.0, 1.0, 3.5, float(np.abs(0.6745 * (row[-1] - med) / mad))):
                 want = int((np.abs(0.6745 * (row - med) / mad) > z_cut).sum())
                 assert _far_count(row, np.float64(med), np.float64(mad), z_cut) == want
 

@@ -46,3 +46,9 @@ def test_bench_reports_flush_time_over_the_floor():
     r = bench_size(512, 3, seed=1)
     assert r["floor_ms_median"] > 0 and r["floor_ratio"] > 0
     assert r["stragglers"] == [node_name(42)]
+
+
+def test_bench_times_the_rules_that_wait_for_the_last_window_only_when_asked():
+    assert bench_size(512, 2, seed=1)["rules_ms_median"] is None
+    r = bench_size(512, 2, seed=1, rules=True)
+    assert r["rules_ms_median"] > 0

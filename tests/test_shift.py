@@ -40,6 +40,22 @@ def test_a_different_kernel_mix_moves_the_p50_not_the_shift():
     assert shift.max() / shift.min() < 1.06 and np.all(np.abs(shift - 1.0) < 0.04)
 
 
+def test_each_gpus_shift_and_the_whole_class_reference_do_not_depend_on_what_is_read_with_them():
+    # the engine reads the flagged GPUs and the flagged hosts' GPUs in one call, and the pooled
+    # reference of a whole class by a matrix-vector product: the same numbers as one by one
+    cfg = SimConfig(gpus=64, windows=4, seed=3, step_ms=0,
+                    stragglers=(Straggler("node-0002", 1.10, where="host"),))
+    h = _hists(cfg)
+    ref = pooled_deciles(h)
+    by_columns = pooled_deciles(h, np.arange(64))
+    assert ref.cut == by_columns.cut and np.array_equal(ref.deciles, by_columns.deciles)
+    assert np.array_equal(ref.whole, by_columns.whole)
+    cols = np.array([3, 17, 16, 18, 19, 40])
+    together = shift_ratios(h, cols, ref)
+    alone = np.concatenate([shift_ratios(h, cols[i:i + 1], ref) for i in range(cols.size)])
+    assert np.array_equal(together, alone)
+
+
 def test_a_gpu_without_samples_has_no_shift():
     h = Hists(np.zeros((5, 3)), 40)
     h.counts_t[2, :2] = 100
