@@ -191,10 +191,15 @@ class Sender:
             self._acked(idx, await call.read())
             await asyncio.sleep(self.spec.idle_close_s)
             await call.done_writing()
-            await call
+            code = await call.code()
+            if code != grpc.StatusCode.OK:
+                self.errors.append(f"node {self.spec.nodes[pos]}: {code.name}: "
+                                   f"{await call.details()}")
         except grpc.RpcError as exc:
             self.errors.append(f"node {self.spec.nodes[pos]}: {exc.code().name}: "
                                f"{exc.details()}")
+        except Exception as exc:          # noqa: BLE001 - counted, the run reports it
+            self.errors.append(f"node {self.spec.nodes[pos]}: {exc!r}")
 
     async def _shared(self, q: asyncio.Queue, channel: Any) -> None:
         """One long-lived stream carrying many nodes' windows; acks come back in order."""
@@ -220,9 +225,13 @@ class Sender:
                 await call.write(item[1])
             await call.done_writing()
             await rd
-            await call
+            code = await call.code()
+            if code != grpc.StatusCode.OK:
+                self.errors.append(f"shared stream: {code.name}: {await call.details()}")
         except grpc.RpcError as exc:
             self.errors.append(f"shared stream: {exc.code().name}: {exc.details()}")
+        except Exception as exc:          # noqa: BLE001 - counted, the run reports it
+            self.errors.append(f"shared stream: {exc!r}")
 
     async def wait_acked(self, lo: int, hi: int, timeout: float) -> bool:
         """Wait until windows ``lo .. hi - 1`` are acked; False on timeout, or when a stream
