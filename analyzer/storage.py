@@ -419,19 +419,43 @@ class Storage:
         with a smaller id went through ``on_stored`` already (the analyzer queues windows for
         its Engine there; an Engine snapshot then names the last id it holds).
         """
+        item = self._queue_item(w, payload, received_ns, on_stored)
+        self._commit_queued([item])
+        return item.result()
+
+    def add_windows(self, windows: Iterable[tuple[pb.NodeWindow, bytes | None,
+                                                  Callable[[int], None] | None]],
+                    received_ns: int | None = None) -> list[bool | BaseException]:
+        """:meth:`add_window` for many windows at once, in one group: ``(window, payload,
+        on_stored)`` each; per window, True (new), False (a replay) or the exception
+        :meth:`add_window` would raise for it. For a caller that collects windows itself (the
+        server's event loop): one call, one wait, instead of a thread blocked per window."""
+        items = [self._queue_item(w, payload, received_ns, on_stored)
+                 for w, payload, on_stored in windows]
+        if items:
+            self._commit_queued(items)
+        return [it.error if it.error is not None else it.new for it in items]
+
+    def _queue_item(self, w: pb.NodeWindow, payload: bytes | None, received_ns: int | None,
+                    on_stored: Callable[[int], None] | None) -> _Queued:
         data = payload if payload is not None else w.SerializeToString()
         # compressed here, in the caller's thread, not under the commit lock
-        item = _Queued((w.agent_id, int(w.seq), w.node, w.start.ToNanoseconds(),
+        return _Queued((w.agent_id, int(w.seq), w.node, w.start.ToNanoseconds(),
                         w.end.ToNanoseconds(),
                         received_ns if received_ns is not None else time.time_ns(),
                         encode_payload(data), CODEC_ZLIB_DICT1), data, on_stored)
+
+    def _commit_queued(self, items: list[_Queued]) -> None:
+        """Return once ``items`` (queued together, so in one group) are committed: by the
+        leader of a group under way, or as the leader of the next one."""
+        last = items[-1]
         with self._group_cv:
-            self._queued.append(item)
-            while not item.done and self._committing:
+            self._queued.extend(items)
+            while not last.done and self._committing:
                 self._group_cv.wait()
-            if item.done:
-                return item.result()
-            group, self._queued = self._queued, []   # our item is in it: we lead this group
+            if last.done:
+                return
+            group, self._queued = self._queued, []   # our items are in it: we lead this group
             self._committing = True
         try:
             self._commit_group(group)
@@ -441,7 +465,6 @@ class Storage:
                 for it in group:
                     it.done = True
                 self._group_cv.notify_all()
-        return item.result()
 
     def _commit_group(self, group: list[_Queued]) -> None:
         """Insert a group of windows in one transaction; record per window new/duplicate."""
