@@ -612,6 +612,9 @@ class AnalyzerServer:
     def __init__(self, analyzer: Analyzer, options: ServerOptions = ServerOptions()):
         self.analyzer = analyzer
         self.options = options
+        # the retention pass compacts windows into blocks minutes after they ended: compressing
+        # each one at ingest as well would cost CPU per window for those minutes only
+        analyzer.storage.compress_at_ingest = not options.retention_hours
         self.port: int | None = None
         self.metrics_port: int | None = None
         self._metrics_server = None
