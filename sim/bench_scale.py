@@ -526,8 +526,9 @@ def compare(cfg: ScaleConfig, base_path: str, rounds: int, workdir: Path,
             mx = f"{r.max_wps:,.0f}" if r.max_wps else "-"
             print(f"{label} round {k + 1}: {r.cpu_ms_per_window:.3f} ms CPU per window "
                   f"({r.cpu_cores:.3f} cores), peak RSS {r.peak_rss_mb:,.0f} MB, max {mx} "
-                  f"windows/s, p99 beyond grace "
-                  f"{r.beyond_grace_p99_s:+.2f} s, late {r.late_windows}, exactly once "
+                  f"windows/s, verdicts p99 beyond grace {r.beyond_grace_p99_s:+.2f} s, ack "
+                  f"p99 {r.ack_p99_s:.3f} s ({r.ack_beyond_grace_p99_s:+.2f} s beyond grace), "
+                  f"late {r.late_windows}, exactly once "
                   f"{'yes' if r.exactly_once else 'NO'} (sent {r.windows_sent:,}, acked "
                   f"{r.windows_acked:,}, stored {r.windows_stored:,}), stragglers "
                   f"{r.stragglers}", flush=True)
