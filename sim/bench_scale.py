@@ -538,6 +538,8 @@ def compare(cfg: ScaleConfig, base_path: str, rounds: int, workdir: Path,
           f"head/base {med['head'] / med['base']:.3f}")
     print(f"median max rate: base {mx['base']:,.0f}, head {mx['head']:,.0f} windows/s -> "
           f"head/base {mx['head'] / mx['base']:.3f}")
+    ack = {k: float(np.median([r.ack_p99_s for r in v])) for k, v in runs.items()}
+    print(f"median ack p99 at the generator: base {ack['base']:.3f} s, head {ack['head']:.3f} s")
     rss = {k: float(np.median([r.peak_rss_mb for r in v])) for k, v in runs.items()}
     print(f"median peak RSS: base {rss['base']:,.0f} MB, head {rss['head']:,.0f} MB")
     all_runs = runs["base"] + runs["head"]

@@ -14,8 +14,8 @@ payload compression) and acks it after the commit, so exactly-once holds on both
 
 * ``sync``: ``grpc.server`` with a thread pool, a worker thread per stream (the analyzer's
   layout until it moved to grpc.aio);
-* ``aio``: ``grpc.aio.server``, one event loop; the blocking store runs in a thread pool of as
-  many threads as there are streams (``run_in_executor``), so commits still group.
+* ``aio``: ``grpc.aio.server``, one event loop; accepted windows wait on the loop and go to
+  the store's thread in groups, one commit each (the analyzer's ``_StoreQueue``).
 
 No validation and no Engine: both are the same Python on either side. The load generator (this
 process, :class:`hypertrace.sim.scale_load.Sender`) sends each epoch's windows of every node at once
@@ -79,18 +79,23 @@ def serve_sync(db: str, workers: int) -> None:
 
 
 def serve_aio(db: str, workers: int) -> None:
-    """One event loop for every stream; the blocking store in a pool of up to 64 threads (the
-    analyzer's layout, analyzer/server.py)."""
+    """One event loop for every stream; accepted windows stored in groups by the analyzer's own
+    store queue (analyzer/server.py: one hop to the store's thread per group)."""
     import grpc
 
+    from hypertrace.analyzer.server import STORE_THREADS, Analyzer, _Refused, _StoreQueue
+
     storage = Storage.open(db)
-    pool = futures.ThreadPoolExecutor(max_workers=min(workers, 64))
+    pool = futures.ThreadPoolExecutor(max_workers=STORE_THREADS)
+    store = _StoreQueue(Analyzer(storage), pool, None)
 
     async def stream(requests: AsyncIterator[bytes], context) -> AsyncIterator[pb.Ack]:
-        loop = asyncio.get_running_loop()
         async for raw in requests:
             w = pb.NodeWindow.FromString(raw)
-            new = await loop.run_in_executor(pool, storage.add_window, w, raw)
+            new = await store.store(w, raw)
+            if isinstance(new, _Refused):
+                await context.abort(new.code, new.details)
+                return
             yield _ack(w, new)
 
     async def run() -> None:
