@@ -555,8 +555,19 @@ class _StoreQueue:
             self._task = None
 
 
-#: Threads that run the store's commits: one group at a time comes from the event loop.
-STORE_THREADS = 1
+def _store_one(analyzer: Any, w: pb.NodeWindow, raw: bytes,
+               on_broken: Callable[[], None] | None) -> bool | _Refused:
+    """Store one window through an analyzer that takes windows one by one (the cluster edge,
+    which publishes each to JetStream): True (new), False (a duplicate) or its refusal."""
+    try:
+        return analyzer.ingest(w, raw)
+    except Exception as exc:
+        return _refusal(analyzer, exc, w, on_broken)
+
+
+#: Threads that run the store: the single-process analyzer sends one group at a time; an
+#: analyzer that takes windows one by one (the cluster edge) waits on one thread per window.
+STORE_THREADS = 64
 
 
 def _ingest_handler(analyzer: Analyzer, access: Access | None, store_pool: futures.Executor,
@@ -571,14 +582,18 @@ def _ingest_handler(analyzer: Analyzer, access: Access | None, store_pool: futur
     window is checked on the loop and only the blocking store goes to ``store_pool``, in groups
     (:class:`_StoreQueue`); the ack is sent once the store returned, so after the commit that
     holds the window."""
-    store = _StoreQueue(analyzer, store_pool, on_broken)
+    store = (_StoreQueue(analyzer, store_pool, on_broken) if hasattr(analyzer, "ingest_many")
+             else None)
 
     async def stream(request_iterator: AsyncIterator[bytes],
                      context: Any) -> AsyncIterator[pb.Ack]:
+        loop = asyncio.get_running_loop()
         async for raw in request_iterator:
             try:
                 w, raw, dropped = _accept(raw, context, access, max_skew_s)
-                new = await store.store(w, raw)
+                new = (await store.store(w, raw) if store is not None else
+                       await loop.run_in_executor(store_pool, _store_one, analyzer, w, raw,
+                                                  on_broken))
                 if isinstance(new, _Refused):
                     raise new
             except _Refused as refused:
@@ -625,7 +640,8 @@ class AnalyzerServer:
         self.options = options
         # the retention pass compacts windows into blocks minutes after they ended: compressing
         # each one at ingest as well would cost CPU per window for those minutes only
-        analyzer.storage.compress_at_ingest = not options.retention_hours
+        if hasattr(analyzer.storage, "compress_at_ingest"):
+            analyzer.storage.compress_at_ingest = not options.retention_hours
         self.port: int | None = None
         self.metrics_port: int | None = None
         self._metrics_server = None

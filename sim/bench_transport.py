@@ -83,10 +83,10 @@ def serve_aio(db: str, workers: int) -> None:
     store queue (analyzer/server.py: one hop to the store's thread per group)."""
     import grpc
 
-    from hypertrace.analyzer.server import STORE_THREADS, Analyzer, _Refused, _StoreQueue
+    from hypertrace.analyzer.server import Analyzer, _Refused, _StoreQueue
 
     storage = Storage.open(db)
-    pool = futures.ThreadPoolExecutor(max_workers=STORE_THREADS)
+    pool = futures.ThreadPoolExecutor(max_workers=1)     # one group at a time
     store = _StoreQueue(Analyzer(storage), pool, None)
 
     async def stream(requests: AsyncIterator[bytes], context) -> AsyncIterator[pb.Ack]:

@@ -349,9 +349,12 @@ class LoadProcesses:
         for k, c in enumerate(self._conns):
             if not c.poll(READY_TIMEOUT_S):
                 raise RuntimeError(f"generator {k} did not say {what} in {READY_TIMEOUT_S:g} s")
-            tag, _ = c.recv()
+            try:
+                tag, detail = c.recv()
+            except EOFError:
+                raise RuntimeError(f"generator {k} exited before it said {what}") from None
             if tag != what:
-                raise RuntimeError(f"generator {k}: expected {what}, got {tag}")
+                raise RuntimeError(f"generator {k}: expected {what}, got {tag}: {detail}")
 
     def connect(self, plan: Plan) -> None:
         """Every worker opens its connections (one per agent with agent streams)."""
