@@ -186,20 +186,23 @@ class Sender:
         import grpc
 
         call = self._call(self._channels[pos])
+        stage = "write"                   # where a failure happened, in its error
         try:
             await call.write(payload)
+            stage = "ack"
             self._acked(idx, await call.read())
             await asyncio.sleep(self.spec.idle_close_s)
+            stage = "close"
             await call.done_writing()
             code = await call.code()
             if code != grpc.StatusCode.OK:
-                self.errors.append(f"node {self.spec.nodes[pos]}: {code.name}: "
+                self.errors.append(f"node {self.spec.nodes[pos]} at {stage}: {code.name}: "
                                    f"{await call.details()}")
         except grpc.RpcError as exc:
-            self.errors.append(f"node {self.spec.nodes[pos]}: {exc.code().name}: "
+            self.errors.append(f"node {self.spec.nodes[pos]} at {stage}: {exc.code().name}: "
                                f"{exc.details()}")
         except Exception as exc:          # noqa: BLE001 - counted, the run reports it
-            self.errors.append(f"node {self.spec.nodes[pos]}: {exc!r}")
+            self.errors.append(f"node {self.spec.nodes[pos]} at {stage}: {exc!r}")
 
     async def _shared(self, q: asyncio.Queue, channel: Any) -> None:
         """One long-lived stream carrying many nodes' windows; acks come back in order."""
