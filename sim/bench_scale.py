@@ -40,7 +40,9 @@ Figures (from the database after the analyzer stopped, so nothing is estimated f
   ``created_ns`` of the epoch's row in ``epochs`` (stored with its verdicts). It includes the grace by design; the part beyond
   ``epoch end + grace`` is reported separately (the analyzer's own delay);
 * late windows: received after their epoch was scored (counted, never scored: a miss);
-* exactly once: windows stored == sent == acked, no duplicate acks;
+* exactly once: windows stored == sent == acked, no duplicate acks (a window whose stream failed
+  before its ack is sent again on a new stream, as the uplink does, and counted as resent; only
+  its ack may say duplicate);
 * SQLite bytes per hour: database size after a WAL checkpoint / epochs covered x epochs per hour.
 
 Acks are timed at the generator (wall clock, per window): write -> ack, and the ack against its
@@ -151,7 +153,8 @@ class ScaleResult:
     gpus: int
     windows_sent: int = 0
     windows_acked: int = 0
-    duplicate_acks: int = 0
+    duplicate_acks: int = 0           # of windows sent once (a resend's may say duplicate)
+    resent_windows: int = 0           # sent again after their stream failed before the ack
     windows_stored: int = 0
     epochs_scored: int = 0
     late_windows: int = 0
@@ -334,7 +337,8 @@ def _from_generators(results: list, cfg: ScaleConfig, plan: Plan, res: ScaleResu
     ack = np.concatenate([r.ack_ns for r in parts])
     res.windows_sent = int((sent > 0).sum())
     res.windows_acked = int((ack > 0).sum())
-    res.duplicate_acks = int(sum(int(r.duplicate.sum()) for r in parts))
+    res.duplicate_acks = int(sum(int((r.duplicate & (r.resent == 0)).sum()) for r in parts))
+    res.resent_windows = int(sum(int((r.resent > 0).sum()) for r in parts))
     res.generator_cpu_s = float(sum(r.cpu_s for r in parts))
     measured = (epoch >= cfg.warmup_epochs) & (epoch < plan.paced_epochs) & (ack > 0)
     lat = (ack[measured] - sent[measured]) / 1e9
@@ -472,7 +476,8 @@ def describe(r: ScaleResult) -> str:
         f"job: {r.gpus:,} GPUs ({r.nodes:,} nodes x {r.gpus // r.nodes}), "
         f"{r.window_seconds:g} s windows",
         f"windows: sent {r.windows_sent:,}, acked {r.windows_acked:,}, stored "
-        f"{r.windows_stored:,}, duplicate acks {r.duplicate_acks}, late {r.late_windows}"
+        f"{r.windows_stored:,}, duplicate acks {r.duplicate_acks}, resent after a failed "
+        f"stream {r.resent_windows}, late {r.late_windows}"
         + (f", stream errors {r.stream_errors[:3]}" if r.stream_errors else "")
         + f" -> exactly once: {'yes' if r.exactly_once else 'NO'}",
         f"ingest: {r.sustained_wps:,.1f} windows/s offered (paced, in bursts"

@@ -35,6 +35,9 @@ from hypertrace.proto.wire import STREAM_METHOD, WIRE_VERSION
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 16 * 1024 * 1024)]
 #: seconds a worker may take to start and connect before the run gives up
 READY_TIMEOUT_S = 300.0
+#: times an agent sends a window again on a new stream when its stream failed before the ack
+#: (the uplink keeps it in its spool and resends; an ack of a resend may say duplicate)
+RESENDS = 3
 
 
 def raise_fd_limit() -> int:
@@ -116,13 +119,15 @@ class WorkerSpec:
 @dataclass
 class WorkerResult:
     """Per window of the worker (index = plan epoch * len(nodes) + position): plan epoch, when
-    it was due, written and acked (0: never acked), whether the ack said duplicate."""
+    it was due, written and acked (0: never acked), whether the ack said duplicate, and how
+    often it was sent again after its stream failed before the ack."""
 
     epoch: np.ndarray
     due_ns: np.ndarray
     sent_ns: np.ndarray
     ack_ns: np.ndarray
     duplicate: np.ndarray
+    resent: np.ndarray
     errors: list[str] = field(default_factory=list)
     cpu_s: float = 0.0
 
@@ -138,6 +143,7 @@ class Sender:
         self.sent_ns = np.zeros(n_windows, np.int64)
         self.ack_ns = np.zeros(n_windows, np.int64)
         self.duplicate = np.zeros(n_windows, np.bool_)
+        self.resent = np.zeros(n_windows, np.int16)
         self.errors: list[str] = []
         self.tasks: set[asyncio.Task] = set()
         if spec.agent_streams:
@@ -185,24 +191,31 @@ class Sender:
         closed ``idle_close_s`` after the ack."""
         import grpc
 
-        call = self._call(self._channels[pos])
-        stage = "write"                   # where a failure happened, in its error
-        try:
-            await call.write(payload)
-            stage = "ack"
-            self._acked(idx, await call.read())
-            await asyncio.sleep(self.spec.idle_close_s)
-            stage = "close"
-            await call.done_writing()
-            code = await call.code()
-            if code != grpc.StatusCode.OK:
-                self.errors.append(f"node {self.spec.nodes[pos]} at {stage}: {code.name}: "
-                                   f"{await call.details()}")
-        except grpc.RpcError as exc:
-            self.errors.append(f"node {self.spec.nodes[pos]} at {stage}: {exc.code().name}: "
-                               f"{exc.details()}")
-        except Exception as exc:          # noqa: BLE001 - counted, the run reports it
-            self.errors.append(f"node {self.spec.nodes[pos]} at {stage}: {exc!r}")
+        for attempt in range(RESENDS + 1):
+            call = self._call(self._channels[pos])
+            stage = "write"               # where a failure happened, in its error
+            try:
+                await call.write(payload)
+                stage = "ack"
+                self._acked(idx, await call.read())
+                await asyncio.sleep(self.spec.idle_close_s)
+                stage = "close"
+                await call.done_writing()
+                code = await call.code()
+                if code != grpc.StatusCode.OK:
+                    self.errors.append(f"node {self.spec.nodes[pos]} at {stage}: {code.name}: "
+                                       f"{await call.details()}")
+                return
+            except grpc.RpcError as exc:
+                if stage != "close" and attempt < RESENDS:
+                    self.resent[idx] += 1
+                    await asyncio.sleep(0.2 * 2 ** attempt)
+                    continue
+                self.errors.append(f"node {self.spec.nodes[pos]} at {stage}: "
+                                   f"{exc.code().name}: {exc.details()}")
+            except Exception as exc:      # noqa: BLE001 - counted, the run reports it
+                self.errors.append(f"node {self.spec.nodes[pos]} at {stage}: {exc!r}")
+            return
 
     async def _shared(self, q: asyncio.Queue, channel: Any) -> None:
         """One long-lived stream carrying many nodes' windows; acks come back in order."""
@@ -297,7 +310,8 @@ async def _drive(spec: WorkerSpec, conn: Any) -> WorkerResult:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return WorkerResult(epoch=np.repeat(np.arange(epochs, dtype=np.int32), n), due_ns=due,
                         sent_ns=sender.sent_ns, ack_ns=sender.ack_ns,
-                        duplicate=sender.duplicate, errors=sender.errors,
+                        duplicate=sender.duplicate, resent=sender.resent,
+                        errors=sender.errors,
                         cpu_s=ru.ru_utime + ru.ru_stime)
 
 
