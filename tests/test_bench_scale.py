@@ -89,3 +89,25 @@ def test_a_failed_goal_check_says_the_run_did_not_keep_up():
     failed = [what for what, ok in r.checks() if not ok]
     assert len(failed) == 2 and not r.keeps_up
     assert any("cores" in w for w in failed) and any("ack p99" in w for w in failed)
+
+
+def test_only_a_resent_windows_ack_may_say_duplicate():
+    # A window whose stream failed before its ack is sent again (as the uplink resends from
+    # its spool); if the first copy was stored after all, its ack says duplicate: not a fault.
+    import numpy as np
+
+    from hypertrace.sim.bench_scale import ScaleResult, _from_generators
+    from hypertrace.sim.scale_load import Plan, WorkerResult
+
+    cfg = ScaleConfig(nodes=4, warmup_epochs=0, epochs=1, blast_epochs=0)
+    plan = Plan(first_epoch=10, paced_epochs=1, blast_epochs=0, win_ns=10**10, blast_at_ns=0)
+    one = np.ones(4, np.int64)
+    part = WorkerResult(epoch=np.zeros(4, np.int32), due_ns=one, sent_ns=one * 2,
+                        ack_ns=one * 3, duplicate=np.array([False, True, False, False]),
+                        resent=np.array([0, 1, 0, 0], np.int16))
+    r = ScaleResult(nodes=4, gpus=32)
+    _from_generators([part], cfg, plan, r)
+    assert (r.windows_sent, r.windows_acked, r.duplicate_acks, r.resent_windows) == (4, 4, 0, 1)
+    part.duplicate[0] = True                       # a window sent once acked as a duplicate
+    _from_generators([part], cfg, plan, r)
+    assert r.duplicate_acks == 1
