@@ -79,7 +79,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -277,7 +276,10 @@ def start_analyzer(cfg: ScaleConfig, workdir: Path,
                    "--flush-interval", str(cfg.flush_interval),
                    "--synchronous", cfg.synchronous,
                    "--max-workers", str(server_workers(cfg))],
-            stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+            stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
+            # pinned before it starts: thread pools sized at import (OpenBLAS's) see its CPUs
+            preexec_fn=(lambda: os.sched_setaffinity(0, set(cfg.analyzer_cores)))
+            if cfg.analyzer_cores else None)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         m = re.search(r"listening on \S+:(\d+)", log_path.read_text())
@@ -311,11 +313,6 @@ def _sleep_until(t_ns: int) -> None:
     left = (t_ns - time.time_ns()) / 1e9
     if left > 0:
         time.sleep(left)
-
-
-def _pin(pid: int, cpus: Sequence[int]) -> None:
-    if cpus:
-        os.sched_setaffinity(pid, set(cpus))
 
 
 def _p(x: np.ndarray, q: float) -> float:
@@ -377,7 +374,6 @@ def run_scale(cfg: ScaleConfig, workdir: Path, pool: WindowPool | None = None,
     proc, target, db = start_analyzer(cfg, workdir)
     gen: LoadProcesses | None = None
     try:
-        _pin(proc.pid, cfg.analyzer_cores)
         gen = LoadProcesses(target, str(pool_file), order, delays, cfg.generator_procs,
                             cfg.agent_streams, cfg.streams, cfg.idle_close_s, cfg.channels,
                             cfg.generator_cores)
