@@ -274,6 +274,9 @@ class Analyzer:
         and none after it is (Storage.add_window's on_stored)."""
         from hypertrace.analyzer import snapshot
         try:
+            # most of the queue is fed while commits go on (a burst still arriving during
+            # scoring can leave thousands); held, only what was committed since is fed
+            self._feed(late)
             with self.storage.commits_held() as upto:
                 self._feed(late)
             return upto, snapshot.capture(self._engine)
