@@ -31,8 +31,11 @@ import numpy as np
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import STREAM_METHOD, WIRE_VERSION
 
-#: gRPC channel options of a simulated agent (a window is at most a few MB)
-CHANNEL_OPTIONS = [("grpc.max_send_message_length", 16 * 1024 * 1024)]
+#: gRPC channel options of a simulated agent (a window is at most a few MB). Each channel gets
+#: a subchannel pool of its own: with grpc's global pool every channel of a process to the same
+#: target shares one TCP connection, and "a connection per agent" would be one per process.
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", 16 * 1024 * 1024),
+                   ("grpc.use_local_subchannel_pool", 1)]
 #: seconds a worker may take to start and connect before the run gives up
 READY_TIMEOUT_S = 300.0
 #: times an agent sends a window again on a new stream when its stream failed before the ack

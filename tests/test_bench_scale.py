@@ -111,3 +111,11 @@ def test_only_a_resent_windows_ack_may_say_duplicate():
     part.duplicate[0] = True                       # a window sent once acked as a duplicate
     _from_generators([part], cfg, plan, r)
     assert r.duplicate_acks == 1
+
+
+def test_every_simulated_agent_has_a_connection_of_its_own():
+    # grpc's global subchannel pool would put every channel of a process to one target on one
+    # TCP connection: real agents each hold their own.
+    from hypertrace.sim.scale_load import CHANNEL_OPTIONS
+
+    assert ("grpc.use_local_subchannel_pool", 1) in CHANNEL_OPTIONS
