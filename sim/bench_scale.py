@@ -516,7 +516,8 @@ def compare(cfg: ScaleConfig, base_path: str, rounds: int, workdir: Path,
     """The same paced run against the analyzer of ``base_path`` and of this tree, alternating
     (base, head, base, head, ...) so that both meet the same machine noise; prints the CPU per
     window of each and the ratio of their medians. Exit status 1 when a run lost a window or the
-    two found different stragglers."""
+    two found different stragglers, or when a run of this tree failed a check of "keeps up"
+    (the goal flags)."""
     runs: dict[str, list[ScaleResult]] = {"base": [], "head": []}
     for k in range(rounds):
         for label, path in (("base", base_path), ("head", "")):
@@ -531,8 +532,11 @@ def compare(cfg: ScaleConfig, base_path: str, rounds: int, workdir: Path,
                   f"p99 {r.ack_p99_s:.3f} s ({r.ack_beyond_grace_p99_s:+.2f} s beyond grace), "
                   f"late {r.late_windows}, exactly once "
                   f"{'yes' if r.exactly_once else 'NO'} (sent {r.windows_sent:,}, acked "
-                  f"{r.windows_acked:,}, stored {r.windows_stored:,}), stragglers "
-                  f"{r.stragglers}", flush=True)
+                  f"{r.windows_acked:,}, stored {r.windows_stored:,}, resent "
+                  f"{r.resent_windows:,}), stragglers {r.stragglers}", flush=True)
+            failed = [what for what, ok in r.checks() if not ok]
+            if failed:
+                print(f"  {label} round {k + 1} failed: {'; '.join(failed)}", flush=True)
     med = {k: float(np.median([r.cpu_ms_per_window for r in v])) for k, v in runs.items()}
     mx = {k: float(np.median([r.max_wps or np.nan for r in v])) for k, v in runs.items()}
     print(f"\nmedian CPU per window: base {med['base']:.3f} ms, head {med['head']:.3f} ms -> "
@@ -547,7 +551,9 @@ def compare(cfg: ScaleConfig, base_path: str, rounds: int, workdir: Path,
     ok = (all(r.exactly_once for r in all_runs)
           and len({tuple(r.stragglers) for r in all_runs}) == 1)
     print(f"every run exactly once, same stragglers: {'yes' if ok else 'NO'}")
-    return 0 if ok else 1
+    head_ok = all(r.keeps_up for r in runs["head"])
+    print(f"head keeps up (every check, every round): {'YES' if head_ok else 'NO'}")
+    return 0 if ok and head_ok else 1
 
 
 def _cpu_list(text: str) -> tuple[int, ...]:
