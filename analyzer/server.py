@@ -8,8 +8,10 @@ dropped and counted, the rest of the window kept) here.
 
 Per window: validate -> store durably in SQLite -> Ack(seq); the Engine is fed from the queue of
 stored windows. The server is grpc.aio: every Ingest stream is a coroutine on one event loop
-(validation runs there), and only the store's wait for its group commit runs in a thread pool;
-one stream per agent therefore costs no thread (sim/bench_transport.py measures why).
+(validation runs there), so one stream per agent costs no thread (sim/bench_transport.py
+measures why). Accepted windows of all streams wait on the loop and go to the store's thread
+together, one commit per group (:class:`_StoreQueue`): one hop between the loop and a thread per
+group, not per window.
 
 A window whose ``(agent_id, seq)`` is already stored is acked with ``duplicate=true`` and not fed
 again, so agents may replay their spool freely. An invalid window aborts only that stream; the server keeps
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 from collections import deque
 import time
@@ -66,6 +69,14 @@ def _default_engine_factory(config: Any) -> Any:
     return Engine(config)
 
 
+#: Windows fed to the Engine between two hand-overs of the GIL. Feeding a burst's windows is
+#: seconds of Python at 16,384 agents; the event loop, back from waiting on its sockets, would
+#: otherwise wait for the interpreter's switch interval at every turn and acks would queue behind
+#: the feed. A hand-over when nobody waits costs a system call.
+FEED_YIELD_EVERY = 32
+#: The interpreter's switch interval in the analyzer (s; Python's default 0.005): how long the
+#: event loop may wait for the GIL while another thread scores or feeds the Engine.
+SWITCH_INTERVAL_S = 0.0005
 #: How often the evictor re-reviews a job whose convicted GPUs did not change (ns).
 REVIEW_EVERY_NS = 60 * 10**9
 #: Default retention of the raw windows (hours) and of their 5-minute summaries (days): about
@@ -167,14 +178,31 @@ class Analyzer:
         job or a scoring pass holds that lock for a second, and every agent's ack would wait
         behind it. The queue is drained (in arrival order) by the background pass, and before
         every flush, report and job list, so they see every window acked before them."""
-        # queued when its commit is done, under the store's lock (deque.append: atomic), so an
-        # Engine snapshot can name the newest window the Engine holds (_capture)
-        if not self.storage.add_window(
-                w, payload, on_stored=lambda _id: self._inbox.append((w, time.time_ns()))):
-            self.metrics.duplicates.inc()
-            return False
-        self.metrics.received.inc()
-        return True
+        out = self.ingest_many([(w, payload)])[0]
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def ingest_many(self, windows: list[tuple[pb.NodeWindow, bytes | None]]
+                    ) -> list[bool | BaseException]:
+        """:meth:`ingest` for a group of windows stored in one commit; per window True (new),
+        False (a duplicate) or the exception that refused it."""
+        inbox = self._inbox
+
+        def queue(w: pb.NodeWindow) -> Callable[[int], None]:
+            # queued when its commit is done, under the store's lock (deque.append: atomic),
+            # so an Engine snapshot can name the newest window the Engine holds (_capture)
+            return lambda _id: inbox.append((w, time.time_ns()))
+
+        out = self.storage.add_windows([(w, raw, queue(w)) for w, raw in windows])
+        new = sum(1 for o in out if o is True)
+        if new:
+            self.metrics.received.inc(new)
+        if new < len(out):
+            dups = sum(1 for o in out if o is False)
+            if dups:
+                self.metrics.duplicates.inc(dups)
+        return out
 
     def drain(self) -> int:
         """Feed the queued windows to the Engine; a window that turns out late (its epoch was
@@ -191,6 +219,8 @@ class Analyzer:
         while self._inbox:
             w, arrived = self._inbox.popleft()
             n += 1
+            if n % FEED_YIELD_EVERY == 0:
+                time.sleep(0)   # hands the GIL to the event loop if it waits (FEED_YIELD_EVERY)
             try:
                 if self._engine.ingest(w, arrived_ns=arrived):
                     late.append((w.agent_id, w.seq))
@@ -244,6 +274,9 @@ class Analyzer:
         and none after it is (Storage.add_window's on_stored)."""
         from hypertrace.analyzer import snapshot
         try:
+            # most of the queue is fed while commits go on (a burst still arriving during
+            # scoring can leave thousands); held, only what was committed since is fed
+            self._feed(late)
             with self.storage.commits_held() as upto:
                 self._feed(late)
             return upto, snapshot.capture(self._engine)
@@ -442,34 +475,101 @@ def _accept(raw: bytes, context: Any, access: Access | None,
     return w, raw, dropped
 
 
-def _store(analyzer: Analyzer, w: pb.NodeWindow, raw: bytes,
-           on_broken: Callable[[], None] | None) -> bool:
-    """Store one accepted window durably (True: new, False: a duplicate), or
-    :class:`_Refused`. Blocks until its group's commit: run in the store's thread pool."""
-    try:
-        return analyzer.ingest(w, raw)
-    except ConflictingDuplicate as exc:
+def _refusal(analyzer: Analyzer, exc: BaseException, w: pb.NodeWindow,
+             on_broken: Callable[[], None] | None) -> _Refused:
+    """How a window the store did not take ends its stream."""
+    if isinstance(exc, ConflictingDuplicate):
         log.error("%s", exc)
-        raise _Refused(grpc.StatusCode.ALREADY_EXISTS, "invalid", str(exc)) from None
-    except StorageCorrupt as exc:
+        return _Refused(grpc.StatusCode.ALREADY_EXISTS, "invalid", str(exc))
+    if isinstance(exc, StorageCorrupt):
         if not analyzer.broken:
             analyzer.broken = str(exc)
             log.critical("%s", exc)
             if on_broken is not None:
                 on_broken()
-        raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage",
-                       f"analyzer cannot store windows: {exc}") from None
-    except StorageError as exc:
-        raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage",
-                       f"analyzer cannot store windows: {exc}") from None
-    except Exception as exc:   # e.g. sqlite3 disk full: the agent keeps it and retries
-        log.exception("storing window %s/%d failed", w.agent_id, w.seq)
-        raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage",
-                       f"analyzer cannot store windows right now ({exc}); retry later") from None
+        return _Refused(grpc.StatusCode.UNAVAILABLE, "storage",
+                        f"analyzer cannot store windows: {exc}")
+    if isinstance(exc, StorageError):
+        return _Refused(grpc.StatusCode.UNAVAILABLE, "storage",
+                        f"analyzer cannot store windows: {exc}")
+    # e.g. sqlite3 disk full: the agent keeps it and retries
+    log.error("storing window %.64r/%d failed: %r", w.agent_id, w.seq, exc)
+    return _Refused(grpc.StatusCode.UNAVAILABLE, "storage",
+                    f"analyzer cannot store windows right now ({exc}); retry later")
 
 
-#: Threads that wait for the store's commits. Windows queued while a commit runs share the next
-#: one, so this bounds a commit group's size, not the number of open streams.
+def _store_group(analyzer: Analyzer, windows: list[tuple[pb.NodeWindow, bytes]],
+                 on_broken: Callable[[], None] | None) -> list[bool | _Refused]:
+    """Store accepted windows durably in one group: per window True (new), False (a
+    duplicate) or the :class:`_Refused` that ends its stream. Blocks until the group's commit:
+    run in the store's thread."""
+    try:
+        outs: list[bool | BaseException] = analyzer.ingest_many(windows)
+    except Exception as exc:      # the group as a whole failed: every window of it is refused
+        log.exception("storing %d windows failed", len(windows))
+        outs = [exc] * len(windows)
+    return [o if isinstance(o, bool) else _refusal(analyzer, o, w, on_broken)
+            for o, (w, _) in zip(outs, windows)]
+
+
+class _StoreQueue:
+    """The accepted windows of every stream, stored in groups from the event loop.
+
+    Why: a hop to a thread and back per window (``run_in_executor`` per window, each thread
+    then waiting for the group commit) cost more than storing the window. Here a stream's
+    window joins the waiting list and the stream awaits a future; one store call at a time
+    takes the whole list to the store's thread, commits it as one group and comes back once,
+    resolving every future of the group: the ack still follows the commit that holds its
+    window. Windows that arrive during a commit form the next group."""
+
+    def __init__(self, analyzer: Analyzer, pool: futures.Executor,
+                 on_broken: Callable[[], None] | None):
+        self._analyzer = analyzer
+        self._pool = pool
+        self._on_broken = on_broken
+        self._waiting: list[tuple[pb.NodeWindow, bytes, asyncio.Future]] = []
+        self._task: asyncio.Task | None = None
+
+    def store(self, w: pb.NodeWindow, raw: bytes) -> asyncio.Future:
+        """A future of the window's outcome: True (new), False (a duplicate) or _Refused."""
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting.append((w, raw, fut))
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+        return fut
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._waiting:
+                await asyncio.sleep(0)      # windows read in this turn of the loop join too
+                group, self._waiting = self._waiting, []
+                try:
+                    outs: list = await loop.run_in_executor(
+                        self._pool, _store_group, self._analyzer,
+                        [(w, raw) for w, raw, _ in group], self._on_broken)
+                except Exception as exc:    # e.g. the pool shut down: refuse, never crash
+                    outs = [_refusal(self._analyzer, exc, w, self._on_broken)
+                            for w, _, _ in group]
+                for (_, _, fut), out in zip(group, outs):
+                    if not fut.done():      # a stream cancelled meanwhile takes no outcome
+                        fut.set_result(out)
+        finally:
+            self._task = None
+
+
+def _store_one(analyzer: Any, w: pb.NodeWindow, raw: bytes,
+               on_broken: Callable[[], None] | None) -> bool | _Refused:
+    """Store one window through an analyzer that takes windows one by one (the cluster edge,
+    which publishes each to JetStream): True (new), False (a duplicate) or its refusal."""
+    try:
+        return analyzer.ingest(w, raw)
+    except Exception as exc:
+        return _refusal(analyzer, exc, w, on_broken)
+
+
+#: Threads that run the store: the single-process analyzer sends one group at a time; an
+#: analyzer that takes windows one by one (the cluster edge) waits on one thread per window.
 STORE_THREADS = 64
 
 
@@ -482,15 +582,23 @@ def _ingest_handler(analyzer: Analyzer, access: Access | None, store_pool: futur
     grpc alone (its poller wakes the stream's thread for the window and again for the ack's
     send), and every agent stream took a pool thread for its lifetime; at one stream per agent
     that cost more than parsing and storing the window (sim/bench_transport.py). Here the
-    window is checked on the loop and only the blocking store goes to ``store_pool``; the ack
-    is sent after the store returned, so after the commit that holds the window."""
+    window is checked on the loop and only the blocking store goes to ``store_pool``, in groups
+    (:class:`_StoreQueue`); the ack is sent once the store returned, so after the commit that
+    holds the window."""
+    store = (_StoreQueue(analyzer, store_pool, on_broken) if hasattr(analyzer, "ingest_many")
+             else None)
+
     async def stream(request_iterator: AsyncIterator[bytes],
                      context: Any) -> AsyncIterator[pb.Ack]:
         loop = asyncio.get_running_loop()
         async for raw in request_iterator:
             try:
                 w, raw, dropped = _accept(raw, context, access, max_skew_s)
-                new = await loop.run_in_executor(store_pool, _store, analyzer, w, raw, on_broken)
+                new = (await store.store(w, raw) if store is not None else
+                       await loop.run_in_executor(store_pool, _store_one, analyzer, w, raw,
+                                                  on_broken))
+                if isinstance(new, _Refused):
+                    raise new
             except _Refused as refused:
                 analyzer.metrics.reject(refused.reason)
                 await context.abort(refused.code, refused.details)
@@ -533,6 +641,10 @@ class AnalyzerServer:
     def __init__(self, analyzer: Analyzer, options: ServerOptions = ServerOptions()):
         self.analyzer = analyzer
         self.options = options
+        # the retention pass compacts windows into blocks minutes after they ended: compressing
+        # each one at ingest as well would cost CPU per window for those minutes only
+        if hasattr(analyzer.storage, "compress_at_ingest"):
+            analyzer.storage.compress_at_ingest = not options.retention_hours
         self.port: int | None = None
         self.metrics_port: int | None = None
         self._metrics_server = None
@@ -600,6 +712,7 @@ class AnalyzerServer:
             log.warning("listening WITHOUT TLS on %s: no client is identified; anyone who "
                         "reaches this port can read reports and send windows for any node",
                         self.options.listen)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._start_loop()
         try:
             self._server = self._on_loop(self._make_server())

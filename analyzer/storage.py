@@ -23,7 +23,11 @@ repeats): 38% of the wire bytes against 42% without it, for the same CPU (about 
 7 KB window). The ``codec`` column says how a row was written, so rows of an older analyzer
 (raw, plain zlib) still read; the dictionary file is frozen (a test pins its digest), a better
 one would be a new codec. What is left is mostly the histogram counts themselves, which zlib
-cannot shrink further (BENCHMARKS.md, "Storage at rest"). Windows live in a rowid table with a
+cannot shrink further (BENCHMARKS.md, "Storage at rest"). An analyzer whose retention pass
+compacts windows into blocks (below) turns that off (``compress_at_ingest``): a window is then
+stored as received for its few minutes before compaction, which saves the compression at ingest
+(a tenth of the analyzer's CPU per window at one stream per agent) for about 4 KB more per
+window during those minutes; every reader takes both forms. Windows live in a rowid table with a
 unique ``(agent_id, seq)`` index, in 16-KB pages: a WITHOUT ROWID table (schema 3) put each
 row's tail on an overflow page of its own, and 4-KB pages left most of a page unused after each
 2.6-KB row (4.7 KB per window at rest then; 2.9 KB now). Verdicts are stored
@@ -319,6 +323,10 @@ class Storage:
         self._queued: list[_Queued] = []
         self._committing = False
         self.commits = 0          # window transactions committed (groups), for benchmarks
+        #: store new windows' payloads zlib-compressed (CODEC_ZLIB_DICT1), or as received
+        #: (CODEC_RAW) when :meth:`compact` moves them into blocks within minutes anyway: the
+        #: compression was a tenth of the analyzer's CPU at ingest (module docstring)
+        self.compress_at_ingest = True
         #: the last stored verdict of each (job, node, gpu): only changes are stored
         self._last_verdict: dict[tuple[str, str, str], tuple[int, str]] = {}
         with self._lock:
@@ -419,19 +427,45 @@ class Storage:
         with a smaller id went through ``on_stored`` already (the analyzer queues windows for
         its Engine there; an Engine snapshot then names the last id it holds).
         """
+        item = self._queue_item(w, payload, received_ns, on_stored)
+        self._commit_queued([item])
+        return item.result()
+
+    def add_windows(self, windows: Iterable[tuple[pb.NodeWindow, bytes | None,
+                                                  Callable[[int], None] | None]],
+                    received_ns: int | None = None) -> list[bool | BaseException]:
+        """:meth:`add_window` for many windows at once, in one group: ``(window, payload,
+        on_stored)`` each; per window, True (new), False (a replay) or the exception
+        :meth:`add_window` would raise for it. For a caller that collects windows itself (the
+        server's event loop): one call, one wait, instead of a thread blocked per window."""
+        items = [self._queue_item(w, payload, received_ns, on_stored)
+                 for w, payload, on_stored in windows]
+        if items:
+            self._commit_queued(items)
+        return [it.error if it.error is not None else it.new for it in items]
+
+    def _queue_item(self, w: pb.NodeWindow, payload: bytes | None, received_ns: int | None,
+                    on_stored: Callable[[int], None] | None) -> _Queued:
         data = payload if payload is not None else w.SerializeToString()
         # compressed here, in the caller's thread, not under the commit lock
-        item = _Queued((w.agent_id, int(w.seq), w.node, w.start.ToNanoseconds(),
+        stored, codec = ((encode_payload(data), CODEC_ZLIB_DICT1) if self.compress_at_ingest
+                         else (data, CODEC_RAW))
+        return _Queued((w.agent_id, int(w.seq), w.node, w.start.ToNanoseconds(),
                         w.end.ToNanoseconds(),
                         received_ns if received_ns is not None else time.time_ns(),
-                        encode_payload(data), CODEC_ZLIB_DICT1), data, on_stored)
+                        stored, codec), data, on_stored)
+
+    def _commit_queued(self, items: list[_Queued]) -> None:
+        """Return once ``items`` (queued together, so in one group) are committed: by the
+        leader of a group under way, or as the leader of the next one."""
+        last = items[-1]
         with self._group_cv:
-            self._queued.append(item)
-            while not item.done and self._committing:
+            self._queued.extend(items)
+            while not last.done and self._committing:
                 self._group_cv.wait()
-            if item.done:
-                return item.result()
-            group, self._queued = self._queued, []   # our item is in it: we lead this group
+            if last.done:
+                return
+            group, self._queued = self._queued, []   # our items are in it: we lead this group
             self._committing = True
         try:
             self._commit_group(group)
@@ -441,7 +475,6 @@ class Storage:
                 for it in group:
                     it.done = True
                 self._group_cv.notify_all()
-        return item.result()
 
     def _commit_group(self, group: list[_Queued]) -> None:
         """Insert a group of windows in one transaction; record per window new/duplicate."""

@@ -26,7 +26,10 @@ What runs:
    own connection and opens a new stream for each window, closing it ``IDLE_CLOSE_S`` (2 s, the
    uplink's value) after the ack: about one open stream per node around every window boundary
    (grpc.aio in the generator keeps its side cheap; the analyzer's grpc.aio server holds no
-   thread per stream).
+   thread per stream). The generator runs in ``--generator-procs`` processes
+   (:mod:`hypertrace.sim.scale_load`), each sending for an interleaved slice of the nodes and
+   pinned to ``--generator-cores``, while ``--analyzer-cores`` pins the analyzer; the open-file
+   limit is raised to its hard limit (a connection per agent is a descriptor on each side).
 5. After the paced run, a **blast**: two further epochs' windows sent as fast as the generator
    can, which measures the maximum ingest rate (each window fully stored and ingested).
 6. A **ramp** of larger jobs (fewer epochs each) until one does not keep up.
@@ -37,11 +40,29 @@ Figures (from the database after the analyzer stopped, so nothing is estimated f
   ``created_ns`` of the epoch's row in ``epochs`` (stored with its verdicts). It includes the grace by design; the part beyond
   ``epoch end + grace`` is reported separately (the analyzer's own delay);
 * late windows: received after their epoch was scored (counted, never scored: a miss);
-* exactly once: windows stored == sent == acked, no duplicate acks;
+* exactly once: windows stored == sent == acked, no duplicate acks (a window whose stream failed
+  before its ack is sent again on a new stream, as the uplink does, and counted as resent; only
+  its ack may say duplicate);
 * SQLite bytes per hour: database size after a WAL checkpoint / epochs covered x epochs per hour.
 
+Acks are timed at the generator (wall clock, per window): write -> ack, and the ack against its
+epoch's ``end + grace`` (the goal below), and the generator's own lag behind its schedule.
+
 "Keeps up" means: every window acked and stored once, no late window, the analyzer's delay
-beyond the grace under one window length at p99, and under one core of CPU.
+beyond the grace under one window length at p99, at most ``--goal-cores`` cores (default 1) and,
+with ``--goal-ack-beyond-grace S``, the p99 ack at most S seconds after ``end + grace``. Each
+check is printed; the exit status is 1 when one fails.
+
+The one-analyzer goal, 131,072 GPUs (16,384 agents, one stream each, 10 s windows), on a 16-core
+host: the analyzer on 4 cores, the generator in 12 processes on the other 12::
+
+    python -m hypertrace.sim.bench_scale --nodes 16384 --agent-streams --ramp "" \\
+        --epochs 6 --warmup 2 --generator-procs 12 --generator-cores 4-15 \\
+        --analyzer-cores 0-3 --goal-cores 1.5 --goal-ack-beyond-grace 2
+
+(It needs an open-file hard limit above 16,384 plus a few hundred: ``ulimit -Hn``. The run
+prints the limit in force and the generator's lag behind its schedule; a lag of more than a
+few hundred ms means the generator, not the analyzer, is the bottleneck: add processes.)
 """
 from __future__ import annotations
 
@@ -49,18 +70,15 @@ import argparse
 import math
 import os
 import platform
-import queue
 import re
 import shutil
 import sqlite3
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -69,7 +87,8 @@ from hypertrace.sim.machine import cpu_model
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
 from hypertrace.daemon.uplink import IDLE_CLOSE_S
 from hypertrace.proto import hypertrace_pb2 as pb
-from hypertrace.proto.wire import STREAM_METHOD, WIRE_VERSION
+from hypertrace.sim.scale_load import (LoadProcesses, Plan, WindowPool, WorkerResult,
+                                       raise_fd_limit)
 
 CLI = [sys.executable, "-m", "hypertrace.cli.main"]
 JOB_ID = "scale-job"
@@ -101,6 +120,13 @@ class ScaleConfig:
     seed: int = 7
     synchronous: str = "FULL"
     blast_epochs: int = 2             # 0: no max-rate phase
+    generator_procs: int = 1          # load generator processes, each a slice of the nodes
+    generator_cores: tuple[int, ...] = ()   # CPUs for the generators (one each when enough)
+    analyzer_cores: tuple[int, ...] = ()    # CPUs the analyzer is pinned to (empty: any)
+    goal_cores: float = 1.0           # keeps up: the analyzer's cores at most this
+    #: keeps up: p99 of (ack time - (epoch end + grace)) at the generator at most this (None:
+    #: not checked)
+    goal_ack_beyond_grace_s: float | None = None
     #: where the analyzer subprocess imports ``hypertrace`` from (PYTHONPATH; a directory that
     #: holds a ``hypertrace`` source tree): another commit, measured side by side with this one
     analyzer_path: str = ""
@@ -116,6 +142,8 @@ class ScaleConfig:
             raise ValueError("--spread must be shorter than the window")
         if self.epochs < 1 or self.warmup_epochs < 0:
             raise ValueError("--epochs must be >= 1 and --warmup >= 0")
+        if self.generator_procs < 1:
+            raise ValueError("--generator-procs must be >= 1")
 
 
 @dataclass
@@ -124,7 +152,8 @@ class ScaleResult:
     gpus: int
     windows_sent: int = 0
     windows_acked: int = 0
-    duplicate_acks: int = 0
+    duplicate_acks: int = 0           # of windows sent once (a resend's may say duplicate)
+    resent_windows: int = 0           # sent again after their stream failed before the ack
     windows_stored: int = 0
     epochs_scored: int = 0
     late_windows: int = 0
@@ -146,6 +175,17 @@ class ScaleResult:
     stragglers: list[str] = field(default_factory=list)
     window_seconds: float = 10.0
     measured_windows: int = 0         # windows of the measured epochs (CPU per window)
+    # at the generator, over the measured epochs' windows
+    ack_p50_s: float = float("nan")   # write -> ack
+    ack_p99_s: float = float("nan")
+    ack_max_s: float = float("nan")
+    ack_beyond_grace_p99_s: float = float("nan")   # ack - (epoch end + grace)
+    send_lag_p99_s: float = float("nan")   # the generator's lag behind its schedule
+    generator_cpu_s: float = 0.0
+    generator_procs: int = 1
+    fd_limit: int = 0
+    goal_cores: float = 1.0
+    goal_ack_beyond_grace_s: float | None = None
 
     @property
     def cpu_ms_per_window(self) -> float:
@@ -160,11 +200,25 @@ class ScaleResult:
         return (self.windows_sent == self.windows_acked == self.windows_stored
                 and self.duplicate_acks == 0 and not self.stream_errors)
 
+    def checks(self) -> list[tuple[str, bool]]:
+        """(what, passed) for every condition of "keeps up"."""
+        out = [("exactly once", self.exactly_once),
+               ("no late window", self.late_windows == 0),
+               (f"analyzer cores {self.cpu_cores:.3f} <= {self.goal_cores:g}",
+                self.cpu_cores <= self.goal_cores),
+               (f"verdicts p99 beyond end+grace {self.beyond_grace_p99_s:.2f} s < one window",
+                bool(np.isfinite(self.beyond_grace_p99_s))
+                and self.beyond_grace_p99_s < self.window_seconds)]
+        if self.goal_ack_beyond_grace_s is not None:
+            out.append((f"ack p99 beyond end+grace {self.ack_beyond_grace_p99_s:.2f} s <= "
+                        f"{self.goal_ack_beyond_grace_s:g} s",
+                        bool(np.isfinite(self.ack_beyond_grace_p99_s))
+                        and self.ack_beyond_grace_p99_s <= self.goal_ack_beyond_grace_s))
+        return out
+
     @property
     def keeps_up(self) -> bool:
-        return (self.exactly_once and self.late_windows == 0 and self.cpu_cores < 1.0
-                and np.isfinite(self.beyond_grace_p99_s)
-                and self.beyond_grace_p99_s < self.window_seconds)
+        return all(ok for _, ok in self.checks())
 
 
 # ---- the analyzer subprocess and /proc ----------------------------------------------------------
@@ -222,7 +276,10 @@ def start_analyzer(cfg: ScaleConfig, workdir: Path,
                    "--flush-interval", str(cfg.flush_interval),
                    "--synchronous", cfg.synchronous,
                    "--max-workers", str(server_workers(cfg))],
-            stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+            stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
+            # pinned before it starts: thread pools sized at import (OpenBLAS's) see its CPUs
+            preexec_fn=(lambda: os.sched_setaffinity(0, set(cfg.analyzer_cores)))
+            if cfg.analyzer_cores else None)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         m = re.search(r"listening on \S+:(\d+)", log_path.read_text())
@@ -237,202 +294,19 @@ def start_analyzer(cfg: ScaleConfig, workdir: Path,
 
 # ---- the load generator -------------------------------------------------------------------------
 
-class WindowPool:
-    """Pre-serialized window bodies; a send costs one small header serialization.
-
-    ``body(node, k)`` is the serialized NodeWindow of pool node ``node % pool`` in pool window
-    ``k % windows`` with only ``processes`` set; :meth:`window` prepends the header fields.
-    """
-
-    def __init__(self, cfg: ScaleConfig):
-        n = min(cfg.pool_nodes, cfg.nodes)
-        sim = SimConfig(gpus=n * cfg.gpus_per_node, gpus_per_node=cfg.gpus_per_node,
-                        windows=cfg.pool_windows, seed=cfg.seed, job_id=JOB_ID,
-                        stragglers=(Straggler(SLOW_NODE, cfg.slow_factor),))
-        self.nodes = n
-        self.windows = cfg.pool_windows
-        self._bodies: list[list[bytes]] = [[] for _ in range(cfg.pool_windows)]
-        for w in generate(sim):          # window-major: all nodes of window 0 first
-            body = pb.NodeWindow()
-            body.processes.extend(w.processes)
-            self._bodies[w.seq - 1].append(body.SerializeToString())
-
-    def window(self, node: int, seq: int, start_ns: int, end_ns: int) -> bytes:
-        name = f"node-{node:04d}" if node < 10_000 else f"node-{node}"
-        head = pb.NodeWindow(version=WIRE_VERSION, agent_id=f"sim-{name}", node=name, seq=seq)
-        head.start.FromNanoseconds(start_ns)
-        head.end.FromNanoseconds(end_ns)
-        return head.SerializeToString() + self._bodies[seq % self.windows][node % self.nodes]
-
-
-class _Stream:
-    """One long-lived Ingest stream fed from a queue; counts acks in its own thread."""
-
-    def __init__(self, channel, name: str):
-        import grpc
-
-        self._grpc = grpc
-        self.q: queue.SimpleQueue = queue.SimpleQueue()
-        self.acks = 0
-        self.duplicates = 0
-        self.last_ack = 0.0
-        self.error: str | None = None
-        self._call = channel.stream_stream(STREAM_METHOD, request_serializer=None,
-                                           response_deserializer=pb.Ack.FromString)
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-
-    def _requests(self) -> Iterator[bytes]:
-        while True:
-            item = self.q.get()
-            if item is None:
-                return
-            yield item
-
-    def _run(self) -> None:
-        try:
-            for ack in self._call(self._requests()):
-                self.acks += 1
-                self.duplicates += int(ack.duplicate)
-                self.last_ack = time.monotonic()
-        except self._grpc.RpcError as exc:
-            self.error = f"{exc.code().name}: {exc.details()}"
-
-    def close(self) -> None:
-        self.q.put(None)
-
-
-class _Generator:
-    """What run_scale needs of a load generator: ``send``, counters and :meth:`wait_acked`."""
-
-    sent: int
-    acked: int
-    errors: list[str]
-
-    def wait_acked(self, n: int, timeout: float) -> bool:
-        """Block until ``n`` windows are acked; False on timeout or a stream error."""
-        deadline = time.monotonic() + timeout
-        while self.acked < n:
-            if time.monotonic() > deadline or self.errors:
-                return False
-            time.sleep(0.01)
-        return True
-
-
-class LoadGenerator(_Generator):
-    """``streams`` streams over ``channels`` connections; node i always uses the same stream."""
-
-    def __init__(self, target: str, streams: int, channels: int):
-        import grpc
-
-        self._channels = [grpc.insecure_channel(
-            target, options=[("grpc.max_send_message_length", 16 * 1024 * 1024)])
-            for _ in range(channels)]
-        for ch in self._channels:
-            grpc.channel_ready_future(ch).result(timeout=30)
-        self.streams = [_Stream(self._channels[i % channels], f"load-{i}")
-                        for i in range(streams)]
-        self.sent = 0
-
-    def send(self, node: int, payload: bytes) -> None:
-        self.streams[node % len(self.streams)].q.put(payload)
-        self.sent += 1
-
-    @property
-    def acked(self) -> int:
-        return sum(s.acks for s in self.streams)
-
-    @property
-    def duplicates(self) -> int:
-        return sum(s.duplicates for s in self.streams)
-
-    @property
-    def last_ack(self) -> float:
-        return max(s.last_ack for s in self.streams)
-
-    @property
-    def errors(self) -> list[str]:
-        return [s.error for s in self.streams if s.error]
-
-    def close(self) -> None:
-        for s in self.streams:
-            s.close()
-        for s in self.streams:
-            s.thread.join(timeout=30)
-        for ch in self._channels:
-            ch.close()
-
-
-class AgentStreamsGenerator(_Generator):
-    """Sends like real agents: one connection per node, a new stream per window, closed
-    ``idle_close`` seconds after its ack (daemon/uplink.py). Same interface as
-    :class:`LoadGenerator`. One asyncio loop (grpc.aio) in a background thread drives all of
-    them, so thousands of concurrent streams cost the generator no thread each."""
-
-    def __init__(self, target: str, idle_close: float):
-        import asyncio
-
-        self._asyncio = asyncio
-        self._target = target
-        self._idle_close = idle_close
-        self._channels: dict[int, object] = {}
-        self.sent = self.acked = self.duplicates = 0
-        self.last_ack = 0.0
-        self.errors: list[str] = []
-        self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="agent-streams",
-                                        daemon=True)
-        self._thread.start()
-        self._pending: set = set()
-
-    def _channel(self, node: int):
-        from grpc import aio
-
-        ch = self._channels.get(node)
-        if ch is None:
-            ch = self._channels[node] = aio.insecure_channel(self._target)
-        return ch
-
-    async def _one(self, node: int, payload: bytes) -> None:
-        import grpc
-
-        call = self._channel(node).stream_stream(
-            STREAM_METHOD, request_serializer=None, response_deserializer=pb.Ack.FromString)()
-        try:
-            await call.write(payload)
-            ack = await call.read()
-            with self._lock:
-                self.acked += 1
-                self.duplicates += int(ack.duplicate)
-                self.last_ack = time.monotonic()
-            await self._asyncio.sleep(self._idle_close)
-            await call.done_writing()
-            await call
-        except grpc.RpcError as exc:
-            with self._lock:
-                self.errors.append(f"node {node}: {exc.code().name}: {exc.details()}")
-
-    def send(self, node: int, payload: bytes) -> None:
-        fut = self._asyncio.run_coroutine_threadsafe(self._one(node, payload), self._loop)
-        self._pending.add(fut)
-        fut.add_done_callback(self._pending.discard)
-        self.sent += 1
-
-    def close(self) -> None:
-        for fut in list(self._pending):
-            try:
-                fut.result(timeout=self._idle_close + 30)
-            except Exception as exc:          # noqa: BLE001 - recorded, the run reports it
-                self.errors.append(f"stream did not finish: {exc!r}")
-
-        async def _close_all() -> None:
-            for ch in self._channels.values():
-                await ch.close()
-
-        self._asyncio.run_coroutine_threadsafe(_close_all(), self._loop).result(timeout=30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
+def make_pool(cfg: ScaleConfig) -> WindowPool:
+    """Window bodies of ``min(pool_nodes, nodes)`` simulated nodes (one of them slow) x
+    ``pool_windows`` windows, serialized once."""
+    n = min(cfg.pool_nodes, cfg.nodes)
+    sim = SimConfig(gpus=n * cfg.gpus_per_node, gpus_per_node=cfg.gpus_per_node,
+                    windows=cfg.pool_windows, seed=cfg.seed, job_id=JOB_ID,
+                    stragglers=(Straggler(SLOW_NODE, cfg.slow_factor),))
+    bodies: list[list[bytes]] = [[] for _ in range(cfg.pool_windows)]
+    for w in generate(sim):          # window-major: all nodes of window 0 first
+        body = pb.NodeWindow()
+        body.processes.extend(w.processes)
+        bodies[w.seq - 1].append(body.SerializeToString())
+    return WindowPool(bodies)
 
 
 def _sleep_until(t_ns: int) -> None:
@@ -441,14 +315,41 @@ def _sleep_until(t_ns: int) -> None:
         time.sleep(left)
 
 
-def send_epoch(gen: "LoadGenerator | AgentStreamsGenerator", pool: WindowPool, nodes: Sequence[int], delays_ns: np.ndarray,
-               epoch: int, seq: int, win_ns: int, paced: bool) -> None:
-    """Every node's window of ``epoch``; paced: node i at ``epoch end + delays_ns[i]``."""
-    start, end = epoch * win_ns, (epoch + 1) * win_ns
-    for node in nodes:                       # ``nodes`` is sorted by delay
-        if paced:
-            _sleep_until(end + int(delays_ns[node]))
-        gen.send(node, pool.window(node, seq, start, end))
+def _p(x: np.ndarray, q: float) -> float:
+    return float(np.percentile(x, q)) if len(x) else float("nan")
+
+
+def _from_generators(results: list, cfg: ScaleConfig, plan: Plan, res: ScaleResult) -> None:
+    """Counts and ack timing from the generator processes' per-window records."""
+    grace_ns = int(round(cfg.grace_seconds * 1e9))
+    parts = [r for r in results if isinstance(r, WorkerResult)]
+    res.stream_errors = [r for r in results if isinstance(r, str)]
+    for r in parts:
+        res.stream_errors.extend(r.errors)
+    if not parts:
+        return
+    epoch = np.concatenate([r.epoch for r in parts])
+    due = np.concatenate([r.due_ns for r in parts])
+    sent = np.concatenate([r.sent_ns for r in parts])
+    ack = np.concatenate([r.ack_ns for r in parts])
+    res.windows_sent = int((sent > 0).sum())
+    res.windows_acked = int((ack > 0).sum())
+    res.duplicate_acks = int(sum(int((r.duplicate & (r.resent == 0)).sum()) for r in parts))
+    res.resent_windows = int(sum(int((r.resent > 0).sum()) for r in parts))
+    res.generator_cpu_s = float(sum(r.cpu_s for r in parts))
+    measured = (epoch >= cfg.warmup_epochs) & (epoch < plan.paced_epochs) & (ack > 0)
+    lat = (ack[measured] - sent[measured]) / 1e9
+    end = (plan.first_epoch + epoch[measured].astype(np.int64) + 1) * plan.win_ns
+    beyond = (ack[measured] - end - grace_ns) / 1e9
+    lag = (sent[measured] - due[measured]) / 1e9
+    res.ack_p50_s, res.ack_p99_s = _p(lat, 50), _p(lat, 99)
+    res.ack_max_s = float(lat.max()) if len(lat) else float("nan")
+    res.ack_beyond_grace_p99_s = _p(beyond, 99)
+    res.send_lag_p99_s = _p(lag, 99)
+    blast = (epoch >= plan.paced_epochs)
+    if blast.any() and (ack[blast] > 0).all():
+        span = (ack[blast].max() - plan.blast_at_ns) / 1e9
+        res.max_wps = int(blast.sum()) / span if span > 0 else None
 
 
 # ---- one run ------------------------------------------------------------------------------------
@@ -456,59 +357,54 @@ def send_epoch(gen: "LoadGenerator | AgentStreamsGenerator", pool: WindowPool, n
 def run_scale(cfg: ScaleConfig, workdir: Path, pool: WindowPool | None = None,
               progress=print) -> ScaleResult:
     """Run one paced load against a fresh analyzer; see the module docstring."""
-    pool = pool or WindowPool(cfg)
-    res = ScaleResult(nodes=cfg.nodes, gpus=cfg.gpus, window_seconds=cfg.window_seconds)
+    pool = pool or make_pool(cfg)
+    pool_file = workdir / "pool.pickle"
+    pool.save(str(pool_file))
+    res = ScaleResult(nodes=cfg.nodes, gpus=cfg.gpus, window_seconds=cfg.window_seconds,
+                      goal_cores=cfg.goal_cores,
+                      goal_ack_beyond_grace_s=cfg.goal_ack_beyond_grace_s,
+                      generator_procs=cfg.generator_procs, fd_limit=raise_fd_limit())
     win_ns = int(round(cfg.window_seconds * 1e9))
     rng = np.random.default_rng(cfg.seed)
-    delays = rng.uniform(0.0, cfg.spread_seconds * 1e9, cfg.nodes)
+    delays = rng.uniform(0.0, cfg.spread_seconds * 1e9, cfg.nodes).astype(np.int64)
     order = [int(i) for i in np.argsort(delays, kind="stable")]
+    if res.fd_limit < cfg.nodes + 512:
+        progress(f"  WARNING: open-file limit {res.fd_limit:,} is below {cfg.nodes:,} agents' "
+                 "connections; raise the hard limit (ulimit -Hn) or expect refused connections")
     proc, target, db = start_analyzer(cfg, workdir)
-    gen: LoadGenerator | AgentStreamsGenerator | None = None
+    gen: LoadProcesses | None = None
     try:
-        gen = (AgentStreamsGenerator(target, cfg.idle_close_s) if cfg.agent_streams
-               else LoadGenerator(target, cfg.streams, cfg.channels))
+        gen = LoadProcesses(target, str(pool_file), order, delays, cfg.generator_procs,
+                            cfg.agent_streams, cfg.streams, cfg.idle_close_s, cfg.channels,
+                            cfg.generator_cores)
+        paced = cfg.warmup_epochs + cfg.epochs
+        plan = Plan(0, paced, cfg.blast_epochs, win_ns, 0)
+        t = time.monotonic()
+        gen.connect(plan)
+        progress(f"  {gen.procs} generator processes connected in {time.monotonic() - t:.1f} s")
         # first epoch: the next one that ends at least half a window from now
         first = (time.time_ns() + win_ns // 2) // win_ns
-        measured = range(first + cfg.warmup_epochs, first + cfg.warmup_epochs + cfg.epochs)
-        seq = 0
-        before: ProcSample | None = None
-        t0 = 0.0
-        for k in range(cfg.warmup_epochs + cfg.epochs):
-            epoch = first + k
-            seq += 1
-            if epoch == measured.start:
-                # epoch e's work (its burst at its end, scoring at end + grace) lies in
-                # [(e+1) W, (e+2) W): measure exactly the measured epochs' periods
-                _sleep_until((epoch + 1) * win_ns)
-                before, t0 = read_proc(proc.pid), time.monotonic()
-            send_epoch(gen, pool, order, delays, epoch, seq, win_ns, paced=True)
-            progress(f"  epoch {k + 1}/{cfg.warmup_epochs + cfg.epochs}: {gen.sent} sent, "
-                     f"{gen.acked} acked")
-        _sleep_until((measured.stop + 1) * win_ns)
+        measured = range(first + cfg.warmup_epochs, first + paced)
+        # the blast starts once the measured epochs' work is over (see below)
+        plan = replace(plan, first_epoch=first, blast_at_ns=(measured.stop + 1) * win_ns,
+                       ack_timeout_s=60.0 + (120.0 if cfg.blast_epochs else 0.0))
+        gen.start(plan)
+        # epoch e's work (its burst at its end, scoring at end + grace) lies in
+        # [(e+1) W, (e+2) W): measure exactly the measured epochs' periods
+        _sleep_until((measured.start + 1) * win_ns)
+        before, t0 = read_proc(proc.pid), time.monotonic()
+        for k in range(cfg.epochs):
+            _sleep_until((measured.start + 2 + k) * win_ns)
+            progress(f"  measured epoch {k + 1}/{cfg.epochs} done")
         after = read_proc(proc.pid)
         res.measured_wall_s = time.monotonic() - t0
-        gen.wait_acked(gen.sent, timeout=30)
-        assert before is not None
         res.cpu_cores = (after.cpu_s - before.cpu_s) / res.measured_wall_s
         res.sustained_wps = cfg.nodes / cfg.window_seconds
         res.measured_windows = cfg.nodes * cfg.epochs
-
-        if cfg.blast_epochs:
-            n0 = gen.acked
-            t_blast = time.monotonic()
-            for b in range(cfg.blast_epochs):
-                seq += 1
-                send_epoch(gen, pool, order, delays, measured.stop + 1 + b, seq, win_ns,
-                           paced=False)
-            ok = gen.wait_acked(gen.sent, timeout=120)
-            last = gen.last_ack
-            if ok and last > t_blast:
-                res.max_wps = (gen.acked - n0) / (last - t_blast)
+        _from_generators(gen.results(timeout=plan.ack_timeout_s + cfg.idle_close_s + 120.0),
+                         cfg, plan, res)
         final = read_proc(proc.pid)
         res.rss_mb, res.peak_rss_mb = final.rss_kb / 1024, final.hwm_kb / 1024
-        res.windows_sent, res.windows_acked = gen.sent, gen.acked
-        res.duplicate_acks = gen.duplicates
-        res.stream_errors = list(gen.errors)
     finally:
         if gen is not None:
             gen.close()
@@ -576,13 +472,20 @@ def describe(r: ScaleResult) -> str:
         f"job: {r.gpus:,} GPUs ({r.nodes:,} nodes x {r.gpus // r.nodes}), "
         f"{r.window_seconds:g} s windows",
         f"windows: sent {r.windows_sent:,}, acked {r.windows_acked:,}, stored "
-        f"{r.windows_stored:,}, duplicate acks {r.duplicate_acks}, late {r.late_windows}"
+        f"{r.windows_stored:,}, duplicate acks {r.duplicate_acks}, resent after a failed "
+        f"stream {r.resent_windows}, late {r.late_windows}"
         + (f", stream errors {r.stream_errors[:3]}" if r.stream_errors else "")
         + f" -> exactly once: {'yes' if r.exactly_once else 'NO'}",
         f"ingest: {r.sustained_wps:,.1f} windows/s offered (paced, in bursts"
         f" after each window end), max {mx} windows/s",
-        f"analyzer CPU: {r.cpu_cores:.3f} cores over {r.measured_wall_s:.0f} s; RSS "
+        f"analyzer CPU: {r.cpu_cores:.3f} cores over {r.measured_wall_s:.0f} s "
+        f"({r.cpu_ms_per_window:.3f} ms per window); RSS "
         f"{r.rss_mb:,.0f} MB, peak {r.peak_rss_mb:,.0f} MB",
+        f"acks at the generator ({r.generator_procs} processes, {r.generator_cpu_s:.0f} CPU s, "
+        f"fd limit {r.fd_limit:,}): write -> ack p50 {r.ack_p50_s:.3f} s, p99 "
+        f"{r.ack_p99_s:.3f} s, max {r.ack_max_s:.3f} s; ack beyond end+grace p99 "
+        f"{r.ack_beyond_grace_p99_s:+.2f} s; generator lag behind schedule p99 "
+        f"{r.send_lag_p99_s:.3f} s",
         f"window received -> epoch verdicts stored: p50 {r.latency_p50_s:.2f} s, p99 "
         f"{r.latency_p99_s:.2f} s, max {r.latency_max_s:.2f} s (includes the grace); "
         f"beyond end+grace p99 {r.beyond_grace_p99_s:.2f} s",
@@ -590,7 +493,8 @@ def describe(r: ScaleResult) -> str:
         f"{r.window_payload_bytes:,.0f} B per window payload, {r.verdict_rows_per_epoch:,.0f} "
         f"verdict rows (changes) per epoch -> {r.db_bytes_per_hour / 1e9:,.2f} GB per hour",
         f"stragglers in the last epoch: {', '.join(r.stragglers[:10]) or 'none'}",
-        f"keeps up (< 1 core, no late window, exactly once): {'YES' if r.keeps_up else 'NO'}",
+        *(f"check: {what}: {'ok' if ok else 'FAILED'}" for what, ok in r.checks()),
+        f"keeps up: {'YES' if r.keeps_up else 'NO'}",
     ])
 
 
@@ -612,7 +516,8 @@ def compare(cfg: ScaleConfig, base_path: str, rounds: int, workdir: Path,
     """The same paced run against the analyzer of ``base_path`` and of this tree, alternating
     (base, head, base, head, ...) so that both meet the same machine noise; prints the CPU per
     window of each and the ratio of their medians. Exit status 1 when a run lost a window or the
-    two found different stragglers."""
+    two found different stragglers, or when a run of this tree failed a check of "keeps up"
+    (the goal flags)."""
     runs: dict[str, list[ScaleResult]] = {"base": [], "head": []}
     for k in range(rounds):
         for label, path in (("base", base_path), ("head", "")):
@@ -623,24 +528,41 @@ def compare(cfg: ScaleConfig, base_path: str, rounds: int, workdir: Path,
             mx = f"{r.max_wps:,.0f}" if r.max_wps else "-"
             print(f"{label} round {k + 1}: {r.cpu_ms_per_window:.3f} ms CPU per window "
                   f"({r.cpu_cores:.3f} cores), peak RSS {r.peak_rss_mb:,.0f} MB, max {mx} "
-                  f"windows/s, p99 beyond grace "
-                  f"{r.beyond_grace_p99_s:+.2f} s, late {r.late_windows}, exactly once "
+                  f"windows/s, verdicts p99 beyond grace {r.beyond_grace_p99_s:+.2f} s, ack "
+                  f"p99 {r.ack_p99_s:.3f} s ({r.ack_beyond_grace_p99_s:+.2f} s beyond grace), "
+                  f"late {r.late_windows}, exactly once "
                   f"{'yes' if r.exactly_once else 'NO'} (sent {r.windows_sent:,}, acked "
-                  f"{r.windows_acked:,}, stored {r.windows_stored:,}), stragglers "
-                  f"{r.stragglers}", flush=True)
+                  f"{r.windows_acked:,}, stored {r.windows_stored:,}, resent "
+                  f"{r.resent_windows:,}), stragglers {r.stragglers}", flush=True)
+            failed = [what for what, ok in r.checks() if not ok]
+            if failed:
+                print(f"  {label} round {k + 1} failed: {'; '.join(failed)}", flush=True)
     med = {k: float(np.median([r.cpu_ms_per_window for r in v])) for k, v in runs.items()}
     mx = {k: float(np.median([r.max_wps or np.nan for r in v])) for k, v in runs.items()}
     print(f"\nmedian CPU per window: base {med['base']:.3f} ms, head {med['head']:.3f} ms -> "
           f"head/base {med['head'] / med['base']:.3f}")
     print(f"median max rate: base {mx['base']:,.0f}, head {mx['head']:,.0f} windows/s -> "
           f"head/base {mx['head'] / mx['base']:.3f}")
+    ack = {k: float(np.median([r.ack_p99_s for r in v])) for k, v in runs.items()}
+    print(f"median ack p99 at the generator: base {ack['base']:.3f} s, head {ack['head']:.3f} s")
     rss = {k: float(np.median([r.peak_rss_mb for r in v])) for k, v in runs.items()}
     print(f"median peak RSS: base {rss['base']:,.0f} MB, head {rss['head']:,.0f} MB")
     all_runs = runs["base"] + runs["head"]
     ok = (all(r.exactly_once for r in all_runs)
           and len({tuple(r.stragglers) for r in all_runs}) == 1)
     print(f"every run exactly once, same stragglers: {'yes' if ok else 'NO'}")
-    return 0 if ok else 1
+    head_ok = all(r.keeps_up for r in runs["head"])
+    print(f"head keeps up (every check, every round): {'YES' if head_ok else 'NO'}")
+    return 0 if ok and head_ok else 1
+
+
+def _cpu_list(text: str) -> tuple[int, ...]:
+    """``0-3,8`` -> (0, 1, 2, 3, 8), as taskset writes CPU lists."""
+    cpus: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(cpus)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -672,13 +594,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="--compare-with: runs of each side")
     ap.add_argument("--warmup", type=int, default=None,
                     help="warm-up epochs of the main run (default 2)")
+    ap.add_argument("--generator-procs", type=int, default=1,
+                    help="load generator processes, each sending for a slice of the nodes")
+    ap.add_argument("--generator-cores", type=_cpu_list, default=(),
+                    help="CPUs for the generator processes, e.g. 4-15 (one each when there are "
+                    "enough)")
+    ap.add_argument("--analyzer-cores", type=_cpu_list, default=(),
+                    help="CPUs the analyzer process is pinned to, e.g. 0-3")
+    ap.add_argument("--goal-cores", type=float, default=1.0,
+                    help="keeps up only with at most this many analyzer cores (default 1)")
+    ap.add_argument("--goal-ack-beyond-grace", type=float, default=None, metavar="S",
+                    help="keeps up only when the p99 ack, measured at the generator, comes at "
+                    "most S seconds after its epoch's end + grace")
     args = ap.parse_args(argv)
+    load = dict(generator_procs=args.generator_procs, generator_cores=args.generator_cores,
+                analyzer_cores=args.analyzer_cores, goal_cores=args.goal_cores,
+                goal_ack_beyond_grace_s=args.goal_ack_beyond_grace)
 
     if args.quick:
         cfg = ScaleConfig(nodes=256, window_seconds=2.0, grace_seconds=1.0, flush_interval=0.25,
                           warmup_epochs=1, epochs=4, spread_seconds=0.5, pool_windows=2,
                           streams=min(args.streams, 16), synchronous=args.synchronous,
-                          agent_streams=args.agent_streams)
+                          agent_streams=args.agent_streams, **load)
         ramp: list[int] = []
     else:
         cfg = ScaleConfig(nodes=args.nodes, epochs=args.epochs, streams=args.streams,
@@ -686,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
                           agent_streams=args.agent_streams,
                           # every agent opening a second stream at once is not what agents do
                           # (they send one window per window length): no max-rate phase
-                          blast_epochs=0 if args.agent_streams else 2)
+                          blast_epochs=0 if args.agent_streams else 2, **load)
         if args.warmup is not None:
             cfg = replace(cfg, warmup_epochs=args.warmup)
         ramp = [int(x) for x in args.ramp.split(",") if x.strip()]
@@ -697,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[ScaleResult] = []
     try:
         t = time.monotonic()
-        pool = WindowPool(replace(cfg, nodes=max([cfg.nodes] + ramp)))
+        pool = make_pool(replace(cfg, nodes=max([cfg.nodes] + ramp)))
         print(f"== pool: {pool.nodes} nodes x {pool.windows} windows generated and serialized in "
               f"{time.monotonic() - t:.1f} s", flush=True)
         print(f"== main run: {cfg.gpus:,} GPUs, {cfg.warmup_epochs} warm-up + {cfg.epochs} "

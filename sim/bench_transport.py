@@ -14,11 +14,11 @@ payload compression) and acks it after the commit, so exactly-once holds on both
 
 * ``sync``: ``grpc.server`` with a thread pool, a worker thread per stream (the analyzer's
   layout until it moved to grpc.aio);
-* ``aio``: ``grpc.aio.server``, one event loop; the blocking store runs in a thread pool of as
-  many threads as there are streams (``run_in_executor``), so commits still group.
+* ``aio``: ``grpc.aio.server``, one event loop; accepted windows wait on the loop and go to
+  the store's thread in groups, one commit each (the analyzer's ``_StoreQueue``).
 
 No validation and no Engine: both are the same Python on either side. The load generator (this
-process, from :mod:`hypertrace.sim.bench_scale`) sends each epoch's windows of every node at once
+process, :class:`hypertrace.sim.scale_load.Sender`) sends each epoch's windows of every node at once
 on ``--streams`` shared streams (``--streams 0``: as agents do, a connection per node and a
 stream per window), as fast as it can, and waits for every ack. The
 server's CPU (``/proc/PID/stat``, all threads) over the measured epochs divided by the windows
@@ -45,8 +45,8 @@ from hypertrace.analyzer.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import INGEST_SERVICE
 from hypertrace.daemon.uplink import IDLE_CLOSE_S
-from hypertrace.sim.bench_scale import (AgentStreamsGenerator, LoadGenerator, ScaleConfig,
-                                       WindowPool, machine_info, read_proc)
+from hypertrace.sim.bench_scale import ScaleConfig, machine_info, make_pool, read_proc
+from hypertrace.sim.scale_load import Sender, WindowPool, WorkerSpec
 from hypertrace.sim.demo import stop_process
 
 MODES = ("sync", "aio")
@@ -79,18 +79,23 @@ def serve_sync(db: str, workers: int) -> None:
 
 
 def serve_aio(db: str, workers: int) -> None:
-    """One event loop for every stream; the blocking store in a pool of up to 64 threads (the
-    analyzer's layout, analyzer/server.py)."""
+    """One event loop for every stream; accepted windows stored in groups by the analyzer's own
+    store queue (analyzer/server.py: one hop to the store's thread per group)."""
     import grpc
 
+    from hypertrace.analyzer.server import Analyzer, _Refused, _StoreQueue
+
     storage = Storage.open(db)
-    pool = futures.ThreadPoolExecutor(max_workers=min(workers, 64))
+    pool = futures.ThreadPoolExecutor(max_workers=1)     # one group at a time
+    store = _StoreQueue(Analyzer(storage), pool, None)
 
     async def stream(requests: AsyncIterator[bytes], context) -> AsyncIterator[pb.Ack]:
-        loop = asyncio.get_running_loop()
         async for raw in requests:
             w = pb.NodeWindow.FromString(raw)
-            new = await loop.run_in_executor(pool, storage.add_window, w, raw)
+            new = await store.store(w, raw)
+            if isinstance(new, _Refused):
+                await context.abort(new.code, new.details)
+                return
             yield _ack(w, new)
 
     async def run() -> None:
@@ -107,6 +112,30 @@ def serve_aio(db: str, workers: int) -> None:
     asyncio.run(run())
 
 
+async def _drive(target: str, pid: int, pool: WindowPool, nodes: int, streams: int,
+                 warmup: int, epochs: int) -> tuple[float, int, int, list[str]]:
+    """Send every epoch's windows at once and wait for their acks; (the server's CPU seconds
+    over the measured epochs, windows acked, duplicate acks, errors)."""
+    spec = WorkerSpec(0, target, "", tuple(range(nodes)), (0,) * nodes, not streams, streams,
+                      IDLE_CLOSE_S, channels=min(4, max(1, streams)))
+    sender = Sender(spec, nodes * (warmup + epochs))
+    await sender.connect()
+    cpu0 = 0.0
+    for e in range(warmup + epochs):
+        if e == warmup:
+            cpu0 = read_proc(pid).cpu_s
+        end = time.time_ns() // 10**9 * 10**9
+        for node in range(nodes):
+            sender.send(node, e * nodes + node, pool.window(node, e + 1, end - 10**10, end))
+        if not await sender.wait_acked(e * nodes, (e + 1) * nodes, timeout=300):
+            break
+    if not streams:
+        await asyncio.sleep(IDLE_CLOSE_S + 1.0)
+    cpu = read_proc(pid).cpu_s - cpu0
+    await sender.close(IDLE_CLOSE_S + 30.0)
+    return cpu, int((sender.ack_ns > 0).sum()), int(sender.duplicate.sum()), sender.errors
+
+
 def run_side(mode: str, workdir: Path, pool: WindowPool, nodes: int, streams: int,
              warmup: int, epochs: int) -> tuple[float, bool]:
     """One server of ``mode``: (CPU ms per window over the measured epochs, exactly once).
@@ -120,25 +149,8 @@ def run_side(mode: str, workdir: Path, pool: WindowPool, nodes: int, streams: in
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
-        target = f"127.0.0.1:{port}"
-        gen = (LoadGenerator(target, streams, channels=min(4, streams)) if streams
-               else AgentStreamsGenerator(target, IDLE_CLOSE_S))
-        try:
-            cpu0 = 0.0
-            for e in range(warmup + epochs):
-                if e == warmup:
-                    cpu0 = read_proc(proc.pid).cpu_s
-                end = time.time_ns() // 10**9 * 10**9
-                for node in range(nodes):
-                    gen.send(node, pool.window(node, e + 1, end - 10**10, end))
-                if not gen.wait_acked(gen.sent, timeout=300):
-                    break
-            if not streams:
-                time.sleep(IDLE_CLOSE_S + 1.0)
-            cpu = read_proc(proc.pid).cpu_s - cpu0
-            acked, dups, errors = gen.acked, gen.duplicates, gen.errors
-        finally:
-            gen.close()
+        cpu, acked, dups, errors = asyncio.run(_drive(f"127.0.0.1:{port}", proc.pid, pool,
+                                                      nodes, streams, warmup, epochs))
     finally:
         stop_process(proc)
     sent = nodes * (warmup + epochs)
@@ -168,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     print(f"== machine: {machine_info()}", flush=True)
-    pool = WindowPool(ScaleConfig(nodes=args.nodes, pool_nodes=min(256, args.nodes),
+    pool = make_pool(ScaleConfig(nodes=args.nodes, pool_nodes=min(256, args.nodes),
                                   pool_windows=1))
     how = (f"{args.streams} shared streams" if args.streams
            else "one connection per node, a stream per window")

@@ -59,3 +59,63 @@ def test_agent_streams_one_connection_and_stream_per_agent_exactly_once(tmp_path
     assert r.exactly_once
     assert 256 / r.epochs_scored <= r.verdict_rows_per_epoch < 256
     assert r.stragglers == [SLOW_NODE]
+
+
+def test_two_generator_processes_split_the_agents_and_time_every_ack(tmp_path):
+    # The 131k-GPU run needs several generator processes: each sends for an interleaved
+    # slice of the nodes and times every ack; the run adds them up exactly once.
+    cfg = ScaleConfig(nodes=32, window_seconds=1.0, grace_seconds=0.6, flush_interval=0.1,
+                      warmup_epochs=1, epochs=2, spread_seconds=0.1, agent_streams=True,
+                      idle_close_s=0.3, pool_windows=2, blast_epochs=0, generator_procs=2,
+                      goal_cores=50.0, goal_ack_beyond_grace_s=30.0)
+    r = run_scale(cfg, tmp_path, progress=lambda *_: None)
+    assert not r.stream_errors
+    assert r.windows_sent == r.windows_acked == r.windows_stored == 32 * 3
+    assert r.exactly_once and r.late_windows == 0
+    assert r.generator_procs == 2 and r.generator_cpu_s > 0
+    assert r.fd_limit > 0
+    # acks are timed at the generator: a measured window's ack follows its write
+    assert 0 < r.ack_p50_s <= r.ack_p99_s <= r.ack_max_s
+    assert dict(r.checks())  # every check is named
+    assert any(what.startswith("ack p99 beyond end+grace") for what, _ in r.checks())
+
+
+def test_a_failed_goal_check_says_the_run_did_not_keep_up():
+    from hypertrace.sim.bench_scale import ScaleResult
+
+    r = ScaleResult(nodes=4, gpus=32, windows_sent=4, windows_acked=4, windows_stored=4,
+                    cpu_cores=2.0, beyond_grace_p99_s=0.1, ack_beyond_grace_p99_s=3.0,
+                    goal_cores=1.5, goal_ack_beyond_grace_s=2.0)
+    failed = [what for what, ok in r.checks() if not ok]
+    assert len(failed) == 2 and not r.keeps_up
+    assert any("cores" in w for w in failed) and any("ack p99" in w for w in failed)
+
+
+def test_only_a_resent_windows_ack_may_say_duplicate():
+    # A window whose stream failed before its ack is sent again (as the uplink resends from
+    # its spool); if the first copy was stored after all, its ack says duplicate: not a fault.
+    import numpy as np
+
+    from hypertrace.sim.bench_scale import ScaleResult, _from_generators
+    from hypertrace.sim.scale_load import Plan, WorkerResult
+
+    cfg = ScaleConfig(nodes=4, warmup_epochs=0, epochs=1, blast_epochs=0)
+    plan = Plan(first_epoch=10, paced_epochs=1, blast_epochs=0, win_ns=10**10, blast_at_ns=0)
+    one = np.ones(4, np.int64)
+    part = WorkerResult(epoch=np.zeros(4, np.int32), due_ns=one, sent_ns=one * 2,
+                        ack_ns=one * 3, duplicate=np.array([False, True, False, False]),
+                        resent=np.array([0, 1, 0, 0], np.int16))
+    r = ScaleResult(nodes=4, gpus=32)
+    _from_generators([part], cfg, plan, r)
+    assert (r.windows_sent, r.windows_acked, r.duplicate_acks, r.resent_windows) == (4, 4, 0, 1)
+    part.duplicate[0] = True                       # a window sent once acked as a duplicate
+    _from_generators([part], cfg, plan, r)
+    assert r.duplicate_acks == 1
+
+
+def test_every_simulated_agent_has_a_connection_of_its_own():
+    # grpc's global subchannel pool would put every channel of a process to one target on one
+    # TCP connection: real agents each hold their own.
+    from hypertrace.sim.scale_load import CHANNEL_OPTIONS
+
+    assert ("grpc.use_local_subchannel_pool", 1) in CHANNEL_OPTIONS

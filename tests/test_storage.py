@@ -311,3 +311,21 @@ def test_on_stored_is_told_each_new_windows_id_in_commit_order(tmp_path):
     assert [i for i, _ in seen] == list(range(1, len(ws) + 1))
     assert [s for _, s in seen] == [w.seq for w in ws]
     st.close()
+
+
+def test_windows_stored_as_received_when_compaction_follows_read_back_and_compact(tmp_path):
+    # An analyzer whose retention pass compacts windows skips the per-window compression:
+    # rows hold the wire bytes (CODEC_RAW), read back, dedup and compact like compressed ones.
+    st = Storage.open(tmp_path / "raw.db")
+    st.compress_at_ingest = False
+    ws = list(generate(SimConfig(gpus=32, gpus_per_node=8, windows=2, seed=5)))
+    assert all(st.add_windows([(w, None, None) for w in ws]))
+    codecs = {c for (c,) in st._conn.execute("SELECT codec FROM windows")}
+    assert codecs == {CODEC_RAW}
+    by_key = {(w.agent_id, w.seq): w.SerializeToString() for w in ws}
+    assert {(sw.agent_id, sw.seq): sw.payload for sw in st.iter_windows()} == by_key
+    assert st.add_window(ws[0]) is False                    # a replay of the same bytes
+    assert st.compact(2**62) == len(ws)                      # into blocks, decoded from raw
+    assert {(sw.agent_id, sw.seq): sw.payload for sw in st.iter_windows()} == by_key
+    assert st.add_window(ws[1]) is False                    # dedup against the block's digest
+    st.close()

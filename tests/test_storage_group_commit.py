@@ -86,3 +86,21 @@ def test_a_failed_commit_raises_in_every_caller_and_storage_keeps_working(tmp_pa
     assert st.count_windows() == 1                   # the rolled-back group left nothing
     assert st.add_window(ws[1])                      # and the storage still works (a retry)
     st.close()
+
+
+def test_add_windows_commits_a_group_once_and_answers_per_window(tmp_path):
+    from hypertrace.analyzer.storage import ConflictingDuplicate
+
+    st = Storage.open(tmp_path / "m.db")
+    ws = list(generate(CFG))
+    seen: list[int] = []
+    first = st.add_windows([(w, None, seen.append) for w in ws[:4]])
+    assert first == [True] * 4 and st.commits == 1      # four windows, one transaction
+    assert seen == sorted(seen) and len(seen) == 4      # on_stored after the commit, in order
+    other = type(ws[0])()
+    other.CopyFrom(ws[0])
+    other.processes[0].rank += 1                        # same key, other bytes
+    out = st.add_windows([(ws[1], None, None), (ws[4], None, None), (other, None, None)])
+    assert out[:2] == [False, True] and isinstance(out[2], ConflictingDuplicate)
+    assert st.commits == 2 and st.count_windows() == 5  # the refused window is not stored
+    st.close()
