@@ -8,37 +8,73 @@ column-wise (one API's bucket ``b`` of every GPU side by side), compress to abou
 that; the rest of each message (names, ids, the overhead report) repeats from window to window
 and LZMA, with its large dictionary, keeps one copy (BENCHMARKS.md, "Storage at rest, schema 5").
 
-Lossless: a block gives back each window's exact wire bytes. The counts are taken out of each
-message and the message re-serialized; a window whose re-serialization is not its received
-bytes (another serializer's field order, unknown fields) is kept verbatim in the block instead.
+The rest of the messages is mostly numbers, different for every GPU (sums and extremes of
+the call times, the overhead report, the run-queue and step totals): interleaved with field
+tags, LZMA kept about 590 B of them per window. They are taken out too, one column per field of
+each message type (every window's ``ApiStats.sum_us`` side by side, then ``min_us`` ...): the
+doubles whole, in an 8-byte-aligned LZMA stream, the integers as byte planes; what is left of
+the messages (names, ids, tags) is a few dozen bytes a window. ``ApiStats.count``, the total of
+its histogram, is kept as its difference from that total (BENCHMARKS.md, "Storage at rest,
+schema 5, numbers column-wise").
 
-Layout: ``b"HB1"``, then two LZMA streams (their lengths first, ``<II``):
+Lossless: a block gives back each window's exact wire bytes. The counts and the numbers are
+taken out of each message and the message re-serialized; only plain proto3 numbers are taken
+(a zero leaves them out of the wire, so putting the number back gives the same bytes). A window
+whose re-serialization is not its received bytes (another serializer's field order, unknown
+fields) is kept verbatim in the block instead, and so is one that a decode of the new block does
+not give back as it came (each block is decoded once when it is written).
 
-* the index: window count ``n``, the ``n`` window ids (``<q``), per window its kind (0 counts
-  taken out, 1 verbatim, ``u1``) and its message length (``<u4``), the messages, then the
-  number of histograms whose counts were taken out and each one's length (``<u4``);
+Layout: ``b"HB2"``, then four LZMA streams (their lengths first, ``<4I``):
+
+* the index: window count ``n``, the ``n`` window ids (``<q``), per window its kind (0 taken
+  apart, 1 verbatim, ``u1``) and its message length (``<u4``), the messages, then the number of
+  histograms whose counts were taken out and each one's length (``<u4``);
+* the doubles: for each column (a field of a message type, in order of first appearance in the
+  windows' depth-first walk), its values (``<f8``);
+* the integers: for each column likewise, its values as 8 byte planes of ``<u8`` (two's
+  complement for the signed fields and for the counts' differences);
 * the counts: for each histogram column (a kind of histogram and API name, in order of first
   appearance), a matrix of (histograms of that column, buckets from the lowest first bucket to
   the highest last one), bucket-major, as ``width``-byte little-endian byte planes, ``width``
   the fewest of 1, 2, 4, 8 bytes that hold the largest count (one byte before the planes).
+
+Blocks of the first layout (``b"HB1"``: the index and the counts only, the numbers left in the
+messages) are still read.
 """
 from __future__ import annotations
 
+import functools
 import lzma
 import struct
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from google.protobuf.descriptor import FieldDescriptor as FD
+
 from hypertrace.proto import hypertrace_pb2 as pb
 
-MAGIC = b"HB1"
+MAGIC = b"HB2"
+#: Blocks written before the numbers were taken out of the messages: still read.
+MAGIC_V1 = b"HB1"
 #: LZMA2 with optimal parsing (what makes the counts small) but a hash-chain match finder of
 #: short depth: within 1% of preset 6's bytes at about a quarter of its CPU (BENCHMARKS.md,
 #: "Storage at rest, schema 5"). XZ framing: its CRC32 tells a damaged block from a good one.
 _FILTERS = [{"id": lzma.FILTER_LZMA2, "dict_size": 1 << 22, "mode": lzma.MODE_NORMAL,
              "mf": lzma.MF_HC4, "nice_len": 32, "depth": 8, "lc": 0, "lp": 0, "pb": 0}]
+#: The doubles' stream: 8-byte aligned (``lp``, ``pb`` 3), so LZMA's literal and match models
+#: keep a state per byte of the double (sign and exponent apart from the mantissa's low bytes):
+#: about 7% smaller than the unaligned model on the same column-wise doubles.
+_DOUBLE_FILTERS = [{**_FILTERS[0], "lp": 3, "pb": 3}]
+#: The counts' stream: the previous byte's high bits as the literal's context (``lc`` 4).
+_COUNT_FILTERS = [{**_FILTERS[0], "lc": 4}]
 _VERBATIM, _SPLIT = 1, 0
+_DOUBLE, _INT = FD.TYPE_DOUBLE, {FD.TYPE_UINT64, FD.TYPE_UINT32, FD.TYPE_INT64, FD.TYPE_INT32}
+#: ApiStats.count is the total of its histogram: kept as its difference from that total (0 in a
+#: well-formed window, so a column of zeros).
+_API_COUNT = "hypertrace.v1.ApiStats.count"
+_MASK = (1 << 64) - 1
+_SIGNED = {FD.TYPE_INT64, FD.TYPE_INT32}
 
 
 class BlockError(ValueError):
@@ -59,29 +95,114 @@ def _histograms(p: pb.ProcessWindow) -> Iterator[tuple[str, pb.Histogram]]:
         yield "busy", p.steps.busy_time
 
 
-def _split(data: bytes) -> tuple[bytes, list[tuple[str, int, list[int]]]] | None:
-    """(the message without its counts, [(column, first bucket, counts)]), or None when putting
-    the counts back would not give ``data`` again."""
+@functools.lru_cache(maxsize=None)
+def _plan(desc: Any) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...],
+                              tuple[str, ...]]:
+    """A message type's (doubles, integers, singular messages, repeated messages) by field
+    name: the numbers taken out are the scalar ones without presence (proto3's plain fields,
+    which a zero leaves out of the wire), so putting a number back gives the same bytes."""
+    dbl, ints, one, many = [], [], [], []
+    for fd in desc.fields:
+        if fd.type == FD.TYPE_MESSAGE:
+            (many if fd.is_repeated else one).append(fd.name)
+        elif fd.is_repeated or fd.has_presence:
+            continue
+        elif fd.type == _DOUBLE:
+            dbl.append(fd.name)
+        elif fd.type in _INT:
+            ints.append(fd.name)
+    return tuple(dbl), tuple(ints), tuple(one), tuple(many)
+
+
+def _walk(m: Any, by_type: dict[str, list[Any]]) -> None:
+    """Append ``m`` and every message it holds to ``by_type`` (type name -> messages), in one
+    fixed order (that of the fields, depth first)."""
+    by_type.setdefault(m.DESCRIPTOR.full_name, []).append(m)
+    _, _, one, many = _plan(m.DESCRIPTOR)
+    for name in one:
+        if m.HasField(name):
+            _walk(getattr(m, name), by_type)
+    for name in many:
+        for sub in getattr(m, name):
+            _walk(sub, by_type)
+
+
+def _columns(by_type: dict[str, list[Any]]) -> Iterator[tuple[str, bool, list[Any]]]:
+    """(column, is a double, the messages that hold it) of every plain number of the messages
+    of :func:`_walk`, a column per field of a message type, in the same order for the same
+    messages."""
+    for name, msgs in by_type.items():
+        dbl, ints, _, _ = _plan(msgs[0].DESCRIPTOR)
+        for field in dbl:
+            yield f"{name}.{field}", True, msgs
+        for field in ints:
+            yield f"{name}.{field}", False, msgs
+
+
+class _Columns:
+    """Numbers of many messages, one list per field (a column), in the order they were met."""
+
+    def __init__(self) -> None:
+        self.doubles: dict[str, list[float]] = {}
+        self.ints: dict[str, list[int]] = {}
+
+    def take(self, m: pb.NodeWindow) -> None:
+        """Move the plain numbers of ``m`` (and of the messages it holds) into their columns
+        (the message keeps zeros)."""
+        by_type: dict[str, list[Any]] = {}
+        _walk(m, by_type)
+        for col, is_double, msgs in _columns(by_type):
+            field = col.rsplit(".", 1)[1]
+            values = [getattr(x, field) for x in msgs]
+            if col == _API_COUNT:
+                values = [v - sum(x.histogram.counts) for v, x in zip(values, msgs)]
+            if not is_double:                   # two's complement: one width for all
+                values = [v & _MASK for v in values]
+            (self.doubles if is_double else self.ints).setdefault(col, []).extend(values)
+            zero = 0.0 if is_double else 0
+            for x in msgs:
+                setattr(x, field, zero)
+
+
+def _split(data: bytes, columns: _Columns) -> tuple[bytes, list[tuple[str, int, list[int]]]] | None:
+    """(the message without its numbers and counts, [(column, first bucket, counts)]), its
+    numbers appended to ``columns``; or None when putting them back would not give ``data``
+    again."""
     try:
         m = pb.NodeWindow.FromString(data)
     except Exception:                     # not a message this code reads: kept verbatim
         return None
     if m.SerializeToString() != data:
         return None
-    hists = []
-    for p in m.processes:
-        for col, h in _histograms(p):
-            hists.append((col, int(h.first_bucket), list(h.counts)))
-            del h.counts[:]
-    return m.SerializeToString(), hists
+    hists = [(col, int(h.first_bucket), list(h.counts), h)
+             for p in m.processes for col, h in _histograms(p)]
+    columns.take(m)
+    for _, _, _, h in hists:
+        del h.counts[:]
+    return m.SerializeToString(), [(c, f, n) for c, f, n, _ in hists]
 
 
 def encode(windows: list[tuple[int, bytes]]) -> bytes:
-    """A block of ``(id, wire bytes)`` windows (any order: kept as given)."""
+    """A block of ``(id, wire bytes)`` windows (any order: kept as given). Decoded once before
+    it is returned: a window that would not come back as it came (a field this code does not
+    know how to take apart) is kept verbatim instead."""
+    verbatim: set[int] = set()
+    for _ in range(2):
+        blob = _encode(windows, verbatim)
+        back = decode(blob)
+        wrong = {i for i, (_, data) in enumerate(windows) if back.get(windows[i][0]) != data}
+        if not wrong:
+            return blob
+        verbatim |= wrong
+    raise AssertionError("a block of verbatim windows did not decode to them")
+
+
+def _encode(windows: list[tuple[int, bytes]], verbatim: set[int]) -> bytes:
     kinds, messages, lengths = [], [], []
     columns: dict[str, list[tuple[int, list[int]]]] = {}
-    for _, data in windows:
-        split = _split(data)
+    numbers = _Columns()
+    for i, (_, data) in enumerate(windows):
+        split = None if i in verbatim else _split(data, numbers)
         if split is None:
             kinds.append(_VERBATIM)
             messages.append(data)
@@ -100,18 +221,28 @@ def encode(windows: list[tuple[int, bytes]]) -> bytes:
         *messages,
         struct.pack("<I", len(lengths)),
         np.array(lengths, "<u4").tobytes()))
-    mats = [_matrix(hs) for hs in columns.values()]
+    # doubles one column after the other, each value whole; integers as byte planes (their
+    # high bytes mostly zero)
+    doubles = b"".join(np.array(v, "<f8").tobytes() for v in numbers.doubles.values())
+    ints = b"".join(np.array(v, "<u8").view(np.uint8).reshape(-1, 8).T.tobytes()
+                    for v in numbers.ints.values())
+    streams = (_compress(index), _compress(doubles, _DOUBLE_FILTERS), _compress(ints),
+               _compress(_planes([_matrix(hs) for hs in columns.values()]), _COUNT_FILTERS))
+    return MAGIC + struct.pack("<4I", *map(len, streams)) + b"".join(streams)
+
+
+def _planes(mats: list[np.ndarray]) -> bytes:
+    """The counts' matrices bucket-major, as ``width``-byte little-endian byte planes (``width``
+    the fewest of 1, 2, 4, 8 bytes that hold the largest count, one byte before the planes)."""
     top = max((int(m.max()) for m in mats if m.size), default=0)
     width = next(w for w in (1, 2, 4, 8) if top < 1 << (8 * w))
-    planes = b"".join(np.ascontiguousarray(m.T, f"<u{width}").view(np.uint8)
-                      .reshape(-1, width).T.tobytes() for m in mats)
-    a = _compress(index)
-    b = _compress(bytes([width]) + planes)
-    return MAGIC + struct.pack("<II", len(a), len(b)) + a + b
+    return bytes([width]) + b"".join(
+        np.ascontiguousarray(m.T, f"<u{width}").view(np.uint8).reshape(-1, width).T.tobytes()
+        for m in mats)
 
 
-def _compress(data: bytes) -> bytes:
-    return lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC32, filters=_FILTERS)
+def _compress(data: bytes, filters: list[dict] = _FILTERS) -> bytes:
+    return lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC32, filters=filters)
 
 
 def _matrix(hists: list[tuple[int, list[int]]]) -> np.ndarray:
@@ -140,11 +271,14 @@ def decode(blob: bytes) -> dict[int, bytes]:
 
 
 def _decode(blob: bytes) -> dict[int, bytes]:
-    if blob[:3] != MAGIC:
+    if blob[:3] == MAGIC:
+        sizes = struct.unpack_from("<4I", blob, 3)
+        index, doubles, ints, raw = _streams(blob, 3 + 16, sizes)
+    elif blob[:3] == MAGIC_V1:
+        index, raw = _streams(blob, 3 + 8, struct.unpack_from("<II", blob, 3))
+        doubles = ints = None
+    else:
         raise BlockError("not a window block")
-    la, lb = struct.unpack_from("<II", blob, 3)
-    index = lzma.decompress(blob[11:11 + la])
-    raw = lzma.decompress(blob[11 + la:11 + la + lb])
     (n,) = struct.unpack_from("<I", index, 0)
     off = 4
     ids = np.frombuffer(index, "<i8", n, off).tolist()
@@ -159,17 +293,17 @@ def _decode(blob: bytes) -> dict[int, bytes]:
         off += s
     (nh,) = struct.unpack_from("<I", index, off)
     lengths = np.frombuffer(index, "<u4", nh, off + 4).tolist()
+    parsed: list[pb.NodeWindow | None] = [
+        None if kind == _VERBATIM else pb.NodeWindow.FromString(msg)
+        for kind, msg in zip(kinds, messages)]
+    counted = []
+    if doubles is not None:
+        counted = _put_numbers([m for m in parsed if m is not None], doubles, ints)
     # the messages name each histogram's column and first bucket: the matrices' shapes follow
-    parsed: list[pb.NodeWindow | None] = []
     slots: dict[str, list[tuple[pb.Histogram, int, int]]] = {}
     it = iter(lengths)
-    for kind, msg in zip(kinds, messages):
-        if kind == _VERBATIM:
-            parsed.append(None)
-            continue
-        m = pb.NodeWindow.FromString(msg)
-        parsed.append(m)
-        for p in m.processes:
+    for m in parsed:
+        for p in (m.processes if m is not None else ()):
             for col, h in _histograms(p):
                 slots.setdefault(col, []).append((h, int(h.first_bucket), next(it)))
     width, pos = raw[0], 1
@@ -181,5 +315,49 @@ def _decode(blob: bytes) -> dict[int, bytes]:
         m = np.ascontiguousarray(planes.T).view(f"<u{width}").reshape(hi - lo, len(hs)).T
         for row, (h, f, k) in zip(m.tolist(), hs):
             h.counts.extend(row[f - lo:f - lo + k])
+    for api, diff in counted:
+        api.count = (diff + sum(api.histogram.counts)) & _MASK
     return {i: (msg if m is None else m.SerializeToString())
             for i, msg, m in zip(ids, messages, parsed)}
+
+
+def _streams(blob: bytes, off: int, sizes: tuple[int, ...]) -> list[bytes]:
+    """The LZMA streams that follow a block's header, decompressed."""
+    out = []
+    for size in sizes:
+        out.append(lzma.decompress(blob[off:off + size]))
+        off += size
+    return out
+
+
+def _put_numbers(messages: list[pb.NodeWindow], doubles: bytes, ints: bytes
+                 ) -> list[tuple[pb.ApiStats, int]]:
+    """Put back the numbers :class:`_Columns` took out of ``messages``; returns the ApiStats
+    whose count is still to be set, each with its difference from its histogram's total (the
+    counts are put back after)."""
+    slots: dict[tuple[str, bool], list[Any]] = {}
+    for m in messages:              # the columns of each window, as _Columns.take met them
+        by_type: dict[str, list[Any]] = {}
+        _walk(m, by_type)
+        for col, is_double, msgs in _columns(by_type):
+            slots.setdefault((col, is_double), []).extend(msgs)
+    counted: list[tuple[pb.ApiStats, int]] = []
+    dpos = ipos = 0
+    for (col, is_double), msgs in slots.items():
+        k, field = len(msgs), col.rsplit(".", 1)[1]
+        if is_double:
+            values = np.frombuffer(doubles, "<f8", k, dpos).tolist()
+            dpos += 8 * k
+        else:
+            signed = msgs[0].DESCRIPTOR.fields_by_name[field].type in _SIGNED
+            values = (np.frombuffer(ints, np.uint8, 8 * k, ipos).reshape(8, k).T.copy()
+                      .view("<i8" if signed else "<u8").ravel().tolist())
+            ipos += 8 * k
+            if col == _API_COUNT:
+                counted.extend(zip(msgs, values))
+                continue
+        for x, v in zip(msgs, values):
+            setattr(x, field, v)
+    if dpos != len(doubles) or ipos != len(ints):
+        raise BlockError("the numbers' streams do not match the messages")
+    return counted

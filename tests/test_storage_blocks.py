@@ -3,7 +3,10 @@ windows back, dedup still knows their keys, retention deletes the blocks, a sche
 upgraded, and a restart from blocks reaches the live verdicts."""
 from __future__ import annotations
 
+import hashlib
+import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +36,49 @@ def test_a_block_gives_back_every_windows_exact_bytes_non_canonical_ones_include
         agent_id=m.agent_id).SerializeToString()
     items = [(i + 1, b) for i, b in enumerate([*ws, odd, swapped, b""])]
     assert blocks.decode(blocks.encode(items)) == dict(items)
+
+
+def test_a_block_keeps_every_number_exact_odd_ones_included():
+    """The numbers taken out of the messages come back bit for bit: NaN, -0.0, infinities, the
+    largest uint64, negative ranks, an ApiStats count that is not its histogram's total, and
+    fields with presence set to zero."""
+    ws = [w for w in generate(CFG)]
+    p = ws[0].processes[0]
+    p.apis[0].sum_us = float("nan")
+    p.apis[0].min_us = -0.0
+    p.apis[0].max_us = float("inf")
+    p.apis[1].count = p.apis[1].count + 7               # not the histogram's total
+    p.apis[2].count = 0
+    p.rank = -1
+    p.sched.runq_ns = 2**64 - 1
+    p.nvml.temperature_c = 0.0                          # presence: kept in the message
+    p.nvml.power_w = 1e-300
+    ws[1].processes[1].overhead.call_rate_hz = -1.5e308
+    ws[2].processes[0].ClearField("apis")               # fewer ApiStats than the others
+    items = [(10 + i, w.SerializeToString()) for i, w in enumerate(ws)]
+    blob = blocks.encode(items)
+    assert blob[:3] == blocks.MAGIC
+    assert blocks.decode(blob) == dict(items)
+
+
+def test_a_block_of_the_first_format_still_decodes():
+    """A block written before the numbers were taken out (``HB1``, kept in tests/data as that
+    code wrote it) gives back its windows' exact bytes."""
+    data = Path(__file__).parent / "data"
+    blob = (data / "block-hb1.bin").read_bytes()
+    want = json.loads((data / "block-hb1.json").read_text())
+    assert blob[:3] == blocks.MAGIC_V1
+    got = blocks.decode(blob)
+    assert {str(i): hashlib.blake2b(d, digest_size=16).hexdigest()
+            for i, d in got.items()} == want
+
+
+def test_the_numbers_at_rest_take_less_than_in_the_first_format():
+    """Numbers column-wise and counts' totals dropped: the same windows take fewer bytes."""
+    items = [(i + 1, w.SerializeToString()) for i, w in enumerate(generate(CFG))]
+    data = Path(__file__).parent / "data"
+    first = len((data / "block-hb1.bin").read_bytes()) / 8      # its 8 windows of 32 GPUs
+    assert len(blocks.encode(items)) / len(items) < first
 
 
 def test_a_damaged_block_is_a_block_error_not_a_crash():
