@@ -35,8 +35,10 @@ Layout: ``b"HB2"``, then four LZMA streams (their lengths first, ``<4I``):
   complement for the signed fields and for the counts' differences);
 * the counts: for each histogram column (a kind of histogram and API name, in order of first
   appearance), a matrix of (histograms of that column, buckets from the lowest first bucket to
-  the highest last one), bucket-major, as ``width``-byte little-endian byte planes, ``width``
-  the fewest of 1, 2, 4, 8 bytes that hold the largest count (one byte before the planes).
+  the highest last one), its rows ordered by the total beside each histogram (the API's
+  ``sum_us``, the run queue's ``runq_ns``: :func:`_order`), bucket-major, as ``width``-byte
+  little-endian byte planes, ``width`` the fewest of 1, 2, 4, 8 bytes that hold the largest
+  count (one byte before the planes).
 
 Blocks of the first layout (``b"HB1"``: the index and the counts only, the numbers left in the
 messages) are still read.
@@ -82,17 +84,26 @@ class BlockError(ValueError):
     database."""
 
 
-def _histograms(p: pb.ProcessWindow) -> Iterator[tuple[str, pb.Histogram]]:
-    """Each histogram of a process window with the column it belongs to, in a fixed order."""
+def _histograms(p: pb.ProcessWindow) -> Iterator[tuple[str, pb.Histogram, float]]:
+    """Each histogram of a process window with the column it belongs to and the total its
+    message holds beside it (the order of the column's rows in a block), in a fixed order."""
     for a in p.apis:
         if a.HasField("histogram"):
-            yield "api:" + a.api, a.histogram
+            yield "api:" + a.api, a.histogram, a.sum_us
     if p.HasField("step_time"):
-        yield "step", p.step_time
+        yield "step", p.step_time, 0.0
     if p.HasField("sched") and p.sched.HasField("runq_latency"):
-        yield "runq", p.sched.runq_latency
+        yield "runq", p.sched.runq_latency, float(p.sched.runq_ns)
     if p.HasField("steps") and p.steps.HasField("busy_time"):
-        yield "busy", p.steps.busy_time
+        yield "busy", p.steps.busy_time, 0.0
+
+
+def _order(keys: list[float]) -> np.ndarray:
+    """The order of a column's rows in a block: by the totals beside their histograms (GPUs
+    with like totals have like histograms, which LZMA then meets side by side: the counts'
+    stream about 6% smaller). Computed from numbers decoded before the counts, so it costs no
+    bytes."""
+    return np.argsort(np.array(keys, np.float64), kind="stable")
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,8 +175,10 @@ class _Columns:
                 setattr(x, field, zero)
 
 
-def _split(data: bytes, columns: _Columns) -> tuple[bytes, list[tuple[str, int, list[int]]]] | None:
-    """(the message without its numbers and counts, [(column, first bucket, counts)]), its
+def _split(data: bytes, columns: _Columns
+           ) -> tuple[bytes, list[tuple[str, int, list[int], float]]] | None:
+    """(the message without its numbers and counts, [(column, first bucket, counts, the total
+    beside them)]), its
     numbers appended to ``columns``; or None when putting them back would not give ``data``
     again."""
     try:
@@ -174,12 +187,12 @@ def _split(data: bytes, columns: _Columns) -> tuple[bytes, list[tuple[str, int, 
         return None
     if m.SerializeToString() != data:
         return None
-    hists = [(col, int(h.first_bucket), list(h.counts), h)
-             for p in m.processes for col, h in _histograms(p)]
+    hists = [(col, int(h.first_bucket), list(h.counts), key, h)
+             for p in m.processes for col, h, key in _histograms(p)]
     columns.take(m)
-    for _, _, _, h in hists:
+    for *_, h in hists:
         del h.counts[:]
-    return m.SerializeToString(), [(c, f, n) for c, f, n, _ in hists]
+    return m.SerializeToString(), [(c, f, n, key) for c, f, n, key, _ in hists]
 
 
 def encode(windows: list[tuple[int, bytes]]) -> bytes:
@@ -200,6 +213,7 @@ def encode(windows: list[tuple[int, bytes]]) -> bytes:
 def _encode(windows: list[tuple[int, bytes]], verbatim: set[int]) -> bytes:
     kinds, messages, lengths = [], [], []
     columns: dict[str, list[tuple[int, list[int]]]] = {}
+    keys: dict[str, list[float]] = {}
     numbers = _Columns()
     for i, (_, data) in enumerate(windows):
         split = None if i in verbatim else _split(data, numbers)
@@ -210,9 +224,10 @@ def _encode(windows: list[tuple[int, bytes]], verbatim: set[int]) -> bytes:
         rest, hists = split
         kinds.append(_SPLIT)
         messages.append(rest)
-        for col, first, counts in hists:
+        for col, first, counts, key in hists:
             lengths.append(len(counts))
             columns.setdefault(col, []).append((first, counts))
+            keys.setdefault(col, []).append(key)
     index = b"".join((
         struct.pack("<I", len(windows)),
         np.array([i for i, _ in windows], "<i8").tobytes(),
@@ -227,7 +242,8 @@ def _encode(windows: list[tuple[int, bytes]], verbatim: set[int]) -> bytes:
     ints = b"".join(np.array(v, "<u8").view(np.uint8).reshape(-1, 8).T.tobytes()
                     for v in numbers.ints.values())
     streams = (_compress(index), _compress(doubles, _DOUBLE_FILTERS), _compress(ints),
-               _compress(_planes([_matrix(hs) for hs in columns.values()]), _COUNT_FILTERS))
+               _compress(_planes([_matrix(hs)[_order(keys[col])] for col, hs in columns.items()]),
+                         _COUNT_FILTERS))
     return MAGIC + struct.pack("<4I", *map(len, streams)) + b"".join(streams)
 
 
@@ -300,20 +316,22 @@ def _decode(blob: bytes) -> dict[int, bytes]:
     if doubles is not None:
         counted = _put_numbers([m for m in parsed if m is not None], doubles, ints)
     # the messages name each histogram's column and first bucket: the matrices' shapes follow
-    slots: dict[str, list[tuple[pb.Histogram, int, int]]] = {}
+    slots: dict[str, list[tuple[pb.Histogram, int, int, float]]] = {}
     it = iter(lengths)
     for m in parsed:
         for p in (m.processes if m is not None else ()):
-            for col, h in _histograms(p):
-                slots.setdefault(col, []).append((h, int(h.first_bucket), next(it)))
+            for col, h, key in _histograms(p):
+                slots.setdefault(col, []).append((h, int(h.first_bucket), next(it), key))
     width, pos = raw[0], 1
     for hs in slots.values():
-        lo, hi = _span([(f, k) for _, f, k in hs])
+        lo, hi = _span([(f, k) for _, f, k, _ in hs])
         size = len(hs) * (hi - lo)
         planes = np.frombuffer(raw, np.uint8, size * width, pos).reshape(width, size)
         pos += size * width
         m = np.ascontiguousarray(planes.T).view(f"<u{width}").reshape(hi - lo, len(hs)).T
-        for row, (h, f, k) in zip(m.tolist(), hs):
+        order = _order([key for *_, key in hs]) if doubles is not None else range(len(hs))
+        for row, i in zip(m.tolist(), order):
+            h, f, k, _ = hs[i]
             h.counts.extend(row[f - lo:f - lo + k])
     for api, diff in counted:
         api.count = (diff + sum(api.histogram.counts)) & _MASK
