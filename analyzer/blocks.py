@@ -379,3 +379,18 @@ def _put_numbers(messages: list[pb.NodeWindow], doubles: bytes, ints: bytes
     if dpos != len(doubles) or ipos != len(ints):
         raise BlockError("the numbers' streams do not match the messages")
     return counted
+
+
+def with_ids(blob: bytes, ids: list[int]) -> bytes:
+    """The same windows under other ids (``ids`` in the order the block holds its windows):
+    a copy of a block for another stretch of a benchmark's history, at the cost of its index
+    stream only (the numbers and counts are copied as they are, not decoded)."""
+    if blob[:3] != MAGIC:
+        raise BlockError("not a window block of the current layout")
+    sizes = struct.unpack_from("<4I", blob, 3)
+    (index,) = _streams(blob, 3 + 16, sizes[:1])
+    (n,) = struct.unpack_from("<I", index, 0)
+    if len(ids) != n:
+        raise ValueError(f"{len(ids)} ids for a block of {n} windows")
+    a = _compress(index[:4] + np.array(ids, "<i8").tobytes() + index[4 + 8 * n:])
+    return MAGIC + struct.pack("<4I", len(a), *sizes[1:]) + a + blob[3 + 16 + sizes[0]:]

@@ -81,6 +81,15 @@ def test_the_numbers_at_rest_take_less_than_in_the_first_format():
     assert len(blocks.encode(items)) / len(items) < first
 
 
+def test_a_copied_block_gives_the_same_windows_under_its_new_ids():
+    items = [(i + 1, w.SerializeToString()) for i, w in enumerate(generate(CFG))]
+    ids = [1000 + 3 * i for i in range(len(items))]
+    copy = blocks.with_ids(blocks.encode(items), ids)
+    assert blocks.decode(copy) == {new: data for new, (_, data) in zip(ids, items)}
+    with pytest.raises(ValueError):
+        blocks.with_ids(copy, ids[:-1])
+
+
 def test_a_damaged_block_is_a_block_error_not_a_crash():
     items = [(i + 1, w.SerializeToString()) for i, w in enumerate(generate(CFG))]
     blob = bytearray(blocks.encode(items))
