@@ -61,6 +61,17 @@ def test_a_block_keeps_every_number_exact_odd_ones_included():
     assert blocks.decode(blob) == dict(items)
 
 
+def test_a_block_keeps_histogram_fields_this_code_does_not_know():
+    """A newer wire's histogram (an unknown field, e.g. packed counts) comes back exact."""
+    ws = list(generate(CFG))
+    h = ws[0].processes[0].apis[0].histogram
+    h.CopyFrom(pb.Histogram.FromString(h.SerializeToString() + b"\x22\x04\x01\x02\x03\x04"))
+    ws[1].processes[2].step_time.CopyFrom(pb.Histogram.FromString(b"\x08\x01\x22\x01\x07"))
+    items = [(i + 1, w.SerializeToString()) for i, w in enumerate(ws)]
+    assert b"\x22\x04\x01\x02\x03\x04" in items[0][1]
+    assert blocks.decode(blocks.encode(items)) == dict(items)
+
+
 def test_a_block_of_the_first_format_still_decodes():
     """A block written before the numbers were taken out (``HB1``, kept in tests/data as that
     code wrote it) gives back its windows' exact bytes."""
