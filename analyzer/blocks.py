@@ -29,8 +29,8 @@ Layout: ``b"HB2"``, then four LZMA streams (their lengths first, ``<4I``):
 * the index: window count ``n``, the ``n`` window ids (``<q``), per window its kind (0 taken
   apart, 1 verbatim, ``u1``) and its message length (``<u4``), the messages, then the number of
   histograms whose counts were taken out and each one's length (``<u4``);
-* the doubles: for each column (a field of a message type, in order of first appearance in the
-  windows' depth-first walk), its values (``<f8``);
+* the doubles: for each column (a field of a message type; the types in order of first
+  appearance in the windows taken apart, each walked depth first), its values (``<f8``);
 * the integers: for each column likewise, its values as 8 byte planes of ``<u8`` (two's
   complement for the signed fields and for the counts' differences);
 * the counts: for each histogram column (a kind of histogram and API name, in order of first
@@ -107,29 +107,36 @@ def _order(keys: list[float]) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=None)
-def _plan(desc: Any) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...],
-                              tuple[str, ...]]:
-    """A message type's (doubles, integers, singular messages, repeated messages) by field
-    name: the numbers taken out are the scalar ones without presence (proto3's plain fields,
-    which a zero leaves out of the wire), so putting a number back gives the same bytes."""
+def _plan(desc: Any) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str, bool], ...],
+                              tuple[str, ...], tuple[str, ...]]:
+    """A message type's doubles (field, column), integers (field, column, signed), singular
+    and repeated messages (field): the numbers taken out are the scalar ones without presence
+    (proto3's plain fields, which a zero leaves out of the wire), so putting a number back
+    gives the same bytes."""
     dbl, ints, one, many = [], [], [], []
     for fd in desc.fields:
+        col = f"{desc.full_name}.{fd.name}"
         if fd.type == FD.TYPE_MESSAGE:
             (many if fd.is_repeated else one).append(fd.name)
         elif fd.is_repeated or fd.has_presence:
             continue
         elif fd.type == _DOUBLE:
-            dbl.append(fd.name)
+            dbl.append((fd.name, col))
         elif fd.type in _INT:
-            ints.append(fd.name)
+            ints.append((fd.name, col, fd.type in _SIGNED))
     return tuple(dbl), tuple(ints), tuple(one), tuple(many)
 
 
-def _walk(m: Any, by_type: dict[str, list[Any]]) -> None:
-    """Append ``m`` and every message it holds to ``by_type`` (type name -> messages), in one
+def _walk(m: Any, by_type: dict[Any, list[Any]]) -> None:
+    """Append ``m`` and every message it holds to ``by_type`` (descriptor -> messages), in one
     fixed order (that of the fields, depth first)."""
-    by_type.setdefault(m.DESCRIPTOR.full_name, []).append(m)
-    _, _, one, many = _plan(m.DESCRIPTOR)
+    desc = m.DESCRIPTOR
+    got = by_type.get(desc)
+    if got is None:
+        by_type[desc] = [m]
+    else:
+        got.append(m)
+    _, _, one, many = _plan(desc)
     for name in one:
         if m.HasField(name):
             _walk(getattr(m, name), by_type)
@@ -138,61 +145,46 @@ def _walk(m: Any, by_type: dict[str, list[Any]]) -> None:
             _walk(sub, by_type)
 
 
-def _columns(by_type: dict[str, list[Any]]) -> Iterator[tuple[str, bool, list[Any]]]:
-    """(column, is a double, the messages that hold it) of every plain number of the messages
-    of :func:`_walk`, a column per field of a message type, in the same order for the same
-    messages."""
-    for name, msgs in by_type.items():
-        dbl, ints, _, _ = _plan(msgs[0].DESCRIPTOR)
-        for field in dbl:
-            yield f"{name}.{field}", True, msgs
-        for field in ints:
-            yield f"{name}.{field}", False, msgs
-
-
-class _Columns:
-    """Numbers of many messages, one list per field (a column), in the order they were met."""
-
-    def __init__(self) -> None:
-        self.doubles: dict[str, list[float]] = {}
-        self.ints: dict[str, list[int]] = {}
-
-    def take(self, m: pb.NodeWindow) -> None:
-        """Move the plain numbers of ``m`` (and of the messages it holds) into their columns
-        (the message keeps zeros)."""
-        by_type: dict[str, list[Any]] = {}
+def _by_type(messages: list[pb.NodeWindow]) -> dict[Any, list[Any]]:
+    """Every message the windows hold, grouped by type: a column of numbers is one field of
+    one type, over every window of a block (window by window, each depth first)."""
+    by_type: dict[Any, list[Any]] = {}
+    for m in messages:
         _walk(m, by_type)
-        for col, is_double, msgs in _columns(by_type):
-            field = col.rsplit(".", 1)[1]
+    return by_type
+
+
+def _take_numbers(messages: list[pb.NodeWindow]) -> tuple[bytes, bytes]:
+    """Move the plain numbers out of ``messages`` (they keep zeros): (the doubles, the
+    integers) streams' bytes, a column after the other. Called with the histograms' counts
+    still in: ``ApiStats.count`` is kept as its difference from their total."""
+    doubles, ints = [], []
+    for desc, msgs in _by_type(messages).items():
+        dbl, its, _, _ = _plan(desc)
+        for field, _ in dbl:
+            doubles.append(np.array([getattr(x, field) for x in msgs], "<f8").tobytes())
+            for x in msgs:
+                setattr(x, field, 0.0)
+        for field, col, _ in its:
             values = [getattr(x, field) for x in msgs]
             if col == _API_COUNT:
                 values = [v - sum(x.histogram.counts) for v, x in zip(values, msgs)]
-            if not is_double:                   # two's complement: one width for all
-                values = [v & _MASK for v in values]
-            (self.doubles if is_double else self.ints).setdefault(col, []).extend(values)
-            zero = 0.0 if is_double else 0
+            # two's complement, as byte planes (their high bytes mostly zero)
+            ints.append(np.array([v & _MASK for v in values], "<u8").view(np.uint8)
+                        .reshape(-1, 8).T.tobytes())
             for x in msgs:
-                setattr(x, field, zero)
+                setattr(x, field, 0)
+    return b"".join(doubles), b"".join(ints)
 
 
-def _split(data: bytes, columns: _Columns
-           ) -> tuple[bytes, list[tuple[str, int, list[int], float]]] | None:
-    """(the message without its numbers and counts, [(column, first bucket, counts, the total
-    beside them)]), its
-    numbers appended to ``columns``; or None when putting them back would not give ``data``
-    again."""
+def _parse(data: bytes) -> pb.NodeWindow | None:
+    """The window's message, or None when serializing it again would not give ``data`` (kept
+    verbatim then)."""
     try:
         m = pb.NodeWindow.FromString(data)
-    except Exception:                     # not a message this code reads: kept verbatim
+    except Exception:                     # not a message this code reads
         return None
-    if m.SerializeToString() != data:
-        return None
-    hists = [(col, int(h.first_bucket), list(h.counts), key, h)
-             for p in m.processes for col, h, key in _histograms(p)]
-    columns.take(m)
-    for *_, h in hists:
-        del h.counts[:]
-    return m.SerializeToString(), [(c, f, n, key) for c, f, n, key, _ in hists]
+    return m if m.SerializeToString() == data else None
 
 
 def encode(windows: list[tuple[int, bytes]]) -> bytes:
@@ -211,36 +203,28 @@ def encode(windows: list[tuple[int, bytes]]) -> bytes:
 
 
 def _encode(windows: list[tuple[int, bytes]], verbatim: set[int]) -> bytes:
-    kinds, messages, lengths = [], [], []
+    parsed = [None if i in verbatim else _parse(data) for i, (_, data) in enumerate(windows)]
+    split = [m for m in parsed if m is not None]
+    # the histograms with their counts and keys, read before the numbers are taken out
+    hists = [(col, int(h.first_bucket), list(h.counts), key, h)
+             for m in split for p in m.processes for col, h, key in _histograms(p)]
+    doubles, ints = _take_numbers(split)
     columns: dict[str, list[tuple[int, list[int]]]] = {}
     keys: dict[str, list[float]] = {}
-    numbers = _Columns()
-    for i, (_, data) in enumerate(windows):
-        split = None if i in verbatim else _split(data, numbers)
-        if split is None:
-            kinds.append(_VERBATIM)
-            messages.append(data)
-            continue
-        rest, hists = split
-        kinds.append(_SPLIT)
-        messages.append(rest)
-        for col, first, counts, key in hists:
-            lengths.append(len(counts))
-            columns.setdefault(col, []).append((first, counts))
-            keys.setdefault(col, []).append(key)
+    for col, first, counts, key, h in hists:
+        columns.setdefault(col, []).append((first, counts))
+        keys.setdefault(col, []).append(key)
+        del h.counts[:]
+    messages = [data if m is None else m.SerializeToString()
+                for m, (_, data) in zip(parsed, windows)]
     index = b"".join((
         struct.pack("<I", len(windows)),
         np.array([i for i, _ in windows], "<i8").tobytes(),
-        np.array(kinds, "u1").tobytes(),
+        np.array([_VERBATIM if m is None else _SPLIT for m in parsed], "u1").tobytes(),
         np.array([len(m) for m in messages], "<u4").tobytes(),
         *messages,
-        struct.pack("<I", len(lengths)),
-        np.array(lengths, "<u4").tobytes()))
-    # doubles one column after the other, each value whole; integers as byte planes (their
-    # high bytes mostly zero)
-    doubles = b"".join(np.array(v, "<f8").tobytes() for v in numbers.doubles.values())
-    ints = b"".join(np.array(v, "<u8").view(np.uint8).reshape(-1, 8).T.tobytes()
-                    for v in numbers.ints.values())
+        struct.pack("<I", len(hists)),
+        np.array([len(c) for _, _, c, _, _ in hists], "<u4").tobytes()))
     streams = (_compress(index), _compress(doubles, _DOUBLE_FILTERS), _compress(ints),
                _compress(_planes([_matrix(hs)[_order(keys[col])] for col, hs in columns.items()]),
                          _COUNT_FILTERS))
@@ -350,32 +334,27 @@ def _streams(blob: bytes, off: int, sizes: tuple[int, ...]) -> list[bytes]:
 
 def _put_numbers(messages: list[pb.NodeWindow], doubles: bytes, ints: bytes
                  ) -> list[tuple[pb.ApiStats, int]]:
-    """Put back the numbers :class:`_Columns` took out of ``messages``; returns the ApiStats
-    whose count is still to be set, each with its difference from its histogram's total (the
-    counts are put back after)."""
-    slots: dict[tuple[str, bool], list[Any]] = {}
-    for m in messages:              # the columns of each window, as _Columns.take met them
-        by_type: dict[str, list[Any]] = {}
-        _walk(m, by_type)
-        for col, is_double, msgs in _columns(by_type):
-            slots.setdefault((col, is_double), []).extend(msgs)
+    """Put back the numbers :func:`_take_numbers` took out of ``messages``; returns the
+    ApiStats whose count is still to be set, each with its difference from its histogram's
+    total (the counts are put back after)."""
     counted: list[tuple[pb.ApiStats, int]] = []
     dpos = ipos = 0
-    for (col, is_double), msgs in slots.items():
-        k, field = len(msgs), col.rsplit(".", 1)[1]
-        if is_double:
-            values = np.frombuffer(doubles, "<f8", k, dpos).tolist()
+    for desc, msgs in _by_type(messages).items():
+        k = len(msgs)
+        dbl, its, _, _ = _plan(desc)
+        for field, _ in dbl:
+            for x, v in zip(msgs, np.frombuffer(doubles, "<f8", k, dpos).tolist()):
+                setattr(x, field, v)
             dpos += 8 * k
-        else:
-            signed = msgs[0].DESCRIPTOR.fields_by_name[field].type in _SIGNED
+        for field, col, signed in its:
             values = (np.frombuffer(ints, np.uint8, 8 * k, ipos).reshape(8, k).T.copy()
                       .view("<i8" if signed else "<u8").ravel().tolist())
             ipos += 8 * k
             if col == _API_COUNT:
                 counted.extend(zip(msgs, values))
                 continue
-        for x, v in zip(msgs, values):
-            setattr(x, field, v)
+            for x, v in zip(msgs, values):
+                setattr(x, field, v)
     if dpos != len(doubles) or ipos != len(ints):
         raise BlockError("the numbers' streams do not match the messages")
     return counted
