@@ -117,6 +117,8 @@ def _plan(desc: Any) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str,
     for fd in desc.fields:
         col = f"{desc.full_name}.{fd.name}"
         if fd.type == FD.TYPE_MESSAGE:
+            if fd.is_repeated and fd.message_type.GetOptions().map_entry:
+                continue                    # a map: kept in the message as it is
             (many if fd.is_repeated else one).append(fd.name)
         elif fd.is_repeated or fd.has_presence:
             continue

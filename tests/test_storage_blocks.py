@@ -72,6 +72,20 @@ def test_a_block_keeps_histogram_fields_this_code_does_not_know():
     assert blocks.decode(blocks.encode(items)) == dict(items)
 
 
+def test_numbers_taken_out_of_messages_with_maps_come_back_and_the_maps_stay():
+    """A message type with a map field (a wire that grows one): the map stays in the message,
+    the plain numbers go out and come back."""
+    g = pb.GpuReport(gpu="0", rank=-3, windows_seen=5, spike_rate=0.25,
+                     findings=[pb.Finding(api="x", ratio=1.5)])
+    g.p50_ratio["cudaLaunchKernel"] = 1.25
+    want = g.SerializeToString()
+    doubles, ints = blocks._take_numbers([g])
+    assert g.spike_rate == 0.0 and g.rank == 0 and g.p50_ratio["cudaLaunchKernel"] == 1.25
+    stripped = pb.GpuReport.FromString(g.SerializeToString())
+    assert blocks._put_numbers([stripped], doubles, ints) == []
+    assert stripped.SerializeToString() == want
+
+
 def test_a_block_of_the_first_format_still_decodes():
     """A block written before the numbers were taken out (``HB1``, kept in tests/data as that
     code wrote it) gives back its windows' exact bytes."""
