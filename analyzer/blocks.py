@@ -8,37 +8,75 @@ column-wise (one API's bucket ``b`` of every GPU side by side), compress to abou
 that; the rest of each message (names, ids, the overhead report) repeats from window to window
 and LZMA, with its large dictionary, keeps one copy (BENCHMARKS.md, "Storage at rest, schema 5").
 
-Lossless: a block gives back each window's exact wire bytes. The counts are taken out of each
-message and the message re-serialized; a window whose re-serialization is not its received
-bytes (another serializer's field order, unknown fields) is kept verbatim in the block instead.
+The rest of the messages is mostly numbers, different for every GPU (sums and extremes of
+the call times, the overhead report, the run-queue and step totals): interleaved with field
+tags, LZMA kept about 590 B of them per window. They are taken out too, one column per field of
+each message type (every window's ``ApiStats.sum_us`` side by side, then ``min_us`` ...): the
+doubles whole, in an 8-byte-aligned LZMA stream, the integers as byte planes; what is left of
+the messages (names, ids, tags) is a few dozen bytes a window. ``ApiStats.count``, the total of
+its histogram, is kept as its difference from that total (BENCHMARKS.md, "Storage at rest,
+schema 5, numbers column-wise").
 
-Layout: ``b"HB1"``, then two LZMA streams (their lengths first, ``<II``):
+Lossless: a block gives back each window's exact wire bytes. The counts and the numbers are
+taken out of each message and the message re-serialized; only plain proto3 numbers are taken
+(a zero leaves them out of the wire, so putting the number back gives the same bytes). A window
+whose re-serialization is not its received bytes (another serializer's field order, unknown
+fields) is kept verbatim in the block instead, and so is one that a decode of the new block does
+not give back as it came (each block is decoded once when it is written).
 
-* the index: window count ``n``, the ``n`` window ids (``<q``), per window its kind (0 counts
-  taken out, 1 verbatim, ``u1``) and its message length (``<u4``), the messages, then the
-  number of histograms whose counts were taken out and each one's length (``<u4``);
+Layout: ``b"HB2"``, then four LZMA streams (their lengths first, ``<4I``):
+
+* the index: window count ``n``, the ``n`` window ids (``<q``), per window its kind (0 taken
+  apart, 1 verbatim, ``u1``) and its message length (``<u4``), the messages, then the number of
+  histograms whose counts were taken out and each one's length (``<u4``);
+* the doubles: for each column (a field of a message type; the types in order of first
+  appearance in the windows taken apart, each walked depth first), its values (``<f8``);
+* the integers: for each column likewise, its values as 8 byte planes of ``<u8`` (two's
+  complement for the signed fields and for the counts' differences);
 * the counts: for each histogram column (a kind of histogram and API name, in order of first
   appearance), a matrix of (histograms of that column, buckets from the lowest first bucket to
-  the highest last one), bucket-major, as ``width``-byte little-endian byte planes, ``width``
-  the fewest of 1, 2, 4, 8 bytes that hold the largest count (one byte before the planes).
+  the highest last one), its rows ordered by the total beside each histogram (the API's
+  ``sum_us``, the run queue's ``runq_ns``: :func:`_order`), bucket-major, as ``width``-byte
+  little-endian byte planes, ``width`` the fewest of 1, 2, 4, 8 bytes that hold the largest
+  count (one byte before the planes).
+
+Blocks of the first layout (``b"HB1"``: the index and the counts only, the numbers left in the
+messages) are still read.
 """
 from __future__ import annotations
 
+import functools
 import lzma
 import struct
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from google.protobuf.descriptor import FieldDescriptor as FD
+
 from hypertrace.proto import hypertrace_pb2 as pb
 
-MAGIC = b"HB1"
+MAGIC = b"HB2"
+#: Blocks written before the numbers were taken out of the messages: still read.
+MAGIC_V1 = b"HB1"
 #: LZMA2 with optimal parsing (what makes the counts small) but a hash-chain match finder of
 #: short depth: within 1% of preset 6's bytes at about a quarter of its CPU (BENCHMARKS.md,
 #: "Storage at rest, schema 5"). XZ framing: its CRC32 tells a damaged block from a good one.
 _FILTERS = [{"id": lzma.FILTER_LZMA2, "dict_size": 1 << 22, "mode": lzma.MODE_NORMAL,
              "mf": lzma.MF_HC4, "nice_len": 32, "depth": 8, "lc": 0, "lp": 0, "pb": 0}]
+#: The doubles' stream: 8-byte aligned (``lp``, ``pb`` 3), so LZMA's literal and match models
+#: keep a state per byte of the double (sign and exponent apart from the mantissa's low bytes):
+#: about 7% smaller than the unaligned model on the same column-wise doubles.
+_DOUBLE_FILTERS = [{**_FILTERS[0], "lp": 3, "pb": 3}]
+#: The counts' stream: the previous byte's high bits as the literal's context (``lc`` 4).
+_COUNT_FILTERS = [{**_FILTERS[0], "lc": 4}]
 _VERBATIM, _SPLIT = 1, 0
+_DOUBLE, _INT = FD.TYPE_DOUBLE, {FD.TYPE_UINT64, FD.TYPE_UINT32, FD.TYPE_INT64, FD.TYPE_INT32}
+#: ApiStats.count is the total of its histogram: kept as its difference from that total (0 in a
+#: well-formed window, so a column of zeros).
+_API_COUNT = "hypertrace.v1.ApiStats.count"
+_MASK = (1 << 64) - 1
+_SIGNED = {FD.TYPE_INT64, FD.TYPE_INT32}
 
 
 class BlockError(ValueError):
@@ -46,72 +84,170 @@ class BlockError(ValueError):
     database."""
 
 
-def _histograms(p: pb.ProcessWindow) -> Iterator[tuple[str, pb.Histogram]]:
-    """Each histogram of a process window with the column it belongs to, in a fixed order."""
+def _histograms(p: pb.ProcessWindow) -> Iterator[tuple[str, pb.Histogram, float]]:
+    """Each histogram of a process window with the column it belongs to and the total its
+    message holds beside it (the order of the column's rows in a block), in a fixed order."""
     for a in p.apis:
         if a.HasField("histogram"):
-            yield "api:" + a.api, a.histogram
+            yield "api:" + a.api, a.histogram, a.sum_us
     if p.HasField("step_time"):
-        yield "step", p.step_time
+        yield "step", p.step_time, 0.0
     if p.HasField("sched") and p.sched.HasField("runq_latency"):
-        yield "runq", p.sched.runq_latency
+        yield "runq", p.sched.runq_latency, float(p.sched.runq_ns)
     if p.HasField("steps") and p.steps.HasField("busy_time"):
-        yield "busy", p.steps.busy_time
+        yield "busy", p.steps.busy_time, 0.0
 
 
-def _split(data: bytes) -> tuple[bytes, list[tuple[str, int, list[int]]]] | None:
-    """(the message without its counts, [(column, first bucket, counts)]), or None when putting
-    the counts back would not give ``data`` again."""
+def _order(keys: list[float]) -> np.ndarray:
+    """The order of a column's rows in a block: by the totals beside their histograms (GPUs
+    with like totals have like histograms, which LZMA then meets side by side: the counts'
+    stream about 6% smaller). Computed from numbers decoded before the counts, so it costs no
+    bytes."""
+    return np.argsort(np.array(keys, np.float64), kind="stable")
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(desc: Any) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str, bool], ...],
+                              tuple[str, ...], tuple[str, ...]]:
+    """A message type's doubles (field, column), integers (field, column, signed), singular
+    and repeated messages (field): the numbers taken out are the scalar ones without presence
+    (proto3's plain fields, which a zero leaves out of the wire), so putting a number back
+    gives the same bytes."""
+    dbl, ints, one, many = [], [], [], []
+    for fd in desc.fields:
+        col = f"{desc.full_name}.{fd.name}"
+        if fd.type == FD.TYPE_MESSAGE:
+            if fd.is_repeated and fd.message_type.GetOptions().map_entry:
+                continue                    # a map: kept in the message as it is
+            (many if fd.is_repeated else one).append(fd.name)
+        elif fd.is_repeated or fd.has_presence:
+            continue
+        elif fd.type == _DOUBLE:
+            dbl.append((fd.name, col))
+        elif fd.type in _INT:
+            ints.append((fd.name, col, fd.type in _SIGNED))
+    return tuple(dbl), tuple(ints), tuple(one), tuple(many)
+
+
+def _walk(m: Any, by_type: dict[Any, list[Any]]) -> None:
+    """Append ``m`` and every message it holds to ``by_type`` (descriptor -> messages), in one
+    fixed order (that of the fields, depth first)."""
+    desc = m.DESCRIPTOR
+    got = by_type.get(desc)
+    if got is None:
+        by_type[desc] = [m]
+    else:
+        got.append(m)
+    _, _, one, many = _plan(desc)
+    for name in one:
+        if m.HasField(name):
+            _walk(getattr(m, name), by_type)
+    for name in many:
+        for sub in getattr(m, name):
+            _walk(sub, by_type)
+
+
+def _by_type(messages: list[pb.NodeWindow]) -> dict[Any, list[Any]]:
+    """Every message the windows hold, grouped by type: a column of numbers is one field of
+    one type, over every window of a block (window by window, each depth first)."""
+    by_type: dict[Any, list[Any]] = {}
+    for m in messages:
+        _walk(m, by_type)
+    return by_type
+
+
+def _take_numbers(messages: list[pb.NodeWindow]) -> tuple[bytes, bytes]:
+    """Move the plain numbers out of ``messages`` (they keep zeros): (the doubles, the
+    integers) streams' bytes, a column after the other. Called with the histograms' counts
+    still in: ``ApiStats.count`` is kept as its difference from their total."""
+    doubles, ints = [], []
+    for desc, msgs in _by_type(messages).items():
+        dbl, its, _, _ = _plan(desc)
+        for field, _ in dbl:
+            doubles.append(np.array([getattr(x, field) for x in msgs], "<f8").tobytes())
+            for x in msgs:
+                setattr(x, field, 0.0)
+        for field, col, _ in its:
+            values = [getattr(x, field) for x in msgs]
+            if col == _API_COUNT:
+                values = [v - sum(x.histogram.counts) for v, x in zip(values, msgs)]
+            # two's complement, as byte planes (their high bytes mostly zero)
+            ints.append(np.array([v & _MASK for v in values], "<u8").view(np.uint8)
+                        .reshape(-1, 8).T.tobytes())
+            for x in msgs:
+                setattr(x, field, 0)
+    return b"".join(doubles), b"".join(ints)
+
+
+def _parse(data: bytes) -> pb.NodeWindow | None:
+    """The window's message, or None when serializing it again would not give ``data`` (kept
+    verbatim then)."""
     try:
         m = pb.NodeWindow.FromString(data)
-    except Exception:                     # not a message this code reads: kept verbatim
+    except Exception:                     # not a message this code reads
         return None
-    if m.SerializeToString() != data:
-        return None
-    hists = []
-    for p in m.processes:
-        for col, h in _histograms(p):
-            hists.append((col, int(h.first_bucket), list(h.counts)))
-            del h.counts[:]
-    return m.SerializeToString(), hists
+    return m if m.SerializeToString() == data else None
 
 
 def encode(windows: list[tuple[int, bytes]]) -> bytes:
-    """A block of ``(id, wire bytes)`` windows (any order: kept as given)."""
-    kinds, messages, lengths = [], [], []
+    """A block of ``(id, wire bytes)`` windows (any order: kept as given). Decoded once before
+    it is returned: a window that would not come back as it came (a field this code does not
+    know how to take apart) is kept verbatim instead."""
+    verbatim: set[int] = set()
+    for _ in range(2):
+        blob = _encode(windows, verbatim)
+        try:
+            back = decode(blob)
+        except BlockError:                  # which window is not known: all kept verbatim
+            back = {}
+        wrong = {i for i, (_, data) in enumerate(windows) if back.get(windows[i][0]) != data}
+        if not wrong:
+            return blob
+        verbatim |= wrong
+    raise AssertionError("a block of verbatim windows did not decode to them")
+
+
+def _encode(windows: list[tuple[int, bytes]], verbatim: set[int]) -> bytes:
+    parsed = [None if i in verbatim else _parse(data) for i, (_, data) in enumerate(windows)]
+    split = [m for m in parsed if m is not None]
+    # the histograms with their counts and keys, read before the numbers are taken out
+    hists = [(col, int(h.first_bucket), list(h.counts), key, h)
+             for m in split for p in m.processes for col, h, key in _histograms(p)]
+    doubles, ints = _take_numbers(split)
     columns: dict[str, list[tuple[int, list[int]]]] = {}
-    for _, data in windows:
-        split = _split(data)
-        if split is None:
-            kinds.append(_VERBATIM)
-            messages.append(data)
-            continue
-        rest, hists = split
-        kinds.append(_SPLIT)
-        messages.append(rest)
-        for col, first, counts in hists:
-            lengths.append(len(counts))
-            columns.setdefault(col, []).append((first, counts))
+    keys: dict[str, list[float]] = {}
+    for col, first, counts, key, h in hists:
+        columns.setdefault(col, []).append((first, counts))
+        keys.setdefault(col, []).append(key)
+        del h.counts[:]
+    messages = [data if m is None else m.SerializeToString()
+                for m, (_, data) in zip(parsed, windows)]
     index = b"".join((
         struct.pack("<I", len(windows)),
         np.array([i for i, _ in windows], "<i8").tobytes(),
-        np.array(kinds, "u1").tobytes(),
+        np.array([_VERBATIM if m is None else _SPLIT for m in parsed], "u1").tobytes(),
         np.array([len(m) for m in messages], "<u4").tobytes(),
         *messages,
-        struct.pack("<I", len(lengths)),
-        np.array(lengths, "<u4").tobytes()))
-    mats = [_matrix(hs) for hs in columns.values()]
+        struct.pack("<I", len(hists)),
+        np.array([len(c) for _, _, c, _, _ in hists], "<u4").tobytes()))
+    streams = (_compress(index), _compress(doubles, _DOUBLE_FILTERS), _compress(ints),
+               _compress(_planes([_matrix(hs)[_order(keys[col])] for col, hs in columns.items()]),
+                         _COUNT_FILTERS))
+    return MAGIC + struct.pack("<4I", *map(len, streams)) + b"".join(streams)
+
+
+def _planes(mats: list[np.ndarray]) -> bytes:
+    """The counts' matrices bucket-major, as ``width``-byte little-endian byte planes (``width``
+    the fewest of 1, 2, 4, 8 bytes that hold the largest count, one byte before the planes)."""
     top = max((int(m.max()) for m in mats if m.size), default=0)
     width = next(w for w in (1, 2, 4, 8) if top < 1 << (8 * w))
-    planes = b"".join(np.ascontiguousarray(m.T, f"<u{width}").view(np.uint8)
-                      .reshape(-1, width).T.tobytes() for m in mats)
-    a = _compress(index)
-    b = _compress(bytes([width]) + planes)
-    return MAGIC + struct.pack("<II", len(a), len(b)) + a + b
+    return bytes([width]) + b"".join(
+        np.ascontiguousarray(m.T, f"<u{width}").view(np.uint8).reshape(-1, width).T.tobytes()
+        for m in mats)
 
 
-def _compress(data: bytes) -> bytes:
-    return lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC32, filters=_FILTERS)
+def _compress(data: bytes, filters: list[dict] = _FILTERS) -> bytes:
+    return lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC32, filters=filters)
 
 
 def _matrix(hists: list[tuple[int, list[int]]]) -> np.ndarray:
@@ -140,11 +276,14 @@ def decode(blob: bytes) -> dict[int, bytes]:
 
 
 def _decode(blob: bytes) -> dict[int, bytes]:
-    if blob[:3] != MAGIC:
+    if blob[:3] == MAGIC:
+        sizes = struct.unpack_from("<4I", blob, 3)
+        index, doubles, ints, raw = _streams(blob, 3 + 16, sizes)
+    elif blob[:3] == MAGIC_V1:
+        index, raw = _streams(blob, 3 + 8, struct.unpack_from("<II", blob, 3))
+        doubles = ints = None
+    else:
         raise BlockError("not a window block")
-    la, lb = struct.unpack_from("<II", blob, 3)
-    index = lzma.decompress(blob[11:11 + la])
-    raw = lzma.decompress(blob[11 + la:11 + la + lb])
     (n,) = struct.unpack_from("<I", index, 0)
     off = 4
     ids = np.frombuffer(index, "<i8", n, off).tolist()
@@ -159,27 +298,83 @@ def _decode(blob: bytes) -> dict[int, bytes]:
         off += s
     (nh,) = struct.unpack_from("<I", index, off)
     lengths = np.frombuffer(index, "<u4", nh, off + 4).tolist()
+    parsed: list[pb.NodeWindow | None] = [
+        None if kind == _VERBATIM else pb.NodeWindow.FromString(msg)
+        for kind, msg in zip(kinds, messages)]
+    counted = []
+    if doubles is not None:
+        counted = _put_numbers([m for m in parsed if m is not None], doubles, ints)
     # the messages name each histogram's column and first bucket: the matrices' shapes follow
-    parsed: list[pb.NodeWindow | None] = []
-    slots: dict[str, list[tuple[pb.Histogram, int, int]]] = {}
+    slots: dict[str, list[tuple[pb.Histogram, int, int, float]]] = {}
     it = iter(lengths)
-    for kind, msg in zip(kinds, messages):
-        if kind == _VERBATIM:
-            parsed.append(None)
-            continue
-        m = pb.NodeWindow.FromString(msg)
-        parsed.append(m)
-        for p in m.processes:
-            for col, h in _histograms(p):
-                slots.setdefault(col, []).append((h, int(h.first_bucket), next(it)))
+    for m in parsed:
+        for p in (m.processes if m is not None else ()):
+            for col, h, key in _histograms(p):
+                slots.setdefault(col, []).append((h, int(h.first_bucket), next(it), key))
     width, pos = raw[0], 1
     for hs in slots.values():
-        lo, hi = _span([(f, k) for _, f, k in hs])
+        lo, hi = _span([(f, k) for _, f, k, _ in hs])
         size = len(hs) * (hi - lo)
         planes = np.frombuffer(raw, np.uint8, size * width, pos).reshape(width, size)
         pos += size * width
         m = np.ascontiguousarray(planes.T).view(f"<u{width}").reshape(hi - lo, len(hs)).T
-        for row, (h, f, k) in zip(m.tolist(), hs):
+        order = _order([key for *_, key in hs]) if doubles is not None else range(len(hs))
+        for row, i in zip(m.tolist(), order):
+            h, f, k, _ = hs[i]
             h.counts.extend(row[f - lo:f - lo + k])
+    for api, diff in counted:
+        api.count = (diff + sum(api.histogram.counts)) & _MASK
     return {i: (msg if m is None else m.SerializeToString())
             for i, msg, m in zip(ids, messages, parsed)}
+
+
+def _streams(blob: bytes, off: int, sizes: tuple[int, ...]) -> list[bytes]:
+    """The LZMA streams that follow a block's header, decompressed."""
+    out = []
+    for size in sizes:
+        out.append(lzma.decompress(blob[off:off + size]))
+        off += size
+    return out
+
+
+def _put_numbers(messages: list[pb.NodeWindow], doubles: bytes, ints: bytes
+                 ) -> list[tuple[pb.ApiStats, int]]:
+    """Put back the numbers :func:`_take_numbers` took out of ``messages``; returns the
+    ApiStats whose count is still to be set, each with its difference from its histogram's
+    total (the counts are put back after)."""
+    counted: list[tuple[pb.ApiStats, int]] = []
+    dpos = ipos = 0
+    for desc, msgs in _by_type(messages).items():
+        k = len(msgs)
+        dbl, its, _, _ = _plan(desc)
+        for field, _ in dbl:
+            for x, v in zip(msgs, np.frombuffer(doubles, "<f8", k, dpos).tolist()):
+                setattr(x, field, v)
+            dpos += 8 * k
+        for field, col, signed in its:
+            values = (np.frombuffer(ints, np.uint8, 8 * k, ipos).reshape(8, k).T.copy()
+                      .view("<i8" if signed else "<u8").ravel().tolist())
+            ipos += 8 * k
+            if col == _API_COUNT:
+                counted.extend(zip(msgs, values))
+                continue
+            for x, v in zip(msgs, values):
+                setattr(x, field, v)
+    if dpos != len(doubles) or ipos != len(ints):
+        raise BlockError("the numbers' streams do not match the messages")
+    return counted
+
+
+def with_ids(blob: bytes, ids: list[int]) -> bytes:
+    """The same windows under other ids (``ids`` in the order the block holds its windows):
+    a copy of a block for another stretch of a benchmark's history, at the cost of its index
+    stream only (the numbers and counts are copied as they are, not decoded)."""
+    if blob[:3] != MAGIC:
+        raise BlockError("not a window block of the current layout")
+    sizes = struct.unpack_from("<4I", blob, 3)
+    (index,) = _streams(blob, 3 + 16, sizes[:1])
+    (n,) = struct.unpack_from("<I", index, 0)
+    if len(ids) != n:
+        raise ValueError(f"{len(ids)} ids for a block of {n} windows")
+    a = _compress(index[:4] + np.array(ids, "<i8").tobytes() + index[4 + 8 * n:])
+    return MAGIC + struct.pack("<4I", len(a), *sizes[1:]) + a + blob[3 + 16 + sizes[0]:]

@@ -28,7 +28,15 @@ s) and loads a state whose size follows the GPUs, not the hours. ``--windows`` s
 hour therefore measures the same restart; the full replay grows with the history, and its
 per-window cost is printed to extrapolate it.
 
+``--older-windows``: an older history before the live windows, written straight into the
+file as the retention passes would have left it (compacted blocks, their rows, scored epochs
+and score rows; :func:`_older_history`): 55 minutes of 16,384 GPUs in about 5 minutes here,
+where storing and scoring them live, then compacting them, would take about an hour and a half.
+It measures what the restart from the snapshot pays for a long history (the file it opens), not
+the full replay (not run then).
+
     python -m hypertrace.sim.bench_restart --gpus 16384 --windows 30
+    python -m hypertrace.sim.bench_restart --gpus 16384 --windows 30 --older-windows 330
 """
 from __future__ import annotations
 
@@ -58,22 +66,86 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _history(cfg, chunk: int):
+def _history(cfg, chunk: int, skip: int = 0):
     """``cfg``'s job for ``cfg.windows`` windows, simulated ``chunk`` windows at a time: each
     chunk is the same simulated job (the same slow node and noise), moved on in time, with the
     agents' sequence numbers continuing. The simulator draws a whole run's counts at once, so
-    an hour of 16,384 GPUs in one piece would not fit in memory."""
+    an hour of 16,384 GPUs in one piece would not fit in memory. ``skip``: begin that many
+    windows after the job's start (the older ones are :func:`_older_history`'s)."""
     import dataclasses
     from hypertrace.sim.simulate import generate
     win_ns = int(round(cfg.window_seconds * 1e9))
-    done = 0
-    while done < cfg.windows:
-        n = min(chunk, cfg.windows - done)
+    done = skip
+    while done < skip + cfg.windows:
+        n = min(chunk, skip + cfg.windows - done)
         part = dataclasses.replace(cfg, windows=n, start_ns=cfg.first_start_ns + done * win_ns)
         for w in generate(part):
             w.seq += done
             yield w
         done += n
+
+
+def _older_history(db: Path, cfg, older: int) -> tuple[int, float]:
+    """Write ``older`` windows per node of history straight into the file, before the live
+    ones, as the retention passes would have left them: compacted, one block per epoch, with
+    their rows in ``compacted``. Simulating, storing and compacting them one by one would take
+    most of an hour here; so the first epoch is simulated and compacted once, and every later
+    epoch's block is a copy of it under that epoch's window ids (``blocks.with_ids``), its rows
+    keyed and timed as that epoch's windows (agent, seq, node, start, end). Only the restart's
+    reads of the file are measured with it: a window of a copied block decodes to the first
+    epoch's window, so the full replay is not run on such a history. Returns (the windows
+    written, seconds)."""
+    import dataclasses
+    import sqlite3
+    from hypertrace.analyzer import blocks
+    from hypertrace.analyzer.storage import Storage, window_digest
+    from hypertrace.sim.simulate import generate
+    t0 = time.monotonic()
+    win_ns = int(round(cfg.window_seconds * 1e9))
+    Storage.open(db, synchronous="NORMAL").close()            # the schema
+    first = list(generate(dataclasses.replace(cfg, windows=1, start_ns=cfg.first_start_ns)))
+    data = [w.SerializeToString() for w in first]
+    template = blocks.encode(list(enumerate(data)))
+    digests = [window_digest(d) for d in data]
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("PRAGMA synchronous = NORMAL")
+    wid = 0
+    for k in range(older):
+        shift = k * win_ns
+        ids = list(range(wid + 1, wid + 1 + len(first)))
+        end = max(w.end.ToNanoseconds() for w in first) + shift
+        conn.execute("BEGIN")
+        block = conn.execute("INSERT INTO blocks (end_ns, data) VALUES (?, ?)",
+                             (end, blocks.with_ids(template, ids))).lastrowid
+        conn.executemany(
+            "INSERT INTO compacted VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?)",
+            [(i, w.agent_id, w.seq + k, w.node, w.start.ToNanoseconds() + shift,
+              w.end.ToNanoseconds() + shift, w.end.ToNanoseconds() + shift, block, d)
+             for i, w, d in zip(ids, first, digests)])
+        conn.execute("COMMIT")
+        wid = ids[-1]
+    # the live windows' ids go on after these (the windows table's AUTOINCREMENT)
+    conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('windows', ?)", (wid,))
+    conn.close()
+    return wid, time.monotonic() - t0
+
+
+def _older_results(db: Path, older: int, win_ns: int) -> None:
+    """The older history's scored epochs and score rows, as many per epoch as the live first
+    epoch's (copied from it under the older epochs' numbers): what they add to the file."""
+    import sqlite3
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("BEGIN")
+    (first,) = conn.execute("SELECT MIN(epoch) FROM epochs").fetchone()
+    for table in ("epochs", "scores"):
+        cols = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+        sel = ", ".join("epoch - ?" if c == "epoch" else "created_ns - ?" if c == "created_ns"
+                        else c for c in cols)
+        for d in range(1, older + 1):
+            conn.execute(f"INSERT INTO {table} SELECT {sel} FROM {table} WHERE epoch = ?",
+                         (d, d * win_ns, first))
+    conn.execute("COMMIT")
+    conn.close()
 
 
 def _verdicts(report) -> dict[tuple[str, str], str]:
@@ -119,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", type=int, default=4096)
     ap.add_argument("--windows", type=int, default=30,
-                    help="windows per node in the history (360: an hour)")
+                    help="windows per node stored and scored live (360: an hour)")
+    ap.add_argument("--older-windows", type=int, default=0,
+                    help="windows per node of older history before the live ones, written "
+                         "straight into the file as compacted blocks (330 with --windows 30: "
+                         "an hour in all); implies --no-full-replay")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--snapshot-seconds", type=float, default=30.0)
     ap.add_argument("--max-pending", type=int, default=4)
@@ -147,8 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     win_ns = int(cfg.window_seconds * 1e9)
     chunk = min(args.windows, args.chunk_windows)
     snap_ns = int(args.snapshot_seconds * 1e9)
+    older = args.older_windows
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "history.db"
+        n_older, t_older = _older_history(db, cfg, older) if older else (0, 0.0)
         storage = Storage.open(db, synchronous="NORMAL")
         # one snapshot, taken one window period after the previous one was due: the analyzer
         # then goes down just before the next (the most windows to replay after a restart)
@@ -158,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         last_flush = snap_at = None
         passes: list[float] = []          # seconds of each live scoring pass
         snap_pass: list[float] = []       # the one that also took the snapshot
-        for w in _history(cfg, chunk):
+        for w in _history(cfg, chunk, skip=older):
             live.ingest(w)
             n += 1
             end = w.end.ToNanoseconds()
@@ -175,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         live.flush(last_flush + win_ns)
         live_verdicts = _verdicts(live.report())
         t1 = time.monotonic()
+        if older:
+            _older_results(db, older, win_ns)
         snap = storage.snapshot()
         compacted, t_compact = 0, 0.0
         if not args.no_compact:        # what the retention passes did while the job ran
@@ -186,12 +266,18 @@ def main(argv: list[str] | None = None) -> int:
                       if f.exists())
         now = last_flush + 10 * win_ns
         runs = [("from the snapshot", _run_restart(db, now, True))]
-        if not args.no_full_replay:
+        if not args.no_full_replay and not older:
             runs.append(("full replay", _run_restart(db, now, False)))
     nodes = args.gpus // cfg.gpus_per_node
-    print(f"history: {args.gpus:,} GPUs x {args.windows} windows = {n:,} node-windows "
-          f"({on_disk / 2**20:.0f} MB of SQLite, {on_disk / n:,.0f} B per node-window with its "
-          f"scores, verdicts and snapshot), stored and scored live in {t1 - t0:.0f} s; "
+    if older:
+        print(f"older history: {older} windows per node ({n_older:,} node-windows, "
+              f"{older * cfg.window_seconds / 60:.0f} min) written straight into the file as "
+              f"compacted blocks in {t_older:.0f} s (copies of the first epoch's block), with "
+              f"their scored epochs and score rows")
+    print(f"live history: {args.gpus:,} GPUs x {args.windows} windows = {n:,} node-windows "
+          f"({on_disk / 2**20:.0f} MB of SQLite with the older history, "
+          f"{on_disk / (n + n_older):,.0f} B per node-window with its scores, verdicts and "
+          f"snapshot), stored and scored live in {t1 - t0:.0f} s; "
           f"{compacted:,} of them compacted into blocks (ended more than "
           f"{COMPACT_AFTER_S:g} s before the analyzer stopped) in {t_compact:.0f} s")
     if snap is not None:

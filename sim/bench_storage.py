@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import sqlite3
+import struct
 import sys
 import tempfile
 import time
@@ -122,8 +123,11 @@ def _codecs(windows: list) -> list[tuple[str, float, float]]:
     for i, (w, raw) in enumerate(zip(windows, raws)):
         by_end.setdefault(w.end.ToNanoseconds(), []).append((i, raw))
     t = time.perf_counter()
-    block_b = sum(len(blocks.encode(g)) for g in by_end.values())
+    blobs = [blocks.encode(g) for g in by_end.values()]
     block_s = time.perf_counter() - t
+    block_b = sum(len(b) for b in blobs)
+    # the block's streams (analyzer/blocks.py, "Layout"): their lengths follow the magic
+    streams = [sum(x) for x in zip(*(struct.unpack_from("<4I", b, 3) for b in blobs))]
     for name, fn, data in (
             ("wire bytes", lambda b: b, raws),
             ("zlib 1 (schema 3)", lambda b: zlib.compress(b, 1), raws),
@@ -137,7 +141,49 @@ def _codecs(windows: list) -> list[tuple[str, float, float]]:
     n = sum(len(g) for g in by_end.values())
     out.append((f"epoch blocks (schema 5), {n / len(by_end):.0f} windows each", block_b / n,
                 block_s / n * 1e6))
+    for name, size in zip(("index and messages", "doubles", "integers", "counts"), streams):
+        out.append((f"  of which {name}", size / n, 0.0))
     return out
+
+
+def _load_blocks(tree: str):
+    """The blocks module of another source tree (the repository root of an older commit, e.g.
+    ``git archive 63cbb34 | tar -x -C DIR``), loaded beside this one."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("base_blocks",
+                                                  Path(tree) / "analyzer" / "blocks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _compare_blocks(windows: list, tree: str, rounds: int) -> list[tuple[str, float, float, float]]:
+    """Side by side on the same epochs, alternating base and head ``rounds`` times: (side, bytes
+    per window, encode ms per window, decode ms per window) of the epoch blocks, each block
+    decoded by its own side's code and checked to give back its windows' exact bytes."""
+    from hypertrace.analyzer import blocks
+    sides = {"base": _load_blocks(tree), "head": blocks}
+    by_end: dict[int, list[tuple[int, bytes]]] = {}
+    for i, w in enumerate(windows):
+        by_end.setdefault(w.end.ToNanoseconds(), []).append((i, w.SerializeToString()))
+    tally = {name: [0, 0.0, 0.0, 0] for name in sides}
+    for _ in range(rounds):
+        for group in by_end.values():
+            for name, mod in sides.items():
+                t = time.process_time()
+                blob = mod.encode(group)
+                te = time.process_time() - t
+                t = time.process_time()
+                back = mod.decode(blob)
+                td = time.process_time() - t
+                if back != dict(group):
+                    raise AssertionError(f"{name}: a block did not give back its windows")
+                r = tally[name]
+                r[0] += len(blob)
+                r[1] += te
+                r[2] += td
+                r[3] += len(group)
+    return [(name, b / n, te / n * 1e3, td / n * 1e3) for name, (b, te, td, n) in tally.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--max-gb", type=float, default=20.0)
     ap.add_argument("--max-window-bytes", type=float, default=1200.0)
+    ap.add_argument("--compare-with", metavar="DIR", default="",
+                    help="also compare this tree's epoch blocks side by side with those of the "
+                         "source tree in DIR (an older commit's repository root): bytes, encode "
+                         "and decode CPU on the same windows, alternated")
+    ap.add_argument("--rounds", type=int, default=3, help="--compare-with: rounds of each side")
     args = ap.parse_args(argv)
     import logging
     logging.getLogger("hypertrace").setLevel(logging.ERROR)
@@ -244,6 +295,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'codec':40s} {'bytes':>8s} {'µs':>7s}")
     for name, size, us in _codecs(sample):
         print(f"{name:40s} {size:>8,.0f} {us:>7.0f}")
+    if args.compare_with:
+        cmp = _compare_blocks(sample, args.compare_with, args.rounds)
+        print(f"\nepoch blocks side by side ({len(sample):,} windows, {args.rounds} rounds "
+              f"alternated; base = {args.compare_with}):")
+        print(f"{'side':6s} {'B per window':>13s} {'encode ms':>10s} {'decode ms':>10s}")
+        for name, b, te, td in cmp:
+            print(f"{name:6s} {b:>13,.0f} {te:>10.2f} {td:>10.2f}")
+        (_, b0, e0, d0), (_, b1, e1, d1) = cmp
+        print(f"{'head/base':10s} {b1 / b0:>9.3f}x {e1 / e0:>9.2f}x {d1 / d0:>9.2f}x")
     if not slots:
         print("\nno whole 5-minute slot in the history: pass --windows 60 or more")
         return 1

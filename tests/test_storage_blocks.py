@@ -3,7 +3,10 @@ windows back, dedup still knows their keys, retention deletes the blocks, a sche
 upgraded, and a restart from blocks reaches the live verdicts."""
 from __future__ import annotations
 
+import hashlib
+import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +36,83 @@ def test_a_block_gives_back_every_windows_exact_bytes_non_canonical_ones_include
         agent_id=m.agent_id).SerializeToString()
     items = [(i + 1, b) for i, b in enumerate([*ws, odd, swapped, b""])]
     assert blocks.decode(blocks.encode(items)) == dict(items)
+
+
+def test_a_block_keeps_every_number_exact_odd_ones_included():
+    """The numbers taken out of the messages come back bit for bit: NaN, -0.0, infinities, the
+    largest uint64, negative ranks, an ApiStats count that is not its histogram's total, and
+    fields with presence set to zero."""
+    ws = [w for w in generate(CFG)]
+    p = ws[0].processes[0]
+    p.apis[0].sum_us = float("nan")
+    p.apis[0].min_us = -0.0
+    p.apis[0].max_us = float("inf")
+    p.apis[1].count = p.apis[1].count + 7               # not the histogram's total
+    p.apis[2].count = 0
+    p.rank = -1
+    p.sched.runq_ns = 2**64 - 1
+    p.nvml.temperature_c = 0.0                          # presence: kept in the message
+    p.nvml.power_w = 1e-300
+    ws[1].processes[1].overhead.call_rate_hz = -1.5e308
+    ws[2].processes[0].ClearField("apis")               # fewer ApiStats than the others
+    items = [(10 + i, w.SerializeToString()) for i, w in enumerate(ws)]
+    blob = blocks.encode(items)
+    assert blob[:3] == blocks.MAGIC
+    assert blocks.decode(blob) == dict(items)
+
+
+def test_a_block_keeps_histogram_fields_this_code_does_not_know():
+    """A newer wire's histogram (an unknown field, e.g. packed counts) comes back exact."""
+    ws = list(generate(CFG))
+    h = ws[0].processes[0].apis[0].histogram
+    h.CopyFrom(pb.Histogram.FromString(h.SerializeToString() + b"\x22\x04\x01\x02\x03\x04"))
+    ws[1].processes[2].step_time.CopyFrom(pb.Histogram.FromString(b"\x08\x01\x22\x01\x07"))
+    items = [(i + 1, w.SerializeToString()) for i, w in enumerate(ws)]
+    assert b"\x22\x04\x01\x02\x03\x04" in items[0][1]
+    assert blocks.decode(blocks.encode(items)) == dict(items)
+
+
+def test_numbers_taken_out_of_messages_with_maps_come_back_and_the_maps_stay():
+    """A message type with a map field (a wire that grows one): the map stays in the message,
+    the plain numbers go out and come back."""
+    g = pb.GpuReport(gpu="0", rank=-3, windows_seen=5, spike_rate=0.25,
+                     findings=[pb.Finding(api="x", ratio=1.5)])
+    g.p50_ratio["cudaLaunchKernel"] = 1.25
+    want = g.SerializeToString()
+    doubles, ints = blocks._take_numbers([g])
+    assert g.spike_rate == 0.0 and g.rank == 0 and g.p50_ratio["cudaLaunchKernel"] == 1.25
+    stripped = pb.GpuReport.FromString(g.SerializeToString())
+    assert blocks._put_numbers([stripped], doubles, ints) == []
+    assert stripped.SerializeToString() == want
+
+
+def test_a_block_of_the_first_format_still_decodes():
+    """A block written before the numbers were taken out (``HB1``, kept in tests/data as that
+    code wrote it) gives back its windows' exact bytes."""
+    data = Path(__file__).parent / "data"
+    blob = (data / "block-hb1.bin").read_bytes()
+    want = json.loads((data / "block-hb1.json").read_text())
+    assert blob[:3] == blocks.MAGIC_V1
+    got = blocks.decode(blob)
+    assert {str(i): hashlib.blake2b(d, digest_size=16).hexdigest()
+            for i, d in got.items()} == want
+
+
+def test_the_numbers_at_rest_take_less_than_in_the_first_format():
+    """Numbers column-wise and counts' totals dropped: the same windows take fewer bytes."""
+    items = [(i + 1, w.SerializeToString()) for i, w in enumerate(generate(CFG))]
+    data = Path(__file__).parent / "data"
+    first = len((data / "block-hb1.bin").read_bytes()) / 8      # its 8 windows of 32 GPUs
+    assert len(blocks.encode(items)) / len(items) < first
+
+
+def test_a_copied_block_gives_the_same_windows_under_its_new_ids():
+    items = [(i + 1, w.SerializeToString()) for i, w in enumerate(generate(CFG))]
+    ids = [1000 + 3 * i for i in range(len(items))]
+    copy = blocks.with_ids(blocks.encode(items), ids)
+    assert blocks.decode(copy) == {new: data for new, (_, data) in zip(ids, items)}
+    with pytest.raises(ValueError):
+        blocks.with_ids(copy, ids[:-1])
 
 
 def test_a_damaged_block_is_a_block_error_not_a_crash():
