@@ -287,28 +287,42 @@ def _apis_plainly_valid(apis) -> bool:
     of the known scheme and range whose total is its count, and min <= max. Why: the checks that
     name the broken field build a field path per entry and per number, which was most of the
     cost of validating a well-formed window. Anything else (an unknown name, a NaN, a mismatch)
-    returns False, and the detailed checks run and name the field."""
+    returns False, and the detailed checks run and name the field.
+
+    The histogram test is :func:`_hist_total` written out, and each field is read once: this
+    loop runs for every latency histogram of every window, and a call or a second read of a
+    message field costs as much as a comparison of several numbers."""
     seen: set[str] = set()
+    known = KNOWN_APIS
     for a in apis:
         name = a.api
-        if name not in KNOWN_APIS or name in seen:
+        if name not in known or name in seen:
             return False
         seen.add(name)
         lo, hi = a.min_us, a.max_us
         if not (0.0 <= a.sum_us < _INF and 0.0 <= lo < _INF and 0.0 <= hi < _INF):
             return False
-        total = _hist_total(a.histogram)
-        if total < 0 or total != a.count or total > MAX_HISTOGRAM_COUNT or (total and lo > hi):
+        h = a.histogram
+        counts = h.counts[:]                       # one C call; sum() of a list is the fast one
+        if h.scheme != _SCHEME_ID or h.first_bucket + len(counts) > _NUM_BUCKETS:
+            return False
+        total = sum(counts)
+        if total != a.count or total > MAX_HISTOGRAM_COUNT or (total and lo > hi):
             return False
     return True
 
 
+_SCHEME_ID = buckets.SCHEME_ID
+_NUM_BUCKETS = buckets.NUM_BUCKETS
+
+
 def _hist_total(h: pb.Histogram) -> int:
-    """Samples in a histogram of the known scheme whose buckets fit it; -1 when it is not one."""
-    counts = h.counts
-    if h.scheme != buckets.SCHEME_ID or h.first_bucket + len(counts) > buckets.NUM_BUCKETS:
+    """Samples in a histogram of the known scheme whose buckets fit it; -1 when it is not one.
+    (The counts are copied first, so that their length and their sum come from one read.)"""
+    counts = h.counts[:]
+    if h.scheme != _SCHEME_ID or h.first_bucket + len(counts) > _NUM_BUCKETS:
         return -1
-    return _counts_total(counts)
+    return sum(counts)
 
 
 def _counts_total(counts) -> int:
@@ -340,34 +354,38 @@ def _process_plainly_valid(p: pb.ProcessWindow, budget_left: int) -> bool:
     :func:`check_process` runs and names the broken field (or passes an entry that is valid
     the uncommon way: an API name outside the table), so what is refused, and how, is
     unchanged (tests/test_wire_quick_pass.py)."""
-    if (not p.job_id or len(p.job_id) > MAX_ID_LEN or len(p.group) > MAX_ID_LEN
+    job_id = p.job_id
+    if (not job_id or len(job_id) > MAX_ID_LEN or len(p.group) > MAX_ID_LEN
             or len(p.gpu_uuid) > MAX_ID_LEN or len(p.gpu_kind) > MAX_ID_LEN
             or p.backend not in BACKENDS
             or p.rank < -1 or p.local_rank < -1 or p.gpu_index < -1):
         return False
     apis = p.apis
-    if (len(apis) > MAX_APIS_PER_PROCESS or len(apis) > budget_left
-            or not _apis_plainly_valid(apis)):
+    n = len(apis)
+    if n > MAX_APIS_PER_PROCESS or n > budget_left or not _apis_plainly_valid(apis):
         return False
-    if p.HasField("step_time") and not 0 <= _hist_total(p.step_time) <= MAX_STEPS_PER_WINDOW:
+    has = p.HasField
+    if has("step_time") and not 0 <= _hist_total(p.step_time) <= MAX_STEPS_PER_WINDOW:
         return False
-    if p.HasField("overhead"):
+    if has("overhead"):
         o = p.overhead
         if (not _overhead_numbers_plain(o) or len(o.unsampled_reason) > MAX_TEXT_LEN
-                or len(o.step_basis) > MAX_TEXT_LEN or len(o.blocked_by) > MAX_TEXT_LEN
-                or len(o.tiers) > MAX_APIS_PER_PROCESS):
+                or len(o.step_basis) > MAX_TEXT_LEN or len(o.blocked_by) > MAX_TEXT_LEN):
             return False
-        for t in o.tiers:
+        tiers = o.tiers
+        if len(tiers) > MAX_APIS_PER_PROCESS:
+            return False
+        for t in tiers:
             if t.api not in KNOWN_APIS or t.tier not in TIERS or not 0.0 <= t.rate_hz < _INF:
                 return False
-    if p.HasField("sched"):
+    if has("sched"):
         sc = p.sched
         if not 0.0 <= sc.window_s < _INF:
             return False
         if (sc.HasField("runq_latency")
                 and not 0 <= _hist_total(sc.runq_latency) <= MAX_HISTOGRAM_COUNT):
             return False
-    if p.HasField("steps"):
+    if has("steps"):
         st = p.steps
         if not (0.0 <= st.gpu_wait_us < _INF and 0.0 <= st.peer_wait_us < _INF
                 and 0.0 <= st.step_sum_us < _INF and len(st.source) <= MAX_TEXT_LEN
