@@ -457,15 +457,19 @@ class EpochAccumulator:
         if has("sched"):
             sc = p.sched
             inv = sc.involuntary_switches
-            self._sched.add(row, sc.window_s, sc.runq_ns, sc.offcpu_ns,
-                            inv + sc.voluntary_switches, inv)
+            sched = self._sched
+            sched.rows.append(row)                   # _Scalars.add without packing *values
+            sched.values.extend((sc.window_s, sc.runq_ns, sc.offcpu_ns,
+                                 inv + sc.voluntary_switches, inv))
             if sc.HasField("runq_latency"):
                 self._runq_hist.add(row, sc.runq_latency)
         if has("steps"):
             st = p.steps
             steps = st.steps
             if steps:
-                self._stepstats.add(row, steps, st.gpu_wait_us, st.peer_wait_us, st.step_sum_us)
+                stats = self._stepstats
+                stats.rows.append(row)
+                stats.values.extend((steps, st.gpu_wait_us, st.peer_wait_us, st.step_sum_us))
                 if st.HasField("busy_time"):
                     self._busy.add(row, st.busy_time)
                 source = st.source
@@ -473,7 +477,9 @@ class EpochAccumulator:
                     self._sources.add(source)
         if has("overhead"):
             o = p.overhead
-            self._overhead.add(row, o.attached_s, 1.0 if o.sampled else 0.0)
+            ov = self._overhead
+            ov.rows.append(row)
+            ov.values.extend((o.attached_s, 1.0 if o.sampled else 0.0))
         if has("nvml"):
             nv = p.nvml
             if nv.HasField("sm_clock_mhz") and nv.HasField("max_sm_clock_mhz"):

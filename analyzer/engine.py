@@ -55,8 +55,10 @@ class Engine:
 
     def epoch_of(self, window: pb.NodeWindow) -> int:
         """The epoch a window belongs to: floor(midpoint / window length)."""
-        mid = (window.start.ToNanoseconds() + window.end.ToNanoseconds()) // 2
-        return mid // self.config.window_ns
+        return self._epoch_of_ns(window.start.ToNanoseconds(), window.end.ToNanoseconds())
+
+    def _epoch_of_ns(self, start_ns: int, end_ns: int) -> int:
+        return (start_ns + end_ns) // 2 // self.config.window_ns
 
     def ingest(self, window: pb.NodeWindow, late: bool = False,
                arrived_ns: int | None = None) -> bool:
@@ -65,8 +67,8 @@ class Engine:
         whatever the state: the replay of a window the live analyzer found late.
         ``arrived_ns``: when it reached the analyzer (default: its end), which job expiry counts
         from."""
-        epoch = self.epoch_of(window)
         end_ns = window.end.ToNanoseconds()
+        epoch = self._epoch_of_ns(window.start.ToNanoseconds(), end_ns)
         order = (end_ns, window.agent_id, window.seq)
         node = window.node
         jobs = self._jobs

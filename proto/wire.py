@@ -187,14 +187,18 @@ def validate_header(w: pb.NodeWindow, encoded_size: int | None = None) -> None:
         _check_id(getattr(w, name), name)
     if not 1 <= w.seq < 2 ** 63:
         raise WireError("seq", f"is {w.seq}; must be between 1 and 2**63 - 1")
-    if not w.HasField("start") or not w.HasField("end"):
-        raise WireError("start" if not w.HasField("start") else "end", "is missing")
+    has_start, has_end = w.HasField("start"), w.HasField("end")
+    if not has_start or not has_end:
+        raise WireError("start" if not has_start else "end", "is missing")
+    ns = []                                  # each timestamp's fields read once
     for name in ("start", "end"):
         ts = getattr(w, name)
-        if not (MIN_TIMESTAMP_S <= ts.seconds <= MAX_TIMESTAMP_S and 0 <= ts.nanos < 1_000_000_000):
-            raise WireError(name, f"timestamp {ts.seconds}s+{ts.nanos}ns is outside 1970..2255; "
+        seconds, nanos = ts.seconds, ts.nanos
+        if not (MIN_TIMESTAMP_S <= seconds <= MAX_TIMESTAMP_S and 0 <= nanos < 1_000_000_000):
+            raise WireError(name, f"timestamp {seconds}s+{nanos}ns is outside 1970..2255; "
                             "check the agent's clock")
-    if w.end.ToNanoseconds() < w.start.ToNanoseconds():
+        ns.append(seconds * 1_000_000_000 + nanos)          # Timestamp.ToNanoseconds
+    if ns[1] < ns[0]:
         raise WireError("end", "is before start")
     if len(w.processes) > MAX_PROCESSES_PER_WINDOW:
         raise WireError("processes", f"has {len(w.processes)} entries, over the limit of "
