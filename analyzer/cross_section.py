@@ -440,32 +440,52 @@ class EpochAccumulator:
         """Add one process window whose GPU has job-wide row ``row``; ``end_ns`` (the window's
         end) picks the latest NVML clock reading when a GPU has several windows in the epoch."""
         self._present.append(row)
-        for a in p.apis:
-            flat = self._apis.get(a.api)
+        apis = self._apis
+        for a in p.apis:                 # _Flat.add written out: it runs per latency histogram
+            name = a.api
+            flat = apis.get(name)
             if flat is None:
-                flat = self._apis[a.api] = _Flat()
-            flat.add(row, a.histogram, a.count)
-        if p.HasField("step_time"):
+                flat = apis[name] = _Flat()
+            flat.rows.append(row)
+            flat.totals.append(float(a.count))
+            wire = flat.wire
+            wire.frombytes(a.histogram.SerializeToString())
+            flat.ends.append(len(wire))
+        has = p.HasField
+        if has("step_time"):
             self._steps.add(row, p.step_time)
-        if p.HasField("sched"):
+        if has("sched"):
             sc = p.sched
-            self._sched.add(row, sc.window_s, sc.runq_ns, sc.offcpu_ns,
-                            sc.involuntary_switches + sc.voluntary_switches,
-                            sc.involuntary_switches)
+            inv = sc.involuntary_switches
+            sched = self._sched
+            sched.rows.append(row)                   # _Scalars.add without packing *values
+            sched.values.extend((sc.window_s, sc.runq_ns, sc.offcpu_ns,
+                                 inv + sc.voluntary_switches, inv))
             if sc.HasField("runq_latency"):
                 self._runq_hist.add(row, sc.runq_latency)
-        if p.HasField("steps") and p.steps.steps:
+        if has("steps"):
             st = p.steps
-            self._stepstats.add(row, st.steps, st.gpu_wait_us, st.peer_wait_us, st.step_sum_us)
-            if st.HasField("busy_time"):
-                self._busy.add(row, st.busy_time)
-            if st.source:
-                self._sources.add(st.source)
-        if p.HasField("overhead"):
-            self._overhead.add(row, p.overhead.attached_s, 1.0 if p.overhead.sampled else 0.0)
-        if (p.HasField("nvml") and p.nvml.HasField("sm_clock_mhz")
-                and p.nvml.HasField("max_sm_clock_mhz") and p.nvml.max_sm_clock_mhz > 0):
-            self._clock.add(row, p.nvml.sm_clock_mhz / p.nvml.max_sm_clock_mhz, float(end_ns))
+            steps = st.steps
+            if steps:
+                stats = self._stepstats
+                stats.rows.append(row)
+                stats.values.extend((steps, st.gpu_wait_us, st.peer_wait_us, st.step_sum_us))
+                if st.HasField("busy_time"):
+                    self._busy.add(row, st.busy_time)
+                source = st.source
+                if source:
+                    self._sources.add(source)
+        if has("overhead"):
+            o = p.overhead
+            ov = self._overhead
+            ov.rows.append(row)
+            ov.values.extend((o.attached_s, 1.0 if o.sampled else 0.0))
+        if has("nvml"):
+            nv = p.nvml
+            if nv.HasField("sm_clock_mhz") and nv.HasField("max_sm_clock_mhz"):
+                top = nv.max_sm_clock_mhz
+                if top > 0:
+                    self._clock.add(row, nv.sm_clock_mhz / top, float(end_ns))
 
     def build(self) -> CrossSection:
         present_rows = np.frombuffer(self._present, dtype=np.int64)

@@ -55,8 +55,10 @@ class Engine:
 
     def epoch_of(self, window: pb.NodeWindow) -> int:
         """The epoch a window belongs to: floor(midpoint / window length)."""
-        mid = (window.start.ToNanoseconds() + window.end.ToNanoseconds()) // 2
-        return mid // self.config.window_ns
+        return self._epoch_of_ns(window.start.ToNanoseconds(), window.end.ToNanoseconds())
+
+    def _epoch_of_ns(self, start_ns: int, end_ns: int) -> int:
+        return (start_ns + end_ns) // 2 // self.config.window_ns
 
     def ingest(self, window: pb.NodeWindow, late: bool = False,
                arrived_ns: int | None = None) -> bool:
@@ -65,42 +67,45 @@ class Engine:
         whatever the state: the replay of a window the live analyzer found late.
         ``arrived_ns``: when it reached the analyzer (default: its end), which job expiry counts
         from."""
-        epoch = self.epoch_of(window)
         end_ns = window.end.ToNanoseconds()
+        epoch = self._epoch_of_ns(window.start.ToNanoseconds(), end_ns)
         order = (end_ns, window.agent_id, window.seq)
-        touched: dict[str, EpochAccumulator | None] = {}
+        node = window.node
+        jobs = self._jobs
+        # per job of the window: its state and the accumulator of this epoch (None: late)
+        touched: dict[str, tuple[JobState, EpochAccumulator | None]] = {}
         rows_arrived: list[tuple[JobState, int]] = []
         for p in window.processes:
-            acc = touched.get(p.job_id, False)
-            if acc is False:
-                job = self._jobs.get(p.job_id)
+            job_id = p.job_id
+            hit = touched.get(job_id)
+            if hit is None:
+                job = jobs.get(job_id)
                 if job is None:
-                    job = self._jobs[p.job_id] = JobState(p.job_id)
+                    job = jobs[job_id] = JobState(job_id)
                 too_late = late or (job.last_scored_epoch is not None
                                     and epoch <= job.last_scored_epoch)
                 acc = None
                 if not too_late:
                     acc = job.pending.get(epoch)
                     if acc is None:
-                        acc = job.pending[epoch] = EpochAccumulator(p.job_id, epoch)
-                touched[p.job_id] = acc
+                        acc = job.pending[epoch] = EpochAccumulator(job_id, epoch)
+                hit = touched[job_id] = (job, acc)
+            job, acc = hit
             if acc is not None:
-                job = self._jobs[p.job_id]
-                row = job.register(window.node, p, order)
+                row = job.register(node, p, order)
                 acc.add_process(row, p, end_ns)
                 rows_arrived.append((job, row))
         arrived = end_ns if arrived_ns is None else arrived_ns
         for job, row in rows_arrived:
             job.note_arrival(row, arrived)
         any_late = False
-        for job_id, acc in touched.items():
-            job = self._jobs[job_id]
+        for job, acc in touched.values():
             job.windows += 1
             job.last_window_ns = max(job.last_window_ns, end_ns)
             job.last_arrival_ns = max(job.last_arrival_ns, arrived)
             if acc is None:
                 job.late_windows += 1
-                job.late_nodes[window.node] = job.late_nodes.get(window.node, 0) + 1
+                job.late_nodes[node] = job.late_nodes.get(node, 0) + 1
                 any_late = True
             else:
                 acc.windows += 1

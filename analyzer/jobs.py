@@ -129,16 +129,18 @@ class JobState:
             self.seen_nodes.add(node)
             return row
         prev = self.order[row]
-        if prev is None or order >= prev:
+        if prev is None or order >= prev:      # each field read once: this runs per process
             self.order[row] = order
-            if p.rank >= 0:
-                self.ranks[row] = p.rank
-            if p.gpu_uuid:
-                self.uuids[row] = p.gpu_uuid
-            if p.gpu_kind and p.gpu_kind != self.kinds[row]:
-                self.kinds[row] = p.gpu_kind
-                self.kind_codes[row] = self.kind_names.setdefault(p.gpu_kind,
-                                                                  len(self.kind_names))
+            rank = p.rank
+            if rank >= 0:
+                self.ranks[row] = rank
+            uuid = p.gpu_uuid
+            if uuid:
+                self.uuids[row] = uuid
+            kind = p.gpu_kind
+            if kind and kind != self.kinds[row]:
+                self.kinds[row] = kind
+                self.kind_codes[row] = self.kind_names.setdefault(kind, len(self.kind_names))
             self.group_codes[row] = self._group_code(p.group)
             if p.HasField("nvml"):
                 self.nvml_prev[row] = self.nvml[row]

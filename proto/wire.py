@@ -187,14 +187,18 @@ def validate_header(w: pb.NodeWindow, encoded_size: int | None = None) -> None:
         _check_id(getattr(w, name), name)
     if not 1 <= w.seq < 2 ** 63:
         raise WireError("seq", f"is {w.seq}; must be between 1 and 2**63 - 1")
-    if not w.HasField("start") or not w.HasField("end"):
-        raise WireError("start" if not w.HasField("start") else "end", "is missing")
+    has_start, has_end = w.HasField("start"), w.HasField("end")
+    if not has_start or not has_end:
+        raise WireError("start" if not has_start else "end", "is missing")
+    ns = []                                  # each timestamp's fields read once
     for name in ("start", "end"):
         ts = getattr(w, name)
-        if not (MIN_TIMESTAMP_S <= ts.seconds <= MAX_TIMESTAMP_S and 0 <= ts.nanos < 1_000_000_000):
-            raise WireError(name, f"timestamp {ts.seconds}s+{ts.nanos}ns is outside 1970..2255; "
+        seconds, nanos = ts.seconds, ts.nanos
+        if not (MIN_TIMESTAMP_S <= seconds <= MAX_TIMESTAMP_S and 0 <= nanos < 1_000_000_000):
+            raise WireError(name, f"timestamp {seconds}s+{nanos}ns is outside 1970..2255; "
                             "check the agent's clock")
-    if w.end.ToNanoseconds() < w.start.ToNanoseconds():
+        ns.append(seconds * 1_000_000_000 + nanos)          # Timestamp.ToNanoseconds
+    if ns[1] < ns[0]:
         raise WireError("end", "is before start")
     if len(w.processes) > MAX_PROCESSES_PER_WINDOW:
         raise WireError("processes", f"has {len(w.processes)} entries, over the limit of "
@@ -287,28 +291,62 @@ def _apis_plainly_valid(apis) -> bool:
     of the known scheme and range whose total is its count, and min <= max. Why: the checks that
     name the broken field build a field path per entry and per number, which was most of the
     cost of validating a well-formed window. Anything else (an unknown name, a NaN, a mismatch)
-    returns False, and the detailed checks run and name the field."""
+    returns False, and the detailed checks run and name the field.
+
+    The histogram test is written out here, and each field is read once: this
+    loop runs for every latency histogram of every window, and a call or a second read of a
+    message field costs as much as a comparison of several numbers."""
     seen: set[str] = set()
+    known = KNOWN_APIS
     for a in apis:
         name = a.api
-        if name not in KNOWN_APIS or name in seen:
+        if name not in known or name in seen:
             return False
         seen.add(name)
         lo, hi = a.min_us, a.max_us
         if not (0.0 <= a.sum_us < _INF and 0.0 <= lo < _INF and 0.0 <= hi < _INF):
             return False
-        total = _hist_total(a.histogram)
-        if total < 0 or total != a.count or total > MAX_HISTOGRAM_COUNT or (total and lo > hi):
+        h = a.histogram
+        counts = h.counts[:]                       # one C call; sum() of a list is the fast one
+        if h.scheme != _SCHEME_ID or h.first_bucket + len(counts) > _NUM_BUCKETS:
+            return False
+        total = sum(counts)
+        if total != a.count or total > MAX_HISTOGRAM_COUNT or (total and lo > hi):
             return False
     return True
 
 
-def _hist_total(h: pb.Histogram) -> int:
-    """Samples in a histogram of the known scheme whose buckets fit it; -1 when it is not one."""
+_SCHEME_ID = buckets.SCHEME_ID
+_NUM_BUCKETS = buckets.NUM_BUCKETS
+
+
+def _hist_within(h: pb.Histogram, limit: int) -> bool:
+    """True when ``h`` is a histogram of the known scheme whose buckets fit it and whose counts
+    add up to at most ``limit``.
+
+    Why not add them up: copying the counts out of the message costs ~30 ns a count, while
+    its encoded size is one C call, and the size bounds the total. Every count takes one byte
+    or more; with ``n`` counts in ``L`` bytes, the largest total is ``n - 1`` one-byte counts
+    (127 each) and one count of ``L - n + 1`` bytes (below 2**(7 * (L - n + 1))). ``L`` is at
+    most the size less the other fields' bytes: the scheme's 2, the first bucket's (0, 2 or
+    3), the packed counts' tag and length (2 or more). Only when that bound is above ``limit``
+    (or there are few counts) are the counts added up, so the answer is always the exact one
+    (tests/test_wire_hist_bound.py)."""
     counts = h.counts
-    if h.scheme != buckets.SCHEME_ID or h.first_bucket + len(counts) > buckets.NUM_BUCKETS:
-        return -1
-    return _counts_total(counts)
+    n = len(counts)
+    first = h.first_bucket
+    if h.scheme != _SCHEME_ID or first + n > _NUM_BUCKETS:
+        return False
+    if n > _BOUND_FROM_COUNTS:
+        spare = h.ByteSize() - 4 - (0 if not first else 2 if first < 128 else 3) - n
+        if spare >= 0 and (n - 1) * 127 + (1 << (7 * (spare + 1))) <= limit:
+            return True
+    return sum(counts[:]) <= limit
+
+
+#: From how many counts the size bound of :func:`_hist_within` is worth its ``ByteSize`` call
+#: (below, copying and adding them up is cheaper: ~0.6 µs for 2 counts, 2.4 µs for 75).
+_BOUND_FROM_COUNTS = 16
 
 
 def _counts_total(counts) -> int:
@@ -340,40 +378,44 @@ def _process_plainly_valid(p: pb.ProcessWindow, budget_left: int) -> bool:
     :func:`check_process` runs and names the broken field (or passes an entry that is valid
     the uncommon way: an API name outside the table), so what is refused, and how, is
     unchanged (tests/test_wire_quick_pass.py)."""
-    if (not p.job_id or len(p.job_id) > MAX_ID_LEN or len(p.group) > MAX_ID_LEN
+    job_id = p.job_id
+    if (not job_id or len(job_id) > MAX_ID_LEN or len(p.group) > MAX_ID_LEN
             or len(p.gpu_uuid) > MAX_ID_LEN or len(p.gpu_kind) > MAX_ID_LEN
             or p.backend not in BACKENDS
             or p.rank < -1 or p.local_rank < -1 or p.gpu_index < -1):
         return False
     apis = p.apis
-    if (len(apis) > MAX_APIS_PER_PROCESS or len(apis) > budget_left
-            or not _apis_plainly_valid(apis)):
+    n = len(apis)
+    if n > MAX_APIS_PER_PROCESS or n > budget_left or not _apis_plainly_valid(apis):
         return False
-    if p.HasField("step_time") and not 0 <= _hist_total(p.step_time) <= MAX_STEPS_PER_WINDOW:
+    has = p.HasField
+    if has("step_time") and not _hist_within(p.step_time, MAX_STEPS_PER_WINDOW):
         return False
-    if p.HasField("overhead"):
+    if has("overhead"):
         o = p.overhead
         if (not _overhead_numbers_plain(o) or len(o.unsampled_reason) > MAX_TEXT_LEN
-                or len(o.step_basis) > MAX_TEXT_LEN or len(o.blocked_by) > MAX_TEXT_LEN
-                or len(o.tiers) > MAX_APIS_PER_PROCESS):
+                or len(o.step_basis) > MAX_TEXT_LEN or len(o.blocked_by) > MAX_TEXT_LEN):
             return False
-        for t in o.tiers:
+        tiers = o.tiers
+        if len(tiers) > MAX_APIS_PER_PROCESS:
+            return False
+        for t in tiers:
             if t.api not in KNOWN_APIS or t.tier not in TIERS or not 0.0 <= t.rate_hz < _INF:
                 return False
-    if p.HasField("sched"):
+    if has("sched"):
         sc = p.sched
         if not 0.0 <= sc.window_s < _INF:
             return False
-        if (sc.HasField("runq_latency")
-                and not 0 <= _hist_total(sc.runq_latency) <= MAX_HISTOGRAM_COUNT):
+        if sc.HasField("runq_latency") and not _hist_within(sc.runq_latency,
+                                                            MAX_HISTOGRAM_COUNT):
             return False
-    if p.HasField("steps"):
+    if has("steps"):
         st = p.steps
         if not (0.0 <= st.gpu_wait_us < _INF and 0.0 <= st.peer_wait_us < _INF
                 and 0.0 <= st.step_sum_us < _INF and len(st.source) <= MAX_TEXT_LEN
                 and len(st.refused) <= MAX_TEXT_LEN and st.steps <= MAX_STEPS_PER_WINDOW):
             return False
-        if st.HasField("busy_time") and not 0 <= _hist_total(st.busy_time) <= MAX_HISTOGRAM_COUNT:
+        if st.HasField("busy_time") and not _hist_within(st.busy_time, MAX_HISTOGRAM_COUNT):
             return False
     if p.HasField("nvml"):
         nv = p.nvml
