@@ -56,8 +56,9 @@ def validated_windows(path: str | Path, workers: int, min_bytes: int = MIN_PARAL
             yield w, size, _verdict(w, size)
         return
     tasks = [(str(path), spans[i:i + CHUNK]) for i in range(0, len(spans), CHUNK)]
-    # fork: the workers start with this process's modules; nothing here holds a thread or lock
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
+    # forkserver, not fork: a process that already runs threads (gRPC's, a test runner's) can
+    # fork a child holding a lock that no thread will ever release, and the worker hangs
+    with multiprocessing.get_context("forkserver").Pool(workers) as pool:
         results = pool.imap(_check_chunk, tasks)
         verdicts: list = []
         for k, (w, size) in enumerate(records.read_windows_sized(path)):
