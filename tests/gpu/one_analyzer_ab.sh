@@ -6,6 +6,7 @@
 #                     APIs, one core (tests/gpu/scoring_ab.sh, BASE's analyzer vs this one)
 #            files    `hypertrace analyze` of a 16,384-GPU x 4-window .pb recording, by phase
 #                     (sim/bench_ingest --compare-with), then the whole command timed 3 times
+#                     on 5 cores (its validation workers run beside the reader)
 #            scale    131,072 GPUs: 16,384 agents with a stream each, the analyzer on cores 0-3,
 #                     the generator in 12 processes on cores 4-15 (sim/bench_scale --compare-with)
 #     BASE   make it with:  mkdir -p B/hypertrace && git archive REV analyzer collector daemon
@@ -34,7 +35,8 @@ case "$part" in
       | tee "$out/files.txt" || rc=1
     for r in 1 2 3; do
       /usr/bin/time -f "head: hypertrace analyze $f: %e s wall, %U s user, %S s sys, %M KB peak" \
-        taskset -c 3 python3 -m hypertrace.cli.main analyze "$f" >/dev/null 2>>"$out/files.txt" || rc=1
+        taskset -c 3-7 python3 -m hypertrace.cli.main analyze "$f" >/dev/null 2>>"$out/files.txt"
+      case $? in 0|3) ;; *) rc=1 ;; esac      # 3: stragglers found, as expected here
     done
     tail -3 "$out/files.txt"
     ;;
