@@ -12,7 +12,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+
+# One BLAS thread unless the user says otherwise, set before anything imports numpy. numpy's
+# OpenBLAS otherwise starts a thread per core that spins between calls; hypertrace's only BLAS
+# calls are small matrix-vector products, so those threads take CPU from the analyzer's ingest
+# (and from the training on an agent's node) and win nothing.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 SUBCOMMANDS = ("agent", "analyzer", "analyzer_edge", "analyzer_worker", "report", "jobs",
                "analyze", "predict", "probe", "cupti", "simulate", "export", "certs", "evict")
