@@ -65,8 +65,8 @@ class _Count:
 
 
 def _burst(server: AnalyzerServer, target: str, streams: int, busy_s: float) -> dict[str, int]:
-    """Block the server's loop for ``busy_s`` while ``streams`` streams open on one
-    connection; count the outcomes."""
+    """Block the server's loop until ``streams`` streams, opened on one connection, have
+    written their window (at most ``busy_s``), then count their outcomes."""
     payload = WINDOW.SerializeToString()
     written = _Count(streams)
 
