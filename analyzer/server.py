@@ -568,6 +568,14 @@ def _store_one(analyzer: Any, w: pb.NodeWindow, raw: bytes,
         return _refusal(analyzer, exc, w, on_broken)
 
 
+#: Streams grpc may hold for the server before the Python loop takes them (soft and hard limit
+#: of ``grpc.server.max_pending_requests``). Why: grpc.aio takes new calls one at a time, one
+#: turn of the event loop each, and grpc's defaults (1,000 soft, 3,000 hard) cancel calls beyond
+#: them at random; with a stream per agent opened in the seconds after each window end, a
+#: busy loop then had thousands of agents' streams CANCELLED before their first message, and
+#: every one of them sent its window again. Waiting in that queue costs the agent latency only.
+MAX_PENDING_STREAMS = 1 << 17
+
 #: Threads that run the store: the single-process analyzer sends one group at a time; an
 #: analyzer that takes windows one by one (the cluster edge) waits on one thread per window.
 STORE_THREADS = 64
@@ -629,6 +637,8 @@ class ServerOptions:
     trust_domain: str = DEFAULT_TRUST_DOMAIN
     max_clock_skew_s: float = MAX_CLOCK_SKEW_S   # live windows may end at most this far ahead
     metrics_listen: str | None = None    # HOST:PORT of the Prometheus /metrics endpoint
+    #: new streams grpc may queue for the server; beyond, it cancels them (MAX_PENDING_STREAMS)
+    max_pending_streams: int = MAX_PENDING_STREAMS
 
 
 class AnalyzerServer:
@@ -670,7 +680,10 @@ class AnalyzerServer:
         server = grpc.aio.server(
             migration_thread_pool=self._rpc_pool,
             options=[("grpc.max_receive_message_length", 2 * MAX_WINDOW_BYTES),
-                     ("grpc.so_reuseport", 0)])
+                     ("grpc.so_reuseport", 0),
+                     ("grpc.server.max_pending_requests", self.options.max_pending_streams),
+                     ("grpc.server.max_pending_requests_hard_limit",
+                      self.options.max_pending_streams)])
         access = None if self.options.tls is None else Access(self.options.trust_domain)
         server.add_generic_rpc_handlers((_ingest_handler(
             self.analyzer, access, self._store_pool, self.options.max_clock_skew_s,
