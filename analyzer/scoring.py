@@ -389,7 +389,9 @@ class HostLayout:
         slot = np.empty(codes.size, dtype=np.int64)
         slot[order] = np.arange(codes.size) - np.repeat(starts, sizes)
         slots = int(sizes.max()) if sizes.size else 0
-        full = bool(codes.size) and bool(
+        # full: every host has ``slots`` GPUs and they are listed host by host, so the values
+        # reshape into the (hosts, slots) grid (a short host anywhere, the last one too, is not)
+        full = bool(codes.size) and codes.size == uniq.size * slots and bool(
             np.array_equal(host * slots + slot, np.arange(codes.size)))
         return cls(host, slot, int(uniq.size), slots, full)
 

@@ -448,3 +448,21 @@ def test_quantile_bucket_search_outside_the_sampled_bracket():
         t = cum[-1] * q
         want = np.minimum((cum < t).sum(axis=0), k - 1)
         assert np.array_equal(_first_reaching(cum.ravel(), k, g, np.arange(g), t), want)
+
+
+def test_a_job_whose_last_host_has_fewer_gpus_is_scored():
+    # Hosts listed in order with only the last one short (a node with fewer GPUs, or a GPU's
+    # window missing this epoch) is not a full (hosts, slots) grid: scoring must not reshape it
+    layout = HostLayout.of(np.array([0] * 8 + [1] * 4))
+    assert not layout.full
+    windows = job_windows(3, 8, 3, seed=11)
+    short = max(w.node for w in windows)               # the last host in the job's order
+    for w in windows:
+        if w.node == short:
+            del w.processes[4:]
+    engine = Engine()
+    for w in windows:
+        engine.ingest(w)
+    results = engine.flush(None)
+    assert [r.epoch for r in results] == sorted({r.epoch for r in results}) and len(results) == 3
+    assert all(len(r.verdicts) == 20 for r in results)  # 8 + 8 + 4 GPUs, each with a verdict
