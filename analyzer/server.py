@@ -670,6 +670,7 @@ class AnalyzerServer:
         self._store_pool = futures.ThreadPoolExecutor(max_workers=STORE_THREADS,
                                                       thread_name_prefix="hypertrace-store")
         self._stopped = threading.Event()
+        self._switch_interval_before: float | None = None
 
     def _on_loop(self, coro: Any, timeout: float | None = None) -> Any:
         """Run a coroutine on the server's loop and wait for its result."""
@@ -725,6 +726,7 @@ class AnalyzerServer:
             log.warning("listening WITHOUT TLS on %s: no client is identified; anyone who "
                         "reaches this port can read reports and send windows for any node",
                         self.options.listen)
+        self._switch_interval_before = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._start_loop()
         try:
@@ -822,6 +824,9 @@ class AnalyzerServer:
             self.analyzer.flush()
         except Exception:
             log.exception("final flush failed")
+        if self._switch_interval_before is not None:   # the process's own setting again
+            sys.setswitchinterval(self._switch_interval_before)
+            self._switch_interval_before = None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the server stopped; True if ``timeout`` ran out first."""

@@ -533,13 +533,20 @@ class Storage:
         it had no ack yet, or sent again: the store heals instead of refusing the agent forever.
         Called with the lock held, inside the group's transaction."""
         try:
-            return decode_payload(bytes(stored[0]), int(stored[1])) == it.raw
+            if decode_payload(bytes(stored[0]), int(stored[1])) == it.raw:
+                return True
+            # a raw copy has no checksum of its own: it is damaged when it is no longer a
+            # window of this key; one that still is, with other bytes, is a real conflict
+            if int(stored[1]) != CODEC_RAW or _is_window_of(bytes(stored[0]), it.row[0],
+                                                            it.row[1]):
+                return False
         except (zlib.error, StorageError):
-            log.warning("window %.64r seq %d: the stored copy was damaged; replaced by the "
-                        "agent's replay", it.row[0], it.row[1])
-            self._conn.execute("UPDATE windows SET payload = ?, codec = ? WHERE agent_id = ? "
-                               "AND seq = ?", (it.row[6], it.row[7], it.row[0], it.row[1]))
-            return True
+            pass
+        log.warning("window %.64r seq %d: the stored copy was damaged; replaced by the "
+                    "agent's replay", it.row[0], it.row[1])
+        self._conn.execute("UPDATE windows SET payload = ?, codec = ? WHERE agent_id = ? "
+                           "AND seq = ?", (it.row[6], it.row[7], it.row[0], it.row[1]))
+        return True
 
     def iter_windows(self, since_end_ns: int | None = None, after_id: int = 0,
                      until_end_ns: int = 2**63 - 1) -> Iterator[StoredWindow]:
@@ -977,6 +984,15 @@ def window_digest(data: bytes) -> bytes:
     :data:`CODEC_BLOCK`): enough to tell an agent's replay of it from other bytes under the same
     key without decoding its block."""
     return hashlib.blake2b(data, digest_size=8).digest()
+
+
+def _is_window_of(data: bytes, agent_id: str, seq: int) -> bool:
+    """Do ``data`` parse as the window that agent ``agent_id`` sent as ``seq``?"""
+    try:
+        w = pb.NodeWindow.FromString(data)
+    except Exception:                     # protobuf's DecodeError, or anything a damaged page gives
+        return False
+    return w.agent_id == agent_id and w.seq == seq
 
 
 def decode_payload(payload: bytes, codec: int) -> bytes:

@@ -68,7 +68,7 @@ def register(subparsers) -> None:
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="processes validating a large binary (.pb) file's windows ahead of "
                         "the reader; 0: validate in this process (default: the usable cores "
-                        "less one, at most 4)")
+                        "less one, at most 4, at least 1)")
     add_scoring_flags(p)
     p.set_defaults(func=run)
 

@@ -15,11 +15,12 @@ small file, ``workers`` 0) is validated in this process, window by window.
 """
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import stat
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import records, wire
@@ -29,6 +30,8 @@ from hypertrace.proto import records, wire
 CHUNK = 256
 #: Files smaller than this are validated in this process (starting workers costs more).
 MIN_PARALLEL_BYTES = 4 << 20
+
+log = logging.getLogger(__name__)
 
 _OK, _UNSETTLED = 0, 1            # a verdict: one of these, or an error's (field, problem)
 
@@ -51,14 +54,13 @@ def validated_windows(path: str | Path, workers: int, min_bytes: int = MIN_PARAL
     ``workers``: processes validating ahead (0: none, all here); files under ``min_bytes``
     are validated here."""
     spans = _spans(path) if workers > 0 and _plain_binary(path, min_bytes) else []
-    if len(spans) <= CHUNK:
+    pool = _start_pool(workers) if len(spans) > CHUNK else None
+    if pool is None:
         for w, size in records.read_windows_sized(path):
             yield w, size, _verdict(w, size)
         return
     tasks = [(str(path), spans[i:i + CHUNK]) for i in range(0, len(spans), CHUNK)]
-    # forkserver, not fork: a process that already runs threads (gRPC's, a test runner's) can
-    # fork a child holding a lock that no thread will ever release, and the worker hangs
-    with multiprocessing.get_context("forkserver").Pool(workers) as pool:
+    with pool:
         results = pool.imap(_check_chunk, tasks)
         verdicts: list = []
         for k, (w, size) in enumerate(records.read_windows_sized(path)):
@@ -73,6 +75,18 @@ def validated_windows(path: str | Path, workers: int, min_bytes: int = MIN_PARAL
                     yield w, size, wire.WireError(*v)
                     continue
             yield w, size, _verdict(w, size)
+
+
+def _start_pool(workers: int) -> Any:
+    """The worker processes, or None where they cannot start (no usable /dev/shm for their
+    semaphores, a sandbox without fork): then this process validates, as with ``workers`` 0.
+    forkserver, not fork: a process that already runs threads (gRPC's, a test runner's) can fork
+    a child holding a lock that no thread will ever release, and that worker hangs."""
+    try:
+        return multiprocessing.get_context("forkserver").Pool(workers)
+    except (OSError, ValueError) as exc:
+        log.warning("validating in this process: worker processes could not start (%s)", exc)
+        return None
 
 
 def _verdict(w: pb.NodeWindow, size: int | None) -> wire.WireError | None:

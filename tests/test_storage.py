@@ -181,6 +181,28 @@ def test_a_damaged_payload_costs_its_window_and_the_agents_replay_heals_it(tmp_p
     st.close()
 
 
+def test_a_damaged_raw_payload_is_healed_by_the_replay_and_a_different_window_conflicts(tmp_path):
+    # payloads stored as received (the blocks compress them later) carry no checksum: a copy
+    # that no longer parses as its key's window is damage, healed by the agent's replay
+    st = Storage.open(tmp_path / "a.db")
+    st.compress_at_ingest = False
+    ws = list(generate(SimConfig(gpus=16, gpus_per_node=8, windows=2, seed=4)))
+    for w in ws:
+        st.add_window(w)
+    bad = ws[0]
+    st._conn.execute("UPDATE windows SET payload = ? WHERE agent_id = ? AND seq = ?",
+                     (b"\xff\xffgarbage", bad.agent_id, bad.seq))
+    assert st.add_window(bad) is False
+    assert sorted(sw.message().SerializeToString() for sw in st.iter_windows()) == sorted(
+        w.SerializeToString() for w in ws)
+    other = pb.NodeWindow()
+    other.CopyFrom(ws[1])
+    other.processes[0].rank += 1
+    with pytest.raises(ConflictingDuplicate):
+        st.add_window(other)
+    st.close()
+
+
 def test_a_prune_keeps_each_gpus_current_verdict_while_its_job_is_scored(tmp_path):
     from hypertrace.analyzer.epoch_scoring import EpochResult
     st = Storage.open(tmp_path / "a.db")
