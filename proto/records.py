@@ -39,8 +39,9 @@ def _raw(path: str | Path) -> IO[bytes]:
     return fh
 
 
-def _varint(fh: IO[bytes], where: str) -> int | None:
-    """One varint; None at a clean end of file."""
+def read_varint(fh: IO[bytes], where: str) -> int | None:
+    """One varint (a record's length); None at a clean end of file; a :class:`WireError`
+    naming ``where`` when it is cut short or longer than 9 bytes."""
     shift = result = 0
     while True:
         b = fh.read(1)
@@ -69,7 +70,7 @@ def read_binary_sized(fh: IO[bytes], name: str) -> Iterator[tuple[pb.NodeWindow,
     while True:
         n += 1
         where = f"{name}: record {n}"
-        size = _varint(fh, where)
+        size = read_varint(fh, where)
         if size is None:
             return
         if size == 0:

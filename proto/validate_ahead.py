@@ -118,24 +118,16 @@ def _spans(path: str | Path) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     with open(path, "rb") as fh:
         end = os.fstat(fh.fileno()).st_size
-        pos = 0
-        while pos < end:
-            fh.seek(pos)
-            head = fh.read(10)
-            size = shift = 0
-            for i, b in enumerate(head):
-                size |= (b & 0x7F) << shift
-                if not b & 0x80:
-                    break
-                shift += 7
-            else:
-                return out                    # no final byte within 10: doubtful
-            start = pos + i + 1
-            if not 0 < size <= wire.MAX_WINDOW_BYTES or start + size > end:
+        while True:
+            try:
+                size = records.read_varint(fh, str(path))
+            except wire.WireError:
+                return out
+            start = fh.tell()
+            if size is None or not 0 < size <= wire.MAX_WINDOW_BYTES or start + size > end:
                 return out
             out.append((start, size))
-            pos = start + size
-    return out
+            fh.seek(start + size)
 
 
 def _check_chunk(task: tuple[str, list[tuple[int, int]]]) -> list:

@@ -158,14 +158,22 @@ def test_payloads_are_stored_compressed_and_read_back_as_the_wire_bytes(tmp_path
     st.close()
 
 
-def test_a_damaged_payload_costs_its_window_and_the_agents_replay_heals_it(tmp_path):
+def _store_with_first_payload_damaged(tmp_path: Path, damage: bytes,
+                                      compress_at_ingest: bool = True):
+    """(store, its windows, the first of them, whose stored payload is now ``damage``)."""
     st = Storage.open(tmp_path / "a.db")
+    st.compress_at_ingest = compress_at_ingest
     ws = list(generate(SimConfig(gpus=16, gpus_per_node=8, windows=2, seed=4)))
     for w in ws:
         st.add_window(w)
     bad = ws[0]
     st._conn.execute("UPDATE windows SET payload = ? WHERE agent_id = ? AND seq = ?",
-                     (b"\x78\x01garbage", bad.agent_id, bad.seq))
+                     (damage, bad.agent_id, bad.seq))
+    return st, ws, bad
+
+
+def test_a_damaged_payload_costs_its_window_and_the_agents_replay_heals_it(tmp_path):
+    st, ws, bad = _store_with_first_payload_damaged(tmp_path, b"\x78\x01garbage")
     readable, damaged = [], []
     for sw in st.iter_windows():
         try:
@@ -184,14 +192,8 @@ def test_a_damaged_payload_costs_its_window_and_the_agents_replay_heals_it(tmp_p
 def test_a_damaged_raw_payload_is_healed_by_the_replay_and_a_different_window_conflicts(tmp_path):
     # payloads stored as received (the blocks compress them later) carry no checksum: a copy
     # that no longer parses as its key's window is damage, healed by the agent's replay
-    st = Storage.open(tmp_path / "a.db")
-    st.compress_at_ingest = False
-    ws = list(generate(SimConfig(gpus=16, gpus_per_node=8, windows=2, seed=4)))
-    for w in ws:
-        st.add_window(w)
-    bad = ws[0]
-    st._conn.execute("UPDATE windows SET payload = ? WHERE agent_id = ? AND seq = ?",
-                     (b"\xff\xffgarbage", bad.agent_id, bad.seq))
+    st, ws, bad = _store_with_first_payload_damaged(tmp_path, b"\xff\xffgarbage",
+                                                     compress_at_ingest=False)
     assert st.add_window(bad) is False
     assert sorted(sw.message().SerializeToString() for sw in st.iter_windows()) == sorted(
         w.SerializeToString() for w in ws)
