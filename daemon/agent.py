@@ -180,11 +180,12 @@ class Agent:
         """Start the uplink (cheap checks first: a bad spool dir fails in milliseconds), NVML,
         then load the probes (compile once, seconds) and measure their cost."""
         if self.uplink is None:
-            from hypertrace.daemon.uplink import Spool, Uplink
+            from hypertrace.daemon.uplink import Spool, Uplink, idle_close_for
             spool = Spool(self.cfg.spool_dir, int(self.cfg.spool_max_mb * 1024 * 1024))
             files = tls_files(self.cfg.tls_ca, self.cfg.tls_cert, self.cfg.tls_key)
-            self.uplink = Uplink(spool, self.cfg.analyzer, credentials=(
-                channel_credentials(files) if files is not None else None)).start()
+            creds = channel_credentials(files) if files is not None else None
+            self.uplink = Uplink(spool, self.cfg.analyzer, credentials=creds,
+                                 idle_close=idle_close_for(self.cfg.window)).start()
         if self.nvml is None and self.cfg.nvml:
             self.nvml = Nvml()
             if not self.nvml.available:

@@ -16,9 +16,13 @@ order. A window the analyzer rejects as INVALID_ARGUMENT, or as ALREADY_EXISTS (
 with other content: a reset spool or a shared agent id), is dropped from the spool with a logged
 error, so one poison window cannot wedge the agent forever.
 
-A stream is closed after ``idle_close`` seconds with nothing to send: an open stream holds
-memory and a connection's state at the analyzer (and a worker thread at a sync gRPC server, such
-as older analyzers), and a fleet of idle agents should not hold them all.
+One stream carries window after window: it is closed only after ``idle_close`` seconds with
+nothing to send, which by default is longer than a window, so a working agent keeps one stream
+open. Why: opening a stream per window cost the analyzer about a third of its CPU per window, and
+with every agent of the fleet opening one at the same window boundary, the analyzer's event loop
+had to accept thousands of new calls at once (BENCHMARKS.md, "Agents keep their stream"). An
+idle agent (its job ended) still lets go of its stream, which holds memory and a connection's
+state at the analyzer.
 """
 from __future__ import annotations
 
@@ -39,9 +43,16 @@ from hypertrace.proto.wire import STREAM_METHOD, WireError, accept_window
 log = logging.getLogger(__name__)
 
 _SUFFIX = ".pb"
-#: Seconds a stream stays open with nothing to send (see the module docstring); bench-scale's
-#: one-stream-per-agent load uses the same value.
-IDLE_CLOSE_S = 2.0
+#: Seconds a stream stays open with nothing to send (see the module docstring): longer than a
+#: window of up to a minute, so windows reuse the stream. bench-scale's one-stream-per-agent load
+#: uses the same value.
+IDLE_CLOSE_S = 75.0
+
+
+def idle_close_for(window_s: float) -> float:
+    """The agent's ``idle_close`` for windows of ``window_s``: two windows and at least
+    ``IDLE_CLOSE_S``, so a working agent's windows always find its stream open."""
+    return max(IDLE_CLOSE_S, 2.0 * window_s)
 
 
 class SpoolError(RuntimeError):
@@ -236,6 +247,7 @@ class Uplink:
         self.duplicates = 0
         self.rejected = 0
         self.connect_failures = 0
+        self.streams_opened = 0        # a working agent keeps one (module docstring)
 
     # ---- producer side -------------------------------------------------------------------------
 
@@ -322,6 +334,7 @@ class Uplink:
             in_flight: list[int] = []
             done = threading.Event()
             call = self._call(self._requests(in_flight, done))
+            self.streams_opened += 1
             try:
                 for ack in call:
                     if in_flight and in_flight[0] == ack.seq:

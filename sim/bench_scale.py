@@ -23,10 +23,11 @@ What runs:
 4. Windows travel on ``streams`` long-lived gRPC streams (over ``channels`` connections), each
    carrying many nodes' windows: that keeps the generator cheap on a 2-core machine. With
    ``--agent-streams`` they travel as real agents send them instead: every simulated node has its
-   own connection and opens a new stream for each window, closing it ``IDLE_CLOSE_S`` (2 s, the
-   uplink's value) after the ack: about one open stream per node around every window boundary
-   (grpc.aio in the generator keeps its side cheap; the analyzer's grpc.aio server holds no
-   thread per stream). The generator runs in ``--generator-procs`` processes
+   own connection and one stream on it, which it closes after ``--idle-close-s`` with nothing to
+   send (default ``IDLE_CLOSE_S``, the uplink's value, longer than a window: one open stream per
+   node; a value under the window length opens a new stream for every window, as agents did
+   before). grpc.aio in the generator keeps its side cheap; the analyzer's grpc.aio server holds
+   no thread per stream. The generator runs in ``--generator-procs`` processes
    (:mod:`hypertrace.sim.scale_load`), each sending for an interleaved slice of the nodes and
    pinned to ``--generator-cores``, while ``--analyzer-cores`` pins the analyzer; the open-file
    limit is raised to its hard limit (a connection per agent is a descriptor on each side).
@@ -249,10 +250,10 @@ def read_proc(pid: int) -> ProcSample:
 def server_workers(cfg: ScaleConfig) -> int:
     """The analyzer's --max-workers for this load: one thread per stream that can be open at
     once, which an analyzer with grpc's sync server (an older tree under ``--compare-with``)
-    needs; the grpc.aio one runs only queries on them. Agents' streams outlive their window by
-    ``idle_close_s``, so with windows shorter than that a node holds more than one."""
+    needs; the grpc.aio one runs only queries on them. An agent reuses its open stream, so a
+    node holds at most one."""
     if cfg.agent_streams:
-        return cfg.nodes * (1 + math.ceil(cfg.idle_close_s / cfg.window_seconds)) + 64
+        return cfg.nodes + 64
     return max(64, cfg.streams * cfg.channels + 16)
 
 
@@ -578,8 +579,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", type=int, default=32,
                     help="shared long-lived streams carrying all nodes' windows (default 32)")
     ap.add_argument("--agent-streams", action="store_true",
-                    help="send as real agents do: one connection per node, a new stream per "
-                    "window closed 2 s after its ack")
+                    help="send as real agents do: one connection per node, one stream on it, "
+                    "closed when idle for --idle-close-s")
+    ap.add_argument("--idle-close-s", type=float, default=IDLE_CLOSE_S,
+                    help="--agent-streams: an agent's stream closes after this many seconds "
+                    f"with nothing to send (default {IDLE_CLOSE_S:g}, the agent's)")
     ap.add_argument("--spread", type=float, default=2.0,
                     help="seconds over which one epoch's windows arrive after its end")
     ap.add_argument("--synchronous", choices=["FULL", "NORMAL"], default="FULL")
@@ -607,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="keeps up only when the p99 ack, measured at the generator, comes at "
                     "most S seconds after its epoch's end + grace")
     args = ap.parse_args(argv)
-    load = dict(generator_procs=args.generator_procs, generator_cores=args.generator_cores,
+    load = dict(idle_close_s=args.idle_close_s, generator_procs=args.generator_procs, generator_cores=args.generator_cores,
                 analyzer_cores=args.analyzer_cores, goal_cores=args.goal_cores,
                 goal_ack_beyond_grace_s=args.goal_ack_beyond_grace)
 

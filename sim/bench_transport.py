@@ -20,7 +20,7 @@ payload compression) and acks it after the commit, so exactly-once holds on both
 No validation and no Engine: both are the same Python on either side. The load generator (this
 process, :class:`hypertrace.sim.scale_load.Sender`) sends each epoch's windows of every node at once
 on ``--streams`` shared streams (``--streams 0``: as agents do, a connection per node and a
-stream per window), as fast as it can, and waits for every ack. The
+stream per window, closed at its ack), as fast as it can, and waits for every ack. The
 server's CPU (``/proc/PID/stat``, all threads) over the measured epochs divided by the windows
 gives CPU per window. The sides alternate (sync, aio, sync, ...) so they meet the same noise.
 
@@ -44,12 +44,14 @@ import numpy as np
 from hypertrace.analyzer.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import INGEST_SERVICE
-from hypertrace.daemon.uplink import IDLE_CLOSE_S
 from hypertrace.sim.bench_scale import ScaleConfig, machine_info, make_pool, read_proc
 from hypertrace.sim.scale_load import Sender, WindowPool, WorkerSpec
 from hypertrace.sim.demo import stop_process
 
 MODES = ("sync", "aio")
+#: ``--streams 0``: each window's stream closes right after its ack, so every window opens a
+#: stream of its own (the heaviest pattern for the server; agents now keep theirs open).
+_STREAM_PER_WINDOW_IDLE_S = 0.0
 
 
 def _ack(w: pb.NodeWindow, new: bool) -> pb.Ack:
@@ -117,7 +119,7 @@ async def _drive(target: str, pid: int, pool: WindowPool, nodes: int, streams: i
     """Send every epoch's windows at once and wait for their acks; (the server's CPU seconds
     over the measured epochs, windows acked, duplicate acks, errors)."""
     spec = WorkerSpec(0, target, "", tuple(range(nodes)), (0,) * nodes, not streams, streams,
-                      IDLE_CLOSE_S, channels=min(4, max(1, streams)))
+                      _STREAM_PER_WINDOW_IDLE_S, channels=min(4, max(1, streams)))
     sender = Sender(spec, nodes * (warmup + epochs))
     await sender.connect()
     cpu0 = 0.0
@@ -130,17 +132,17 @@ async def _drive(target: str, pid: int, pool: WindowPool, nodes: int, streams: i
         if not await sender.wait_acked(e * nodes, (e + 1) * nodes, timeout=300):
             break
     if not streams:
-        await asyncio.sleep(IDLE_CLOSE_S + 1.0)
+        await asyncio.sleep(_STREAM_PER_WINDOW_IDLE_S + 1.0)
     cpu = read_proc(pid).cpu_s - cpu0
-    await sender.close(IDLE_CLOSE_S + 30.0)
+    await sender.close(_STREAM_PER_WINDOW_IDLE_S + 30.0)
     return cpu, int((sender.ack_ns > 0).sum()), int(sender.duplicate.sum()), sender.errors
 
 
 def run_side(mode: str, workdir: Path, pool: WindowPool, nodes: int, streams: int,
              warmup: int, epochs: int) -> tuple[float, bool]:
     """One server of ``mode``: (CPU ms per window over the measured epochs, exactly once).
-    ``streams`` 0: every node sends as an agent does (its own connection, a stream per window
-    closed ``IDLE_CLOSE_S`` after the ack); the CPU is then read once the last streams closed."""
+    ``streams`` 0: every node has its own connection and a stream per window, closed at its
+    ack; the CPU is then read once the last streams closed."""
     db = workdir / f"{mode}.db"
     workers = streams + 16 if streams else 2 * nodes + 64
     proc = subprocess.Popen([sys.executable, "-m", "hypertrace.sim.bench_transport", "--serve",

@@ -156,6 +156,10 @@ class Sender:
             self._channels = [aio.insecure_channel(spec.target, options=CHANNEL_OPTIONS)
                               for _ in range(max(1, min(spec.channels, spec.streams)))]
         self._queues: list[asyncio.Queue] = []
+        self._open: dict[int, Any] = {}           # agent streams: each node's open stream
+        self._locks: dict[int, asyncio.Lock] = {}
+        self._last: dict[int, int] = {}           # each node's last acked window
+        self._closing = asyncio.Event()           # set by close: idle streams close now
 
     async def connect(self) -> None:
         await asyncio.gather(*(ch.channel_ready() for ch in self._channels))
@@ -190,35 +194,53 @@ class Sender:
         self.duplicate[idx] = ack.duplicate
 
     async def _agent(self, pos: int, idx: int, payload: bytes) -> None:
-        """As daemon/uplink.py sends: a new stream for the window on the node's connection,
-        closed ``idle_close_s`` after the ack."""
+        """As daemon/uplink.py sends: the window goes on the node's open stream, or on a new
+        one when none is open; the stream closes ``idle_close_s`` after its last ack with
+        nothing more to send (so with windows shorter than that, a node keeps one stream)."""
         import grpc
 
-        for attempt in range(RESENDS + 1):
-            call = self._call(self._channels[pos])
-            stage = "write"               # where a failure happened, in its error
+        async with self._locks.setdefault(pos, asyncio.Lock()):
+            for attempt in range(RESENDS + 1):
+                call = self._open.get(pos)
+                if call is None:
+                    call = self._open[pos] = self._call(self._channels[pos])
+                stage = "write"           # where a failure happened, in its error
+                try:
+                    await call.write(payload)
+                    stage = "ack"
+                    self._acked(idx, await call.read())
+                    self._last[pos] = idx
+                    break
+                except grpc.RpcError as exc:
+                    self._open.pop(pos, None)
+                    if attempt < RESENDS:
+                        self.resent[idx] += 1
+                        await asyncio.sleep(0.2 * 2 ** attempt)
+                        continue
+                    self.errors.append(f"node {self.spec.nodes[pos]} at {stage}: "
+                                       f"{exc.code().name}: {exc.details()}")
+                    return
+                except Exception as exc:  # noqa: BLE001 - counted, the run reports it
+                    self._open.pop(pos, None)
+                    self.errors.append(f"node {self.spec.nodes[pos]} at {stage}: {exc!r}")
+                    return
+        try:                              # idle: until idle_close_s passed or the run ends
+            await asyncio.wait_for(self._closing.wait(), self.spec.idle_close_s)
+        except asyncio.TimeoutError:
+            pass
+        async with self._locks[pos]:
+            if self._last.get(pos) != idx or pos not in self._open:
+                return                    # a later window uses the stream; it closes it
+            call = self._open.pop(pos)
             try:
-                await call.write(payload)
-                stage = "ack"
-                self._acked(idx, await call.read())
-                await asyncio.sleep(self.spec.idle_close_s)
-                stage = "close"
                 await call.done_writing()
                 code = await call.code()
                 if code != grpc.StatusCode.OK:
-                    self.errors.append(f"node {self.spec.nodes[pos]} at {stage}: {code.name}: "
+                    self.errors.append(f"node {self.spec.nodes[pos]} at close: {code.name}: "
                                        f"{await call.details()}")
-                return
             except grpc.RpcError as exc:
-                if stage != "close" and attempt < RESENDS:
-                    self.resent[idx] += 1
-                    await asyncio.sleep(0.2 * 2 ** attempt)
-                    continue
-                self.errors.append(f"node {self.spec.nodes[pos]} at {stage}: "
+                self.errors.append(f"node {self.spec.nodes[pos]} at close: "
                                    f"{exc.code().name}: {exc.details()}")
-            except Exception as exc:      # noqa: BLE001 - counted, the run reports it
-                self.errors.append(f"node {self.spec.nodes[pos]} at {stage}: {exc!r}")
-            return
 
     async def _shared(self, q: asyncio.Queue, channel: Any) -> None:
         """One long-lived stream carrying many nodes' windows; acks come back in order."""
@@ -263,6 +285,7 @@ class Sender:
         return True
 
     async def close(self, timeout: float) -> None:
+        self._closing.set()
         for q in self._queues:
             q.put_nowait(None)
         if self.tasks:

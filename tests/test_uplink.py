@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hypertrace.sim.simulate import SimConfig, generate
-from hypertrace.daemon.uplink import Backoff, Spool, Uplink
+from hypertrace.daemon.uplink import Backoff, Spool, Uplink, idle_close_for
 
 from test_server import free_port, start_server, stop_server
 
@@ -190,3 +190,29 @@ def test_a_spool_whose_last_seq_is_out_of_range_starts_again_from_the_clock(tmp_
     assert spool.put(spool.last_seq + 1, b"x")
     assert os.stat(d / "last_seq").st_mode & 0o777 == 0o600
     assert all(os.stat(f).st_mode & 0o777 == 0o600 for f in d.glob("*.pb"))
+
+
+def test_windows_reuse_the_open_stream_until_it_idles_out(tmp_path):
+    """A working agent keeps one stream: windows a pause apart go on it while the pause is
+    shorter than ``idle_close``; after a longer pause the stream was closed and a new one opens."""
+    server, target = start_server(tmp_path / "analyzer.db", listen="127.0.0.1:0")
+    windows = node_windows(4)
+    try:
+        for idle_close, want in ((30.0, 1), (0.2, 2)):
+            spool = Spool(tmp_path / f"spool-{idle_close}")
+            up = Uplink(spool, target, backoff=FAST, idle_close=idle_close).start()
+            try:
+                for w in windows[:2] if want == 1 else windows[2:]:
+                    assert up.submit(w)
+                    assert up.wait_drained(30)
+                    time.sleep(0.8)              # between windows: over 0.2 s, under 30 s
+                assert up.streams_opened == want, (idle_close, up.streams_opened)
+            finally:
+                up.close()
+    finally:
+        stop_server(server)
+
+
+@pytest.mark.parametrize("window_s", [1.0, 10.0, 60.0, 3600.0])
+def test_an_agents_stream_outlasts_the_pause_between_its_windows(window_s):
+    assert idle_close_for(window_s) > window_s
