@@ -155,6 +155,7 @@ class ScaleResult:
     windows_acked: int = 0
     duplicate_acks: int = 0           # of windows sent once (a resend's may say duplicate)
     resent_windows: int = 0           # sent again after their stream failed before the ack
+    streams_opened: int = 0           # agent streams opened (--agent-streams)
     windows_stored: int = 0
     epochs_scored: int = 0
     late_windows: int = 0
@@ -338,6 +339,7 @@ def _from_generators(results: list, cfg: ScaleConfig, plan: Plan, res: ScaleResu
     res.duplicate_acks = int(sum(int((r.duplicate & (r.resent == 0)).sum()) for r in parts))
     res.resent_windows = int(sum(int((r.resent > 0).sum()) for r in parts))
     res.generator_cpu_s = float(sum(r.cpu_s for r in parts))
+    res.streams_opened = int(sum(r.streams_opened for r in parts))
     measured = (epoch >= cfg.warmup_epochs) & (epoch < plan.paced_epochs) & (ack > 0)
     lat = (ack[measured] - sent[measured]) / 1e9
     end = (plan.first_epoch + epoch[measured].astype(np.int64) + 1) * plan.win_ns
@@ -475,6 +477,7 @@ def describe(r: ScaleResult) -> str:
         f"windows: sent {r.windows_sent:,}, acked {r.windows_acked:,}, stored "
         f"{r.windows_stored:,}, duplicate acks {r.duplicate_acks}, resent after a failed "
         f"stream {r.resent_windows}, late {r.late_windows}"
+        + (f", agent streams opened {r.streams_opened:,}" if r.streams_opened else "")
         + (f", stream errors {r.stream_errors[:3]}" if r.stream_errors else "")
         + f" -> exactly once: {'yes' if r.exactly_once else 'NO'}",
         f"ingest: {r.sustained_wps:,.1f} windows/s offered (paced, in bursts"

@@ -133,6 +133,7 @@ class WorkerResult:
     resent: np.ndarray
     errors: list[str] = field(default_factory=list)
     cpu_s: float = 0.0
+    streams_opened: int = 0           # agent streams: one per agent when they are kept
 
 
 class Sender:
@@ -160,6 +161,7 @@ class Sender:
         self._locks: dict[int, asyncio.Lock] = {}
         self._last: dict[int, int] = {}           # each node's last acked window
         self._closing = asyncio.Event()           # set by close: idle streams close now
+        self.streams_opened = 0
 
     async def connect(self) -> None:
         await asyncio.gather(*(ch.channel_ready() for ch in self._channels))
@@ -204,6 +206,7 @@ class Sender:
                 call = self._open.get(pos)
                 if call is None:
                     call = self._open[pos] = self._call(self._channels[pos])
+                    self.streams_opened += 1
                 stage = "write"           # where a failure happened, in its error
                 try:
                     await call.write(payload)
@@ -338,7 +341,7 @@ async def _drive(spec: WorkerSpec, conn: Any) -> WorkerResult:
                         sent_ns=sender.sent_ns, ack_ns=sender.ack_ns,
                         duplicate=sender.duplicate, resent=sender.resent,
                         errors=sender.errors,
-                        cpu_s=ru.ru_utime + ru.ru_stime)
+                        cpu_s=ru.ru_utime + ru.ru_stime, streams_opened=sender.streams_opened)
 
 
 def worker_main(spec: WorkerSpec, conn: Any) -> None:

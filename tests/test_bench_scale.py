@@ -45,13 +45,15 @@ def test_64_agents_every_window_exactly_once_and_verdicts(tmp_path):
     assert table_row(r).startswith("| 512 | 64 |")
 
 
-def test_agent_streams_one_connection_and_stream_per_agent_exactly_once(tmp_path):
-    # As real agents send: each node its own connection, a new stream per window, closed a
-    # little after its ack (0.3 s here instead of the uplink's 2 s, to keep the test short).
+@pytest.mark.parametrize("idle_close_s", [0.3, 5.0], ids=["stream-per-window", "kept-stream"])
+def test_agent_streams_one_connection_per_agent_exactly_once(tmp_path, idle_close_s):
+    # As real agents send: each node its own connection and a stream on it, closed after
+    # idle_close_s with nothing to send: under the 1-s window every window opens a new one,
+    # over it the agent keeps one stream for all its windows (as the uplink does).
     cfg = ScaleConfig(nodes=32, window_seconds=1.0, grace_seconds=0.6, flush_interval=0.1,
                       warmup_epochs=1, epochs=2, spread_seconds=0.1, agent_streams=True,
-                      idle_close_s=0.3, pool_windows=2, blast_epochs=1)
-    assert server_workers(cfg) >= 2 * cfg.nodes        # a thread for every stream open at once
+                      idle_close_s=idle_close_s, pool_windows=2, blast_epochs=1)
+    assert server_workers(cfg) >= cfg.nodes             # a thread for every agent's stream
     r = run_scale(cfg, tmp_path, progress=lambda *_: None)
     assert not r.stream_errors
     assert r.windows_sent == 32 * (1 + 2 + 1)
@@ -59,6 +61,8 @@ def test_agent_streams_one_connection_and_stream_per_agent_exactly_once(tmp_path
     assert r.exactly_once
     assert 256 / r.epochs_scored <= r.verdict_rows_per_epoch < 256
     assert r.stragglers == [SLOW_NODE]
+    # a stream per window, or one per agent for all its windows
+    assert r.streams_opened == (r.windows_sent if idle_close_s < 1.0 else cfg.nodes)
 
 
 def test_two_generator_processes_split_the_agents_and_time_every_ack(tmp_path):
