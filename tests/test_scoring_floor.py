@@ -45,7 +45,14 @@ def test_floor_reads_the_same_quantiles_as_the_cross_section():
 def test_bench_reports_flush_time_over_the_floor():
     r = bench_size(512, 3, seed=1)
     assert r["floor_ms_median"] > 0 and r["floor_ratio"] > 0
-    assert r["stragglers"] == [node_name(42)]
+    assert r["stragglers"] == r["slow"] == [node_name(42)]
+
+
+def test_bench_expects_every_copy_of_the_slow_node_when_the_pool_is_reused():
+    # 96 nodes from a pool of 48: node 42 and its copy, node 90, are both slow
+    r = bench_size(96 * 8, 4, seed=1, pool=48)
+    assert r["slow"] == [node_name(42), node_name(90)]
+    assert r["stragglers"] == r["slow"]
 
 
 def test_bench_times_the_rules_that_wait_for_the_last_window_only_when_asked():
