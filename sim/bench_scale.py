@@ -416,6 +416,20 @@ def run_scale(cfg: ScaleConfig, workdir: Path, pool: WindowPool | None = None,
     return res
 
 
+def _compacted_rows(conn: sqlite3.Connection, win_ns: int) -> np.ndarray:
+    """(start, end, received) of the windows a retention pass moved into blocks during a long
+    run (their rows are in ``compacted``, which keeps the end and the time received, and in
+    older files the start too)."""
+    cols = {r[1] for r in conn.execute("PRAGMA table_info(compacted)")}
+    if "start_ns" in cols and "received_ns" in cols:
+        sql = "SELECT start_ns, end_ns, received_ns FROM compacted"
+    elif "received_after_ns" in cols:
+        sql = f"SELECT end_ns - {win_ns}, end_ns, end_ns + received_after_ns FROM compacted"
+    else:
+        return np.zeros((0, 3), np.int64)
+    return np.array(conn.execute(sql).fetchall(), dtype=np.int64).reshape(-1, 3)
+
+
 def _from_database(db: Path, cfg: ScaleConfig, measured: range, res: ScaleResult) -> None:
     """Latency, late windows, size and verdicts, read from the stopped analyzer's database."""
     win_ns = int(round(cfg.window_seconds * 1e9))
@@ -423,7 +437,10 @@ def _from_database(db: Path, cfg: ScaleConfig, measured: range, res: ScaleResult
     conn = sqlite3.connect(str(db))
     try:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        res.windows_stored = int(conn.execute("SELECT COUNT(*) FROM windows").fetchone()[0])
+        rows = np.array(conn.execute("SELECT start_ns, end_ns, received_ns FROM windows")
+                        .fetchall(), dtype=np.int64).reshape(-1, 3)
+        rows = np.concatenate([rows, _compacted_rows(conn, win_ns)])
+        res.windows_stored = len(rows)
         res.window_payload_bytes = float(conn.execute(
             "SELECT AVG(LENGTH(payload)) FROM windows").fetchone()[0] or 0.0)
         scored = dict(conn.execute("SELECT epoch, created_ns FROM epochs WHERE job_id = ?",
@@ -431,8 +448,6 @@ def _from_database(db: Path, cfg: ScaleConfig, measured: range, res: ScaleResult
         res.epochs_scored = len(scored)
         n_verdicts = int(conn.execute("SELECT COUNT(*) FROM verdicts").fetchone()[0])
         res.verdict_rows_per_epoch = n_verdicts / max(1, len(scored))
-        rows = np.array(conn.execute("SELECT start_ns, end_ns, received_ns FROM windows")
-                        .fetchall(), dtype=np.int64).reshape(-1, 3)
         last = max(scored) if scored else None
         if last is not None:
             res.stragglers = sorted({r[0] for r in conn.execute(   # the latest change by then
