@@ -56,7 +56,9 @@ from google.protobuf.descriptor import FieldDescriptor as FD
 
 from hypertrace.proto import hypertrace_pb2 as pb
 
-MAGIC = b"HB2"
+MAGIC = b"HB3"
+#: Blocks written before double columns could be kept as thousandths: still read (and copied).
+MAGIC_V2 = b"HB2"
 #: Blocks written before the numbers were taken out of the messages: still read.
 MAGIC_V1 = b"HB1"
 #: LZMA2 with optimal parsing (what makes the counts small) but a hash-chain match finder of
@@ -71,6 +73,8 @@ _DOUBLE_FILTERS = [{**_FILTERS[0], "lp": 3, "pb": 3}]
 #: The counts' stream: the previous byte's high bits as the literal's context (``lc`` 4).
 _COUNT_FILTERS = [{**_FILTERS[0], "lc": 4}]
 _VERBATIM, _SPLIT = 1, 0
+#: How a double column is kept (:func:`_take_numbers`).
+_RAW_DOUBLES, _THOUSANDTHS = 0, 1
 _DOUBLE, _INT = FD.TYPE_DOUBLE, {FD.TYPE_UINT64, FD.TYPE_UINT32, FD.TYPE_INT64, FD.TYPE_INT32}
 #: ApiStats.count is the total of its histogram: kept as its difference from that total (0 in a
 #: well-formed window, so a column of zeros).
@@ -156,27 +160,52 @@ def _by_type(messages: list[pb.NodeWindow]) -> dict[Any, list[Any]]:
     return by_type
 
 
-def _take_numbers(messages: list[pb.NodeWindow]) -> tuple[bytes, bytes]:
+def _thousandths(values: np.ndarray) -> np.ndarray | None:
+    """``values`` as integers ``k`` with ``k / 1000`` the very same doubles, bit for bit; None
+    when one is not (a NaN, -0.0, a value not a whole number of thousandths). The agents send
+    times in µs as their nanosecond totals over 1000 (``sum_ns / 1e3``): as integers those take
+    the bits of the number, not the 8 bytes of a double whose mantissa looks random."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        k = np.rint(values * 1e3)
+        ok = np.abs(k) < 2.0 ** 53
+    if not ok.all() or not np.array_equal((k / 1e3).view("<u8"), values.view("<u8")):
+        return None
+    return k.astype("<i8")
+
+
+def _take_numbers(messages: list[pb.NodeWindow]) -> tuple[bytes, bytes, bytes]:
     """Move the plain numbers out of ``messages`` (they keep zeros): (the doubles, the
-    integers) streams' bytes, a column after the other. Called with the histograms' counts
-    still in: ``ApiStats.count`` is kept as its difference from their total."""
-    doubles, ints = [], []
+    integers) streams' bytes, a column after the other, and per double column how it is kept
+    (``u1``: 0 in the doubles' stream, 1 as thousandths in the integers' stream, the first
+    of its type's integer columns). Called with the histograms' counts still in:
+    ``ApiStats.count`` is kept as its difference from their total."""
+    doubles, ints, kinds = [], [], []
     for desc, msgs in _by_type(messages).items():
         dbl, its, _, _ = _plan(desc)
         for field, _ in dbl:
-            doubles.append(np.array([getattr(x, field) for x in msgs], "<f8").tobytes())
+            values = np.array([getattr(x, field) for x in msgs], "<f8")
+            k = _thousandths(values)
+            kinds.append(_RAW_DOUBLES if k is None else _THOUSANDTHS)
+            if k is None:
+                doubles.append(values.tobytes())
+            else:
+                ints.append(_int_planes(k))
             for x in msgs:
                 setattr(x, field, 0.0)
         for field, col, _ in its:
             values = [getattr(x, field) for x in msgs]
             if col == _API_COUNT:
                 values = [v - sum(x.histogram.counts) for v, x in zip(values, msgs)]
-            # two's complement, as byte planes (their high bytes mostly zero)
-            ints.append(np.array([v & _MASK for v in values], "<u8").view(np.uint8)
-                        .reshape(-1, 8).T.tobytes())
+            ints.append(_int_planes(np.array([v & _MASK for v in values], "<u8")))
             for x in msgs:
                 setattr(x, field, 0)
-    return b"".join(doubles), b"".join(ints)
+    return b"".join(doubles), b"".join(ints), bytes(kinds)
+
+
+def _int_planes(values: np.ndarray) -> bytes:
+    """A column of 64-bit integers (two's complement) as 8 byte planes, lowest first: their
+    high bytes mostly zero."""
+    return values.view(np.uint8).reshape(-1, 8).T.tobytes()
 
 
 def _parse(data: bytes) -> pb.NodeWindow | None:
@@ -213,7 +242,7 @@ def _encode(windows: list[tuple[int, bytes]], verbatim: set[int]) -> bytes:
     # the histograms with their counts and keys, read before the numbers are taken out
     hists = [(col, int(h.first_bucket), list(h.counts), key, h)
              for m in split for p in m.processes for col, h, key in _histograms(p)]
-    doubles, ints = _take_numbers(split)
+    doubles, ints, kinds = _take_numbers(split)
     columns: dict[str, list[tuple[int, list[int]]]] = {}
     keys: dict[str, list[float]] = {}
     for col, first, counts, key, h in hists:
@@ -229,7 +258,8 @@ def _encode(windows: list[tuple[int, bytes]], verbatim: set[int]) -> bytes:
         np.array([len(m) for m in messages], "<u4").tobytes(),
         *messages,
         struct.pack("<I", len(hists)),
-        np.array([len(c) for _, _, c, _, _ in hists], "<u4").tobytes()))
+        np.array([len(c) for _, _, c, _, _ in hists], "<u4").tobytes(),
+        struct.pack("<I", len(kinds)), kinds))
     streams = (_compress(index), _compress(doubles, _DOUBLE_FILTERS), _compress(ints),
                _compress(_planes([_matrix(hs)[_order(keys[col])] for col, hs in columns.items()]),
                          _COUNT_FILTERS))
@@ -276,7 +306,7 @@ def decode(blob: bytes) -> dict[int, bytes]:
 
 
 def _decode(blob: bytes) -> dict[int, bytes]:
-    if blob[:3] == MAGIC:
+    if blob[:3] in (MAGIC, MAGIC_V2):
         sizes = struct.unpack_from("<4I", blob, 3)
         index, doubles, ints, raw = _streams(blob, 3 + 16, sizes)
     elif blob[:3] == MAGIC_V1:
@@ -298,12 +328,19 @@ def _decode(blob: bytes) -> dict[int, bytes]:
         off += s
     (nh,) = struct.unpack_from("<I", index, off)
     lengths = np.frombuffer(index, "<u4", nh, off + 4).tolist()
+    off += 4 + 4 * nh
+    dkinds = None                       # HB2: every double column in the doubles' stream
+    if blob[:3] == MAGIC:
+        (nk,) = struct.unpack_from("<I", index, off)
+        dkinds = index[off + 4:off + 4 + nk]
+        if len(dkinds) != nk:
+            raise BlockError("the index is short")
     parsed: list[pb.NodeWindow | None] = [
         None if kind == _VERBATIM else pb.NodeWindow.FromString(msg)
         for kind, msg in zip(kinds, messages)]
     counted = []
     if doubles is not None:
-        counted = _put_numbers([m for m in parsed if m is not None], doubles, ints)
+        counted = _put_numbers([m for m in parsed if m is not None], doubles, ints, dkinds)
     # the messages name each histogram's column and first bucket: the matrices' shapes follow
     slots: dict[str, list[tuple[pb.Histogram, int, int, float]]] = {}
     it = iter(lengths)
@@ -337,44 +374,59 @@ def _streams(blob: bytes, off: int, sizes: tuple[int, ...]) -> list[bytes]:
     return out
 
 
-def _put_numbers(messages: list[pb.NodeWindow], doubles: bytes, ints: bytes
-                 ) -> list[tuple[pb.ApiStats, int]]:
-    """Put back the numbers :func:`_take_numbers` took out of ``messages``; returns the
-    ApiStats whose count is still to be set, each with its difference from its histogram's
-    total (the counts are put back after)."""
+def _put_numbers(messages: list[pb.NodeWindow], doubles: bytes, ints: bytes,
+                 kinds: bytes | None) -> list[tuple[pb.ApiStats, int]]:
+    """Put back the numbers :func:`_take_numbers` took out of ``messages`` (``kinds``: how
+    each double column is kept, None for all in the doubles' stream); returns the ApiStats
+    whose count is still to be set, each with its difference from its histogram's total (the
+    counts are put back after)."""
     counted: list[tuple[pb.ApiStats, int]] = []
-    dpos = ipos = 0
+    dpos = ipos = col_no = 0
     for desc, msgs in _by_type(messages).items():
         k = len(msgs)
         dbl, its, _, _ = _plan(desc)
         for field, _ in dbl:
-            for x, v in zip(msgs, np.frombuffer(doubles, "<f8", k, dpos).tolist()):
+            kind = _RAW_DOUBLES if kinds is None else kinds[col_no]
+            col_no += 1
+            if kind == _THOUSANDTHS:
+                got = _int_column(ints, ipos, k, "<i8") / 1e3
+                ipos += 8 * k
+            elif kind == _RAW_DOUBLES:
+                got = np.frombuffer(doubles, "<f8", k, dpos)
+                dpos += 8 * k
+            else:
+                raise BlockError(f"a double column of unknown kind {kind}")
+            for x, v in zip(msgs, got.tolist()):
                 setattr(x, field, v)
-            dpos += 8 * k
         for field, col, signed in its:
-            values = (np.frombuffer(ints, np.uint8, 8 * k, ipos).reshape(8, k).T.copy()
-                      .view("<i8" if signed else "<u8").ravel().tolist())
+            values = _int_column(ints, ipos, k, "<i8" if signed else "<u8").tolist()
             ipos += 8 * k
             if col == _API_COUNT:
                 counted.extend(zip(msgs, values))
                 continue
             for x, v in zip(msgs, values):
                 setattr(x, field, v)
-    if dpos != len(doubles) or ipos != len(ints):
+    if dpos != len(doubles) or ipos != len(ints) or (kinds is not None
+                                                     and col_no != len(kinds)):
         raise BlockError("the numbers' streams do not match the messages")
     return counted
+
+
+def _int_column(ints: bytes, pos: int, k: int, dtype: str) -> np.ndarray:
+    """The ``k`` integers of a column whose 8 byte planes start at ``pos`` (:func:`_int_planes`)."""
+    return np.frombuffer(ints, np.uint8, 8 * k, pos).reshape(8, k).T.copy().view(dtype).ravel()
 
 
 def with_ids(blob: bytes, ids: list[int]) -> bytes:
     """The same windows under other ids (``ids`` in the order the block holds its windows):
     a copy of a block for another stretch of a benchmark's history, at the cost of its index
     stream only (the numbers and counts are copied as they are, not decoded)."""
-    if blob[:3] != MAGIC:
-        raise BlockError("not a window block of the current layout")
+    if blob[:3] not in (MAGIC, MAGIC_V2):
+        raise BlockError("not a window block of a layout with its numbers apart")
     sizes = struct.unpack_from("<4I", blob, 3)
     (index,) = _streams(blob, 3 + 16, sizes[:1])
     (n,) = struct.unpack_from("<I", index, 0)
     if len(ids) != n:
         raise ValueError(f"{len(ids)} ids for a block of {n} windows")
     a = _compress(index[:4] + np.array(ids, "<i8").tobytes() + index[4 + 8 * n:])
-    return MAGIC + struct.pack("<4I", len(a), *sizes[1:]) + a + blob[3 + 16 + sizes[0]:]
+    return blob[:3] + struct.pack("<4I", len(a), *sizes[1:]) + a + blob[3 + 16 + sizes[0]:]
