@@ -17,6 +17,14 @@ the messages (names, ids, tags) is a few dozen bytes a window. ``ApiStats.count`
 its histogram, is kept as its difference from that total (BENCHMARKS.md, "Storage at rest,
 schema 5, numbers column-wise").
 
+A double column whose every value is a whole number of thousandths (``k / 1000`` gives it back
+bit for bit: the µs times agents send as nanoseconds over 1000) is kept as the integers ``k``
+with the integers: about 3.5 bytes a value where the double's mantissa took 6 to 7. A
+histogram's first bucket and length are found from its counts, since agents send histograms
+trimmed (no zero at either end): what is kept of them is the number of zeros at each end, zero
+for such a histogram (one without a count is kept as it is). Together about 70 B a window
+(BENCHMARKS.md, "Storage at rest, schema 6").
+
 Lossless: a block gives back each window's exact wire bytes. The counts and the numbers are
 taken out of each message and the message re-serialized; only plain proto3 numbers are taken
 (a zero leaves them out of the wire, so putting the number back gives the same bytes). A window
@@ -24,24 +32,31 @@ whose re-serialization is not its received bytes (another serializer's field ord
 fields) is kept verbatim in the block instead, and so is one that a decode of the new block does
 not give back as it came (each block is decoded once when it is written).
 
-Layout: ``b"HB2"``, then four LZMA streams (their lengths first, ``<4I``):
+Layout: ``b"HB3"``, then four LZMA streams (their lengths first, ``<4I``):
 
 * the index: window count ``n``, the ``n`` window ids (``<q``), per window its kind (0 taken
-  apart, 1 verbatim, ``u1``) and its message length (``<u4``), the messages, then the number of
-  histograms whose counts were taken out and each one's length (``<u4``);
+  apart, 1 verbatim, ``u1``) and its message length (``<u4``), the messages; the number of
+  histograms taken apart and each one's trailing zeros (``<u4``); the number of double
+  columns and how each is kept (0 doubles, 1 thousandths, ``u1``); the number of histogram
+  columns and each one's (lowest first bucket, highest end) (``<q`` pairs); the number of
+  histograms without a count and each one's (histogram, first bucket, length) (``<u8``);
 * the doubles: for each column (a field of a message type; the types in order of first
-  appearance in the windows taken apart, each walked depth first), its values (``<f8``);
-* the integers: for each column likewise, its values as 8 byte planes of ``<u8`` (two's
-  complement for the signed fields and for the counts' differences);
+  appearance in the windows taken apart, each walked depth first) kept as doubles, its values
+  (``<f8``);
+* the integers: for each column likewise (a type's columns of thousandths before its integer
+  fields), its values as 8 byte planes of ``<u8`` (two's complement for the signed fields, the
+  thousandths and the counts' differences); a histogram's ``first_bucket`` is its leading
+  zeros;
 * the counts: for each histogram column (a kind of histogram and API name, in order of first
-  appearance), a matrix of (histograms of that column, buckets from the lowest first bucket to
-  the highest last one), its rows ordered by the total beside each histogram (the API's
-  ``sum_us``, the run queue's ``runq_ns``: :func:`_order`), bucket-major, as ``width``-byte
-  little-endian byte planes, ``width`` the fewest of 1, 2, 4, 8 bytes that hold the largest
-  count (one byte before the planes).
+  appearance), a matrix of (histograms of that column, buckets of its span), its rows ordered
+  by the total beside each histogram (the API's ``sum_us``, the run queue's ``runq_ns``:
+  :func:`_order`), bucket-major, as ``width``-byte little-endian byte planes, ``width`` the
+  fewest of 1, 2, 4, 8 bytes that hold the largest count (one byte before the planes).
 
-Blocks of the first layout (``b"HB1"``: the index and the counts only, the numbers left in the
-messages) are still read.
+Blocks of the earlier layouts are still read: ``b"HB2"`` (every double column whole, each
+histogram's first bucket in the integers and its length in the index instead of its trailing
+zeros, no spans) and ``b"HB1"`` (the index and the counts only, the numbers left in the
+messages).
 """
 from __future__ import annotations
 
@@ -57,7 +72,8 @@ from google.protobuf.descriptor import FieldDescriptor as FD
 from hypertrace.proto import hypertrace_pb2 as pb
 
 MAGIC = b"HB3"
-#: Blocks written before double columns could be kept as thousandths: still read (and copied).
+#: Blocks written before double columns could be kept as thousandths and histograms by their
+#: counts: still read (and copied).
 MAGIC_V2 = b"HB2"
 #: Blocks written before the numbers were taken out of the messages: still read.
 MAGIC_V1 = b"HB1"
@@ -242,12 +258,26 @@ def _encode(windows: list[tuple[int, bytes]], verbatim: set[int]) -> bytes:
     # the histograms with their counts and keys, read before the numbers are taken out
     hists = [(col, int(h.first_bucket), list(h.counts), key, h)
              for m in split for p in m.processes for col, h, key in _histograms(p)]
+    columns: dict[str, list[int]] = {}
+    for i, (col, *_) in enumerate(hists):
+        columns.setdefault(col, []).append(i)
+    mats, spans, trails, odd = [], [], np.zeros(len(hists), np.int64), []
+    for col, rows in columns.items():
+        lo, hi = _span([(hists[i][1], len(hists[i][2])) for i in rows])
+        m = _matrix([(hists[i][1], hists[i][2]) for i in rows], lo, hi)
+        j0, j1, has = _ends(m)
+        for r, i in enumerate(rows):
+            _, first, counts, _, h = hists[i]
+            if has[r]:      # the first bucket becomes its leading zeros, the length its trailing
+                h.first_bucket = int(lo + j0[r] - first)
+                trails[i] = first + len(counts) - 1 - (lo + j1[r])
+            else:           # no count to find it by: kept as it is
+                h.first_bucket = 0
+                odd.append((i, first, len(counts)))
+        spans.append((lo, hi))
+        mats.append(m[_order([hists[i][3] for i in rows])])
     doubles, ints, kinds = _take_numbers(split)
-    columns: dict[str, list[tuple[int, list[int]]]] = {}
-    keys: dict[str, list[float]] = {}
-    for col, first, counts, key, h in hists:
-        columns.setdefault(col, []).append((first, counts))
-        keys.setdefault(col, []).append(key)
+    for *_, h in hists:
         del h.counts[:]
     messages = [data if m is None else m.SerializeToString()
                 for m, (_, data) in zip(parsed, windows)]
@@ -258,12 +288,23 @@ def _encode(windows: list[tuple[int, bytes]], verbatim: set[int]) -> bytes:
         np.array([len(m) for m in messages], "<u4").tobytes(),
         *messages,
         struct.pack("<I", len(hists)),
-        np.array([len(c) for _, _, c, _, _ in hists], "<u4").tobytes(),
-        struct.pack("<I", len(kinds)), kinds))
+        trails.astype("<u4").tobytes(),
+        struct.pack("<I", len(kinds)), kinds,
+        struct.pack("<I", len(spans)), np.array(spans, "<i8").tobytes(),
+        struct.pack("<I", len(odd)), np.array(odd, "<u8").tobytes()))
     streams = (_compress(index), _compress(doubles, _DOUBLE_FILTERS), _compress(ints),
-               _compress(_planes([_matrix(hs)[_order(keys[col])] for col, hs in columns.items()]),
-                         _COUNT_FILTERS))
+               _compress(_planes(mats), _COUNT_FILTERS))
     return MAGIC + struct.pack("<4I", *map(len, streams)) + b"".join(streams)
+
+
+def _ends(m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of a counts matrix: its first and last non-zero bucket, and whether it has
+    one (where a well-formed histogram starts and ends: it is sent trimmed)."""
+    nz = m != 0
+    if not m.shape[1]:
+        z = np.zeros(len(m), np.int64)
+        return z, z, np.zeros(len(m), bool)
+    return (nz.argmax(axis=1), m.shape[1] - 1 - nz[:, ::-1].argmax(axis=1), nz.any(axis=1))
 
 
 def _planes(mats: list[np.ndarray]) -> bytes:
@@ -280,10 +321,9 @@ def _compress(data: bytes, filters: list[dict] = _FILTERS) -> bytes:
     return lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC32, filters=filters)
 
 
-def _matrix(hists: list[tuple[int, list[int]]]) -> np.ndarray:
-    """One column's histograms as rows of a (histograms, buckets) uint64 matrix, bucket ``j`` of
-    every row the same bucket (from the lowest first bucket of the column)."""
-    lo, hi = _span([(f, len(c)) for f, c in hists])
+def _matrix(hists: list[tuple[int, list[int]]], lo: int, hi: int) -> np.ndarray:
+    """One column's histograms as rows of a (histograms, buckets ``lo`` .. ``hi``) uint64
+    matrix, bucket ``j`` of every row the same bucket."""
     m = np.zeros((len(hists), hi - lo), np.uint64)
     for i, (f, c) in enumerate(hists):
         m[i, f - lo:f - lo + len(c)] = c
@@ -329,35 +369,55 @@ def _decode(blob: bytes) -> dict[int, bytes]:
     (nh,) = struct.unpack_from("<I", index, off)
     lengths = np.frombuffer(index, "<u4", nh, off + 4).tolist()
     off += 4 + 4 * nh
-    dkinds = None                       # HB2: every double column in the doubles' stream
+    dkinds = spans = odd = None         # HB1, HB2: every double whole, histograms as sent
     if blob[:3] == MAGIC:
         (nk,) = struct.unpack_from("<I", index, off)
         dkinds = index[off + 4:off + 4 + nk]
-        if len(dkinds) != nk:
-            raise BlockError("the index is short")
+        off += 4 + nk
+        (nc,) = struct.unpack_from("<I", index, off)
+        spans = np.frombuffer(index, "<i8", 2 * nc, off + 4).reshape(nc, 2).tolist()
+        off += 4 + 16 * nc
+        (no,) = struct.unpack_from("<I", index, off)
+        odd = {i: (f, k) for i, f, k in
+               np.frombuffer(index, "<u8", 3 * no, off + 4).reshape(no, 3).tolist()}
     parsed: list[pb.NodeWindow | None] = [
         None if kind == _VERBATIM else pb.NodeWindow.FromString(msg)
         for kind, msg in zip(kinds, messages)]
     counted = []
     if doubles is not None:
         counted = _put_numbers([m for m in parsed if m is not None], doubles, ints, dkinds)
-    # the messages name each histogram's column and first bucket: the matrices' shapes follow
-    slots: dict[str, list[tuple[pb.Histogram, int, int, float]]] = {}
-    it = iter(lengths)
+    # the messages name each histogram's column: the matrices' shapes follow
+    slots: dict[str, list[tuple[pb.Histogram, int, float]]] = {}
+    gi = 0
     for m in parsed:
         for p in (m.processes if m is not None else ()):
             for col, h, key in _histograms(p):
-                slots.setdefault(col, []).append((h, int(h.first_bucket), next(it), key))
+                slots.setdefault(col, []).append((h, gi, key))
+                gi += 1
+    if gi != nh or (spans is not None and len(spans) != len(slots)):
+        raise BlockError("the index does not match the messages")
     width, pos = raw[0], 1
-    for hs in slots.values():
-        lo, hi = _span([(f, k) for _, f, k, _ in hs])
+    for c, hs in enumerate(slots.values()):
+        lo, hi = (_span([(int(h.first_bucket), lengths[i]) for h, i, _ in hs]) if spans is None
+                  else spans[c])
         size = len(hs) * (hi - lo)
         planes = np.frombuffer(raw, np.uint8, size * width, pos).reshape(width, size)
         pos += size * width
         m = np.ascontiguousarray(planes.T).view(f"<u{width}").reshape(hi - lo, len(hs)).T
         order = _order([key for *_, key in hs]) if doubles is not None else range(len(hs))
-        for row, i in zip(m.tolist(), order):
-            h, f, k, _ = hs[i]
+        j0, j1, has = _ends(m) if spans is not None else (m, m, m)
+        for r, (row, i) in enumerate(zip(m.tolist(), order)):
+            h, g, _ = hs[i]
+            if spans is None:                           # as sent
+                f, k = int(h.first_bucket), lengths[g]
+            elif g in odd:
+                f, k = odd[g]
+            elif has[r]:            # from its leading zeros, its trailing ones and the counts
+                lead = int(h.first_bucket)
+                f, k = lo + int(j0[r]) - lead, int(j1[r] - j0[r]) + 1 + lead + lengths[g]
+            else:
+                raise BlockError("a histogram without counts that is not kept as it is")
+            h.first_bucket = f
             h.counts.extend(row[f - lo:f - lo + k])
     for api, diff in counted:
         api.count = (diff + sum(api.histogram.counts)) & _MASK

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+import struct
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,27 @@ def test_doubles_that_are_whole_thousandths_are_kept_as_integers():
     assert odd_kinds.count(blocks._RAW_DOUBLES) == kinds.count(blocks._RAW_DOUBLES) + 2
     assert blocks.decode(blocks.encode(items)) == dict(items)
     assert blocks.decode(blocks.encode(odd)) == dict(odd)
+
+
+def test_histograms_are_kept_by_their_counts_untrimmed_and_empty_ones_included():
+    """A histogram's first bucket and length are found from its counts (agents send them
+    trimmed); one with zeros at its ends, one of zeros only and one without counts come back
+    as sent too."""
+    ws = list(generate(CFG))
+    apis = ws[0].processes[0].apis
+    apis[0].histogram.counts[:0] = [0, 0]                   # leading zeros
+    apis[0].histogram.first_bucket -= 2
+    apis[1].histogram.counts.extend([0, 0, 0])              # trailing zeros
+    apis[2].histogram.counts[:] = [0, 0, 0]                 # zeros only
+    ws[1].processes[2].apis[0].histogram.ClearField("counts")   # none
+    ws[1].processes[2].apis[0].histogram.first_bucket = 7
+    ws[2].processes[0].step_time.first_bucket = 0           # a column's lowest bucket
+    items = [(i + 1, w.SerializeToString()) for i, w in enumerate(ws)]
+    blob = blocks.encode(items)
+    assert blocks.decode(blob) == dict(items)
+    # taken apart, every one (none kept verbatim): the index's per-window kinds
+    index = blocks._streams(blob, 3 + 16, struct.unpack_from("<4I", blob, 3))[0]
+    assert set(index[4 + 8 * len(items):4 + 9 * len(items)]) == {blocks._SPLIT}
 
 
 def test_the_numbers_at_rest_take_less_than_in_the_first_format():
