@@ -42,13 +42,22 @@ and no per-window codec of the standard library does much better. Once a window 
 ``COMPACT_AFTER_S`` ago (its epoch long scored), the retention pass (:meth:`Storage.compact`)
 rewrites the windows of each epoch into one LZMA block (analyzer/blocks.py: the counts of every
 GPU column-wise, the messages' numbers one column per field, the rest of the messages
-together): about 1.2 KB per window for the block and 0.1 KB for the window's row and its
-indexes, against 2.9 KB one payload each. Their rows move from ``windows`` to ``compacted`` (keys, ids, times, late flag, the
-block and a digest of the wire bytes): rows shrunk in place would leave the windows table's
-pages mostly empty, while rows deleted free pages the next windows take. Every reader goes
-through :meth:`iter_windows`, which reads both tables in one order and gives back the exact
-wire bytes; dedup looks up both keys, and compares a replay of a compacted window with its
-digest (no block to decode on the ingest path).
+together): about 1.1 KB per window for the block and 70 B for the window's row and its
+indexes, against 2.9 KB one payload each. Their rows move from ``windows`` to ``compacted``
+(key, id, end time, time received, late flag, the block and a digest of the wire bytes): rows
+shrunk in place would leave the windows table's pages mostly empty, while rows deleted free
+pages the next windows take. Every reader goes through :meth:`iter_windows`, which reads both
+tables in one order and gives back the exact wire bytes; dedup looks up both keys, and
+compares a replay of a compacted window with its digest (no block to decode on the ingest
+path).
+
+Compacted rows (schema 6): a row is kept for hours, a window's for minutes, so it is kept
+small. An agent's id and node are in ``window_sources``, once per agent, the row names them by
+number (its key index is then a few bytes, not the agent's name); the time received is kept as
+its distance from the window's end; the start time is not kept (it is in the block, and no
+reader wants it from the row). 119 B a window with the two indexes in schema 5, about 70 B
+(BENCHMARKS.md, "Storage at rest, schema 6"). A connection reads them through the view
+``compacted_rows`` (schema 5's columns), over a schema-5 file too when it is only read.
 
 Dedup: ``(agent_id, seq)`` is a unique key of ``windows`` and of ``compacted``;
 :meth:`Storage.add_window` tells whether the window was new, which is what makes agent replay after a reconnect harmless (and
