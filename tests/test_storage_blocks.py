@@ -88,29 +88,31 @@ def test_numbers_taken_out_of_messages_with_maps_come_back_and_the_maps_stay():
     assert stripped.SerializeToString() == want
 
 
-def test_a_block_of_the_first_format_still_decodes():
-    """A block written before the numbers were taken out (``HB1``, kept in tests/data as that
-    code wrote it) gives back its windows' exact bytes."""
+def _old_block(name: str) -> tuple[bytes, dict[int, bytes]]:
+    """A block of an earlier layout kept in tests/data as that code wrote it, and its windows
+    decoded, checked against the digests of their bytes kept beside it."""
     data = Path(__file__).parent / "data"
-    blob = (data / "block-hb1.bin").read_bytes()
-    want = json.loads((data / "block-hb1.json").read_text())
-    assert blob[:3] == blocks.MAGIC_V1
+    blob = (data / f"{name}.bin").read_bytes()
+    want = json.loads((data / f"{name}.json").read_text())
     got = blocks.decode(blob)
     assert {str(i): hashlib.blake2b(d, digest_size=16).hexdigest()
             for i, d in got.items()} == want
+    return blob, got
+
+
+def test_a_block_of_the_first_format_still_decodes():
+    """A block written before the numbers were taken out (``HB1``) gives back its windows'
+    exact bytes."""
+    blob, _ = _old_block("block-hb1")
+    assert blob[:3] == blocks.MAGIC_V1
 
 
 def test_a_block_of_the_second_format_still_decodes_and_copies():
-    """A block written before double columns could be kept as thousandths (``HB2``, kept in
-    tests/data as that code wrote it: a NaN, a -0.0 and a huge double among its numbers) gives
-    back its windows' exact bytes, and so does its copy under other ids."""
-    data = Path(__file__).parent / "data"
-    blob = (data / "block-hb2.bin").read_bytes()
-    want = json.loads((data / "block-hb2.json").read_text())
+    """A block written before double columns could be kept as thousandths (``HB2``: a NaN, a
+    -0.0 and a huge double among its numbers) gives back its windows' exact bytes, and so does
+    its copy under other ids."""
+    blob, got = _old_block("block-hb2")
     assert blob[:3] == blocks.MAGIC_V2
-    got = blocks.decode(blob)
-    assert {str(i): hashlib.blake2b(d, digest_size=16).hexdigest()
-            for i, d in got.items()} == want
     copy = blocks.with_ids(blob, [i + 100 for i in got])
     assert copy[:3] == blocks.MAGIC_V2
     assert blocks.decode(copy) == {i + 100: d for i, d in got.items()}
@@ -214,14 +216,20 @@ def test_compaction_keeps_what_every_reader_sees_and_shrinks_the_windows(tmp_pat
     st.close()
 
 
-def test_dedup_knows_compacted_windows_and_refuses_other_bytes_under_their_key(tmp_path):
-    st, ws = _compacted(tmp_path)
+def _dedup_knows(st: Storage, ws: list[pb.NodeWindow]) -> None:
+    """Every window of ``ws`` is known to ``st``'s dedup, and other bytes under the first one's
+    key are refused."""
     assert not any(st.add_window(w) for w in ws)             # an agent's replay: all known
     other = pb.NodeWindow()
     other.CopyFrom(ws[0])
     other.processes[0].pid += 1
     with pytest.raises(ConflictingDuplicate):
         st.add_window(other)
+
+
+def test_dedup_knows_compacted_windows_and_refuses_other_bytes_under_their_key(tmp_path):
+    st, ws = _compacted(tmp_path)
+    _dedup_knows(st, ws)
     assert st.count_windows() == len(ws)
     st.close()
 
@@ -349,12 +357,7 @@ def test_a_schema_5_file_with_compacted_windows_is_read_and_upgraded(tmp_path):
     assert int(version[0]) == SCHEMA_VERSION == 6
     assert _read(st) == before and before[[r[6] for r in before].index(5)][4] is True
     assert st._conn.execute("SELECT COUNT(*) FROM window_sources").fetchone()[0] == NODES
-    assert not any(st.add_window(w) for w in ws)             # an agent's replay: all known
-    other = pb.NodeWindow()
-    other.CopyFrom(ws[0])
-    other.processes[0].pid += 1
-    with pytest.raises(ConflictingDuplicate):
-        st.add_window(other)
+    _dedup_knows(st, ws)
     st.mark_late(ws[0].agent_id, ws[0].seq)
     assert [s.late for s in st.iter_windows() if s.id == 1] == [True]
     st.prune(retention_seconds=0, now_ns=2**62)
