@@ -42,7 +42,7 @@ and no per-window codec of the standard library does much better. Once a window 
 ``COMPACT_AFTER_S`` ago (its epoch long scored), the retention pass (:meth:`Storage.compact`)
 rewrites the windows of each epoch into one LZMA block (analyzer/blocks.py: the counts of every
 GPU column-wise, the messages' numbers one column per field, the rest of the messages
-together): about 1.1 KB per window for the block and 70 B for the window's row and its
+together): about 1.1 KB per window for the block and 76 B for the window's row and its
 indexes, against 2.9 KB one payload each. Their rows move from ``windows`` to ``compacted``
 (key, id, end time, time received, late flag, the block and a digest of the wire bytes): rows
 shrunk in place would leave the windows table's pages mostly empty, while rows deleted free
@@ -55,7 +55,7 @@ Compacted rows (schema 6): a row is kept for hours, a window's for minutes, so i
 small. An agent's id and node are in ``window_sources``, once per agent, the row names them by
 number (its key index is then a few bytes, not the agent's name); the time received is kept as
 its distance from the window's end; the start time is not kept (it is in the block, and no
-reader wants it from the row). 119 B a window with the two indexes in schema 5, about 70 B
+reader wants it from the row). 119 B a window with the two indexes in schema 5, about 76 B
 (BENCHMARKS.md, "Storage at rest, schema 6"). A connection reads them through the view
 ``compacted_rows`` (schema 5's columns), over a schema-5 file too when it is only read.
 
@@ -198,7 +198,7 @@ def _to_v4(conn: sqlite3.Connection) -> None:
 def _to_v6(conn: sqlite3.Connection) -> None:
     """Compacted rows name their agent and node by number (``window_sources``) and keep the
     time received as its distance from the window's end; no start time (module docstring).
-    About 119 B a window with its indexes before, 70 after. A file that has no compacted
+    About 119 B a window with its indexes before, 76 after. A file that has no compacted
     rows yet gets the new tables with the others."""
     if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'compacted'").fetchone():
         return
