@@ -17,6 +17,14 @@ the messages (names, ids, tags) is a few dozen bytes a window. ``ApiStats.count`
 its histogram, is kept as its difference from that total (BENCHMARKS.md, "Storage at rest,
 schema 5, numbers column-wise").
 
+A double column whose every value is a whole number of thousandths (``k / 1000`` gives it back
+bit for bit: the µs times agents send as nanoseconds over 1000) is kept as the integers ``k``
+with the integers: about 3.5 bytes a value where the double's mantissa took 6 to 7. A
+histogram's first bucket and length are found from its counts, since agents send histograms
+trimmed (no zero at either end): what is kept of them is the number of zeros at each end, zero
+for such a histogram (one without a count is kept as it is). Together about 70 B a window
+(BENCHMARKS.md, "Storage at rest, schema 6").
+
 Lossless: a block gives back each window's exact wire bytes. The counts and the numbers are
 taken out of each message and the message re-serialized; only plain proto3 numbers are taken
 (a zero leaves them out of the wire, so putting the number back gives the same bytes). A window
@@ -24,24 +32,32 @@ whose re-serialization is not its received bytes (another serializer's field ord
 fields) is kept verbatim in the block instead, and so is one that a decode of the new block does
 not give back as it came (each block is decoded once when it is written).
 
-Layout: ``b"HB2"``, then four LZMA streams (their lengths first, ``<4I``):
+Layout: ``b"HB3"``, then four LZMA streams (their lengths first, ``<4I``):
 
 * the index: window count ``n``, the ``n`` window ids (``<q``), per window its kind (0 taken
-  apart, 1 verbatim, ``u1``) and its message length (``<u4``), the messages, then the number of
-  histograms whose counts were taken out and each one's length (``<u4``);
+  apart, 1 verbatim, ``u1``) and its message length (``<u4``), the messages; the number of
+  histograms taken apart and each one's trailing zeros (``<u4``); the number of double
+  columns and how each is kept (0 doubles, 1 thousandths, ``u1``); the number of histogram
+  columns and each one's (lowest first bucket, highest end) (``<q`` pairs); the number of
+  histograms without a count and each one's (histogram, first bucket, length) (``<u8``);
 * the doubles: for each column (a field of a message type; the types in order of first
-  appearance in the windows taken apart, each walked depth first), its values (``<f8``);
-* the integers: for each column likewise, its values as 8 byte planes of ``<u8`` (two's
-  complement for the signed fields and for the counts' differences);
+  appearance in the windows taken apart, each walked depth first) kept as doubles, its values
+  (``<f8``);
+* the integers: for each column likewise (a type's columns of thousandths before its integer
+  fields), its values as 8 byte planes of ``<u8`` (two's complement for the signed fields, the
+  thousandths and the counts' differences); a histogram's ``first_bucket`` is its leading
+  zeros;
 * the counts: for each histogram column (a kind of histogram and API name, in order of first
-  appearance), a matrix of (histograms of that column, buckets from the lowest first bucket to
-  the highest last one), its rows ordered by the total beside each histogram (the API's
-  ``sum_us``, the run queue's ``runq_ns``: :func:`_order`), bucket-major, as ``width``-byte
-  little-endian byte planes, ``width`` the fewest of 1, 2, 4, 8 bytes that hold the largest
-  count (one byte before the planes).
+  appearance), a matrix of (histograms of that column, buckets of its span), its rows ordered
+  by the numbers beside each histogram (the API's ``max_us``, ``min_us`` then ``sum_us``, the
+  run queue's ``runq_ns``: :func:`_order`), bucket-major, as ``width``-byte little-endian byte
+  planes, ``width`` the fewest of 1, 2, 4, 8 bytes that hold the largest count (one byte
+  before the planes).
 
-Blocks of the first layout (``b"HB1"``: the index and the counts only, the numbers left in the
-messages) are still read.
+Blocks of the earlier layouts are still read: ``b"HB2"`` (every double column whole, each
+histogram's first bucket in the integers and its length in the index instead of its trailing
+zeros, no spans, an API's rows ordered by ``sum_us`` alone) and ``b"HB1"`` (the index and the
+counts only, the numbers left in the messages).
 """
 from __future__ import annotations
 
@@ -56,7 +72,10 @@ from google.protobuf.descriptor import FieldDescriptor as FD
 
 from hypertrace.proto import hypertrace_pb2 as pb
 
-MAGIC = b"HB2"
+MAGIC = b"HB3"
+#: Blocks written before double columns could be kept as thousandths and histograms by their
+#: counts: still read (and copied).
+MAGIC_V2 = b"HB2"
 #: Blocks written before the numbers were taken out of the messages: still read.
 MAGIC_V1 = b"HB1"
 #: LZMA2 with optimal parsing (what makes the counts small) but a hash-chain match finder of
@@ -71,6 +90,8 @@ _DOUBLE_FILTERS = [{**_FILTERS[0], "lp": 3, "pb": 3}]
 #: The counts' stream: the previous byte's high bits as the literal's context (``lc`` 4).
 _COUNT_FILTERS = [{**_FILTERS[0], "lc": 4}]
 _VERBATIM, _SPLIT = 1, 0
+#: How a double column is kept (:func:`_take_numbers`).
+_RAW_DOUBLES, _THOUSANDTHS = 0, 1
 _DOUBLE, _INT = FD.TYPE_DOUBLE, {FD.TYPE_UINT64, FD.TYPE_UINT32, FD.TYPE_INT64, FD.TYPE_INT32}
 #: ApiStats.count is the total of its histogram: kept as its difference from that total (0 in a
 #: well-formed window, so a column of zeros).
@@ -84,26 +105,37 @@ class BlockError(ValueError):
     database."""
 
 
-def _histograms(p: pb.ProcessWindow) -> Iterator[tuple[str, pb.Histogram, float]]:
-    """Each histogram of a process window with the column it belongs to and the total its
-    message holds beside it (the order of the column's rows in a block), in a fixed order."""
+def _histograms(p: pb.ProcessWindow) -> Iterator[tuple[str, pb.Histogram, tuple[float, ...]]]:
+    """Each histogram of a process window with the column it belongs to and the numbers its
+    message holds beside it that order the column's rows in a block (:func:`_order`; the
+    last one is the total that ordered them in ``HB2``), in a fixed order."""
     for a in p.apis:
         if a.HasField("histogram"):
-            yield "api:" + a.api, a.histogram, a.sum_us
+            yield "api:" + a.api, a.histogram, (a.max_us, a.min_us, a.sum_us)
     if p.HasField("step_time"):
-        yield "step", p.step_time, 0.0
+        yield "step", p.step_time, ()
     if p.HasField("sched") and p.sched.HasField("runq_latency"):
-        yield "runq", p.sched.runq_latency, float(p.sched.runq_ns)
+        yield "runq", p.sched.runq_latency, (float(p.sched.runq_ns),)
     if p.HasField("steps") and p.steps.HasField("busy_time"):
-        yield "busy", p.steps.busy_time, 0.0
+        yield "busy", p.steps.busy_time, ()
 
 
-def _order(keys: list[float]) -> np.ndarray:
-    """The order of a column's rows in a block: by the totals beside their histograms (GPUs
-    with like totals have like histograms, which LZMA then meets side by side: the counts'
-    stream about 6% smaller). Computed from numbers decoded before the counts, so it costs no
+def _order(keys: list[tuple[float, ...]]) -> np.ndarray:
+    """The order of a column's rows in a block: by the numbers beside their histograms, the
+    first first (an API's largest call time, then its smallest, then the total; the run
+    queue's total). GPUs with like numbers have like histograms, which LZMA then meets side
+    by side: the counts' stream about 7% smaller than in the windows' order, 2% smaller than
+    by the total alone. Computed from numbers decoded before the counts, so it costs no
     bytes."""
-    return np.argsort(np.array(keys, np.float64), kind="stable")
+    width = len(keys[0]) if keys else 0
+    if not width:
+        return np.arange(len(keys))
+    return np.lexsort(np.array(keys, np.float64).T[::-1])
+
+
+def _order_v2(keys: list[tuple[float, ...]]) -> np.ndarray:
+    """The order of ``HB2`` blocks: by the total alone (the keys' last number, 0 without)."""
+    return np.argsort(np.array([k[-1] if k else 0.0 for k in keys], np.float64), kind="stable")
 
 
 @functools.lru_cache(maxsize=None)
@@ -156,27 +188,52 @@ def _by_type(messages: list[pb.NodeWindow]) -> dict[Any, list[Any]]:
     return by_type
 
 
-def _take_numbers(messages: list[pb.NodeWindow]) -> tuple[bytes, bytes]:
+def _thousandths(values: np.ndarray) -> np.ndarray | None:
+    """``values`` as integers ``k`` with ``k / 1000`` the very same doubles, bit for bit; None
+    when one is not (a NaN, -0.0, a value not a whole number of thousandths). The agents send
+    times in µs as their nanosecond totals over 1000 (``sum_ns / 1e3``): as integers those take
+    the bits of the number, not the 8 bytes of a double whose mantissa looks random."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        k = np.rint(values * 1e3)
+        ok = np.abs(k) < 2.0 ** 53
+    if not ok.all() or not np.array_equal((k / 1e3).view("<u8"), values.view("<u8")):
+        return None
+    return k.astype("<i8")
+
+
+def _take_numbers(messages: list[pb.NodeWindow]) -> tuple[bytes, bytes, bytes]:
     """Move the plain numbers out of ``messages`` (they keep zeros): (the doubles, the
-    integers) streams' bytes, a column after the other. Called with the histograms' counts
-    still in: ``ApiStats.count`` is kept as its difference from their total."""
-    doubles, ints = [], []
+    integers) streams' bytes, a column after the other, and per double column how it is kept
+    (``u1``: 0 in the doubles' stream, 1 as thousandths in the integers' stream, the first
+    of its type's integer columns). Called with the histograms' counts still in:
+    ``ApiStats.count`` is kept as its difference from their total."""
+    doubles, ints, kinds = [], [], []
     for desc, msgs in _by_type(messages).items():
         dbl, its, _, _ = _plan(desc)
         for field, _ in dbl:
-            doubles.append(np.array([getattr(x, field) for x in msgs], "<f8").tobytes())
+            values = np.array([getattr(x, field) for x in msgs], "<f8")
+            k = _thousandths(values)
+            kinds.append(_RAW_DOUBLES if k is None else _THOUSANDTHS)
+            if k is None:
+                doubles.append(values.tobytes())
+            else:
+                ints.append(_int_planes(k))
             for x in msgs:
                 setattr(x, field, 0.0)
         for field, col, _ in its:
             values = [getattr(x, field) for x in msgs]
             if col == _API_COUNT:
                 values = [v - sum(x.histogram.counts) for v, x in zip(values, msgs)]
-            # two's complement, as byte planes (their high bytes mostly zero)
-            ints.append(np.array([v & _MASK for v in values], "<u8").view(np.uint8)
-                        .reshape(-1, 8).T.tobytes())
+            ints.append(_int_planes(np.array([v & _MASK for v in values], "<u8")))
             for x in msgs:
                 setattr(x, field, 0)
-    return b"".join(doubles), b"".join(ints)
+    return b"".join(doubles), b"".join(ints), bytes(kinds)
+
+
+def _int_planes(values: np.ndarray) -> bytes:
+    """A column of 64-bit integers (two's complement) as 8 byte planes, lowest first: their
+    high bytes mostly zero."""
+    return values.view(np.uint8).reshape(-1, 8).T.tobytes()
 
 
 def _parse(data: bytes) -> pb.NodeWindow | None:
@@ -213,12 +270,26 @@ def _encode(windows: list[tuple[int, bytes]], verbatim: set[int]) -> bytes:
     # the histograms with their counts and keys, read before the numbers are taken out
     hists = [(col, int(h.first_bucket), list(h.counts), key, h)
              for m in split for p in m.processes for col, h, key in _histograms(p)]
-    doubles, ints = _take_numbers(split)
-    columns: dict[str, list[tuple[int, list[int]]]] = {}
-    keys: dict[str, list[float]] = {}
-    for col, first, counts, key, h in hists:
-        columns.setdefault(col, []).append((first, counts))
-        keys.setdefault(col, []).append(key)
+    columns: dict[str, list[int]] = {}
+    for i, (col, *_) in enumerate(hists):
+        columns.setdefault(col, []).append(i)
+    mats, spans, trails, odd = [], [], np.zeros(len(hists), np.int64), []
+    for col, rows in columns.items():
+        lo, hi = _span([(hists[i][1], len(hists[i][2])) for i in rows])
+        m = _matrix([(hists[i][1], hists[i][2]) for i in rows], lo, hi)
+        j0, j1, has = _ends(m)
+        for r, i in enumerate(rows):
+            _, first, counts, _, h = hists[i]
+            if has[r]:      # the first bucket becomes its leading zeros, the length its trailing
+                h.first_bucket = int(lo + j0[r] - first)
+                trails[i] = first + len(counts) - 1 - (lo + j1[r])
+            else:           # no count to find it by: kept as it is
+                h.first_bucket = 0
+                odd.append((i, first, len(counts)))
+        spans.append((lo, hi))
+        mats.append(m[_order([hists[i][3] for i in rows])])
+    doubles, ints, kinds = _take_numbers(split)
+    for *_, h in hists:
         del h.counts[:]
     messages = [data if m is None else m.SerializeToString()
                 for m, (_, data) in zip(parsed, windows)]
@@ -229,11 +300,23 @@ def _encode(windows: list[tuple[int, bytes]], verbatim: set[int]) -> bytes:
         np.array([len(m) for m in messages], "<u4").tobytes(),
         *messages,
         struct.pack("<I", len(hists)),
-        np.array([len(c) for _, _, c, _, _ in hists], "<u4").tobytes()))
+        trails.astype("<u4").tobytes(),
+        struct.pack("<I", len(kinds)), kinds,
+        struct.pack("<I", len(spans)), np.array(spans, "<i8").tobytes(),
+        struct.pack("<I", len(odd)), np.array(odd, "<u8").tobytes()))
     streams = (_compress(index), _compress(doubles, _DOUBLE_FILTERS), _compress(ints),
-               _compress(_planes([_matrix(hs)[_order(keys[col])] for col, hs in columns.items()]),
-                         _COUNT_FILTERS))
+               _compress(_planes(mats), _COUNT_FILTERS))
     return MAGIC + struct.pack("<4I", *map(len, streams)) + b"".join(streams)
+
+
+def _ends(m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of a counts matrix: its first and last non-zero bucket, and whether it has
+    one (where a well-formed histogram starts and ends: it is sent trimmed)."""
+    nz = m != 0
+    if not m.shape[1]:
+        z = np.zeros(len(m), np.int64)
+        return z, z, np.zeros(len(m), bool)
+    return (nz.argmax(axis=1), m.shape[1] - 1 - nz[:, ::-1].argmax(axis=1), nz.any(axis=1))
 
 
 def _planes(mats: list[np.ndarray]) -> bytes:
@@ -250,10 +333,9 @@ def _compress(data: bytes, filters: list[dict] = _FILTERS) -> bytes:
     return lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC32, filters=filters)
 
 
-def _matrix(hists: list[tuple[int, list[int]]]) -> np.ndarray:
-    """One column's histograms as rows of a (histograms, buckets) uint64 matrix, bucket ``j`` of
-    every row the same bucket (from the lowest first bucket of the column)."""
-    lo, hi = _span([(f, len(c)) for f, c in hists])
+def _matrix(hists: list[tuple[int, list[int]]], lo: int, hi: int) -> np.ndarray:
+    """One column's histograms as rows of a (histograms, buckets ``lo`` .. ``hi``) uint64
+    matrix, bucket ``j`` of every row the same bucket."""
     m = np.zeros((len(hists), hi - lo), np.uint64)
     for i, (f, c) in enumerate(hists):
         m[i, f - lo:f - lo + len(c)] = c
@@ -276,7 +358,7 @@ def decode(blob: bytes) -> dict[int, bytes]:
 
 
 def _decode(blob: bytes) -> dict[int, bytes]:
-    if blob[:3] == MAGIC:
+    if blob[:3] in (MAGIC, MAGIC_V2):
         sizes = struct.unpack_from("<4I", blob, 3)
         index, doubles, ints, raw = _streams(blob, 3 + 16, sizes)
     elif blob[:3] == MAGIC_V1:
@@ -298,29 +380,58 @@ def _decode(blob: bytes) -> dict[int, bytes]:
         off += s
     (nh,) = struct.unpack_from("<I", index, off)
     lengths = np.frombuffer(index, "<u4", nh, off + 4).tolist()
+    off += 4 + 4 * nh
+    dkinds = spans = odd = None         # HB1, HB2: every double whole, histograms as sent
+    if blob[:3] == MAGIC:
+        (nk,) = struct.unpack_from("<I", index, off)
+        dkinds = index[off + 4:off + 4 + nk]
+        off += 4 + nk
+        (nc,) = struct.unpack_from("<I", index, off)
+        spans = np.frombuffer(index, "<i8", 2 * nc, off + 4).reshape(nc, 2).tolist()
+        off += 4 + 16 * nc
+        (no,) = struct.unpack_from("<I", index, off)
+        odd = {i: (f, k) for i, f, k in
+               np.frombuffer(index, "<u8", 3 * no, off + 4).reshape(no, 3).tolist()}
     parsed: list[pb.NodeWindow | None] = [
         None if kind == _VERBATIM else pb.NodeWindow.FromString(msg)
         for kind, msg in zip(kinds, messages)]
     counted = []
     if doubles is not None:
-        counted = _put_numbers([m for m in parsed if m is not None], doubles, ints)
-    # the messages name each histogram's column and first bucket: the matrices' shapes follow
-    slots: dict[str, list[tuple[pb.Histogram, int, int, float]]] = {}
-    it = iter(lengths)
+        counted = _put_numbers([m for m in parsed if m is not None], doubles, ints, dkinds)
+    # the messages name each histogram's column: the matrices' shapes follow
+    slots: dict[str, list[tuple[pb.Histogram, int, tuple[float, ...]]]] = {}
+    gi = 0
     for m in parsed:
         for p in (m.processes if m is not None else ()):
             for col, h, key in _histograms(p):
-                slots.setdefault(col, []).append((h, int(h.first_bucket), next(it), key))
+                slots.setdefault(col, []).append((h, gi, key))
+                gi += 1
+    if gi != nh or (spans is not None and len(spans) != len(slots)):
+        raise BlockError("the index does not match the messages")
     width, pos = raw[0], 1
-    for hs in slots.values():
-        lo, hi = _span([(f, k) for _, f, k, _ in hs])
+    for c, hs in enumerate(slots.values()):
+        lo, hi = (_span([(int(h.first_bucket), lengths[i]) for h, i, _ in hs]) if spans is None
+                  else spans[c])
         size = len(hs) * (hi - lo)
         planes = np.frombuffer(raw, np.uint8, size * width, pos).reshape(width, size)
         pos += size * width
         m = np.ascontiguousarray(planes.T).view(f"<u{width}").reshape(hi - lo, len(hs)).T
-        order = _order([key for *_, key in hs]) if doubles is not None else range(len(hs))
-        for row, i in zip(m.tolist(), order):
-            h, f, k, _ = hs[i]
+        keys = [key for *_, key in hs]
+        order = (range(len(hs)) if doubles is None else _order(keys) if spans is not None
+                 else _order_v2(keys))
+        j0, j1, has = _ends(m) if spans is not None else (None, None, None)
+        for r, (row, i) in enumerate(zip(m.tolist(), order)):
+            h, g, _ = hs[i]
+            if spans is None:                           # as sent
+                f, k = int(h.first_bucket), lengths[g]
+            elif g in odd:
+                f, k = odd[g]
+            elif has[r]:            # from its leading zeros, its trailing ones and the counts
+                lead = int(h.first_bucket)
+                f, k = lo + int(j0[r]) - lead, int(j1[r] - j0[r]) + 1 + lead + lengths[g]
+            else:
+                raise BlockError("a histogram without counts that is not kept as it is")
+            h.first_bucket = f
             h.counts.extend(row[f - lo:f - lo + k])
     for api, diff in counted:
         api.count = (diff + sum(api.histogram.counts)) & _MASK
@@ -337,44 +448,59 @@ def _streams(blob: bytes, off: int, sizes: tuple[int, ...]) -> list[bytes]:
     return out
 
 
-def _put_numbers(messages: list[pb.NodeWindow], doubles: bytes, ints: bytes
-                 ) -> list[tuple[pb.ApiStats, int]]:
-    """Put back the numbers :func:`_take_numbers` took out of ``messages``; returns the
-    ApiStats whose count is still to be set, each with its difference from its histogram's
-    total (the counts are put back after)."""
+def _put_numbers(messages: list[pb.NodeWindow], doubles: bytes, ints: bytes,
+                 kinds: bytes | None) -> list[tuple[pb.ApiStats, int]]:
+    """Put back the numbers :func:`_take_numbers` took out of ``messages`` (``kinds``: how
+    each double column is kept, None for all in the doubles' stream); returns the ApiStats
+    whose count is still to be set, each with its difference from its histogram's total (the
+    counts are put back after)."""
     counted: list[tuple[pb.ApiStats, int]] = []
-    dpos = ipos = 0
+    dpos = ipos = col_no = 0
     for desc, msgs in _by_type(messages).items():
         k = len(msgs)
         dbl, its, _, _ = _plan(desc)
         for field, _ in dbl:
-            for x, v in zip(msgs, np.frombuffer(doubles, "<f8", k, dpos).tolist()):
+            kind = _RAW_DOUBLES if kinds is None else kinds[col_no]
+            col_no += 1
+            if kind == _THOUSANDTHS:
+                got = _int_column(ints, ipos, k, "<i8") / 1e3
+                ipos += 8 * k
+            elif kind == _RAW_DOUBLES:
+                got = np.frombuffer(doubles, "<f8", k, dpos)
+                dpos += 8 * k
+            else:
+                raise BlockError(f"a double column of unknown kind {kind}")
+            for x, v in zip(msgs, got.tolist()):
                 setattr(x, field, v)
-            dpos += 8 * k
         for field, col, signed in its:
-            values = (np.frombuffer(ints, np.uint8, 8 * k, ipos).reshape(8, k).T.copy()
-                      .view("<i8" if signed else "<u8").ravel().tolist())
+            values = _int_column(ints, ipos, k, "<i8" if signed else "<u8").tolist()
             ipos += 8 * k
             if col == _API_COUNT:
                 counted.extend(zip(msgs, values))
                 continue
             for x, v in zip(msgs, values):
                 setattr(x, field, v)
-    if dpos != len(doubles) or ipos != len(ints):
+    if dpos != len(doubles) or ipos != len(ints) or (kinds is not None
+                                                     and col_no != len(kinds)):
         raise BlockError("the numbers' streams do not match the messages")
     return counted
+
+
+def _int_column(ints: bytes, pos: int, k: int, dtype: str) -> np.ndarray:
+    """The ``k`` integers of a column whose 8 byte planes start at ``pos`` (:func:`_int_planes`)."""
+    return np.frombuffer(ints, np.uint8, 8 * k, pos).reshape(8, k).T.copy().view(dtype).ravel()
 
 
 def with_ids(blob: bytes, ids: list[int]) -> bytes:
     """The same windows under other ids (``ids`` in the order the block holds its windows):
     a copy of a block for another stretch of a benchmark's history, at the cost of its index
     stream only (the numbers and counts are copied as they are, not decoded)."""
-    if blob[:3] != MAGIC:
-        raise BlockError("not a window block of the current layout")
+    if blob[:3] not in (MAGIC, MAGIC_V2):
+        raise BlockError("not a window block of a layout with its numbers apart")
     sizes = struct.unpack_from("<4I", blob, 3)
     (index,) = _streams(blob, 3 + 16, sizes[:1])
     (n,) = struct.unpack_from("<I", index, 0)
     if len(ids) != n:
         raise ValueError(f"{len(ids)} ids for a block of {n} windows")
     a = _compress(index[:4] + np.array(ids, "<i8").tobytes() + index[4 + 8 * n:])
-    return MAGIC + struct.pack("<4I", len(a), *sizes[1:]) + a + blob[3 + 16 + sizes[0]:]
+    return blob[:3] + struct.pack("<4I", len(a), *sizes[1:]) + a + blob[3 + 16 + sizes[0]:]

@@ -42,13 +42,22 @@ and no per-window codec of the standard library does much better. Once a window 
 ``COMPACT_AFTER_S`` ago (its epoch long scored), the retention pass (:meth:`Storage.compact`)
 rewrites the windows of each epoch into one LZMA block (analyzer/blocks.py: the counts of every
 GPU column-wise, the messages' numbers one column per field, the rest of the messages
-together): about 1.2 KB per window for the block and 0.1 KB for the window's row and its
-indexes, against 2.9 KB one payload each. Their rows move from ``windows`` to ``compacted`` (keys, ids, times, late flag, the
-block and a digest of the wire bytes): rows shrunk in place would leave the windows table's
-pages mostly empty, while rows deleted free pages the next windows take. Every reader goes
-through :meth:`iter_windows`, which reads both tables in one order and gives back the exact
-wire bytes; dedup looks up both keys, and compares a replay of a compacted window with its
-digest (no block to decode on the ingest path).
+together): about 1.1 KB per window for the block and 76 B for the window's row and its
+indexes, against 2.9 KB one payload each. Their rows move from ``windows`` to ``compacted``
+(key, id, end time, time received, late flag, the block and a digest of the wire bytes): rows
+shrunk in place would leave the windows table's pages mostly empty, while rows deleted free
+pages the next windows take. Every reader goes through :meth:`iter_windows`, which reads both
+tables in one order and gives back the exact wire bytes; dedup looks up both keys, and
+compares a replay of a compacted window with its digest (no block to decode on the ingest
+path).
+
+Compacted rows (schema 6): a row is kept for hours, a window's for minutes, so it is kept
+small. An agent's id and node are in ``window_sources``, once per agent, the row names them by
+number (its key index is then a few bytes, not the agent's name); the time received is kept as
+its distance from the window's end; the start time is not kept (it is in the block, and no
+reader wants it from the row). 119 B a window with the two indexes in schema 5, about 76 B
+(BENCHMARKS.md, "Storage at rest, schema 6"). A connection reads them through the view
+``compacted_rows`` (schema 5's columns), over a schema-5 file too when it is only read.
 
 Dedup: ``(agent_id, seq)`` is a unique key of ``windows`` and of ``compacted``;
 :meth:`Storage.add_window` tells whether the window was new, which is what makes agent replay after a reconnect harmless (and
@@ -88,7 +97,7 @@ BUSY_TIMEOUT_MS = 30_000
 #: Windows read per query when replaying the store after a restart.
 REPLAY_PAGE = 2000
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: Payload codecs (``windows.codec``): the wire bytes as received, zlib of them, zlib with the
 #: preset dictionary ``payload_dict_v1.bin`` (frozen: a better dictionary is a new codec), or
 #: in a compressed block (``blocks``, analyzer/blocks.py; the window's row is in ``compacted``,
@@ -124,6 +133,30 @@ _WINDOWS_TABLE = """CREATE TABLE IF NOT EXISTS windows (
     codec       INTEGER NOT NULL DEFAULT 0
 )"""
 _WINDOWS_END = "CREATE INDEX IF NOT EXISTS windows_end ON windows (end_ns)"
+#: Compacted windows' rows (schema 6): an agent's id and node once per agent in
+#: ``window_sources``, each row naming its source by number; the time received kept as its
+#: distance from the window's end (a few bytes, not eight). The start time is in the block's
+#: wire bytes, and no reader wants it from the row.
+_COMPACTED_TABLES = """CREATE TABLE IF NOT EXISTS window_sources (
+    id INTEGER PRIMARY KEY, agent_id TEXT NOT NULL, node TEXT NOT NULL, UNIQUE (agent_id, node)
+);
+CREATE TABLE IF NOT EXISTS compacted (
+    id INTEGER PRIMARY KEY, source INTEGER NOT NULL, seq INTEGER NOT NULL,
+    end_ns INTEGER NOT NULL, received_after_ns INTEGER NOT NULL, late INTEGER NOT NULL,
+    block INTEGER NOT NULL, digest BLOB NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS compacted_key ON compacted (source, seq);
+CREATE INDEX IF NOT EXISTS compacted_end ON compacted (end_ns)"""
+#: The compacted windows as :meth:`Storage.iter_windows` and dedup read them (a view of this
+#: connection): the columns of schema 5's row, whatever the file's layout.
+_COMPACTED_VIEW = """CREATE TEMP VIEW IF NOT EXISTS compacted_rows AS
+SELECT c.id AS id, s.agent_id AS agent_id, c.seq AS seq, s.node AS node, c.end_ns AS end_ns,
+       c.end_ns + c.received_after_ns AS received_ns, c.late AS late, c.block AS block,
+       c.digest AS digest
+FROM compacted c JOIN window_sources s ON s.id = c.source"""
+#: The same view over a schema-5 file read as it is (:meth:`Storage.open_read_only`).
+_COMPACTED_VIEW_V5 = """CREATE TEMP VIEW IF NOT EXISTS compacted_rows AS
+SELECT id, agent_id, seq, node, end_ns, received_ns, late, block, digest FROM main.compacted"""
 _VERDICTS_TABLE = """CREATE TABLE IF NOT EXISTS verdicts (
     job_id TEXT NOT NULL, node TEXT NOT NULL, gpu TEXT NOT NULL, epoch INTEGER NOT NULL,
     verdict TEXT NOT NULL, created_ns INTEGER NOT NULL,
@@ -162,6 +195,28 @@ def _to_v4(conn: sqlite3.Connection) -> None:
     conn.execute(_WINDOWS_END)
 
 
+def _to_v6(conn: sqlite3.Connection) -> None:
+    """Compacted rows name their agent and node by number (``window_sources``) and keep the
+    time received as its distance from the window's end; no start time (module docstring).
+    About 119 B a window with its indexes before, 76 after. A file that has no compacted
+    rows yet gets the new tables with the others."""
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'compacted'").fetchone():
+        return
+    conn.execute("DROP INDEX IF EXISTS compacted_key")
+    conn.execute("DROP INDEX IF EXISTS compacted_end")
+    conn.execute("ALTER TABLE compacted RENAME TO compacted_v5")
+    # statement by statement: executescript would commit the upgrade's transaction
+    for stmt in _COMPACTED_TABLES.split(";"):
+        conn.execute(stmt)
+    conn.execute("INSERT OR IGNORE INTO window_sources (agent_id, node) "
+                 "SELECT agent_id, node FROM compacted_v5 ORDER BY id")
+    conn.execute("INSERT INTO compacted (id, source, seq, end_ns, received_after_ns, late, "
+                 "block, digest) SELECT c.id, s.id, c.seq, c.end_ns, c.received_ns - c.end_ns, "
+                 "c.late, c.block, c.digest FROM compacted_v5 c JOIN window_sources s "
+                 "ON s.agent_id = c.agent_id AND s.node = c.node ORDER BY c.id")
+    conn.execute("DROP TABLE compacted_v5")
+
+
 #: Upgrades from an older schema, in place: version -> what reaches the next one (statements,
 #: or a function of the connection).
 _MIGRATIONS: dict[int, tuple] = {
@@ -169,6 +224,7 @@ _MIGRATIONS: dict[int, tuple] = {
     2: (_to_v3,),
     3: (_to_v4,),
     4: (),                  # the tables of compacted windows: created with the others
+    5: (_to_v6,),
 }
 
 _SCHEMA = """
@@ -193,13 +249,7 @@ CREATE INDEX IF NOT EXISTS epochs_created ON epochs (created_ns);
 _SCHEMA_AFTER = _VERDICTS_TABLE + """;
 CREATE INDEX IF NOT EXISTS verdicts_created ON verdicts (created_ns);
 CREATE UNIQUE INDEX IF NOT EXISTS windows_key ON windows (agent_id, seq);
-CREATE TABLE IF NOT EXISTS compacted (
-    id INTEGER PRIMARY KEY, agent_id TEXT NOT NULL, seq INTEGER NOT NULL, node TEXT NOT NULL,
-    start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, received_ns INTEGER NOT NULL,
-    late INTEGER NOT NULL, block INTEGER NOT NULL, digest BLOB NOT NULL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS compacted_key ON compacted (agent_id, seq);
-CREATE INDEX IF NOT EXISTS compacted_end ON compacted (end_ns);
+""" + _COMPACTED_TABLES + """;
 CREATE TABLE IF NOT EXISTS summaries (
     job_id TEXT NOT NULL, slot_ns INTEGER NOT NULL, created_ns INTEGER NOT NULL,
     keys BLOB NOT NULL, vals BLOB NOT NULL, PRIMARY KEY (job_id, slot_ns)
@@ -217,8 +267,9 @@ CREATE TABLE IF NOT EXISTS snapshot (
 #: Tables a reader needs that an older file may lack: :meth:`Storage.open_read_only` stands in
 #: empty ones for them.
 _READ_STAND_INS = {
-    "compacted": "id INTEGER PRIMARY KEY, agent_id, seq, node, start_ns, end_ns, received_ns, "
-                 "late, block, digest",
+    "window_sources": "id INTEGER PRIMARY KEY, agent_id, node",
+    "compacted": "id INTEGER PRIMARY KEY, source, seq, end_ns, received_after_ns, late, block, "
+                 "digest",
     "blocks": "id INTEGER PRIMARY KEY, end_ns, data",
     "verdicts": "job_id, node, gpu, epoch, verdict, created_ns",
 }
@@ -367,6 +418,7 @@ class Storage:
                 log.info("database %s: schema upgraded to version %d", p, version)
             if version == SCHEMA_VERSION:
                 conn.executescript(_SCHEMA_AFTER)
+                conn.execute(_COMPACTED_VIEW)
         except sqlite3.Error as exc:
             if conn is not None and conn.in_transaction:
                 try:
@@ -401,6 +453,8 @@ class Storage:
             for name, cols in _READ_STAND_INS.items():
                 if name not in have:
                     conn.execute(f"CREATE TEMP TABLE {name} ({cols})")
+            cols = {r[1] for r in conn.execute("PRAGMA main.table_info(compacted)")}
+            conn.execute(_COMPACTED_VIEW_V5 if "agent_id" in cols else _COMPACTED_VIEW)
             return cls(conn, str(path))
         except sqlite3.Error as exc:
             raise StorageError(f"cannot read database {path}: {exc}") from exc
@@ -486,7 +540,7 @@ class Storage:
                     ids: list[int] = []
                     for it in group:
                         done = self._conn.execute(
-                            "SELECT digest FROM compacted WHERE agent_id = ? AND seq = ?",
+                            "SELECT digest FROM compacted_rows WHERE agent_id = ? AND seq = ?",
                             it.row[:2]).fetchone()
                         if done is not None:    # compared by digest: no block to decode
                             ids.append(0)
@@ -579,7 +633,7 @@ class Storage:
                         "SELECT agent_id, seq, node, end_ns, payload, late, received_ns, codec, "
                         f"id, NULL FROM windows {where} UNION ALL "
                         "SELECT agent_id, seq, node, end_ns, NULL, late, received_ns, "
-                        f"{CODEC_BLOCK}, id, block FROM compacted {where} "
+                        f"{CODEC_BLOCK}, id, block FROM compacted_rows {where} "
                         "ORDER BY 4, 1, 2 LIMIT ?", (*args, *args, REPLAY_PAGE)).fetchall()
                 except sqlite3.DatabaseError as exc:
                     raise (_corruption(exc, self.path) or exc) from exc
@@ -676,11 +730,15 @@ class Storage:
                                            (end, blob)).lastrowid
                 n = 0
                 for wid, codec, digest in moved:
+                    self._conn.execute("INSERT OR IGNORE INTO window_sources (agent_id, node) "
+                                       "SELECT agent_id, node FROM windows WHERE id = ?", (wid,))
                     # a row healed meanwhile (another codec) or pruned stays as it is
                     if self._conn.execute(
-                            "INSERT INTO compacted SELECT id, agent_id, seq, node, start_ns, "
-                            "end_ns, received_ns, late, ?, ? FROM windows WHERE id = ? AND "
-                            "codec = ?", (block, digest, wid, codec)).rowcount:
+                            "INSERT INTO compacted (id, source, seq, end_ns, received_after_ns, "
+                            "late, block, digest) SELECT w.id, s.id, w.seq, w.end_ns, "
+                            "w.received_ns - w.end_ns, w.late, ?, ? FROM windows w JOIN "
+                            "window_sources s ON s.agent_id = w.agent_id AND s.node = w.node "
+                            "WHERE w.id = ? AND w.codec = ?", (block, digest, wid, codec)).rowcount:
                         self._conn.execute("DELETE FROM windows WHERE id = ?", (wid,))
                         n += 1
                 self._conn.execute("COMMIT")
@@ -702,9 +760,11 @@ class Storage:
         """Record that a stored window arrived after its epoch was scored, so a replay after a
         restart leaves it out of scoring exactly as the live analyzer did."""
         with self._lock:
-            for table in ("windows", "compacted"):
-                self._conn.execute(f"UPDATE {table} SET late = 1 WHERE agent_id = ? AND seq = ?",
-                                   (agent_id, seq))
+            self._conn.execute("UPDATE windows SET late = 1 WHERE agent_id = ? AND seq = ?",
+                               (agent_id, seq))
+            self._conn.execute("UPDATE compacted SET late = 1 WHERE seq = ? AND source IN "
+                               "(SELECT id FROM window_sources WHERE agent_id = ?)",
+                               (seq, agent_id))
 
     def next_window_end(self, since_ns: int) -> int | None:
         """The end of the earliest stored window that ends at or after ``since_ns``."""
@@ -922,6 +982,9 @@ class Storage:
                                        (win_cutoff,)).rowcount
                 n += self._conn.execute("DELETE FROM compacted WHERE end_ns < ?",
                                         (win_cutoff,)).rowcount
+                # an agent's source row goes with its last compacted window
+                self._conn.execute("DELETE FROM window_sources WHERE NOT EXISTS (SELECT 1 FROM "
+                                   "compacted WHERE source = window_sources.id)")
                 # a block's windows all end by its end_ns: deleted with the last of them
                 self._conn.execute("DELETE FROM blocks WHERE end_ns < ?", (win_cutoff,))
                 n += self._conn.execute("DELETE FROM scores WHERE created_ns < ?",

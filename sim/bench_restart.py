@@ -91,7 +91,7 @@ def _older_history(db: Path, cfg, older: int) -> tuple[int, float]:
     their rows in ``compacted``. Simulating, storing and compacting them one by one would take
     most of an hour here; so the first epoch is simulated and compacted once, and every later
     epoch's block is a copy of it under that epoch's window ids (``blocks.with_ids``), its rows
-    keyed and timed as that epoch's windows (agent, seq, node, start, end). Only the restart's
+    keyed and timed as that epoch's windows (agent and node, seq, end). Only the restart's
     reads of the file are measured with it: a window of a copied block decodes to the first
     epoch's window, so the full replay is not run on such a history. Returns (the windows
     written, seconds)."""
@@ -109,6 +109,9 @@ def _older_history(db: Path, cfg, older: int) -> tuple[int, float]:
     digests = [window_digest(d) for d in data]
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("PRAGMA synchronous = NORMAL")
+    conn.executemany("INSERT INTO window_sources (id, agent_id, node) VALUES (?, ?, ?)",
+                     [(j + 1, w.agent_id, w.node) for j, w in enumerate(first)])
+    sources = list(range(1, len(first) + 1))
     wid = 0
     for k in range(older):
         shift = k * win_ns
@@ -118,10 +121,10 @@ def _older_history(db: Path, cfg, older: int) -> tuple[int, float]:
         block = conn.execute("INSERT INTO blocks (end_ns, data) VALUES (?, ?)",
                              (end, blocks.with_ids(template, ids))).lastrowid
         conn.executemany(
-            "INSERT INTO compacted VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?)",
-            [(i, w.agent_id, w.seq + k, w.node, w.start.ToNanoseconds() + shift,
-              w.end.ToNanoseconds() + shift, w.end.ToNanoseconds() + shift, block, d)
-             for i, w, d in zip(ids, first, digests)])
+            "INSERT INTO compacted (id, source, seq, end_ns, received_after_ns, late, block, "
+            "digest) VALUES (?, ?, ?, ?, 0, 0, ?, ?)",
+            [(i, src, w.seq + k, w.end.ToNanoseconds() + shift, block, d)
+             for i, w, d, src in zip(ids, first, digests, sources)])
         conn.execute("COMMIT")
         wid = ids[-1]
     # the live windows' ids go on after these (the windows table's AUTOINCREMENT)

@@ -1,11 +1,13 @@
-"""Windows compacted into blocks (schema 5) on a real SQLite file: every reader gets the same
-windows back, dedup still knows their keys, retention deletes the blocks, a schema-4 file is
-upgraded, and a restart from blocks reaches the live verdicts."""
+"""Windows compacted into blocks (schema 5, rows of schema 6) on a real SQLite file: every
+reader gets the same windows back, dedup still knows their keys, retention deletes the blocks,
+schema-4 and schema-5 files are upgraded, and a restart from blocks reaches the live
+verdicts."""
 from __future__ import annotations
 
 import hashlib
 import json
 import sqlite3
+import struct
 from pathlib import Path
 
 import pytest
@@ -79,23 +81,78 @@ def test_numbers_taken_out_of_messages_with_maps_come_back_and_the_maps_stay():
                      findings=[pb.Finding(api="x", ratio=1.5)])
     g.p50_ratio["cudaLaunchKernel"] = 1.25
     want = g.SerializeToString()
-    doubles, ints = blocks._take_numbers([g])
+    doubles, ints, kinds = blocks._take_numbers([g])
     assert g.spike_rate == 0.0 and g.rank == 0 and g.p50_ratio["cudaLaunchKernel"] == 1.25
     stripped = pb.GpuReport.FromString(g.SerializeToString())
-    assert blocks._put_numbers([stripped], doubles, ints) == []
+    assert blocks._put_numbers([stripped], doubles, ints, kinds) == []
     assert stripped.SerializeToString() == want
 
 
-def test_a_block_of_the_first_format_still_decodes():
-    """A block written before the numbers were taken out (``HB1``, kept in tests/data as that
-    code wrote it) gives back its windows' exact bytes."""
+def _old_block(name: str) -> tuple[bytes, dict[int, bytes]]:
+    """A block of an earlier layout kept in tests/data as that code wrote it, and its windows
+    decoded, checked against the digests of their bytes kept beside it."""
     data = Path(__file__).parent / "data"
-    blob = (data / "block-hb1.bin").read_bytes()
-    want = json.loads((data / "block-hb1.json").read_text())
-    assert blob[:3] == blocks.MAGIC_V1
+    blob = (data / f"{name}.bin").read_bytes()
+    want = json.loads((data / f"{name}.json").read_text())
     got = blocks.decode(blob)
     assert {str(i): hashlib.blake2b(d, digest_size=16).hexdigest()
             for i, d in got.items()} == want
+    return blob, got
+
+
+def test_a_block_of_the_first_format_still_decodes():
+    """A block written before the numbers were taken out (``HB1``) gives back its windows'
+    exact bytes."""
+    blob, _ = _old_block("block-hb1")
+    assert blob[:3] == blocks.MAGIC_V1
+
+
+def test_a_block_of_the_second_format_still_decodes_and_copies():
+    """A block written before double columns could be kept as thousandths (``HB2``: a NaN, a
+    -0.0 and a huge double among its numbers) gives back its windows' exact bytes, and so does
+    its copy under other ids."""
+    blob, got = _old_block("block-hb2")
+    assert blob[:3] == blocks.MAGIC_V2
+    copy = blocks.with_ids(blob, [i + 100 for i in got])
+    assert copy[:3] == blocks.MAGIC_V2
+    assert blocks.decode(copy) == {i + 100: d for i, d in got.items()}
+
+
+def test_doubles_that_are_whole_thousandths_are_kept_as_integers():
+    """The µs times agents send (nanoseconds over 1000) go to the integers' stream; a column
+    with one double that is not such a number (here a NaN) stays whole, and both come back."""
+    ws = list(generate(CFG))
+    items = [(i + 1, w.SerializeToString()) for i, w in enumerate(ws)]
+    doubles, ints, kinds = blocks._take_numbers([pb.NodeWindow.FromString(d) for _, d in items])
+    assert blocks._THOUSANDTHS in kinds
+    ws[0].processes[0].apis[0].sum_us = float("nan")
+    ws[1].processes[0].apis[0].min_us = 1e-4
+    odd = [(i + 1, w.SerializeToString()) for i, w in enumerate(ws)]
+    _, _, odd_kinds = blocks._take_numbers([pb.NodeWindow.FromString(d) for _, d in odd])
+    assert odd_kinds.count(blocks._RAW_DOUBLES) == kinds.count(blocks._RAW_DOUBLES) + 2
+    assert blocks.decode(blocks.encode(items)) == dict(items)
+    assert blocks.decode(blocks.encode(odd)) == dict(odd)
+
+
+def test_histograms_are_kept_by_their_counts_untrimmed_and_empty_ones_included():
+    """A histogram's first bucket and length are found from its counts (agents send them
+    trimmed); one with zeros at its ends, one of zeros only and one without counts come back
+    as sent too."""
+    ws = list(generate(CFG))
+    apis = ws[0].processes[0].apis
+    apis[0].histogram.counts[:0] = [0, 0]                   # leading zeros
+    apis[0].histogram.first_bucket -= 2
+    apis[1].histogram.counts.extend([0, 0, 0])              # trailing zeros
+    apis[2].histogram.counts[:] = [0, 0, 0]                 # zeros only
+    ws[1].processes[2].apis[0].histogram.ClearField("counts")   # none
+    ws[1].processes[2].apis[0].histogram.first_bucket = 7
+    ws[2].processes[0].step_time.first_bucket = 0           # a column's lowest bucket
+    items = [(i + 1, w.SerializeToString()) for i, w in enumerate(ws)]
+    blob = blocks.encode(items)
+    assert blocks.decode(blob) == dict(items)
+    # taken apart, every one (none kept verbatim): the index's per-window kinds
+    index = blocks._streams(blob, 3 + 16, struct.unpack_from("<4I", blob, 3))[0]
+    assert set(index[4 + 8 * len(items):4 + 9 * len(items)]) == {blocks._SPLIT}
 
 
 def test_the_numbers_at_rest_take_less_than_in_the_first_format():
@@ -159,14 +216,20 @@ def test_compaction_keeps_what_every_reader_sees_and_shrinks_the_windows(tmp_pat
     st.close()
 
 
-def test_dedup_knows_compacted_windows_and_refuses_other_bytes_under_their_key(tmp_path):
-    st, ws = _compacted(tmp_path)
+def _dedup_knows(st: Storage, ws: list[pb.NodeWindow]) -> None:
+    """Every window of ``ws`` is known to ``st``'s dedup, and other bytes under the first one's
+    key are refused."""
     assert not any(st.add_window(w) for w in ws)             # an agent's replay: all known
     other = pb.NodeWindow()
     other.CopyFrom(ws[0])
     other.processes[0].pid += 1
     with pytest.raises(ConflictingDuplicate):
         st.add_window(other)
+
+
+def test_dedup_knows_compacted_windows_and_refuses_other_bytes_under_their_key(tmp_path):
+    st, ws = _compacted(tmp_path)
+    _dedup_knows(st, ws)
     assert st.count_windows() == len(ws)
     st.close()
 
@@ -243,13 +306,67 @@ def test_a_schema_4_file_is_upgraded_and_its_windows_compacted(tmp_path):
     conn.close()
     st = Storage.open(db)
     version = st._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    assert int(version[0]) == SCHEMA_VERSION == 5
+    assert int(version[0]) == SCHEMA_VERSION == 6
     before = _read(st)
     assert [m for *_, m in before] == [w.SerializeToString() for w in ws]
     assert st.compact(2**62) == len(ws)
     assert _read(st) == before and before[5][4] is True
     assert not st.add_window(ws[0])
     st.close()
+
+
+_SCHEMA_5_COMPACTED = """
+UPDATE meta SET value = '5' WHERE key = 'schema_version';
+CREATE TABLE compacted (
+    id INTEGER PRIMARY KEY, agent_id TEXT NOT NULL, seq INTEGER NOT NULL, node TEXT NOT NULL,
+    start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, received_ns INTEGER NOT NULL,
+    late INTEGER NOT NULL, block INTEGER NOT NULL, digest BLOB NOT NULL);
+CREATE UNIQUE INDEX compacted_key ON compacted (agent_id, seq);
+CREATE INDEX compacted_end ON compacted (end_ns);
+CREATE TABLE blocks (id INTEGER PRIMARY KEY, end_ns INTEGER NOT NULL, data BLOB NOT NULL);
+"""
+
+
+def test_a_schema_5_file_with_compacted_windows_is_read_and_upgraded(tmp_path):
+    """Schema 6 keeps a compacted window's agent and node once per agent: a schema-5 file's
+    rows are read as they are by a read-only reader, then upgraded in place, and every reader,
+    dedup, the late flag and retention work on them as before."""
+    from hypertrace.analyzer.storage import window_digest
+    db = tmp_path / "v5.db"
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA page_size = 16384")
+    conn.executescript(_SCHEMA_4 + _SCHEMA_5_COMPACTED)
+    ws = list(generate(CFG))
+    for k, end in enumerate(sorted({w.end.ToNanoseconds() for w in ws})):
+        group = [(i + 1, w) for i, w in enumerate(ws) if w.end.ToNanoseconds() == end]
+        conn.execute("INSERT INTO blocks VALUES (?, ?, ?)", (k + 1, end, blocks.encode(
+            [(i, w.SerializeToString()) for i, w in group])))
+        conn.executemany("INSERT INTO compacted VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
+            (i, w.agent_id, w.seq, w.node, w.start.ToNanoseconds(), end, end + 7 * i - 90,
+             int(i == 5), k + 1, window_digest(w.SerializeToString())) for i, w in group])
+    conn.commit()
+    conn.close()
+    ro = Storage.open_read_only(db)
+    before = _read(ro)
+    ro.close()
+    assert [m for *_, m in sorted(before, key=lambda r: r[6])] == [
+        w.SerializeToString() for w in ws]
+    assert {r[6]: r[5] - r[3] for r in before} == {i: 7 * i - 90 for i in range(1, len(ws) + 1)}
+    st = Storage.open(db)
+    version = st._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    assert int(version[0]) == SCHEMA_VERSION == 6
+    assert _read(st) == before and before[[r[6] for r in before].index(5)][4] is True
+    assert st._conn.execute("SELECT COUNT(*) FROM window_sources").fetchone()[0] == NODES
+    _dedup_knows(st, ws)
+    st.mark_late(ws[0].agent_id, ws[0].seq)
+    assert [s.late for s in st.iter_windows() if s.id == 1] == [True]
+    st.prune(retention_seconds=0, now_ns=2**62)
+    assert st.count_windows() == 0
+    assert st._conn.execute("SELECT COUNT(*) FROM window_sources").fetchone()[0] == 0
+    st.close()
+    ro = Storage.open_read_only(db)                          # the upgraded file, read only
+    assert _read(ro) == []
+    ro.close()
 
 
 def test_a_restart_from_blocks_reaches_the_live_verdicts(tmp_path):
