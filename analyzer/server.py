@@ -80,8 +80,8 @@ SWITCH_INTERVAL_S = 0.0005
 #: How often the evictor re-reviews a job whose convicted GPUs did not change (ns).
 REVIEW_EVERY_NS = 60 * 10**9
 #: Default retention of the raw windows (hours) and of their 5-minute summaries (days): about
-#: 6.8 GB at rest in all for a 16,384-GPU job, raw windows compacted into epoch blocks
-#: (BENCHMARKS.md, "Storage at rest, schema 5, numbers column-wise").
+#: 6.7 GB at rest in all for a 16,384-GPU job, raw windows compacted into epoch blocks
+#: (BENCHMARKS.md, "Storage at rest, schema 6").
 RETENTION_HOURS = 6.0
 SUMMARY_RETENTION_DAYS = 30.0
 #: Seconds between retention passes.

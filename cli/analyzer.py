@@ -51,8 +51,8 @@ def register(subparsers) -> None:
     p.add_argument("--retention-hours", type=float,
                    help="keep raw windows and score rows this long, then summarise them per "
                         "GPU and 5 minutes and delete them (default 6; 0: keep everything, "
-                        "uncompacted; about 1.5 KB per node and window once compacted into "
-                        "blocks, 2 minutes after it ended: 1.1 GB per hour for 16,384 GPUs)")
+                        "uncompacted; about 1.25 KB per node and window once compacted into "
+                        "blocks, 2 minutes after it ended: 0.9 GB per hour for 16,384 GPUs)")
     p.add_argument("--summary-retention-days", type=float,
                    help="keep the 5-minute summaries, verdict changes and scored epochs this "
                         "long (default 30; 0: no summaries, verdicts follow --retention-hours)")
