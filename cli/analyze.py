@@ -75,24 +75,25 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hypertrace.analyzer.config import ConfigError
-    from hypertrace.analyzer.engine import Engine, UnknownJobError
-    from hypertrace.cli.report import emit
-    from hypertrace.proto import validate_ahead, wire
 
     try:
         cfg = scoring_config_from_args(args)
     except ConfigError as exc:
         print(f"hypertrace analyze: bad scoring setting: {exc}", file=sys.stderr)
         return 2
-    from hypertrace.cli.progress import Progress
+    from hypertrace.proto import validate_ahead, wire
 
-    engine = Engine(cfg)
     n = 0
-    progress = Progress("analyze: read", "windows")
     try:
+        # the validation workers start here, while the scoring code below is imported
         workers = validate_ahead.default_workers() if args.workers is None else args.workers
-        for n, (window, size, problem) in enumerate(
-                validate_ahead.validated_windows(args.file, max(workers, 0)), 1):
+        windows = validate_ahead.validated_windows(args.file, max(workers, 0))
+        from hypertrace.analyzer.engine import Engine
+        from hypertrace.cli.progress import Progress
+
+        engine = Engine(cfg)
+        progress = Progress("analyze: read", "windows")
+        for n, (window, size, problem) in enumerate(windows, 1):
             if problem is not None:
                 raise wire.WireError(f"{args.file}: window {n}: {problem.field}",
                                      problem.problem) from problem
@@ -111,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"hypertrace analyze: {args.file} holds no windows", file=sys.stderr)
         return 2
     engine.flush(None)
+    from hypertrace.analyzer.engine import UnknownJobError
+    from hypertrace.cli.report import emit
     try:
         report = engine.report(args.job)
     except UnknownJobError as exc:

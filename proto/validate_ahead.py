@@ -55,9 +55,16 @@ def validated_windows(path: str | Path, workers: int, min_bytes: int = MIN_PARAL
     ``validate_window`` raises on it, or None) per record of ``path``, in order; framing errors
     of the file are raised as :func:`~hypertrace.proto.records.read_windows_sized` raises them.
     ``workers``: processes validating ahead (0: none, all here); files under ``min_bytes``
-    are validated here."""
+    are validated here. The workers start at this call, not at the first window: a caller
+    that has more to import or set up first lets them start meanwhile (then it must iterate,
+    which stops them at the end)."""
     spans = _spans(path) if workers > 0 and _plain_binary(path, min_bytes) else []
     ahead = _Ahead.start(str(path), spans, workers) if len(spans) > CHUNK else None
+    return _windows(path, spans, ahead)
+
+
+def _windows(path: str | Path, spans: list[tuple[int, int]], ahead: "_Ahead | None"
+             ) -> Iterator[tuple[pb.NodeWindow, int | None, wire.WireError | None]]:
     if ahead is None:
         for w, size in records.read_windows_sized(path):
             yield w, size, _verdict(w, size)
