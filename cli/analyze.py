@@ -32,6 +32,12 @@ FLAG_SETTINGS = (
 )
 
 
+#: Threads building epochs' cross-sections ahead of their scoring (analyzer/build_ahead.py):
+#: two keep the scoring fed at 16,384 GPUs (a build takes about twice an epoch's scoring), and
+#: each holds one more cross-section in memory.
+BUILD_AHEAD = 2
+
+
 def add_scoring_flags(p: argparse.ArgumentParser) -> None:
     """Add --config and the common scoring flags (shared with other commands that score)."""
     p.add_argument("--config", metavar="TOML",
@@ -67,7 +73,8 @@ def register(subparsers) -> None:
     p.add_argument("--job", default=None, help="report only this job id")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="processes validating a large binary (.pb) file's windows ahead of "
-                        "the reader; 0: validate in this process (default: the usable cores "
+                        "the reader, and threads (at most 2) building the next epochs while "
+                        "one is scored; 0: all in this thread (default: the usable cores "
                         "less one, at most 4, at least 1)")
     add_scoring_flags(p)
     p.set_defaults(func=run)
@@ -111,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if n == 0:
         print(f"hypertrace analyze: {args.file} holds no windows", file=sys.stderr)
         return 2
-    engine.flush(None)
+    engine.flush(None, build_ahead=min(max(workers, 0), BUILD_AHEAD))
     from hypertrace.analyzer.engine import UnknownJobError
     from hypertrace.cli.report import emit
     try:
