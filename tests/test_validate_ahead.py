@@ -110,3 +110,17 @@ def test_a_chunk_claimed_by_the_reader_is_skipped_by_the_workers(tmp_path, windo
     assert validate_ahead._claim(claims, 0)                  # the reader takes chunk 0
     assert not validate_ahead._claim(claims, 0)
     assert validate_ahead._check_chunk((path, 0, validate_ahead._spans(path)[:256])) is None
+
+
+def test_windows_the_workers_validated_before_the_reader_began_are_the_readers(tmp_path, windows):
+    """Every chunk validated by a worker (the reader starts only once all are done): the same
+    windows, verdicts and errors as validating them here."""
+    path = _write(tmp_path / "w.pb", windows)
+    it = validate_ahead.validated_windows(path, 2, min_bytes=0)
+    ahead = it.gi_frame.f_locals["ahead"]          # the workers started at the call
+    ahead._thread.join()
+    assert ahead._results is not None
+    assert all(r.get() is not None for r in ahead._results)     # each claimed by a worker
+    seen = [(w.SerializeToString(), size, None if p is None else (p.field, p.problem))
+            for w, size, p in it]
+    assert seen == _outcome(path, 0)
