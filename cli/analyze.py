@@ -74,7 +74,7 @@ def register(subparsers) -> None:
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="processes validating a large binary (.pb) file's windows ahead of "
                         "the reader, and threads (at most 2) building the next epochs while "
-                        "one is scored; 0: all in this thread (default: the usable cores "
+                        "one is scored; 0: neither (default: the usable cores "
                         "less one, at most 4, at least 1)")
     add_scoring_flags(p)
     p.set_defaults(func=run)
