@@ -62,7 +62,11 @@ VERBOSE_HELP = ("more detail: report and analyze tables show one row per GPU; mo
                 "(-v info, -vv debug)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; ``command`` (a name in SUBCOMMANDS): with that subcommand only.
+    Why: each subcommand's module imports what its flags need (settings files, socket paths,
+    cluster keys), about 60 ms in all, and a run needs one of them; its help, usage and errors
+    are the same either way (the subcommands are listed under the COMMAND metavar)."""
     parser = argparse.ArgumentParser(
         prog="hypertrace",
         description="Find slow GPUs and nodes in training jobs from CUDA API latency.",
@@ -71,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=VERBOSE_HELP)
     parser.add_argument("--version", action=_VersionAction)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMANDS:
+    for name in SUBCOMMANDS if command is None else (command,):
         importlib.import_module(f"hypertrace.cli.{name}").register(subparsers)
     for sub in subparsers.choices.values():     # -v after the subcommand works too
         sub.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
@@ -79,8 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def requested_command(argv: list[str]) -> str | None:
+    """The subcommand module ``argv`` names (its first word that is not an option; the
+    top-level options take no value), or None: none, or not one of SUBCOMMANDS."""
+    word = next((a for a in argv if not a.startswith("-")), "").replace("-", "_")
+    return word if word in SUBCOMMANDS else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(requested_command(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],

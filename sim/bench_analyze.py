@@ -7,8 +7,11 @@ a large ``.pb`` file in worker processes while its reader ingests (proto/validat
 time on a machine with a free core per worker is then about the reader's own CPU, which this
 reports beside the wall time (on a busy machine the wall time also holds the wait for a core).
 
-Each run is a fresh subprocess (so the interpreter's start and imports count) of the command
-line's ``main(["analyze", FILE, ...])``, its table kept in memory. Sides, alternating per round:
+Each run is a fresh subprocess (so the interpreter's start and imports count: "command" is its
+wall time from start to exit, "wall" the time in ``main``) of the command line's
+``main(["analyze", FILE, ...])``, its table kept in memory. "workers CPU" is the CPU of the
+run's other processes (validation workers, their forkserver), reaped by this process as their
+subreaper. Sides, alternating per round:
 ``base`` (``--compare-with DIR``: a directory holding a ``hypertrace`` source tree, run without
 ``--workers``), ``workers 0`` and ``workers N`` of this tree (``--workers N``, default: what
 ``analyze`` picks). Exit status 1 when the sides' tables differ.
@@ -27,7 +30,8 @@ import time
 
 
 def one_run(path: str, workers: str) -> dict:
-    """``analyze`` in this process: wall, the reader's CPU, the workers' CPU, the report."""
+    """``analyze`` in this process: wall, the reader's CPU, its children's CPU (not the
+    validation workers': they are the forkserver's children), the report."""
     from hypertrace.cli.main import main
     argv = ["analyze", path] + (["--workers", workers] if workers else [])
     out = io.StringIO()
@@ -42,12 +46,48 @@ def one_run(path: str, workers: str) -> dict:
             "workers": kids.ru_utime + kids.ru_stime, "rc": rc, "digest": digest}
 
 
-def run_side(path: str, tree: str, workers: str) -> dict:
+def adopt_orphans() -> bool:
+    """Make this process the reaper of its descendants' orphans (Linux ``PR_SET_CHILD_SUBREAPER``),
+    so that the CPU of a run's validation workers and their forkserver, which outlive the run's
+    own process by a moment, is counted in this process's children's usage once reaped."""
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _reap_orphans(timeout_s: float = 10.0) -> None:
+    """Wait for the adopted orphans of the last run (its forkserver ends once the run did)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.01)
+
+
+def run_side(path: str, tree: str, workers: str, adopted: bool = False) -> dict:
+    """One measured run. Adds ``command``: the wall time of the whole command (interpreter
+    start and imports too), and, when ``adopted`` (:func:`adopt_orphans`), ``workers``: the
+    CPU of every other process of the run (the validation workers, their forkserver)."""
     from hypertrace.sim.bench_ingest import tree_env   # not in the measured subprocess:
     env = tree_env(tree)                               # its tree may lack the helper
     cmd = [sys.executable, os.path.abspath(__file__), path, "--run-of", workers or "-"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    command = time.perf_counter() - t
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    r["command"] = command
+    if adopted:
+        _reap_orphans()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        tree_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        r["workers"] = max(tree_cpu - r["reader"], 0.0)
+    return r
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,22 +105,27 @@ def main(argv: list[str] | None = None) -> int:
     sides = ([("base", os.path.abspath(args.compare_with), "")] if args.compare_with else []) \
         + [("workers 0", "", "0"), (f"workers {args.workers or 'default'}", "", args.workers)]
     runs: dict[str, list[dict]] = {label: [] for label, _, _ in sides}
+    adopted = adopt_orphans()
     for k in range(args.rounds):
         for label, tree, workers in sides:
-            r = run_side(args.file, tree, workers)
+            r = run_side(args.file, tree, workers, adopted)
             runs[label].append(r)
-            print(f"{label} round {k + 1}: wall {r['wall']:.2f} s, reader CPU {r['reader']:.2f} s,"
-                  f" workers CPU {r['workers']:.2f} s, exit {r['rc']}, report {r['digest']}",
-                  flush=True)
+            print(f"{label} round {k + 1}: command {r['command']:.2f} s, wall {r['wall']:.2f} s, "
+                  f"reader CPU {r['reader']:.2f} s, workers CPU {r['workers']:.2f} s, exit "
+                  f"{r['rc']}, report {r['digest']}", flush=True)
     first = next(iter(runs))
-    print(f"\n| side | wall, s | reader CPU, s | workers CPU, s | reader CPU / {first}'s |")
-    print("|---|---:|---:|---:|---:|")
-    med = {label: {k: sorted(r[k] for r in rs)[len(rs) // 2] for k in ("wall", "reader",
-                                                                        "workers")}
+    keys = ("command", "wall", "reader", "workers")
+    med = {label: {k: sorted(r[k] for r in rs)[len(rs) // 2] for k in keys}
            for label, rs in runs.items()}
+    print(f"\n| side | command, s | wall in main(), s | reader CPU, s | workers CPU, s | "
+          f"command / {first}'s | reader CPU / {first}'s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for label, m in med.items():
-        print(f"| {label} | {m['wall']:.2f} | {m['reader']:.2f} | {m['workers']:.2f} | "
+        print(f"| {label} | {m['command']:.2f} | {m['wall']:.2f} | {m['reader']:.2f} | "
+              f"{m['workers']:.2f} | {m['command'] / med[first]['command']:.2f} | "
               f"{m['reader'] / med[first]['reader']:.2f} |")
+    if not adopted:
+        print("(workers CPU: only the run's own children; this system cannot adopt orphans)")
     digests = {r["digest"] for rs in runs.values() for r in rs}
     print(f"\n(medians of {args.rounds}) same report on every run: "
           f"{'yes' if len(digests) == 1 else 'NO'}")

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from hypertrace.cli.main import main
 from hypertrace.sim.simulate import SimConfig, generate
 from hypertrace.proto.wire import write_jsonl
@@ -97,6 +99,41 @@ def test_verbose_works_before_and_after_the_subcommand():
     assert p.parse_args(["-v", "jobs", "--analyzer", "a:1"]).verbose == 1
     assert p.parse_args(["jobs", "--analyzer", "a:1", "-vv"]).verbose == 2
     assert p.parse_args(["jobs", "--analyzer", "a:1"]).verbose == 0
+
+
+def _said(parser, argv: list[str]) -> tuple[object, str, str]:
+    """What ``parser`` makes of ``argv``: its exit code (or parsed namespace), stdout, stderr."""
+    import contextlib
+    import io
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            result: object = vars(parser.parse_args(argv))
+            result = {k: v for k, v in result.items() if k != "func"}
+        except SystemExit as exc:
+            result = exc.code
+    return result, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("argv", [
+    ["analyze", "--help"], ["analyze", "w.pb", "--workers", "2", "-v"], ["analyze"],
+    ["analyze", "w.pb", "--bogus"], ["-v", "simulate", "--help"], ["analyzer-edge", "--help"],
+    ["certs", "issue", "--help"], ["agent", "--analyzer", "a:1", "--overhead-budget", "0.5%"],
+    ["evict", "--help"], ["report", "--analyzer", "a:1", "--job", "7", "-vv"]])
+def test_the_parser_of_one_subcommand_answers_as_the_whole_one(argv):
+    """main builds only the subcommand it is asked for; help, parsed values and errors are
+    those of the parser with every subcommand."""
+    from hypertrace.cli.main import build_parser, requested_command
+    command = requested_command(argv)
+    assert command is not None
+    assert _said(build_parser(command), argv) == _said(build_parser(), argv)
+
+
+def test_a_word_that_is_no_subcommand_gets_the_whole_parser():
+    from hypertrace.cli.main import requested_command
+    assert requested_command(["--version"]) is None
+    assert requested_command(["-v", "analyse", "w.pb"]) is None
+    assert requested_command(["-vv", "analyzer-worker"]) == "analyzer_worker"
 
 
 def test_a_budget_can_be_written_as_a_percentage(tmp_path):

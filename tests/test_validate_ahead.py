@@ -87,3 +87,40 @@ def test_small_gzipped_and_json_files_are_validated_here(tmp_path, windows):
         assert _outcome(path, 2) == _outcome(path, 0)
     path = _write(tmp_path / "small.pb", windows[:300])
     assert not validate_ahead._plain_binary(path, 10 ** 9)
+
+
+def test_a_workers_chunk_holds_the_readers_verdicts(tmp_path, windows):
+    """What a worker sends back for a chunk it claimed: each record's verdict as the reader
+    would give it (the run above may have let the reader claim every chunk)."""
+    path = _write(tmp_path / "w.pb", windows)
+    spans = validate_ahead._spans(path)
+    claims = validate_ahead.multiprocessing.get_context("forkserver").Array("b", 2)
+    validate_ahead._init_worker(claims)
+    got = validate_ahead._check_chunk((path, 1, spans[256:512]))
+    want = [validate_ahead._verdict(w, size) for w, size in
+            list(records.read_windows_sized(path))[256:512]]
+    assert got == [validate_ahead._OK if e is None else (e.field, e.problem) for e in want]
+    assert got[300 - 256] == ("processes[0].apis[1].count", want[300 - 256].problem)
+
+
+def test_a_chunk_claimed_by_the_reader_is_skipped_by_the_workers(tmp_path, windows):
+    path = _write(tmp_path / "w.pb", windows)
+    claims = validate_ahead.multiprocessing.get_context("forkserver").Array("b", 2)
+    validate_ahead._init_worker(claims)
+    assert validate_ahead._claim(claims, 0)                  # the reader takes chunk 0
+    assert not validate_ahead._claim(claims, 0)
+    assert validate_ahead._check_chunk((path, 0, validate_ahead._spans(path)[:256])) is None
+
+
+def test_windows_the_workers_validated_before_the_reader_began_are_the_readers(tmp_path, windows):
+    """Every chunk validated by a worker (the reader starts only once all are done): the same
+    windows, verdicts and errors as validating them here."""
+    path = _write(tmp_path / "w.pb", windows)
+    it = validate_ahead.validated_windows(path, 2, min_bytes=0)
+    ahead = it.gi_frame.f_locals["ahead"]          # the workers started at the call
+    ahead._thread.join()
+    assert ahead._results is not None
+    assert all(r.get() is not None for r in ahead._results)     # each claimed by a worker
+    seen = [(w.SerializeToString(), size, None if p is None else (p.field, p.problem))
+            for w, size, p in it]
+    assert seen == _outcome(path, 0)

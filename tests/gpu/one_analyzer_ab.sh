@@ -5,8 +5,9 @@
 #     PART   scoring  Engine.flush against the minimal-numpy floor, 16,384 and 131,072 GPUs, all
 #                     APIs, one core (tests/gpu/scoring_ab.sh, BASE's analyzer vs this one)
 #            files    `hypertrace analyze` of a 16,384-GPU x 4-window .pb recording, by phase
-#                     (sim/bench_ingest --compare-with), then the whole command timed 3 times
-#                     on 5 cores (its validation workers run beside the reader)
+#                     (sim/bench_ingest --compare-with), then the whole command of BASE and of
+#                     this tree timed 3 times each, alternating, on 5 cores (its validation
+#                     workers run beside the reader), then sim/bench_analyze --compare-with
 #            scale    131,072 GPUs: 16,384 agents with a stream each, the analyzer on cores 0-3,
 #                     the generator in 12 processes on cores 4-15 (sim/bench_scale --compare-with)
 #     BASE   make it with:  mkdir -p B/hypertrace && git archive REV analyzer collector daemon
@@ -33,12 +34,19 @@ case "$part" in
       --seed 3 --straggler node-0042:1.2 --output "$f" >/dev/null || exit 1
     python3 -m hypertrace.sim.bench_ingest "$f" --compare-with "$base" --rounds "${ROUNDS:-2}" 2>&1 \
       | tee "$out/files.txt" || rc=1
-    for r in 1 2 3; do
-      /usr/bin/time -f "head: hypertrace analyze $f: %e s wall, %U s user, %S s sys, %M KB peak" \
-        taskset -c 3-7 python3 -m hypertrace.cli.main analyze "$f" >/dev/null 2>>"$out/files.txt"
-      case $? in 0|3) ;; *) rc=1 ;; esac      # 3: stragglers found, as expected here
+    for r in 1 2 3; do                         # the whole command, base and head alternating
+      for side in base head; do
+        pp=$([ $side = base ] && echo "$base${PYTHONPATH:+:$PYTHONPATH}" || echo "${PYTHONPATH:-}")
+        PYTHONPATH="$pp" /usr/bin/time -f "$side: hypertrace analyze $f: %e s wall, %U s user, %S s sys, %M KB peak (user/sys: not the validation workers)" \
+          taskset -c 3-7 python3 -m hypertrace.cli.main analyze "$f" >"$out/files-$side.out" 2>>"$out/files.txt"
+        case $? in 0|3) ;; *) rc=1 ;; esac    # 3: stragglers found, as expected here
+      done
+      cmp -s "$out/files-base.out" "$out/files-head.out" || { echo "tables differ" >>"$out/files.txt"; rc=1; }
     done
-    tail -3 "$out/files.txt"
+    # wall, the reader's and the workers' CPU of each side, alternating (workers: a subreaper)
+    taskset -c 3-7 python3 -m hypertrace.sim.bench_analyze "$f" --compare-with "$base" \
+      --rounds "${ROUNDS:-2}" 2>&1 | tee -a "$out/files.txt" || rc=1
+    grep -E "^(base|head): hypertrace analyze|tables differ" "$out/files.txt"
     ;;
   scale)
     ulimit -n "$(ulimit -Hn)"
