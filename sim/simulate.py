@@ -892,6 +892,9 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
             short = np.maximum((own_excess - step_excess).max(axis=1, keepdims=True), 0.0)
             step_sum_us = steps.sum_us + short
             peer_wait_us = peer_wait_us + (step_excess + short - own_excess)
+        # as the agent sends them: sums of whole nanoseconds, over 1e3 (collector/steps.py)
+        gpu_wait_us, peer_wait_us, step_sum_us = (np.rint(x * 1e3) / 1e3 for x in
+                                                  (gpu_wait_us, peer_wait_us, step_sum_us))
     sched = simulate_sched(cfg)
     runq = _ApiArrays.of(sched.runq_hist)
     win_ns = int(round(cfg.window_seconds * 1e9))
