@@ -59,6 +59,9 @@ class Hists:
     counts_t: np.ndarray
     first: int
     totals: np.ndarray | None = None
+    #: (K,) each bucket's calls over all G GPUs, once :meth:`bucket_totals` or a quantile read
+    #: asked for them (:meth:`quantile_reads`' ``bucket_totals``)
+    bucket_sums: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -74,20 +77,50 @@ class Hists:
         columns, where the K Python-level adds would cost more than the sums)."""
         return self._cumulative_below()[1:]
 
-    def _cumulative_below(self) -> np.ndarray:
+    def bucket_totals(self) -> np.ndarray:
+        """(K,) each bucket's calls summed over the G GPUs (the pooled histogram): exact, the
+        counts being whole numbers, whichever order adds them."""
+        if self.bucket_sums is None:
+            self.bucket_sums = self.counts_t @ np.ones(self.size)
+        return self.bucket_sums
+
+    def _cumulative_below(self, scratch: np.ndarray | None = None,
+                          bucket_totals: bool = False) -> np.ndarray:
         """(K + 1, G): row 0 zeros, row k + 1 the cumulative counts through bucket k. Why the
         zero row: the calls below bucket k are row k for every k, bucket 0 included, so a
-        quantile reads them with one gather instead of a gather, a clamp and a select."""
+        quantile reads them with one gather instead of a gather, a clamp and a select.
+        ``scratch``: a float64 buffer of at least (K + 1) x G values to write it into (a
+        fresh matrix of 131,072 GPUs pays ~5,000 page faults). ``bucket_totals``: also sum
+        each bucket over the GPUs (:meth:`bucket_totals`) while its row is in cache, instead
+        of another pass over the matrix."""
         k, g = self.counts_t.shape
-        out = np.empty((k + 1, g), dtype=self.counts_t.dtype)
+        if scratch is not None and scratch.size >= (k + 1) * g \
+                and self.counts_t.dtype == np.float64:
+            out = scratch[:(k + 1) * g].reshape(k + 1, g)
+        else:
+            out = np.empty((k + 1, g), dtype=self.counts_t.dtype)
         out[0] = 0
+        sums = None
+        if bucket_totals and self.bucket_sums is None and g > 64:
+            sums = self.bucket_sums = np.empty(k)
         if g <= 64:
             np.cumsum(self.counts_t, axis=0, out=out[1:])
             return out
+        rows = self.counts_t
         if k:
-            out[1] = self.counts_t[0]
+            out[1] = rows[0]
+        add = np.add
+        if sums is None:
+            for b in range(1, k):
+                add(out[b], rows[b], out=out[b + 1])
+            return out
+        ones = np.ones(g)
+        if k:
+            sums[0] = rows[0] @ ones
         for b in range(1, k):
-            np.add(out[b], self.counts_t[b], out=out[b + 1])
+            row = rows[b]
+            add(out[b], row, out=out[b + 1])
+            sums[b] = row @ ones
         return out
 
     def quantiles_us(self, qs: list[float]) -> np.ndarray:
@@ -105,7 +138,17 @@ class Hists:
         a quantile's sampling error needs the bucket that holds its value, which is this one
         or, at a bucket's edge, its neighbour (:func:`~hypertrace.analyzer.scoring.
         sampling_se_us` checks); searching all edges again costs more than the check."""
-        below_rows = self._cumulative_below()
+        reads = self.quantile_reads(qs)
+        return reads.values_us, reads.buckets
+
+    def quantile_reads(self, qs: list[float], scratch: np.ndarray | None = None,
+                       bucket_totals: bool = False) -> "QuantileReads":
+        """:meth:`quantiles_and_buckets` with the calls in each bucket read from: what a
+        quantile's sampling error needs besides the bucket (:func:`~hypertrace.analyzer.
+        scoring.sampling_se_us`), a by-product of the read. ``scratch`` and
+        ``bucket_totals``: see :meth:`_cumulative_below` (the cumulative counts live only
+        during this call)."""
+        below_rows = self._cumulative_below(scratch, bucket_totals)
         cum = below_rows[1:]
         k, g = cum.shape
         total = cum[-1]
@@ -114,6 +157,7 @@ class Hists:
         cols = np.arange(g)
         out = np.empty((len(qs), g))                 # filled per quantile; returned as (G, Q)
         held = np.empty((len(qs), g), dtype=np.int64)
+        held_calls = np.empty((len(qs), g), dtype=cum.dtype)
         frac = np.empty(g)
         for j, q in enumerate(qs):                   # a handful of quantiles
             t = total * q
@@ -122,8 +166,9 @@ class Hists:
             at = idx * g
             at += cols                               # cum[idx, cols], as a flat take
             below = flat_below.take(at)
-            inside = flat.take(at)
-            inside -= below
+            inside = held_calls[j]
+            flat.take(at, out=inside)
+            inside -= below                          # the bucket's own calls, exactly
             frac.fill(0.5)                           # an empty bucket: its middle
             np.divide(t - below, inside, out=frac, where=inside > 0)
             np.clip(frac, 0.0, 1.0, out=frac)
@@ -132,7 +177,7 @@ class Hists:
             out[j] += buckets.LOWER_NS.take(b)
         out /= 1000.0
         out[:, total <= 0] = np.nan
-        return out.T, held
+        return QuantileReads(out.T, held, held_calls)
 
     def excess_above_us(self, base_us: np.ndarray, factor: float) -> np.ndarray:
         """(G,) mean excess per sample (µs) over ``base_us`` (G,) of the samples in buckets that
@@ -159,6 +204,15 @@ class Hists:
     def select(self, sel: np.ndarray) -> "Hists":
         return Hists(self.counts_t[:, sel], self.first,
                      None if self.totals is None else self.totals[sel])
+
+
+@dataclass
+class QuantileReads:
+    """Quantiles of G GPUs as :meth:`Hists.quantile_reads` read them."""
+
+    values_us: np.ndarray          # (G, Q) µs; NaN for GPUs with no samples
+    buckets: np.ndarray            # (Q, G) int64: the bucket each value was read from
+    calls: np.ndarray              # (Q, G): that bucket's calls (the counts' dtype)
 
 
 #: Each bucket's width (ns), as ``UPPER_NS - LOWER_NS`` gives it.
