@@ -244,8 +244,8 @@ def _first_reaching(flat: np.ndarray, k: int, g: int, cols: np.ndarray,
     buckets (at 16,384 GPUs: p50 in 2, p99 in 4 of 39), where counting the rows below the
     target over the bracket costs a handful of row comparisons instead of log2(K) rounds."""
     rows = flat.reshape(k, g)
-    sub = cols[::max(1, g // BRACKET_SAMPLE)]
-    hit = (rows[:, sub] < t[sub]).sum(axis=0)
+    step = max(1, g // BRACKET_SAMPLE)              # a strided view: no gathered copy
+    hit = (rows[:, ::step] < t[::step]).sum(axis=0)
     lo, hi = max(int(hit.min()) - 1, 0), min(int(hit.max()) + 1, k - 1)
     outside = np.zeros(g, dtype=bool)
     if lo > 0:                                       # the answer is >= lo: cum[lo - 1] < t
@@ -368,16 +368,20 @@ class _Flat:
         return rows, firsts, lens, vals, totals
 
     def hists(self, position: np.ndarray, n_local: int,
-              scratch: "_Scratch | None" = None) -> Hists:
+              scratch: "_Scratch | None" = None, deferred: bool = False) -> Hists:
         """Merge into bucket-major (K, n_local); ``position`` maps job rows to local
         indices. ``scratch``: buffers shared with the other histogram sets of one build.
-        No histogram with counts: a single empty bucket."""
-        out = self.hists_or_none(position, n_local, scratch)
+        No histogram with counts: a single empty bucket. ``deferred``: see
+        :meth:`hists_or_none`."""
+        out = self.hists_or_none(position, n_local, scratch, deferred)
         return Hists(np.zeros((1, n_local)), 0, np.zeros(n_local)) if out is None else out
 
     def hists_or_none(self, position: np.ndarray, n_local: int,
-                      scratch: "_Scratch | None" = None) -> Hists | None:
-        """:meth:`hists`, or None when no histogram added holds a count."""
+                      scratch: "_Scratch | None" = None, deferred: bool = False
+                      ) -> Hists | None:
+        """:meth:`hists`, or None when no histogram added holds a count. ``deferred``: decode
+        now (the totals are known at once) but scatter the matrix on its first use
+        (:class:`_DeferredHists`)."""
         if not self.rows:
             return None
         rows, firsts, lens, vals, totals = self.raw()
@@ -385,27 +389,69 @@ class _Flat:
             return None
         local = position[rows]
         lo = int(firsts.min())
-        width = int((firsts + lens).max()) - lo
-        starts = np.cumsum(lens) - lens
-        size = int(lens.sum())
-        # count j of histogram h (j counted over all histograms) goes to bucket
-        # (first[h] - lo + j - start[h]), GPU local[h]: flat index bucket * n_local + local[h] in
-        # the (K, n_local) matrix, i.e. j * n_local + ((first[h] - lo - start[h]) * n_local +
-        # local[h]). One repeat and one in-place add of the shared j * n_local: every fresh
-        # temporary of this size costs its page faults (~1 ms per 3 MB at 16,384 GPUs)
-        scratch = scratch if scratch is not None else _Scratch(n_local)
-        flat = np.repeat((firsts - lo - starts) * n_local + local, lens)
-        flat += scratch.stride(size)
-        counts = scratch.floats(vals)
-        if lens.size == n_local and _one_each(local, n_local):
-            dense = np.zeros(width * n_local)        # one histogram per GPU: plain scatter
-            dense[flat] = counts
+        one_each = lens.size == n_local and _one_each(local, n_local)
+        if one_each:                                 # one histogram per GPU
             per_gpu = np.empty(n_local)
             per_gpu[local] = totals
-        else:                                        # merge several windows/processes per GPU
-            dense = np.bincount(flat, weights=counts, minlength=width * n_local)
+        else:                                        # several windows/processes per GPU
             per_gpu = np.bincount(local, weights=totals, minlength=n_local)
-        return Hists(dense.reshape(width, n_local), lo, per_gpu)
+        scratch = scratch if scratch is not None else _Scratch(n_local)
+
+        def matrix() -> np.ndarray:
+            return _scatter(local, firsts, lens, vals, lo, n_local, one_each, scratch)
+
+        if deferred:
+            return _DeferredHists(lo, per_gpu, n_local, matrix)
+        return Hists(matrix(), lo, per_gpu)
+
+
+def _scatter(local: np.ndarray, firsts: np.ndarray, lens: np.ndarray, vals: np.ndarray,
+             lo: int, n_local: int, one_each: bool, scratch: "_Scratch") -> np.ndarray:
+    """The bucket-major (K, n_local) matrix of decoded histograms (:meth:`_Flat.raw`) whose
+    GPUs are ``local``, buckets from ``lo`` on; ``one_each``: every GPU holds exactly one."""
+    width = int((firsts + lens).max()) - lo
+    starts = np.cumsum(lens) - lens
+    size = int(lens.sum())
+    # count j of histogram h (j counted over all histograms) goes to bucket
+    # (first[h] - lo + j - start[h]), GPU local[h]: flat index bucket * n_local + local[h] in
+    # the (K, n_local) matrix, i.e. j * n_local + ((first[h] - lo - start[h]) * n_local +
+    # local[h]). One repeat and one in-place add of the shared j * n_local: every fresh
+    # temporary of this size costs its page faults (~1 ms per 3 MB at 16,384 GPUs)
+    flat = np.repeat((firsts - lo - starts) * n_local + local, lens)
+    flat += scratch.stride(size)
+    counts = scratch.floats(vals)
+    if one_each:
+        dense = np.zeros(width * n_local)            # plain scatter
+        dense[flat] = counts
+    else:                                            # merge several histograms per GPU
+        dense = np.bincount(flat, weights=counts, minlength=width * n_local)
+    return dense.reshape(width, n_local)
+
+
+class _DeferredHists(Hists):
+    """:class:`Hists` whose matrix is scattered when first read. Why: an epoch's API matrices
+    (5 MB each at 16,384 GPUs) built all at once are out of the cache by the time each is
+    scored; scattered just before its quantiles are read, each is read back warm. Its totals
+    and first bucket are known from the start (scoring reads every API's totals first)."""
+
+    def __init__(self, first: int, totals: np.ndarray, n: int, make):
+        self.first = first
+        self.totals = totals
+        self.bucket_sums = None
+        self._n = n
+        self._make = make
+        self._counts: np.ndarray | None = None
+
+    @property
+    def counts_t(self) -> np.ndarray:          # type: ignore[override]
+        if self._counts is None:
+            self._counts = self._make()
+            self._make = None                  # the decoded counts are freed
+        return self._counts
+
+    @property
+    def size(self) -> int:
+        return self._n
 
 
 class _Scratch:
@@ -550,7 +596,7 @@ class EpochAccumulator:
         n = rows.size
 
         scratch = _Scratch(n)
-        apis = {api: flat.hists(position, n, scratch)
+        apis = {api: flat.hists(position, n, scratch, deferred=True)
                 for api, flat in sorted(self._apis.items())}
         steps = self._steps.hists_or_none(position, n, scratch)
         return CrossSection(self.job_id, self.epoch, rows, apis, steps, self.windows,

@@ -471,16 +471,19 @@ def score_hosts(values_us: np.ndarray, scored: np.ndarray, layout: HostLayout,
     # score_values gates rows on a sample count: give hosts with enough scored GPUs exactly the
     # minimum, the others none (their GPUs already passed min_samples one by one)
     count = np.where(n >= cfg.host_min_gpus, cfg.min_samples, 0)
-    spiking = None
-    if "p99" in stats:
-        p99 = med[:, stats.index("p99")]
-        usable = (count > 0) & np.isfinite(p99)
-        if usable.any():
-            typical = np.median(p99[usable])
-            spiking = usable & (p99 > (1.0 + cfg.spike_threshold) * typical)
     usable = count > 0
     job_median = (np.median(med[usable], axis=0) if usable.any()
                   else np.full(len(stats), np.nan))
+    spiking = None
+    if "p99" in stats:
+        j = stats.index("p99")
+        p99 = med[:, j]
+        finite = usable & np.isfinite(p99)
+        if finite.any():
+            # the hosts' typical p99: the job median's own when every usable host has one
+            typical = (job_median[j] if np.isfinite(job_median[j])
+                       else np.median(p99[finite]))
+            spiking = finite & (p99 > (1.0 + cfg.spike_threshold) * typical)
     allowance = host_allowance(values_us, scored, layout, job_median, cfg, (med, n))
     fence = int((count > 0).sum()) >= HOST_FENCE_MIN
     return (score_values(med, count, cfg, stats, None, allowance, spiking, fence=fence),
