@@ -60,7 +60,7 @@ class Hists:
     first: int
     totals: np.ndarray | None = None
     #: (K,) each bucket's calls over all G GPUs, once :meth:`bucket_totals` or a quantile read
-    #: asked for them (:meth:`quantile_reads`' ``bucket_totals``)
+    #: asked for them (the ``bucket_totals`` of :meth:`quantiles_and_buckets`)
     bucket_sums: np.ndarray | None = None
 
     @property
@@ -133,21 +133,14 @@ class Hists:
         """
         return self.quantiles_and_buckets(qs)[0]
 
-    def quantiles_and_buckets(self, qs: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    def quantiles_and_buckets(self, qs: list[float], scratch: np.ndarray | None = None,
+                              bucket_totals: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(:meth:`quantiles_us`, (len(qs), G) the bucket each was read from). Why the buckets:
         a quantile's sampling error needs the bucket that holds its value, which is this one
         or, at a bucket's edge, its neighbour (:func:`~hypertrace.analyzer.scoring.
-        sampling_se_us` checks); searching all edges again costs more than the check."""
-        reads = self.quantile_reads(qs)
-        return reads.values_us, reads.buckets
-
-    def quantile_reads(self, qs: list[float], scratch: np.ndarray | None = None,
-                       bucket_totals: bool = False) -> "QuantileReads":
-        """:meth:`quantiles_and_buckets` with the calls in each bucket read from: what a
-        quantile's sampling error needs besides the bucket (:func:`~hypertrace.analyzer.
-        scoring.sampling_se_us`), a by-product of the read. ``scratch`` and
-        ``bucket_totals``: see :meth:`_cumulative_below` (the cumulative counts live only
-        during this call)."""
+        sampling_se_us` checks); searching all edges again costs more than the check.
+        ``scratch`` and ``bucket_totals``: see :meth:`_cumulative_below` (the cumulative
+        counts live only during this call)."""
         below_rows = self._cumulative_below(scratch, bucket_totals)
         cum = below_rows[1:]
         k, g = cum.shape
@@ -157,7 +150,6 @@ class Hists:
         cols = np.arange(g)
         out = np.empty((len(qs), g))                 # filled per quantile; returned as (G, Q)
         held = np.empty((len(qs), g), dtype=np.int64)
-        held_calls = np.empty((len(qs), g), dtype=cum.dtype)
         frac = np.empty(g)
         for j, q in enumerate(qs):                   # a handful of quantiles
             t = total * q
@@ -166,9 +158,8 @@ class Hists:
             at = idx * g
             at += cols                               # cum[idx, cols], as a flat take
             below = flat_below.take(at)
-            inside = held_calls[j]
-            flat.take(at, out=inside)
-            inside -= below                          # the bucket's own calls, exactly
+            inside = flat.take(at)
+            inside -= below
             frac.fill(0.5)                           # an empty bucket: its middle
             np.divide(t - below, inside, out=frac, where=inside > 0)
             np.clip(frac, 0.0, 1.0, out=frac)
@@ -177,7 +168,7 @@ class Hists:
             out[j] += buckets.LOWER_NS.take(b)
         out /= 1000.0
         out[:, total <= 0] = np.nan
-        return QuantileReads(out.T, held, held_calls)
+        return out.T, held
 
     def excess_above_us(self, base_us: np.ndarray, factor: float) -> np.ndarray:
         """(G,) mean excess per sample (µs) over ``base_us`` (G,) of the samples in buckets that
@@ -204,15 +195,6 @@ class Hists:
     def select(self, sel: np.ndarray) -> "Hists":
         return Hists(self.counts_t[:, sel], self.first,
                      None if self.totals is None else self.totals[sel])
-
-
-@dataclass
-class QuantileReads:
-    """Quantiles of G GPUs as :meth:`Hists.quantile_reads` read them."""
-
-    values_us: np.ndarray          # (G, Q) µs; NaN for GPUs with no samples
-    buckets: np.ndarray            # (Q, G) int64: the bucket each value was read from
-    calls: np.ndarray              # (Q, G): that bucket's calls (the counts' dtype)
 
 
 #: Each bucket's width (ns), as ``UPPER_NS - LOWER_NS`` gives it.
@@ -368,20 +350,16 @@ class _Flat:
         return rows, firsts, lens, vals, totals
 
     def hists(self, position: np.ndarray, n_local: int,
-              scratch: "_Scratch | None" = None, deferred: bool = False) -> Hists:
+              scratch: "_Scratch | None" = None) -> Hists:
         """Merge into bucket-major (K, n_local); ``position`` maps job rows to local
         indices. ``scratch``: buffers shared with the other histogram sets of one build.
-        No histogram with counts: a single empty bucket. ``deferred``: see
-        :meth:`hists_or_none`."""
-        out = self.hists_or_none(position, n_local, scratch, deferred)
+        No histogram with counts: a single empty bucket."""
+        out = self.hists_or_none(position, n_local, scratch)
         return Hists(np.zeros((1, n_local)), 0, np.zeros(n_local)) if out is None else out
 
     def hists_or_none(self, position: np.ndarray, n_local: int,
-                      scratch: "_Scratch | None" = None, deferred: bool = False
-                      ) -> Hists | None:
-        """:meth:`hists`, or None when no histogram added holds a count. ``deferred``: decode
-        now (the totals are known at once) but scatter the matrix on its first use
-        (:class:`_DeferredHists`)."""
+                      scratch: "_Scratch | None" = None) -> Hists | None:
+        """:meth:`hists`, or None when no histogram added holds a count."""
         if not self.rows:
             return None
         rows, firsts, lens, vals, totals = self.raw()
@@ -389,69 +367,27 @@ class _Flat:
             return None
         local = position[rows]
         lo = int(firsts.min())
-        one_each = lens.size == n_local and _one_each(local, n_local)
-        if one_each:                                 # one histogram per GPU
+        width = int((firsts + lens).max()) - lo
+        starts = np.cumsum(lens) - lens
+        size = int(lens.sum())
+        # count j of histogram h (j counted over all histograms) goes to bucket
+        # (first[h] - lo + j - start[h]), GPU local[h]: flat index bucket * n_local + local[h] in
+        # the (K, n_local) matrix, i.e. j * n_local + ((first[h] - lo - start[h]) * n_local +
+        # local[h]). One repeat and one in-place add of the shared j * n_local: every fresh
+        # temporary of this size costs its page faults (~1 ms per 3 MB at 16,384 GPUs)
+        scratch = scratch if scratch is not None else _Scratch(n_local)
+        flat = np.repeat((firsts - lo - starts) * n_local + local, lens)
+        flat += scratch.stride(size)
+        counts = scratch.floats(vals)
+        if lens.size == n_local and _one_each(local, n_local):
+            dense = np.zeros(width * n_local)        # one histogram per GPU: plain scatter
+            dense[flat] = counts
             per_gpu = np.empty(n_local)
             per_gpu[local] = totals
-        else:                                        # several windows/processes per GPU
+        else:                                        # merge several windows/processes per GPU
+            dense = np.bincount(flat, weights=counts, minlength=width * n_local)
             per_gpu = np.bincount(local, weights=totals, minlength=n_local)
-        scratch = scratch if scratch is not None else _Scratch(n_local)
-
-        def matrix() -> np.ndarray:
-            return _scatter(local, firsts, lens, vals, lo, n_local, one_each, scratch)
-
-        if deferred:
-            return _DeferredHists(lo, per_gpu, n_local, matrix)
-        return Hists(matrix(), lo, per_gpu)
-
-
-def _scatter(local: np.ndarray, firsts: np.ndarray, lens: np.ndarray, vals: np.ndarray,
-             lo: int, n_local: int, one_each: bool, scratch: "_Scratch") -> np.ndarray:
-    """The bucket-major (K, n_local) matrix of decoded histograms (:meth:`_Flat.raw`) whose
-    GPUs are ``local``, buckets from ``lo`` on; ``one_each``: every GPU holds exactly one."""
-    width = int((firsts + lens).max()) - lo
-    starts = np.cumsum(lens) - lens
-    size = int(lens.sum())
-    # count j of histogram h (j counted over all histograms) goes to bucket
-    # (first[h] - lo + j - start[h]), GPU local[h]: flat index bucket * n_local + local[h] in
-    # the (K, n_local) matrix, i.e. j * n_local + ((first[h] - lo - start[h]) * n_local +
-    # local[h]). One repeat and one in-place add of the shared j * n_local: every fresh
-    # temporary of this size costs its page faults (~1 ms per 3 MB at 16,384 GPUs)
-    flat = np.repeat((firsts - lo - starts) * n_local + local, lens)
-    flat += scratch.stride(size)
-    counts = scratch.floats(vals)
-    if one_each:
-        dense = np.zeros(width * n_local)            # plain scatter
-        dense[flat] = counts
-    else:                                            # merge several histograms per GPU
-        dense = np.bincount(flat, weights=counts, minlength=width * n_local)
-    return dense.reshape(width, n_local)
-
-
-class _DeferredHists(Hists):
-    """:class:`Hists` whose matrix is scattered when first read. Why: an epoch's API matrices
-    (5 MB each at 16,384 GPUs) built all at once are out of the cache by the time each is
-    scored; scattered just before its quantiles are read, each is read back warm. Its totals
-    and first bucket are known from the start (scoring reads every API's totals first)."""
-
-    def __init__(self, first: int, totals: np.ndarray, n: int, make):
-        self.first = first
-        self.totals = totals
-        self.bucket_sums = None
-        self._n = n
-        self._make = make
-        self._counts: np.ndarray | None = None
-
-    @property
-    def counts_t(self) -> np.ndarray:          # type: ignore[override]
-        if self._counts is None:
-            self._counts = self._make()
-            self._make = None                  # the decoded counts are freed
-        return self._counts
-
-    @property
-    def size(self) -> int:
-        return self._n
+        return Hists(dense.reshape(width, n_local), lo, per_gpu)
 
 
 class _Scratch:
@@ -596,7 +532,7 @@ class EpochAccumulator:
         n = rows.size
 
         scratch = _Scratch(n)
-        apis = {api: flat.hists(position, n, scratch, deferred=True)
+        apis = {api: flat.hists(position, n, scratch)
                 for api, flat in sorted(self._apis.items())}
         steps = self._steps.hists_or_none(position, n, scratch)
         return CrossSection(self.job_id, self.epoch, rows, apis, steps, self.windows,

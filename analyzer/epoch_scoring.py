@@ -124,11 +124,12 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
             continue
         # the pooled histogram the shift check may read is summed while the cumulative pass
         # has each bucket in cache (sync APIs are never shift-checked)
-        reads = hists.quantile_reads([KNOWN_STATS[x] for x in cfg.stats], scratch.get(hists),
-                                     bucket_totals=kind != "sync" and len(groups) == 1)
-        q = quantiles[api] = reads.values_us
+        q, near = hists.quantiles_and_buckets([KNOWN_STATS[x] for x in cfg.stats],
+                                              scratch.get(hists),
+                                              bucket_totals=kind != "sync" and len(groups) == 1)
+        quantiles[api] = q
         cnt = hists.total()
-        se = sampling_se_us(hists, q, cfg.stats, reads.buckets, reads.calls)
+        se = sampling_se_us(hists, q, cfg.stats, near)
         # the flags as (S, G): per stat, G contiguous GPUs (StatScores' arrays are transposed
         # views of that layout), so no operation runs over a short last axis
         gpu_high, gpu_low, host_high, host_low = (np.zeros((s, g), dtype=bool)
@@ -206,7 +207,7 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
 
 class _CumulativeScratch:
     """One buffer for the cumulative counts of every API of an epoch
-    (:meth:`Hists.quantile_reads`): each API's lives only while its quantiles are read, and a
+    (:meth:`Hists.quantiles_and_buckets`): each API's lives only while its quantiles are read, and a
     fresh (K + 1, G) matrix per API pays its page faults (at 131,072 GPUs ~5,000 of them, a
     third of the pass)."""
 

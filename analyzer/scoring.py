@@ -107,25 +107,23 @@ _HOLD_FROM = np.concatenate(([-np.inf], buckets.LOWER_NS[1:]))
 _HOLD_UNTIL = np.concatenate((buckets.LOWER_NS[1:], [np.inf]))
 
 
-def _bucket_holding(x_ns: np.ndarray, near: np.ndarray | None
-                    ) -> tuple[np.ndarray, np.ndarray | None]:
-    """(the bucket of each value (ns), where it is not ``near``): the bucket is
-    ``searchsorted(LOWER_NS, x, "right") - 1`` clipped to the scheme. ``near``: a guess per
-    value (the bucket a quantile was read from), taken where the value lies inside it; only
-    the other values are searched for (at a bucket's upper edge a quantile's value belongs to
-    the next bucket). Why: a search over all 226 edges costs several times the check. Without
-    ``near`` the second item is None (every value searched)."""
+def _bucket_holding(x_ns: np.ndarray, near: np.ndarray | None) -> np.ndarray:
+    """The bucket of each value (ns): ``searchsorted(LOWER_NS, x, "right") - 1`` clipped to the
+    scheme. ``near``: a guess per value (the bucket a quantile was read from), taken where the
+    value lies inside it; only the other values are searched for (at a bucket's upper edge a
+    quantile's value belongs to the next bucket). Why: a search over all 226 edges costs
+    several times the check."""
     def search(x: np.ndarray) -> np.ndarray:
         return np.clip(np.searchsorted(buckets.LOWER_NS, x, side="right") - 1, 0,
                        buckets.NUM_BUCKETS - 1)
 
     if near is None:
-        return search(x_ns), None
+        return search(x_ns)
     b = np.clip(near, 0, buckets.NUM_BUCKETS - 1)
     miss = ~((_HOLD_FROM.take(b) <= x_ns) & (x_ns < _HOLD_UNTIL.take(b)))
     if miss.any():
         b[miss] = search(x_ns[miss])
-    return b, miss
+    return b
 
 
 #: Each bucket's width (µs).
@@ -133,33 +131,22 @@ _WIDTH_US = (buckets.UPPER_NS - buckets.LOWER_NS) / 1e3
 
 
 def sampling_se_us(hists: Hists, values_us: np.ndarray, stats: tuple[str, ...],
-                   near: np.ndarray | None = None,
-                   near_calls: np.ndarray | None = None) -> np.ndarray:
+                   near: np.ndarray | None = None) -> np.ndarray:
     """Standard error (µs) of each quantile in ``values_us`` (G, S), read off the GPUs'
     histograms (see the module docstring). NaN values give NaN. ``near`` (S, G): the buckets
     the values were read from (:meth:`Hists.quantiles_and_buckets`), a guess that saves the
-    search for the bucket holding each value; ``near_calls`` (S, G): those buckets' calls
-    (:class:`~hypertrace.analyzer.cross_section.QuantileReads`), which saves reading them
-    again from the histograms wherever the value lies in its guessed bucket."""
+    search for the bucket holding each value."""
     v = np.ascontiguousarray(np.asarray(values_us, dtype=np.float64).T)     # (S, G)
     finite = np.isfinite(v)
-    all_finite = bool(finite.all())
-    b, miss = _bucket_holding(v * 1e3 if all_finite else np.where(finite, v * 1e3, 0.0), near)
+    b = _bucket_holding(np.where(finite, v * 1e3, 0.0), near)
     k, g = hists.counts_t.shape
-    if near_calls is not None and miss is not None:
-        in_bucket = np.array(near_calls, dtype=hists.counts_t.dtype)
-        if miss.any():
-            si, gi = np.nonzero(miss)
-            col = np.clip(b[si, gi] - hists.first, 0, k - 1)
-            in_bucket[si, gi] = hists.counts_t[col, gi]
-    else:
-        col = np.clip(b - hists.first, 0, k - 1)
-        in_bucket = hists.counts_t.ravel().take(col * g + np.arange(g))
+    col = np.clip(b - hists.first, 0, k - 1)
+    in_bucket = hists.counts_t.ravel().take(col * g + np.arange(g))
     width_us = _WIDTH_US.take(b)
     q = np.asarray([KNOWN_STATS[s] for s in stats])[:, None]
     n = hists.total()
     se = np.sqrt(q * (1.0 - q) * n) * width_us / np.maximum(in_bucket, 1.0)
-    return (se if all_finite else np.where(finite, se, np.nan)).T   # (G, S), a view of (S, G)
+    return np.where(finite, se, np.nan).T     # (G, S), a view of the (S, G) result
 
 
 def _finite_rows(values: np.ndarray) -> np.ndarray:
