@@ -290,6 +290,18 @@ def sorted_median(x: np.ndarray) -> np.ndarray:
     return (x[:, n // 2 - 1] + x[:, n // 2]) / 2.0
 
 
+def _scale(mad: np.ndarray, se_us: np.ndarray) -> np.ndarray:
+    """(S, G) each value's scale: ``max(MAD, 0.6745 x SE)`` with a NaN SE read as 0, for
+    the (S,) ``mad`` (> 0) and the (G, S) ``se_us``. ``fmax`` passes over a NaN where
+    ``nan_to_num`` would copy the array to replace it; only an infinite SE, which
+    ``nan_to_num`` makes the largest float, needs that copy."""
+    scaled = 0.6745 * se_us.T
+    out = np.fmax(mad[:, None], scaled, out=scaled)
+    if np.isinf(out).any():
+        out = np.maximum(mad[:, None], 0.6745 * np.nan_to_num(se_us.T))
+    return out
+
+
 def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
                  stats: tuple[str, ...], se_us: np.ndarray | None = None,
                  allowance: np.ndarray | None = None,
@@ -329,8 +341,7 @@ def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
     iqr = q3 - q1
     v = np.where(ok, vt, np.nan)
     med_c = med[:, None]
-    scale = (mad_eff[:, None] if se_us is None
-             else np.maximum(mad_eff[:, None], 0.6745 * np.nan_to_num(se_us.T)))
+    scale = mad_eff[:, None] if se_us is None else _scale(mad_eff, se_us)
     with np.errstate(invalid="ignore", divide="ignore"):
         z = 0.6745 * (v - med_c) / scale
         ratio = v / np.where(med > 0, med, np.nan)[:, None]
@@ -447,16 +458,19 @@ def score_hosts(values_us: np.ndarray, scored: np.ndarray, layout: HostLayout,
     # score_values gates rows on a sample count: give hosts with enough scored GPUs exactly the
     # minimum, the others none (their GPUs already passed min_samples one by one)
     count = np.where(n >= cfg.host_min_gpus, cfg.min_samples, 0)
-    spiking = None
-    if "p99" in stats:
-        p99 = med[:, stats.index("p99")]
-        usable = (count > 0) & np.isfinite(p99)
-        if usable.any():
-            typical = np.median(p99[usable])
-            spiking = usable & (p99 > (1.0 + cfg.spike_threshold) * typical)
     usable = count > 0
     job_median = (np.median(med[usable], axis=0) if usable.any()
                   else np.full(len(stats), np.nan))
+    spiking = None
+    if "p99" in stats:
+        j = stats.index("p99")
+        p99 = med[:, j]
+        finite = usable & np.isfinite(p99)
+        if finite.any():
+            # the hosts' typical p99: the job median's own when every usable host has one
+            typical = (job_median[j] if np.isfinite(job_median[j])
+                       else np.median(p99[finite]))
+            spiking = finite & (p99 > (1.0 + cfg.spike_threshold) * typical)
     allowance = host_allowance(values_us, scored, layout, job_median, cfg, (med, n))
     fence = int((count > 0).sum()) >= HOST_FENCE_MIN
     return (score_values(med, count, cfg, stats, None, allowance, spiking, fence=fence),

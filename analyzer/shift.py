@@ -68,8 +68,8 @@ class PeerDeciles:
 def pooled_deciles(hists: Hists, peers: np.ndarray | None = None) -> PeerDeciles:
     """The deciles of the pooled histogram of the ``peers`` columns (None: all of them, without
     copying the matrix), read below ``SPIKE_CUT`` x its median."""
-    if peers is None:                   # a matrix-vector product: exact on whole counts
-        pooled = Hists((hists.counts_t @ np.ones(hists.size))[:, None], hists.first)
+    if peers is None:                   # each bucket summed over the GPUs: exact on whole counts
+        pooled = Hists(hists.bucket_totals()[:, None], hists.first)
     else:
         pooled = Hists(hists.counts_t[:, peers].sum(axis=1, keepdims=True), hists.first)
     q = pooled.quantiles_us([0.5, *DECILES])[0]

@@ -466,3 +466,29 @@ def test_a_job_whose_last_host_has_fewer_gpus_is_scored():
     results = engine.flush(None)
     assert [r.epoch for r in results] == sorted({r.epoch for r in results}) and len(results) == 3
     assert all(len(r.verdicts) == 20 for r in results)  # 8 + 8 + 4 GPUs, each with a verdict
+
+
+def test_quantiles_into_scratch_with_bucket_totals_equal_the_plain_read():
+    """A quantile read into a reused buffer, summing each bucket on the way, gives the plain
+    read's quantiles and buckets, and the pooled histogram of a matrix-vector product."""
+    rng = np.random.default_rng(7)
+    counts = rng.integers(0, 50, size=(30, 3000)).astype(np.float64)
+    counts[:, 5] = 0                                  # a GPU without samples
+    scratch = np.full(40 * 3000, np.nan)              # stale values must not leak in
+    plain = Hists(counts, 60).quantiles_and_buckets([0.5, 0.99])
+    h = Hists(counts, 60)
+    read = h.quantiles_and_buckets([0.5, 0.99], scratch, bucket_totals=True)
+    assert np.array_equal(plain[0], read[0], equal_nan=True)
+    assert np.array_equal(plain[1], read[1])
+    assert np.array_equal(h.bucket_sums, counts @ np.ones(counts.shape[1]))
+
+
+def test_scale_reads_a_missing_sampling_error_as_zero():
+    """The z scale is max(MAD, 0.6745 x SE) with NaN SE as 0 and an infinite SE as the
+    largest float, as ``np.nan_to_num`` has it."""
+    from hypertrace.analyzer.scoring import _scale
+    mad = np.array([0.5, 2.0])
+    for extra in (np.nan, np.inf):
+        se = np.array([[0.1, 4.0], [np.nan, 1.0], [3.0, extra]])
+        want = np.maximum(mad[:, None], 0.6745 * np.nan_to_num(se.T))
+        assert np.array_equal(_scale(mad, se), want)
