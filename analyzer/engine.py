@@ -32,7 +32,6 @@ from __future__ import annotations
 import copy
 import time
 
-from hypertrace.analyzer.build_ahead import built_in_order
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.cross_section import EpochAccumulator
 from hypertrace.analyzer.epoch_scoring import EpochResult, ScoreRow, score_epoch
@@ -114,13 +113,11 @@ class Engine:
 
     # ---- scoring ---------------------------------------------------------------------------
 
-    def flush(self, now_ns: int | None = None, expire: bool = False,
-              build_ahead: int = 0) -> list[EpochResult]:
+    def flush(self, now_ns: int | None = None, expire: bool = False) -> list[EpochResult]:
         """Score complete epochs: every pending one when ``now_ns`` is None (offline), else those
         whose end + grace <= now_ns. Results come in (epoch, job) order; each epoch once.
         ``expire`` (the live server): then forget jobs, and retire GPUs, silent for
-        ``job_expiry_seconds`` before ``now_ns``. ``build_ahead``: threads building the next
-        epochs' cross-sections while one is scored (analyzer/build_ahead.py; same results)."""
+        ``job_expiry_seconds`` before ``now_ns``."""
         cfg = self.config
         ready: list[tuple[int, str]] = []
         for job_id, job in self._jobs.items():
@@ -128,12 +125,10 @@ class Engine:
                 if now_ns is None or (epoch + 1) * cfg.window_ns + cfg.grace_ns <= now_ns:
                     ready.append((epoch, job_id))
         results = []
-        ready.sort()
-        accs = [self._jobs[job_id].pending[epoch] for epoch, job_id in ready]
-        for (epoch, job_id), cs in zip(ready, built_in_order(accs, build_ahead)):
+        for epoch, job_id in sorted(ready):
             job = self._jobs[job_id]
-            del job.pending[epoch]
-            results.append(score_epoch(job, cs, self.config))
+            acc = job.pending.pop(epoch)
+            results.append(score_epoch(job, acc.build(), self.config))
         if expire and now_ns is not None and cfg.job_expiry_seconds > 0:
             self._expire(now_ns - int(cfg.job_expiry_seconds * 1e9))
         return results

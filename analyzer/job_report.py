@@ -3,8 +3,6 @@ workload imbalance, and the cluster prediction (spike probability, the what-if o
 stragglers: analyzer/theory.py)."""
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
-
 import numpy as np
 
 from hypertrace.analyzer import causes, theory
@@ -32,7 +30,6 @@ def job_report(job: JobState, cfg: ScoringConfig) -> pb.JobReport:
     if not job.index:
         return jr
     job.grow()
-    what_if = _WhatIf(job)           # its "now" is computed meanwhile, in a thread
     codes = job.persistence.verdicts()
     names = _VERDICTS[codes].tolist()
     step_based = job.step_total > 0
@@ -103,7 +100,7 @@ def job_report(job: JobState, cfg: ScoringConfig) -> pb.JobReport:
     node_reports.sort(key=lambda n: (_SEVERITY[n.verdict], -_worst_z(n), n.node))
     jr.nodes.extend(node_reports)
     jr.imbalance.extend(job.imbalance.persistent(cfg.persist_k))
-    jr.cluster.CopyFrom(_prediction(job, rates, node_reports, cfg, what_if))
+    jr.cluster.CopyFrom(_prediction(job, rates, node_reports, cfg))
     return jr
 
 
@@ -145,43 +142,8 @@ def _latency_cdfs(job: JobState, by_node: dict[str, list[int]],
     return out
 
 
-class _WhatIf:
-    """The what-if's inputs (each rank's histogram of the basis, in (node, gpu) order, and its
-    shift) and its "now", which does not depend on the verdicts: a thread computes it while the
-    report builds its GPU and node entries. Why: at 16,384 GPUs it is about a fifth of a report,
-    spent in numpy calls that release the GIL, beside entries built in Python. It is the same
-    function on the same rows, so the same value."""
-
-    def __init__(self, job: JobState):
-        # rows in (node, gpu) order, so float sums do not depend on the order windows arrived in
-        self.order = order = np.asarray(sorted(job.live_rows(), key=job.keys.__getitem__),
-                                        dtype=np.int64)
-        self.use_busy = use_busy = job.busy_counts is not None and bool(job.busy_counts.sum() > 0)
-        self.use_steps = use_busy or (job.step_counts is not None
-                                      and bool(job.step_counts.sum() > 0))
-        self.counts = counts = (job.busy_counts if use_busy else job.step_counts
-                                if self.use_steps else job.basis_counts)
-        self.basis = ("step.busy" if use_busy else "step_time" if self.use_steps
-                      else job.basis_api or "")
-        self.usable = bool(self.basis and counts.shape[1] and counts.sum() > 0)
-        self.rows = counts.T[order] if self.usable else None
-        self.shift = None
-        if self.usable and use_busy:   # a rank's own time to the step's end: busy plus waits
-            self.shift = np.where(job.steps_seen > 0, 1e3 * job.gpu_wait_us   # on its own GPU
-                                  / np.maximum(job.steps_seen, 1), 0.0)[order]
-        self._now: Future | None = None
-        if self.usable:
-            pool = ThreadPoolExecutor(1, thread_name_prefix="what-if-now")
-            self._now = pool.submit(theory.what_if_now, self.rows, self.shift)
-            pool.shutdown(wait=False)
-
-    def now(self) -> float:
-        assert self._now is not None
-        return self._now.result()
-
-
 def _prediction(job: JobState, rates: np.ndarray, node_reports: list[pb.NodeReport],
-                cfg: ScoringConfig, what_if: _WhatIf) -> pb.ClusterPrediction:
+                cfg: ScoringConfig) -> pb.ClusterPrediction:
     evicted = [n.node for n in node_reports if n.verdict == "straggler"]
     note = ""
     if evicted and len(evicted) >= len(node_reports):
@@ -189,17 +151,26 @@ def _prediction(job: JobState, rates: np.ndarray, node_reports: list[pb.NodeRepo
         note = (f"; no eviction predicted: evicting {', '.join(sorted(evicted))} would leave "
                 "no node of the job")
         evicted = []
-    order, counts, basis = what_if.order, what_if.counts, what_if.basis
-    use_busy, use_steps = what_if.use_busy, what_if.use_steps
+    # rows in (node, gpu) order, so float sums do not depend on the order windows arrived in
+    order = np.asarray(sorted(job.live_rows(), key=job.keys.__getitem__), dtype=np.int64)
     rates = rates[order]
+    use_busy = job.busy_counts is not None and bool(job.busy_counts.sum() > 0)
+    use_steps = use_busy or (job.step_counts is not None and bool(job.step_counts.sum() > 0))
+    counts = (job.busy_counts if use_busy else job.step_counts if use_steps
+              else job.basis_counts)
+    basis = ("step.busy" if use_busy else "step_time" if use_steps else job.basis_api or "")
     spike, spike_basis = _spike_probability(job, rates, cfg)
     pred = pb.ClusterPrediction(spike_probability=spike, spike_basis=spike_basis,
                                 evicted_nodes=evicted)
-    if what_if.usable:
+    if basis and counts.shape[1] and counts.sum() > 0:
         evict_set = set(evicted)
         evict = np.fromiter((job.keys[r][0] in evict_set for r in order), dtype=bool,
                             count=order.size)
-        now, after = theory.what_if(what_if.rows, evict, what_if.shift, what_if.now())
+        shift = None
+        if use_busy:   # a rank's own time to the step's end: busy plus waits on its own GPU
+            shift = np.where(job.steps_seen > 0, 1e3 * job.gpu_wait_us
+                             / np.maximum(job.steps_seen, 1), 0.0)[order]
+        now, after = theory.what_if(counts.T[order], evict, shift)
         pred.step_time_now_us = now
         pred.step_time_after_eviction_us = after
         pred.predicted_gain = now / after - 1.0 if after > 0 else 0.0

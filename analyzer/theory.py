@@ -171,34 +171,20 @@ def monte_carlo_max_us(counts: np.ndarray, multiplicity: np.ndarray | int, trial
     return float(best.mean() / 1e3)
 
 
-def _rows(counts: np.ndarray, shift_ns: np.ndarray | None
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(counts as float64 rows, shifts, rows with samples) as the what-if reads them."""
-    c = np.atleast_2d(np.asarray(counts, dtype=np.float64))
-    sh = np.zeros(c.shape[0]) if shift_ns is None else np.asarray(shift_ns, dtype=np.float64)
-    return c, sh, c.sum(axis=1) > 0
-
-
-def what_if_now(counts: np.ndarray, shift_ns: np.ndarray | None = None) -> float:
-    """The "now" of :func:`what_if` (it does not depend on who is evicted), in µs: a report
-    computes it beside its other parts (analyzer/job_report.py)."""
-    c, sh, has = _rows(counts, shift_ns)
-    return expected_max_us(c if has.all() else c[has], None, sh[has])
-
-
 def what_if(counts: np.ndarray, evict: np.ndarray,
-            shift_ns: np.ndarray | None = None, now: float | None = None) -> tuple[float, float]:
+            shift_ns: np.ndarray | None = None) -> tuple[float, float]:
     """E[max] now and after evicting rows ``evict`` (bool), in µs.
 
     Evicted ranks are replaced by spares that behave like the pooled remaining ranks (the job keeps
     its size, as after a real eviction), so the gain measures removing the slow ranks, not shrinking
     the job. ``shift_ns`` (R,) moves each row (see :func:`expected_max_us`); the spares get the
-    remaining ranks' mean shift. ``now``: :func:`what_if_now` of the same rows, when computed.
+    remaining ranks' mean shift.
     """
-    c, sh, has = _rows(counts, shift_ns)
+    c = np.atleast_2d(np.asarray(counts, dtype=np.float64))
+    sh = np.zeros(c.shape[0]) if shift_ns is None else np.asarray(shift_ns, dtype=np.float64)
     evict = np.asarray(evict, dtype=bool)
-    if now is None:
-        now = what_if_now(c, sh)
+    has = c.sum(axis=1) > 0
+    now = expected_max_us(c if has.all() else c[has], None, sh[has])
     gone = evict & has
     if not gone.any():
         return now, now

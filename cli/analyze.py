@@ -32,12 +32,6 @@ FLAG_SETTINGS = (
 )
 
 
-#: Threads building epochs' cross-sections ahead of their scoring (analyzer/build_ahead.py):
-#: two keep the scoring fed at 16,384 GPUs (a build takes about twice an epoch's scoring), and
-#: each holds one more cross-section in memory.
-BUILD_AHEAD = 2
-
-
 def add_scoring_flags(p: argparse.ArgumentParser) -> None:
     """Add --config and the common scoring flags (shared with other commands that score)."""
     p.add_argument("--config", metavar="TOML",
@@ -73,8 +67,7 @@ def register(subparsers) -> None:
     p.add_argument("--job", default=None, help="report only this job id")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="processes validating a large binary (.pb) file's windows ahead of "
-                        "the reader, and threads (at most 2) building the next epochs while "
-                        "one is scored; 0: neither (default: the usable cores "
+                        "the reader; 0: validate in this process (default: the usable cores "
                         "less one, at most 4, at least 1)")
     add_scoring_flags(p)
     p.set_defaults(func=run)
@@ -82,25 +75,24 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hypertrace.analyzer.config import ConfigError
+    from hypertrace.analyzer.engine import Engine, UnknownJobError
+    from hypertrace.cli.report import emit
+    from hypertrace.proto import validate_ahead, wire
 
     try:
         cfg = scoring_config_from_args(args)
     except ConfigError as exc:
         print(f"hypertrace analyze: bad scoring setting: {exc}", file=sys.stderr)
         return 2
-    from hypertrace.proto import validate_ahead, wire
+    from hypertrace.cli.progress import Progress
 
+    engine = Engine(cfg)
     n = 0
+    progress = Progress("analyze: read", "windows")
     try:
-        # the validation workers start here, while the scoring code below is imported
         workers = validate_ahead.default_workers() if args.workers is None else args.workers
-        windows = validate_ahead.validated_windows(args.file, max(workers, 0))
-        from hypertrace.analyzer.engine import Engine
-        from hypertrace.cli.progress import Progress
-
-        engine = Engine(cfg)
-        progress = Progress("analyze: read", "windows")
-        for n, (window, size, problem) in enumerate(windows, 1):
+        for n, (window, size, problem) in enumerate(
+                validate_ahead.validated_windows(args.file, max(workers, 0)), 1):
             if problem is not None:
                 raise wire.WireError(f"{args.file}: window {n}: {problem.field}",
                                      problem.problem) from problem
@@ -118,9 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if n == 0:
         print(f"hypertrace analyze: {args.file} holds no windows", file=sys.stderr)
         return 2
-    engine.flush(None, build_ahead=min(max(workers, 0), BUILD_AHEAD))
-    from hypertrace.analyzer.engine import UnknownJobError
-    from hypertrace.cli.report import emit
+    engine.flush(None)
     try:
         report = engine.report(args.job)
     except UnknownJobError as exc:
