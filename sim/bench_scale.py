@@ -68,7 +68,6 @@ few hundred ms means the generator, not the analyzer, is the bottleneck: add pro
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 import re
@@ -629,7 +628,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="keeps up only when the p99 ack, measured at the generator, comes at "
                     "most S seconds after its epoch's end + grace")
     args = ap.parse_args(argv)
-    load = dict(idle_close_s=args.idle_close_s, generator_procs=args.generator_procs, generator_cores=args.generator_cores,
+    load = dict(idle_close_s=args.idle_close_s, generator_procs=args.generator_procs,
+                generator_cores=args.generator_cores,
                 analyzer_cores=args.analyzer_cores, goal_cores=args.goal_cores,
                 goal_ack_beyond_grace_s=args.goal_ack_beyond_grace)
 

@@ -94,13 +94,13 @@ def rules_seconds(cs: CrossSection, host_codes: np.ndarray, cfg: ScoringConfig) 
 
 
 def bench_size(gpus: int, epochs: int, seed: int, all_apis: bool = True,
-               rules: bool = False, pool: int = POOL_NODES) -> dict:
-    """Ingest and score ``epochs`` epochs of a ``gpus``-GPU job; times per epoch. ``pool``:
-    nodes drawn per epoch, re-used under new names above that."""
+               rules: bool = False, pool_size: int = POOL_NODES) -> dict:
+    """Ingest and score ``epochs`` epochs of a ``gpus``-GPU job; times per epoch.
+    ``pool_size``: nodes drawn per epoch, re-used under new names above that."""
     cfg = ScoringConfig()
     engine = Engine(cfg)
     nodes = gpus // GPUS_PER_NODE
-    pool_nodes = min(nodes, pool)
+    pool_nodes = min(nodes, pool_size)
     reps = -(-nodes // pool_nodes)
     ingest_s: list[float] = []
     score_s: list[float] = []

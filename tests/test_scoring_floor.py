@@ -50,7 +50,7 @@ def test_bench_reports_flush_time_over_the_floor():
 
 def test_bench_expects_every_copy_of_the_slow_node_when_the_pool_is_reused():
     # 96 nodes from a pool of 48: node 42 and its copy, node 90, are both slow
-    r = bench_size(96 * 8, 4, seed=1, pool=48)
+    r = bench_size(96 * 8, 4, seed=1, pool_size=48)
     assert r["slow"] == [node_name(42), node_name(90)]
     assert r["stragglers"] == r["slow"]
 
