@@ -196,9 +196,12 @@ def _thousandths(values: np.ndarray) -> np.ndarray | None:
     with np.errstate(invalid="ignore", over="ignore"):
         k = np.rint(values * 1e3)
         ok = np.abs(k) < 2.0 ** 53
-    if not ok.all() or not np.array_equal((k / 1e3).view("<u8"), values.view("<u8")):
+    if not ok.all():
         return None
-    return k.astype("<i8")
+    ki = k.astype("<i8")                      # compared as the integers: -0.0 becomes 0
+    if not np.array_equal((ki / 1e3).view("<u8"), values.view("<u8")):
+        return None
+    return ki
 
 
 def _take_numbers(messages: list[pb.NodeWindow]) -> tuple[bytes, bytes, bytes]:

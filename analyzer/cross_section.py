@@ -107,20 +107,17 @@ class Hists:
             np.cumsum(self.counts_t, axis=0, out=out[1:])
             return out
         rows = self.counts_t
+        ones = np.ones(g) if sums is not None else None
         if k:
             out[1] = rows[0]
+            if sums is not None:
+                sums[0] = rows[0] @ ones
         add = np.add
-        if sums is None:
-            for b in range(1, k):
-                add(out[b], rows[b], out=out[b + 1])
-            return out
-        ones = np.ones(g)
-        if k:
-            sums[0] = rows[0] @ ones
         for b in range(1, k):
             row = rows[b]
             add(out[b], row, out=out[b + 1])
-            sums[b] = row @ ones
+            if sums is not None:
+                sums[b] = row @ ones
         return out
 
     def quantiles_us(self, qs: list[float]) -> np.ndarray:

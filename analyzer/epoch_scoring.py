@@ -113,7 +113,11 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     pending: list[_Cells] = []
     verdict_cols = np.asarray(cfg.verdict_mask(), dtype=bool)
     quantiles: dict[str, np.ndarray] = {}
-    scratch = _CumulativeScratch()
+    # one buffer for every API's cumulative counts (each lives only while its quantiles are
+    # read): a fresh (K + 1, G) matrix per API paid its page faults, at 131,072 GPUs ~5,000 of
+    # them, a third of the pass
+    scratch = np.empty(max(((h.counts_t.shape[0] + 1) * h.counts_t.shape[1]
+                            for h in cs.apis.values()), default=0))
     layouts = job.host_layouts(rows, groups)
     # the signals first: a launch tail convicts only where the steps corroborate it
     sig = signals.score_signals(cs, cfg, groups, launch_calls)
@@ -125,7 +129,7 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
         # the pooled histogram the shift check may read is summed while the cumulative pass
         # has each bucket in cache (sync APIs are never shift-checked)
         q, near = hists.quantiles_and_buckets([KNOWN_STATS[x] for x in cfg.stats],
-                                              scratch.get(hists),
+                                              scratch,
                                               bucket_totals=kind != "sync" and len(groups) == 1)
         quantiles[api] = q
         cnt = hists.total()
@@ -203,22 +207,6 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     job.last_scored_epoch = cs.epoch if job.last_scored_epoch is None else max(
         job.last_scored_epoch, cs.epoch)
     return EpochResult(job.job_id, cs.epoch, found, job.verdict_dict(rows, codes))
-
-
-class _CumulativeScratch:
-    """One buffer for the cumulative counts of every API of an epoch
-    (:meth:`Hists.quantiles_and_buckets`): each API's lives only while its quantiles are read, and a
-    fresh (K + 1, G) matrix per API pays its page faults (at 131,072 GPUs ~5,000 of them, a
-    third of the pass)."""
-
-    def __init__(self) -> None:
-        self._buf = np.empty(0)
-
-    def get(self, hists: Hists) -> np.ndarray:
-        k, g = hists.counts_t.shape
-        if self._buf.size < (k + 1) * g:
-            self._buf = np.empty((k + 1) * g)
-        return self._buf
 
 
 @dataclass

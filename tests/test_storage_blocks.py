@@ -444,3 +444,12 @@ def test_the_retention_pass_compacts_what_ended_two_minutes_ago_and_no_more(tmp_
     assert st._conn.execute("SELECT COUNT(*) FROM compacted").fetchone()[0] == len(ws) - NODES
     assert st.compact(2**62, limit=1) == NODES          # a whole block, then it stops
     st.close()
+
+
+def test_a_negative_zero_is_not_taken_for_a_thousandth():
+    """-0.0 is a whole number of thousandths only as a double: its column stays doubles, so
+    the block gives back its sign (not only through the check decode's fallback)."""
+    import numpy as np
+
+    assert blocks._thousandths(np.array([-0.0, 1.5])) is None
+    assert blocks._thousandths(np.array([0.0, 1.5])).tolist() == [0, 1500]
