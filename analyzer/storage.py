@@ -59,9 +59,10 @@ reader wants it from the row). 119 B a window with the two indexes in schema 5, 
 (BENCHMARKS.md, "Storage at rest, schema 6"). A connection reads them through the view
 ``compacted_rows`` (schema 5's columns), over a schema-5 file too when it is only read.
 
-Dedup: ``(agent_id, seq)`` is a unique key of ``windows`` and of ``compacted``;
-:meth:`Storage.add_window` tells whether the window was new, which is what makes agent replay after a reconnect harmless (and
-refuses the same key with other bytes). ``late`` marks a window that arrived after its epoch
+Dedup: ``(agent_id, seq)`` is a unique key of ``windows``, and ``compacted`` keeps one row per
+``(source, seq)`` (a source: an agent and its node); :meth:`Storage.add_window` looks a key up in
+both, tells whether the window was new, which is what makes agent replay after a reconnect
+harmless, and refuses the same key with other bytes. ``late`` marks a window that arrived after its epoch
 was scored: the replay after a restart must leave it out of scoring as the live analyzer did.
 
 Order: a window's ``id`` (AUTOINCREMENT: never reused) is the order windows were stored in.
