@@ -329,6 +329,15 @@ class _Flat:
         self.wire.frombytes(hist.SerializeToString())
         self.ends.append(len(self.wire))
 
+    def extend(self, other: "_Flat", rows: np.ndarray) -> None:
+        """Append ``other``'s histograms in their order, its row ``r`` becoming ``rows[r]``."""
+        self.rows.frombytes(_remapped(other.rows, rows))
+        self.totals.extend(other.totals)
+        base = len(self.wire)
+        self.wire.extend(other.wire)
+        ends = np.frombuffer(other.ends, dtype=np.int64)
+        self.ends.frombytes((ends + base).tobytes() if base else ends.tobytes())
+
     def raw(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(rows, first buckets, lengths, counts as uint64, totals) of the histograms that hold
         counts, in the order added (an empty histogram adds nothing)."""
@@ -413,6 +422,13 @@ class _Scratch:
         return out
 
 
+def _remapped(local: array, rows: np.ndarray) -> bytes:
+    """The int64 bytes of ``rows[local]``: rows numbered in another accumulator, renumbered."""
+    if not local:
+        return b""
+    return rows.take(np.frombuffer(local, dtype=np.int64)).astype(np.int64, copy=False).tobytes()
+
+
 def _one_each(local: np.ndarray, n: int) -> bool:
     """Does ``local`` (n values in 0..n-1) name every index exactly once? Strictly increasing
     (the common order: GPUs registered as they arrive) says so without counting."""
@@ -433,6 +449,11 @@ class _Scalars:
     def add(self, row: int, *values: float) -> None:
         self.rows.append(row)
         self.values.extend(values)
+
+    def extend(self, other: "_Scalars", rows: np.ndarray) -> None:
+        """Append ``other``'s processes in their order, its row ``r`` becoming ``rows[r]``."""
+        self.rows.frombytes(_remapped(other.rows, rows))
+        self.values.extend(other.values)
 
     def column(self, name: str) -> np.ndarray:
         """The values of ``name``, one per process added (a strided view)."""
@@ -519,6 +540,27 @@ class EpochAccumulator:
                 top = nv.max_sm_clock_mhz
                 if top > 0:
                     self._clock.add(row, nv.sm_clock_mhz / top, float(end_ns))
+
+    def extend(self, other: "EpochAccumulator", rows: np.ndarray) -> None:
+        """Append what ``other`` collected (another process's accumulator of the same job and
+        epoch, its processes numbered 0, 1, ... as it added them: see
+        :func:`hypertrace.analyzer.engine.prepare_windows`), process ``i`` becoming job row
+        ``rows[i]``. Everything lands in the order ``add_process`` would have appended it, so
+        the cross-section built is the same bit for bit. The windows are not counted here:
+        ``Engine`` counts them as it registers their GPUs."""
+        self._present.frombytes(_remapped(other._present, rows))
+        for name, flat in other._apis.items():
+            mine = self._apis.get(name)
+            if mine is None:
+                mine = self._apis[name] = _Flat()
+            mine.extend(flat, rows)
+        for mine, theirs in ((self._steps, other._steps), (self._runq_hist, other._runq_hist),
+                             (self._busy, other._busy)):
+            mine.extend(theirs, rows)
+        for mine_s, theirs_s in ((self._sched, other._sched), (self._stepstats, other._stepstats),
+                                 (self._overhead, other._overhead), (self._clock, other._clock)):
+            mine_s.extend(theirs_s, rows)
+        self._sources |= other._sources
 
     def build(self) -> CrossSection:
         present_rows = np.frombuffer(self._present, dtype=np.int64)

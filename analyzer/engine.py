@@ -31,6 +31,9 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import dataclass
+
+import numpy as np
 
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.cross_section import EpochAccumulator
@@ -39,7 +42,59 @@ from hypertrace.analyzer.job_report import job_report
 from hypertrace.analyzer.jobs import JobState, UnknownJobError
 from hypertrace.proto import hypertrace_pb2 as pb
 
-__all__ = ["Engine", "EpochResult", "ScoreRow", "UnknownJobError"]
+__all__ = ["Engine", "EpochResult", "PreparedWindows", "ScoreRow", "UnknownJobError",
+           "prepare_windows"]
+
+
+@dataclass
+class PreparedWindows:
+    """Windows accumulated in another process, for :meth:`Engine.ingest_prepared`.
+
+    Why: reading a recorded file, most of a window's ingest is taking its histograms and
+    numbers out of the message (:meth:`EpochAccumulator.add_process`), which depends on the
+    window alone; only the GPUs' rows depend on what came before. So worker processes parse,
+    validate and accumulate chunks of windows (proto/validate_ahead.py), and the reader only
+    registers each process's GPU and appends the chunk's arrays."""
+
+    #: each window without its measurements: what ``JobState.register`` and the job's counters
+    #: read (ids, times, and per process its job and GPU identity, rank, kind, group, NVML
+    #: context), serialized
+    windows: list[bytes]
+    #: (job, epoch) -> what its processes added, numbered 0, 1, ... over all the windows' processes
+    parts: dict[tuple[str, int], EpochAccumulator]
+
+
+def epoch_of_ns(start_ns: int, end_ns: int, window_ns: int) -> int:
+    """The epoch of a window from ``start_ns`` to ``end_ns``: floor(midpoint / window length)."""
+    return (start_ns + end_ns) // 2 // window_ns
+
+
+def prepare_windows(windows: list[pb.NodeWindow], window_ns: int) -> PreparedWindows:
+    """The other process's half of :meth:`Engine.ingest` for ``windows`` (validated, in order)
+    of an Engine whose ``config.window_ns`` is ``window_ns``."""
+    parts: dict[tuple[str, int], EpochAccumulator] = {}
+    slim: list[bytes] = []
+    n = 0
+    for w in windows:
+        end_ns = w.end.ToNanoseconds()
+        epoch = epoch_of_ns(w.start.ToNanoseconds(), end_ns, window_ns)
+        s = pb.NodeWindow(agent_id=w.agent_id, node=w.node, seq=w.seq)
+        s.start.CopyFrom(w.start)
+        s.end.CopyFrom(w.end)
+        for p in w.processes:
+            key = (p.job_id, epoch)
+            acc = parts.get(key)
+            if acc is None:
+                acc = parts[key] = EpochAccumulator(p.job_id, epoch)
+            acc.add_process(n, p, end_ns)
+            n += 1
+            q = s.processes.add(job_id=p.job_id, rank=p.rank, gpu_index=p.gpu_index,
+                                gpu_uuid=p.gpu_uuid, pid=p.pid, gpu_kind=p.gpu_kind,
+                                group=p.group)
+            if p.HasField("nvml"):
+                q.nvml.CopyFrom(p.nvml)
+        slim.append(s.SerializeToString())
+    return PreparedWindows(slim, parts)
 
 
 class Engine:
@@ -58,7 +113,7 @@ class Engine:
         return self._epoch_of_ns(window.start.ToNanoseconds(), window.end.ToNanoseconds())
 
     def _epoch_of_ns(self, start_ns: int, end_ns: int) -> int:
-        return (start_ns + end_ns) // 2 // self.config.window_ns
+        return epoch_of_ns(start_ns, end_ns, self.config.window_ns)
 
     def ingest(self, window: pb.NodeWindow, late: bool = False,
                arrived_ns: int | None = None) -> bool:
@@ -67,6 +122,31 @@ class Engine:
         whatever the state: the replay of a window the live analyzer found late.
         ``arrived_ns``: when it reached the analyzer (default: its end), which job expiry counts
         from."""
+        return self._ingest(window, late, arrived_ns, None)
+
+    def ingest_prepared(self, prepared: "PreparedWindows") -> None:
+        """Add windows that :func:`prepare_windows` accumulated in another process: the same
+        state as :meth:`ingest` of each of them in order, for a fraction of the work here (each
+        process's GPU is registered; its histograms and numbers arrive in bulk). For windows
+        that arrive when their epoch is still pending, as ``hypertrace analyze`` reads a file
+        before it scores: ValueError if one of their epochs was already scored."""
+        for job_id, epoch in prepared.parts:
+            job = self._jobs.get(job_id)
+            if job is not None and job.last_scored_epoch is not None \
+                    and epoch <= job.last_scored_epoch:
+                raise ValueError(f"job {job_id!r} epoch {epoch} is already scored: ingest its "
+                                 "windows one by one (they are late)")
+        rows: list[int] = []
+        for data in prepared.windows:
+            self._ingest(pb.NodeWindow.FromString(data), False, None, rows)
+        remap = np.asarray(rows, dtype=np.int64)
+        for (job_id, epoch), part in prepared.parts.items():
+            self._jobs[job_id].pending[epoch].extend(part, remap)
+
+    def _ingest(self, window: pb.NodeWindow, late: bool, arrived_ns: int | None,
+                rows_out: list[int] | None) -> bool:
+        """:meth:`ingest`; with ``rows_out``, each process's GPU is registered and its row
+        appended there instead of adding its data (:meth:`ingest_prepared` adds it in bulk)."""
         end_ns = window.end.ToNanoseconds()
         epoch = self._epoch_of_ns(window.start.ToNanoseconds(), end_ns)
         order = (end_ns, window.agent_id, window.seq)
@@ -93,7 +173,10 @@ class Engine:
             job, acc = hit
             if acc is not None:
                 row = job.register(node, p, order)
-                acc.add_process(row, p, end_ns)
+                if rows_out is None:
+                    acc.add_process(row, p, end_ns)
+                else:
+                    rows_out.append(row)
                 rows_arrived.append((job, row))
         arrived = end_ns if arrived_ns is None else arrived_ns
         for job, row in rows_arrived:

@@ -8,6 +8,7 @@ is scored (``flush(None)``) and the report is printed. Exit status: 0 no straggl
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 from hypertrace.cli.report import add_output_flags
@@ -75,7 +76,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hypertrace.analyzer.config import ConfigError
-    from hypertrace.analyzer.engine import Engine, UnknownJobError
+    from hypertrace.analyzer.engine import Engine, UnknownJobError, prepare_windows
     from hypertrace.cli.report import emit
     from hypertrace.proto import validate_ahead, wire
 
@@ -91,8 +92,17 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress("analyze: read", "windows")
     try:
         workers = validate_ahead.default_workers() if args.workers is None else args.workers
-        for n, (window, size, problem) in enumerate(
-                validate_ahead.validated_windows(args.file, max(workers, 0)), 1):
+        # the workers also take each valid chunk's measurements out of its windows
+        prepare = functools.partial(prepare_windows, window_ns=cfg.window_ns)
+        for item in validate_ahead.validated_windows(args.file, max(workers, 0),
+                                                     prepare=prepare):
+            if isinstance(item, validate_ahead.Prepared):
+                engine.ingest_prepared(item.value)
+                n += item.windows
+                progress.add(item.windows)
+                continue
+            window, size, problem = item
+            n += 1
             if problem is not None:
                 raise wire.WireError(f"{args.file}: window {n}: {problem.field}",
                                      problem.problem) from problem

@@ -66,6 +66,14 @@ def read_binary(fh: IO[bytes], name: str) -> Iterator[pb.NodeWindow]:
 def read_binary_sized(fh: IO[bytes], name: str) -> Iterator[tuple[pb.NodeWindow, int]]:
     """(window, its encoded size) per record: the size is the record's length, which the wire
     size check needs and would otherwise cost a ``ByteSize()`` walk of the whole message."""
+    for where, data in read_records(fh, name):
+        yield parse_record(data, where), len(data)
+
+
+def read_records(fh: IO[bytes], name: str) -> Iterator[tuple[str, bytes]]:
+    """(where, bytes) of each record of a binary records stream, not parsed: ``where`` names
+    the record ("NAME: record N") for :func:`parse_record` and errors; the framing's own
+    errors are raised here."""
     n = 0
     while True:
         n += 1
@@ -83,12 +91,17 @@ def read_binary_sized(fh: IO[bytes], name: str) -> Iterator[tuple[pb.NodeWindow,
         if len(data) != size:
             raise WireError(where, f"the file ends after {len(data):,} of its {size:,} bytes; "
                             "it was cut short")
-        w = pb.NodeWindow()
-        try:
-            w.ParseFromString(data)
-        except DecodeError as exc:
-            raise WireError(where, f"is not a hypertrace.v1 NodeWindow ({exc})") from None
-        yield w, size
+        yield where, data
+
+
+def parse_record(data: bytes, where: str) -> pb.NodeWindow:
+    """One record's window; a :class:`WireError` naming ``where`` when it is not one."""
+    w = pb.NodeWindow()
+    try:
+        w.ParseFromString(data)
+    except DecodeError as exc:
+        raise WireError(where, f"is not a hypertrace.v1 NodeWindow ({exc})") from None
+    return w
 
 
 def read_windows(path: str | Path) -> Iterator[pb.NodeWindow]:
@@ -157,5 +170,5 @@ def open_for_write(path: str, gz: bool | None = None) -> IO[bytes]:
     return gzip.open(path, "wb") if gz else open(path, "wb")
 
 
-__all__ = ["is_binary_name", "open_for_write", "read_binary", "read_binary_sized", "read_windows",
-           "read_windows_sized", "write_windows"]
+__all__ = ["is_binary_name", "open_for_write", "parse_record", "read_binary", "read_binary_sized",
+           "read_records", "read_windows", "read_windows_sized", "write_windows"]

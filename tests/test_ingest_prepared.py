@@ -1,0 +1,138 @@
+"""Windows accumulated in worker processes (``prepare_windows`` there, ``Engine.ingest_prepared``
+in the reader, as ``hypertrace analyze`` reads a large ``.pb`` file) leave the Engine in exactly
+the state that ingesting them one by one does, and score to the same report. Real windows from
+the simulator, real files and real worker processes."""
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import pickle
+
+import pytest
+
+from hypertrace.analyzer.config import ScoringConfig
+from hypertrace.analyzer.engine import Engine, PreparedWindows, prepare_windows
+from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.proto import records, validate_ahead
+from hypertrace.sim.simulate import SimConfig, generate
+
+CFG = ScoringConfig()
+
+
+@pytest.fixture(scope="module")
+def windows() -> list[pb.NodeWindow]:
+    """Two jobs, one of them sharing nodes with the other; a GPU known by its UUID only; a
+    node sending two windows in one epoch; a GPU's NVML context changing."""
+    ws = list(generate(SimConfig(gpus=256, gpus_per_node=8, windows=6, seed=5)))
+    for w in ws[::3]:
+        for p in w.processes[5:]:
+            p.job_id = "job-b"
+    for w in ws:
+        if w.node == "node-0003":
+            w.processes[2].gpu_index = -1
+            w.processes[2].gpu_uuid = "GPU-abc"
+    extra = copy.deepcopy(ws[10])
+    extra.seq += 1000
+    extra.start.FromNanoseconds(extra.start.ToNanoseconds() + 1_000_000)
+    extra.end.FromNanoseconds(extra.end.ToNanoseconds() + 1_000_000)
+    extra.processes[0].nvml.sm_clock_mhz = 900
+    ws.insert(40, extra)
+    return ws
+
+
+def _state(engine: Engine) -> bytes:
+    return pickle.dumps(engine.export_state(), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _report(engine: Engine) -> bytes:
+    engine.flush(None)
+    return engine.report(now_ns=1).SerializeToString(deterministic=True)
+
+
+def test_prepared_chunks_give_the_state_of_windows_ingested_one_by_one(windows):
+    one_by_one, prepared = Engine(CFG), Engine(CFG)
+    for w in windows:
+        one_by_one.ingest(w)
+    for i in range(0, len(windows), 7):               # chunks that split epochs and nodes
+        chunk = prepare_windows(windows[i:i + 7], CFG.window_ns)
+        prepared.ingest_prepared(pickle.loads(pickle.dumps(chunk)))   # as from a worker
+    assert len(one_by_one.job_ids()) == 2
+    assert _state(prepared) == _state(one_by_one)
+    assert _report(prepared) == _report(one_by_one)
+
+
+def test_prepared_windows_carry_no_measurements(windows):
+    chunk = prepare_windows(windows[:5], CFG.window_ns)
+    assert isinstance(chunk, PreparedWindows) and len(chunk.windows) == 5
+    slim = pb.NodeWindow.FromString(chunk.windows[0])
+    assert slim.node == windows[0].node and slim.seq == windows[0].seq
+    assert not any(p.apis or p.HasField("steps") or p.HasField("sched") for p in slim.processes)
+    assert sum(len(a.rows_present()) for a in chunk.parts.values()) == sum(
+        len(w.processes) for w in windows[:5])
+
+
+def test_windows_of_a_scored_epoch_are_refused(windows):
+    engine = Engine(CFG)
+    for w in windows[:64]:
+        engine.ingest(w)
+    engine.flush(None)
+    with pytest.raises(ValueError, match="already scored"):
+        engine.ingest_prepared(prepare_windows(windows[:8], CFG.window_ns))
+
+
+def _write(path, ws) -> str:
+    with open(path, "wb") as fh:
+        records.write_windows(ws, fh, binary=True)
+    return str(path)
+
+
+def test_workers_prepare_valid_chunks_and_hand_the_rest_window_by_window(
+        tmp_path, monkeypatch):
+    """A chunk with a bad window comes window by window, with the same verdicts as without
+    ``prepare``; the valid chunks come prepared; an Engine fed both ways scores the same; the
+    files the workers hand their chunks over in are gone afterwards."""
+    ws = list(generate(SimConfig(gpus=512, gpus_per_node=8, windows=10, seed=6)))
+    assert len(ws) > 2 * validate_ahead.CHUNK
+    ws[300].version = 7
+    path = _write(tmp_path / "w.pb", ws)
+    handoff = tmp_path / "handoff"
+    handoff.mkdir()
+    monkeypatch.setattr(validate_ahead, "_handoff_dir", lambda: str(handoff))
+    prepare = functools.partial(prepare_windows, window_ns=CFG.window_ns)
+    fed, plain = Engine(CFG), Engine(CFG)
+    kinds, verdicts = [], []
+    for item in validate_ahead.validated_windows(path, 2, min_bytes=0, prepare=prepare):
+        if isinstance(item, validate_ahead.Prepared):
+            kinds.append(("prepared", item.windows))
+            fed.ingest_prepared(item.value)
+            continue
+        w, size, problem = item
+        kinds.append("window")
+        verdicts.append(None if problem is None else problem.field)
+        if problem is None:
+            fed.ingest(w)
+    chunk = validate_ahead.CHUNK
+    assert kinds[0] == ("prepared", chunk)
+    assert kinds[1:1 + chunk] == ["window"] * chunk
+    assert kinds[1 + chunk:] == [("prepared", len(ws) - 2 * chunk)]
+    assert verdicts == [None] * (300 - chunk) + ["version"] + [None] * (2 * chunk - 301)
+    for i, w in enumerate(ws):
+        if i != 300:
+            plain.ingest(w)
+    assert _state(fed) == _state(plain)
+    assert os.listdir(handoff) == []
+
+
+def test_a_reader_that_stops_early_leaves_no_handoff_files(tmp_path, monkeypatch):
+    ws = list(generate(SimConfig(gpus=512, gpus_per_node=8, windows=10, seed=6)))
+    path = _write(tmp_path / "w.pb", ws)
+    handoff = tmp_path / "handoff"
+    handoff.mkdir()
+    monkeypatch.setattr(validate_ahead, "_handoff_dir", lambda: str(handoff))
+    prepare = functools.partial(prepare_windows, window_ns=CFG.window_ns)
+    items = validate_ahead.validated_windows(path, 2, min_bytes=0, prepare=prepare)
+    first = next(items)
+    assert isinstance(first, validate_ahead.Prepared)
+    items.close()                                  # as `analyze` does at a bad window
+    assert os.listdir(handoff) == []
