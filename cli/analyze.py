@@ -67,9 +67,9 @@ def register(subparsers) -> None:
     add_output_flags(p)
     p.add_argument("--job", default=None, help="report only this job id")
     p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="processes validating a large binary (.pb) file's windows ahead of "
-                        "the reader; 0: validate in this process (default: the usable cores "
-                        "less one, at most 4, at least 1)")
+                   help="processes reading a large binary (.pb) file's windows ahead of "
+                        "this one: they validate them and take their measurements out; 0: all "
+                        "in this process (default: one per usable core, at most 8)")
     add_scoring_flags(p)
     p.set_defaults(func=run)
 
