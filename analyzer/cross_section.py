@@ -320,6 +320,9 @@ class _Flat:
     #: per histogram here, every count decoded at once in :meth:`raw`), and where each ends
     wire: array = field(default_factory=lambda: array("B"))
     ends: array = field(default_factory=lambda: array("q"))
+    #: histograms decoded already (:meth:`seal`), each set as :meth:`raw` gives it; they come
+    #: before those still in ``wire``
+    decoded: list[tuple[np.ndarray, ...]] = field(default_factory=list)
 
     def add(self, row: int, hist: pb.Histogram, total: int | None = None) -> None:
         """``total``: the sample count when the sender stated it (ApiStats.count, validated to
@@ -331,6 +334,9 @@ class _Flat:
 
     def extend(self, other: "_Flat", rows: np.ndarray) -> None:
         """Append ``other``'s histograms in their order, its row ``r`` becoming ``rows[r]``."""
+        if other.decoded:
+            self.seal()                              # what this holds stays in front
+            self.decoded.extend((rows.take(r), *rest) for r, *rest in other.decoded)
         self.rows.frombytes(_remapped(other.rows, rows))
         self.totals.extend(other.totals)
         base = len(self.wire)
@@ -338,9 +344,30 @@ class _Flat:
         ends = np.frombuffer(other.ends, dtype=np.int64)
         self.ends.frombytes((ends + base).tobytes() if base else ends.tobytes())
 
+    def seal(self) -> None:
+        """Decode the histograms still in ``wire`` now (into ``decoded``). Why: a worker
+        process reading a file decodes its chunk's (:func:`hypertrace.analyzer.engine.
+        prepare_windows`), so the reader that builds the epoch does not."""
+        if self.rows:
+            rows, firsts, lens, vals, totals = self._decode_wire()
+            if vals.size and int(vals.max()) < 2 ** 32:    # half the bytes to hand over
+                vals = vals.astype(np.uint32)
+            self.decoded.append((rows, firsts, lens, vals, totals))
+            self.rows, self.totals = array("q"), array("d")
+            self.wire, self.ends = array("B"), array("q")
+
     def raw(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(rows, first buckets, lengths, counts as uint64, totals) of the histograms that hold
         counts, in the order added (an empty histogram adds nothing)."""
+        sets = self.decoded + [self._decode_wire()] if self.rows else self.decoded
+        if len(sets) == 1:
+            return sets[0]                           # type: ignore[return-value]
+        if not sets:
+            return self._decode_wire()
+        return tuple(np.concatenate(parts) for parts in zip(*sets))   # type: ignore[return-value]
+
+    def _decode_wire(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`raw` of the histograms in ``wire``."""
         firsts, lens, vals = parse_histograms(np.frombuffer(self.wire, dtype=np.uint8),
                                               np.frombuffer(self.ends, dtype=np.int64))
         keep = lens > 0
@@ -366,7 +393,7 @@ class _Flat:
     def hists_or_none(self, position: np.ndarray, n_local: int,
                       scratch: "_Scratch | None" = None) -> Hists | None:
         """:meth:`hists`, or None when no histogram added holds a count."""
-        if not self.rows:
+        if not self.rows and not self.decoded:
             return None
         rows, firsts, lens, vals, totals = self.raw()
         if not rows.size:
@@ -561,6 +588,11 @@ class EpochAccumulator:
                                  (self._overhead, other._overhead), (self._clock, other._clock)):
             mine_s.extend(theirs_s, rows)
         self._sources |= other._sources
+
+    def seal(self) -> None:
+        """Decode every histogram added so far (:meth:`_Flat.seal`)."""
+        for flat in (*self._apis.values(), self._steps, self._runq_hist, self._busy):
+            flat.seal()
 
     def build(self) -> CrossSection:
         present_rows = np.frombuffer(self._present, dtype=np.int64)

@@ -94,6 +94,8 @@ def prepare_windows(windows: list[pb.NodeWindow], window_ns: int) -> PreparedWin
             if p.HasField("nvml"):
                 q.nvml.CopyFrom(p.nvml)
         slim.append(s.SerializeToString())
+    for acc in parts.values():
+        acc.seal()
     return PreparedWindows(slim, parts)
 
 

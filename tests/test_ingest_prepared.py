@@ -5,10 +5,12 @@ the simulator, real files and real worker processes."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import os
 import pickle
 
+import numpy as np
 import pytest
 
 from hypertrace.analyzer.config import ScoringConfig
@@ -41,8 +43,32 @@ def windows() -> list[pb.NodeWindow]:
     return ws
 
 
-def _state(engine: Engine) -> bytes:
-    return pickle.dumps(engine.export_state(), protocol=pickle.HIGHEST_PROTOCOL)
+def _state(engine: Engine) -> tuple[bytes, list]:
+    """The Engine's state: its jobs (without their pending epochs) pickled, and each pending
+    epoch's cross-section as it would be scored (the accumulators themselves differ: a
+    prepared one holds its histograms decoded)."""
+    state = engine.export_state()
+    built = []
+    for job_id, job in sorted(state["jobs"].items()):
+        for epoch, acc in sorted(job.pending.items()):
+            built.append((job_id, epoch, acc.windows, _plain(acc.build())))
+        state["jobs"][job_id] = copy.copy(job)
+        state["jobs"][job_id].pending = {}
+    return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), built
+
+
+def _plain(value):
+    """A cross-section as nested lists and dicts, arrays as (dtype, shape, bytes): comparable
+    with ==, NaNs included."""
+    if isinstance(value, np.ndarray):
+        return (str(value.dtype), value.shape, value.tobytes())
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _report(engine: Engine) -> bytes:
@@ -58,7 +84,9 @@ def test_prepared_chunks_give_the_state_of_windows_ingested_one_by_one(windows):
         chunk = prepare_windows(windows[i:i + 7], CFG.window_ns)
         prepared.ingest_prepared(pickle.loads(pickle.dumps(chunk)))   # as from a worker
     assert len(one_by_one.job_ids()) == 2
-    assert _state(prepared) == _state(one_by_one)
+    state = _state(one_by_one)
+    assert len(state[1]) >= 12                          # 2 jobs x 6 or 7 epochs
+    assert _state(prepared) == state
     assert _report(prepared) == _report(one_by_one)
 
 
@@ -136,3 +164,21 @@ def test_a_reader_that_stops_early_leaves_no_handoff_files(tmp_path, monkeypatch
     assert isinstance(first, validate_ahead.Prepared)
     items.close()                                  # as `analyze` does at a bad window
     assert os.listdir(handoff) == []
+
+
+def test_histograms_come_out_in_the_order_added_decoded_ahead_or_not():
+    """An accumulator fed window by window and by decoded chunks in turn gives its histograms
+    back in the order they came (what merges several windows of a GPU rely on)."""
+    from hypertrace.analyzer.cross_section import _Flat
+    hist = lambda first, *counts: pb.Histogram(first_bucket=first, counts=counts)  # noqa: E731
+    mine, theirs = _Flat(), _Flat()
+    mine.add(0, hist(3, 1, 2))
+    theirs.add(0, hist(5, 7))
+    theirs.add(1, hist(6, 8, 9))
+    theirs.seal()
+    mine.extend(theirs, np.array([10, 11], dtype=np.int64))
+    mine.add(2, hist(4, 5))
+    rows, firsts, lens, vals, totals = mine.raw()
+    assert rows.tolist() == [0, 10, 11, 2]
+    assert firsts.tolist() == [3, 5, 6, 4] and lens.tolist() == [2, 1, 2, 1]
+    assert vals.tolist() == [1, 2, 7, 8, 9, 5] and totals.tolist() == [3, 7, 17, 5]
