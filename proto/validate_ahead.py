@@ -31,6 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+from google.protobuf.message import DecodeError
+
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import records, wire
 
@@ -64,6 +67,9 @@ class Prepared:
 
     value: Any
     windows: int
+    #: every window after this chunk in the file has its midpoint ((start + end) // 2, ns) at
+    #: or after this; None: no such promise (the last chunk, or the file could not say)
+    later_midpoint_ns: int | None = None
 
 
 def validated_windows(path: str | Path, workers: int, min_bytes: int = MIN_PARALLEL_BYTES,
@@ -91,6 +97,8 @@ def validated_windows(path: str | Path, workers: int, min_bytes: int = MIN_PARAL
         tasks = [(str(path), spans[i:i + CHUNK], prepare, handoff)
                  for i in range(0, len(spans), CHUNK)]
         results = pool.imap(_check_chunk, tasks)
+        # while the workers start: what each chunk promises of the windows after it
+        later = _later_midpoints(path, spans) if prepare is not None else []
         verdicts: list = []
         prepared = None
         for k, (where, data) in enumerate(records.read_records(fh, str(path))):
@@ -98,7 +106,8 @@ def validated_windows(path: str | Path, workers: int, min_bytes: int = MIN_PARAL
                 if k % CHUNK == 0:
                     verdicts, prepared = next(results)
                     if prepared is not None:
-                        yield Prepared(_take(prepared), len(verdicts))
+                        yield Prepared(_take(prepared), len(verdicts),
+                                       later[k // CHUNK] if later else None)
                 if prepared is not None:
                     continue                       # it came in the chunk's Prepared
                 v = verdicts[k % CHUNK]
@@ -196,6 +205,65 @@ def _take(name: str) -> Any:
             return pickle.load(fh)
     finally:
         os.unlink(name)
+
+
+def _later_midpoints(path: str | Path, spans: list[tuple[int, int]]) -> list[int | None]:
+    """Per chunk of ``spans``, the earliest midpoint of the windows in the chunks after it
+    (None for the last); empty when some record's midpoint cannot be read for sure or records
+    follow the spans (then nothing is promised)."""
+    mids: list[int] = []
+    with open(path, "rb") as fh:
+        if not spans or sum(spans[-1]) != os.fstat(fh.fileno()).st_size:
+            return []
+        for offset, size in spans:
+            fh.seek(offset)
+            mid = midpoint_ns(fh.read(size))
+            if mid is None:
+                return []
+            mids.append(mid)
+    out: list[int | None] = []
+    low: int | None = None
+    for i in reversed(range(0, len(mids), CHUNK)):
+        out.append(low)
+        here = min(mids[i:i + CHUNK])
+        low = here if low is None else min(low, here)
+    out.reverse()
+    return out
+
+
+def midpoint_ns(data: bytes) -> int | None:
+    """``(start + end) // 2`` in ns of the serialized NodeWindow ``data``, as parsing the window
+    gives it, without parsing its processes (about a fifth of the time): the bytes are read as
+    a message that has only the window's ``start`` and ``end`` (the other fields are skipped
+    as unknown ones). None when they do not parse."""
+    try:
+        times = _WindowTimes.FromString(data)
+    except DecodeError:
+        return None
+    return (times.start.ToNanoseconds() + times.end.ToNanoseconds()) // 2
+
+
+def _window_times_class() -> Any:
+    """A message of NodeWindow's ``start`` (5) and ``end`` (6) fields alone, in a descriptor
+    pool of its own (nothing is added to the wire schema)."""
+    fields = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="hypertrace/internal/window_times.proto", package="hypertrace.internal",
+        syntax="proto3", dependency=["google/protobuf/timestamp.proto"])
+    message = proto.message_type.add(name="WindowTimes")
+    for name, number in (("start", 5), ("end", 6)):
+        message.field.add(name=name, number=number, type=fields.TYPE_MESSAGE,
+                          label=fields.LABEL_OPTIONAL, type_name=".google.protobuf.Timestamp")
+    pool = descriptor_pool.DescriptorPool()
+    timestamp = descriptor_pb2.FileDescriptorProto()
+    timestamp_pb2.DESCRIPTOR.CopyToProto(timestamp)
+    pool.Add(timestamp)
+    pool.Add(proto)
+    return message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("hypertrace.internal.WindowTimes"))
+
+
+_WindowTimes = _window_times_class()
 
 
 def _check_chunk(task: tuple[str, list[tuple[int, int]], Callable | None, str]

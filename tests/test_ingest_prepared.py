@@ -182,3 +182,58 @@ def test_histograms_come_out_in_the_order_added_decoded_ahead_or_not():
     assert rows.tolist() == [0, 10, 11, 2]
     assert firsts.tolist() == [3, 5, 6, 4] and lens.tolist() == [2, 1, 2, 1]
     assert vals.tolist() == [1, 2, 7, 8, 9, 5] and totals.tolist() == [3, 7, 17, 5]
+
+
+def test_a_windows_midpoint_is_read_as_parsing_the_window_gives_it(windows):
+    """From the top-level fields alone, whatever their order or repetition."""
+    for w in windows[:50]:
+        data = w.SerializeToString()
+        assert validate_ahead.midpoint_ns(data) == (
+            w.start.ToNanoseconds() + w.end.ToNanoseconds()) // 2
+    w = windows[0]
+    late_start = pb.NodeWindow(start=pb.NodeWindow().start)
+    late_start.start.FromNanoseconds(w.start.ToNanoseconds() - 7_000_000_123)
+    odd = [
+        w.SerializeToString() + late_start.SerializeToString(),     # start again, after all
+        pb.NodeWindow(end=w.end).SerializeToString()
+        + pb.NodeWindow(processes=w.processes).SerializeToString()
+        + pb.NodeWindow(start=w.start).SerializeToString(),         # end, processes, start
+        pb.NodeWindow(node="n").SerializeToString(),                # no times at all
+    ]
+    for data in odd:
+        parsed = pb.NodeWindow.FromString(data)
+        assert validate_ahead.midpoint_ns(data) == (
+            parsed.start.ToNanoseconds() + parsed.end.ToNanoseconds()) // 2
+    assert validate_ahead.midpoint_ns(b"\x2a\x05\x08") is None      # cut short
+
+
+def test_analyze_scores_epochs_as_the_workers_read_and_prints_the_same(tmp_path):
+    """`hypertrace analyze` of a file large enough for workers: epochs that no later window
+    belongs to are scored while the workers read on, and the report is the one of a run
+    without workers (everything but its time of generation). 125 nodes: chunks of 256 windows
+    end inside epochs, so scoring an epoch too early would make its last windows late."""
+    import contextlib
+    import io
+    import json
+
+    from hypertrace.cli.main import main
+    from hypertrace.sim.simulate import Straggler
+
+    ws = list(generate(SimConfig(gpus=1000, gpus_per_node=8, windows=6, seed=8,
+                                 stragglers=(Straggler("node-0042", 1.3),))))
+    path = _write(tmp_path / "w.pb", ws)
+    assert os.path.getsize(path) >= validate_ahead.MIN_PARALLEL_BYTES
+    spans = validate_ahead._spans(path)
+    later = validate_ahead._later_midpoints(path, spans)
+    assert len(later) > 2 and later[0] is not None and later[-1] is None
+
+    def report(workers: str) -> dict:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = main(["analyze", path, "--format", "json", "--workers", workers])
+        assert rc == 3                                    # the straggler is found
+        got = json.loads(out.getvalue())
+        got.pop("generated")
+        return got
+
+    assert report("2") == report("0")
