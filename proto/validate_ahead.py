@@ -92,7 +92,7 @@ def validated_windows(path: str | Path, workers: int, min_bytes: int = MIN_PARAL
     with contextlib.ExitStack() as stack:
         handoff = stack.enter_context(tempfile.TemporaryDirectory(
             prefix="hypertrace-analyze-", dir=_handoff_dir())) if prepare is not None else ""
-        stack.enter_context(pool)        # left first: no worker writes into handoff after it
+        stack.enter_context(pool)        # ended before handoff goes: no worker writes there after
         fh = stack.enter_context(open(path, "rb"))
         tasks = [(str(path), spans[i:i + CHUNK], prepare, handoff)
                  for i in range(0, len(spans), CHUNK)]
