@@ -69,7 +69,7 @@ def register(subparsers) -> None:
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="processes reading a large binary (.pb) file's windows ahead of "
                         "this one: they validate them and take their measurements out; 0: all "
-                        "in this process (default: one per usable core, at most 8)")
+                        "in this process (default: the usable cores less one, at most 8)")
     add_scoring_flags(p)
     p.set_defaults(func=run)
 

@@ -49,15 +49,15 @@ _OK, _UNSETTLED = 0, 1            # a verdict: one of these, or an error's (fiel
 
 
 def default_workers() -> int:
-    """Worker processes when not told: one per core this process may use, at most 8. Why not
-    one less, for the reader: with ``prepare`` the reader mostly waits for the workers while
-    they read (16k GPUs x 4 windows on the GPU host's Xeon, 5 cores: 2.7-3.0 s with 5 workers,
-    2.8-3.1 s with 4), and they are idle while it scores."""
+    """Worker processes when not told: the cores this process may use, less one for the
+    reader, at most 8, at least 1. The reader registers GPUs and scores epochs while the workers
+    read (16k GPUs x 4 windows on the GPU host's Xeon, 5 cores: 4 workers 3.50-3.53 s, 5 workers
+    3.89-4.10 s), so it needs a core of its own."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:                     # pragma: no cover - not Linux
         cores = os.cpu_count() or 1
-    return max(1, min(8, cores))
+    return max(1, min(8, cores - 1))
 
 
 @dataclass
