@@ -1,11 +1,12 @@
 """`python -m hypertrace.sim.bench_analyze FILE`: ``hypertrace analyze FILE`` as a user runs it,
-wall time and CPU, with and without workers validating ahead, optionally side by side with
+wall time and CPU, with and without workers reading ahead, optionally side by side with
 another source tree.
 
-Why: ``bench_ingest`` measures each phase's CPU in one process; ``analyze`` may also validate
-a large ``.pb`` file in worker processes while its reader ingests (proto/validate_ahead.py). Its
-time on a machine with a free core per worker is then about the reader's own CPU, which this
-reports beside the wall time (on a busy machine the wall time also holds the wait for a core).
+Why: ``bench_ingest`` measures each phase's CPU in one process; ``analyze`` reads a large
+``.pb`` file with worker processes that validate and accumulate its windows while the reader
+registers GPUs and scores (proto/validate_ahead.py). Its time depends on how the work divides
+between them and on free cores, so this reports the reader's and the workers' CPU beside the
+wall time (on a busy machine the wall time also holds the wait for a core).
 
 Each run is a fresh subprocess (so the interpreter's start and imports count: "command" is its
 wall time from start to exit, "wall" the time in ``main``) of the command line's
