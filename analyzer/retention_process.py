@@ -102,7 +102,8 @@ class RetentionProcess:
             ctx = multiprocessing.get_context("forkserver")
             mine, theirs = ctx.Pipe()
             proc = ctx.Process(target=_serve, name="hypertrace-retention", daemon=True,
-                               args=(theirs, self.path, self.synchronous, self.config, self.plan))
+                               args=(theirs, self.path, self.synchronous, self.config, self.plan,
+                                     logging.getLogger().getEffectiveLevel()))
             with self._guard:
                 if self._closed.is_set():
                     raise WorkerUnavailable("closed")
@@ -184,9 +185,14 @@ class RetentionProcess:
         self._reap()
 
 
-def _serve(conn: Any, path: str, synchronous: str, config: Any, plan: RetentionPlan) -> None:
+def _serve(conn: Any, path: str, synchronous: str, config: Any, plan: RetentionPlan,
+           log_level: int = logging.WARNING) -> None:
     """The worker: open the database, say so, then one pass per request until the pipe
-    closes. An exception in a pass is sent back as text, and the worker waits for the next."""
+    closes. An exception in a pass is sent back as text, and the worker waits for the next.
+    What the pass logs (a block that does not decode, a WAL not truncated) goes to the
+    analyzer's stderr at the analyzer's level, marked as the retention process's."""
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s "
+                        "[retention process]: %(message)s")
     from hypertrace.analyzer.storage import Storage
     try:
         storage = Storage.open(path, synchronous=synchronous)
