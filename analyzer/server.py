@@ -25,9 +25,10 @@ its log.
 
 The Engine is not thread-safe: :class:`Analyzer` guards it with one lock, which ingest never
 waits for (a stored window is queued and fed to the Engine by the background pass). A background
-thread scores complete epochs every ``flush_interval`` seconds (and GetReport flushes first),
-stores the results, and applies retention. On start the stored windows are replayed into a fresh Engine, so
-a restarted analyzer resumes with the history it had.
+thread scores complete epochs every ``flush_interval`` seconds (and GetReport flushes first)
+and stores the results; another has the retention pass run in a worker process
+(analyzer/retention_process.py). On start the stored windows are replayed into a fresh Engine,
+so a restarted analyzer resumes with the history it had.
 """
 from __future__ import annotations
 
@@ -668,7 +669,7 @@ class AnalyzerServer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._retention_thread: threading.Thread | None = None
-        self._retention_worker: Any = None   # RetentionProcess, made by the retention thread
+        self._retention_worker: Any = None   # RetentionProcess (start(); None: in a thread)
         self._health = health.HealthServicer()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
