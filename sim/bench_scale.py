@@ -45,6 +45,12 @@ Figures (from the database after the analyzer stopped, so nothing is estimated f
   before its ack is sent again on a new stream, as the uplink does, and counted as resent; only
   its ack may say duplicate);
 * SQLite bytes per hour: database size after a WAL checkpoint / epochs covered x epochs per hour.
+* the CPU of the analyzer's child processes (its retention process, below multiprocessing's
+  forkserver), read from /proc apart from the analyzer's own: what the retention costs the host
+  off the analyzer's interpreter lock. ``--analyzer-args`` passes further analyzer flags (a
+  shorter ``--retention-every-s`` / ``--compact-after-s`` puts a short run in compaction's
+  steady state); ``--base-analyzer-args`` runs this tree with and without further flags side
+  by side (``--base-analyzer-args=--no-retention-process``: the pass in the analyzer's thread).
 
 Acks are timed at the generator (wall clock, per window): write -> ack, and the ack against its
 epoch's ``end + grace`` (the goal below), and the generator's own lag behind its schedule.

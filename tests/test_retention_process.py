@@ -60,7 +60,8 @@ def _server(a: Analyzer, **options) -> AnalyzerServer:
 
 
 def _compacted_and_summarised(st: Storage) -> bool:
-    compacted = st._conn.execute("SELECT COUNT(*) FROM compacted").fetchone()[0]
+    with st._lock:                      # the connection is the server's too
+        compacted = st._conn.execute("SELECT COUNT(*) FROM compacted").fetchone()[0]
     return compacted > 0 and bool(st.summaries(JOB))
 
 
