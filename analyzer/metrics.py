@@ -41,6 +41,8 @@ seconds``
 ``hypertrace_scoring_seconds``             (histogram)                   one scoring pass
 ``hypertrace_windows_scored_total``        (none)                        job-windows scored
 ``hypertrace_database_bytes``              (none)                        database + WAL on disk
+``hypertrace_retention_cpu_seconds_total`` (none)                        CPU of retention passes
+                                                                         (its process's or here)
 ``hypertrace_eviction_proposals``          state                         proposals in the audit
                                                                          trail (analyzer/evict)
 ``hypertrace_eviction_breaker_tripped``    (none)                        1 while tripped
@@ -229,6 +231,10 @@ class AnalyzerMetrics:
             self.rejected.labels(reason)
         self.scored = Counter("hypertrace_windows_scored",
                               "Job windows scored (one per job and window)", registry=r)
+        self.retention_cpu = Counter(
+            "hypertrace_retention_cpu_seconds",
+            "CPU seconds of retention passes (summaries, prune, compaction), in the retention "
+            "process or this one", registry=r)
         self.scoring_seconds = Histogram(
             "hypertrace_scoring_seconds", "Time of one scoring pass",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=r)

@@ -25,9 +25,10 @@ its log.
 
 The Engine is not thread-safe: :class:`Analyzer` guards it with one lock, which ingest never
 waits for (a stored window is queued and fed to the Engine by the background pass). A background
-thread scores complete epochs every ``flush_interval`` seconds (and GetReport flushes first),
-stores the results, and applies retention. On start the stored windows are replayed into a fresh Engine, so
-a restarted analyzer resumes with the history it had.
+thread scores complete epochs every ``flush_interval`` seconds (and GetReport flushes first)
+and stores the results; another has the retention pass run in a worker process
+(analyzer/retention_process.py). On start the stored windows are replayed into a fresh Engine,
+so a restarted analyzer resumes with the history it had.
 """
 from __future__ import annotations
 
@@ -639,6 +640,13 @@ class ServerOptions:
     metrics_listen: str | None = None    # HOST:PORT of the Prometheus /metrics endpoint
     #: new streams grpc may queue for the server; beyond, it cancels them (MAX_PENDING_STREAMS)
     max_pending_streams: int = MAX_PENDING_STREAMS
+    #: run the retention pass in a worker process of its own (analyzer/retention_process.py),
+    #: off this process's interpreter lock; False, or where it cannot start: in a thread here
+    retention_process: bool = True
+    #: seconds between retention passes, and age at which a pass compacts a window into a
+    #: block (defaults: RETENTION_EVERY_S, COMPACT_AFTER_S; shorter for tests and benchmarks)
+    retention_every_s: float = RETENTION_EVERY_S
+    compact_after_s: float | None = None
 
 
 class AnalyzerServer:
@@ -661,6 +669,7 @@ class AnalyzerServer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._retention_thread: threading.Thread | None = None
+        self._retention_worker: Any = None   # RetentionProcess (start(); None: in a thread)
         self._health = health.HealthServicer()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -768,9 +777,7 @@ class AnalyzerServer:
                                         daemon=True)
         self._thread.start()
         if self.options.retention_hours:
-            self._retention_thread = threading.Thread(target=self._retention, daemon=True,
-                                                      name="hypertrace-retention")
-            self._retention_thread.start()
+            self._start_retention()
         return port
 
     def _not_serving(self) -> None:
@@ -790,17 +797,56 @@ class AnalyzerServer:
             except Exception:   # keep serving; the next pass retries
                 log.exception("background flush failed")
 
+    def _retention_plan(self) -> Any:
+        from hypertrace.analyzer.retention_process import RetentionPlan
+        return RetentionPlan(float(self.options.retention_hours or 0),
+                             self.options.summary_retention_days, self.options.compact_after_s)
+
+    def _start_retention(self) -> None:
+        """The retention thread, and the worker process it runs the passes in (started at the
+        first pass) where the option is on and the storage is a file another process can open."""
+        from hypertrace.analyzer.retention_process import RetentionProcess
+        from hypertrace.analyzer.storage import Storage
+        storage = self.analyzer.storage
+        if self.options.retention_process and isinstance(storage, Storage):
+            self._retention_worker = RetentionProcess(storage.path, storage.synchronous,
+                                                      self.analyzer.config, self._retention_plan())
+        self._retention_thread = threading.Thread(target=self._retention, daemon=True,
+                                                  name="hypertrace-retention")
+        self._retention_thread.start()
+
     def _retention(self) -> None:
-        """Summarise and prune, in a thread of its own: summarising a slot of a 16k-GPU job
-        reads 61,440 windows (seconds of CPU), which must not delay scoring."""
-        from hypertrace.analyzer.summaries import apply_retention
-        while not self._stop.wait(RETENTION_EVERY_S):
+        """Summarise, prune and compact, scheduled by a thread of its own: summarising a slot
+        of a 16k-GPU job reads 61,440 windows (seconds of CPU), which must not delay scoring.
+        The pass itself runs in the retention process where it can (``retention_process``),
+        else here; this thread then only waits for its answer."""
+        from hypertrace.analyzer.retention_process import PassFailed, WorkerUnavailable, run_pass
+        storage, plan = self.analyzer.storage, self._retention_plan()
+        while not self._stop.wait(self.options.retention_every_s):
+            worker = self._retention_worker
             try:
-                n = apply_retention(self.analyzer.storage, self.analyzer.config,
-                                    float(self.options.retention_hours),
-                                    self.options.summary_retention_days)
-                if n:
-                    log.info("retention: pruned %d rows", n)
+                if worker is None:
+                    res, where = run_pass(storage, self.analyzer.config, plan), "this process"
+                else:
+                    res, where = worker.run(self._stop), "the retention process"
+                    if res is None:                   # stopping
+                        return
+                    if res.rows_pruned:               # what prune reloads in its own process
+                        storage.reload_after_prune()
+                self.analyzer.metrics.retention_cpu.inc(res.cpu_s)
+                if res.rows_pruned:
+                    log.info("retention: pruned %d rows (pass: %.1f s CPU in %s)",
+                             res.rows_pruned, res.cpu_s, where)
+            except WorkerUnavailable as exc:
+                if self._stop.is_set():
+                    return
+                if worker is not None and not worker.started_once:    # it cannot run here
+                    log.warning("retention passes run in this process: %s", exc)
+                    self._retention_worker = None
+                else:                                 # it died: a new one at the next pass
+                    log.error("retention pass failed: %s", exc)
+            except PassFailed as exc:
+                log.error("retention pass failed (in the retention process):\n%s", exc)
             except Exception:   # keep serving; the next pass retries
                 log.exception("retention pass failed")
 
@@ -820,6 +866,9 @@ class AnalyzerServer:
             self._thread.join(timeout=10)
         if self._retention_thread is not None:
             self._retention_thread.join(timeout=10)
+        worker = self._retention_worker
+        if worker is not None:        # mid-pass too: SQLite rolls its transaction back
+            worker.close()
         try:
             self.analyzer.flush()
         except Exception:

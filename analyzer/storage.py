@@ -74,6 +74,15 @@ Retention (analyzer/summaries.py): windows older than the raw retention are firs
 
 Not thread-safe by itself across connections: one connection is shared and guarded by a lock
 (``check_same_thread=False``), because gRPC calls arrive on a thread pool.
+
+Two processes on one file (the analyzer and its retention process, analyzer/retention_process.py):
+SQLite's WAL lets one write while the other reads, and a writer waits ``BUSY_TIMEOUT_MS`` for the
+other's transaction. Every transaction here starts with ``BEGIN IMMEDIATE``, taking the write lock
+before its first read: a deferred one that read first (dedup looks keys up before it inserts)
+could not upgrade to a writer once the other process committed in between, and would fail at
+once instead of waiting. What this connection keeps in memory of the file is each GPU's last
+verdict; a prune in another process bumps ``meta.prunes``, and :meth:`Storage.add_results` reads
+that counter in its transaction and reloads them when it moved.
 """
 from __future__ import annotations
 
@@ -273,6 +282,7 @@ _READ_STAND_INS = {
                  "digest",
     "blocks": "id INTEGER PRIMARY KEY, end_ns, data",
     "verdicts": "job_id, node, gpu, epoch, verdict, created_ns",
+    "meta": "key TEXT PRIMARY KEY, value",
 }
 
 
@@ -382,6 +392,8 @@ class Storage:
         self.compress_at_ingest = True
         #: the last stored verdict of each (job, node, gpu): only changes are stored
         self._last_verdict: dict[tuple[str, str, str], tuple[int, str]] = {}
+        #: ``meta.prunes`` when ``_last_verdict`` was loaded (module docstring)
+        self._prunes_seen = 0
         with self._lock:
             self._load_last_verdicts()
 
@@ -409,7 +421,7 @@ class Storage:
             version = int(conn.execute(
                 "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
             while version in _MIGRATIONS:
-                conn.execute("BEGIN")            # one step at a time, all or nothing
+                conn.execute("BEGIN IMMEDIATE")  # one step at a time, all or nothing
                 for step in _MIGRATIONS[version]:
                     step(conn) if callable(step) else conn.execute(step)
                 version += 1
@@ -459,6 +471,14 @@ class Storage:
             return cls(conn, str(path))
         except sqlite3.Error as exc:
             raise StorageError(f"cannot read database {path}: {exc}") from exc
+
+    @property
+    def synchronous(self) -> str:
+        """This connection's ``synchronous`` setting (FULL, NORMAL, EXTRA or OFF): what another
+        connection to the file (the retention process) opens it with."""
+        with self._lock:
+            level = int(self._conn.execute("PRAGMA synchronous").fetchone()[0])
+        return ("OFF", "NORMAL", "FULL", "EXTRA")[level]
 
     def files(self) -> list[str]:
         """The database file and its WAL and shared-memory files (what it takes on disk)."""
@@ -536,7 +556,7 @@ class Storage:
         """Insert a group of windows in one transaction; record per window new/duplicate."""
         try:
             with self._lock:
-                self._conn.execute("BEGIN")
+                self._conn.execute("BEGIN IMMEDIATE")
                 try:
                     ids: list[int] = []
                     for it in group:
@@ -725,7 +745,7 @@ class Storage:
         blob = _blocks.encode(windows)
         moved.sort()                        # ids in order: appended to ``compacted``
         with self._lock:
-            self._conn.execute("BEGIN")
+            self._conn.execute("BEGIN IMMEDIATE")
             try:
                 block = self._conn.execute("INSERT INTO blocks (end_ns, data) VALUES (?, ?)",
                                            (end, blob)).lastrowid
@@ -805,9 +825,13 @@ class Storage:
         if not epoch_rows:
             return 0
         with self._lock:
-            verdict_rows, changed = self._verdict_changes(results, now)
-            self._conn.execute("BEGIN")
+            self._conn.execute("BEGIN IMMEDIATE")
             try:
+                # no prune of another connection can commit now: the verdicts compared with
+                # are those stored
+                if self._prunes() != self._prunes_seen:
+                    self._load_last_verdicts()
+                verdict_rows, changed = self._verdict_changes(results, now)
                 self._conn.executemany(
                     "INSERT OR REPLACE INTO scores VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", score_rows)
                 self._conn.executemany(
@@ -861,9 +885,22 @@ class Storage:
             "epoch <= ? ORDER BY epoch DESC LIMIT 1", (*key, epoch)).fetchone()
         return None if row is None else row[0]
 
+    def _prunes(self) -> int:
+        """``meta.prunes``: prunes that removed rows, by any connection (lock held)."""
+        row = self._conn.execute("SELECT value FROM meta WHERE key = 'prunes'").fetchone()
+        return 0 if row is None else int(row[0])
+
+    def reload_after_prune(self) -> None:
+        """Read each GPU's latest stored verdict again, after a prune by another connection
+        (the retention process) removed rows: what :meth:`prune` does in this one. A scoring
+        pass that stores first reloads them by itself (module docstring)."""
+        with self._lock:
+            self._load_last_verdicts()
+
     def _load_last_verdicts(self) -> None:
         """Read each GPU's latest stored verdict (after opening, and after a prune removed
         rows, with the lock held there): what the next epoch's verdicts are compared with."""
+        self._prunes_seen = self._prunes()
         rows = self._conn.execute(
             "SELECT job_id, node, gpu, verdict, MAX(epoch) FROM verdicts "
             "GROUP BY job_id, node, gpu").fetchall()
@@ -911,7 +948,7 @@ class Storage:
         transaction (a crash in between summarises the slot again, never twice)."""
         now = created_ns if created_ns is not None else time.time_ns()
         with self._lock:
-            self._conn.execute("BEGIN")
+            self._conn.execute("BEGIN IMMEDIATE")
             try:
                 self._conn.executemany(
                     "INSERT OR REPLACE INTO summaries (job_id, slot_ns, created_ns, keys, vals) "
@@ -977,7 +1014,7 @@ class Storage:
             else results_retention_seconds
         results_cutoff = now - int(keep * 1e9)
         with self._lock:
-            self._conn.execute("BEGIN")
+            self._conn.execute("BEGIN IMMEDIATE")
             try:
                 n = self._conn.execute("DELETE FROM windows WHERE end_ns < ?",
                                        (win_cutoff,)).rowcount
@@ -1013,6 +1050,10 @@ class Storage:
                         (cutoff, cutoff, results_cutoff, summarized_before_epoch)).rowcount
                 n += self._conn.execute("DELETE FROM epochs WHERE created_ns < ?",
                                         (results_cutoff,)).rowcount
+                if n:       # other connections reload their verdicts (module docstring)
+                    self._conn.execute(
+                        "INSERT INTO meta (key, value) VALUES ('prunes', '1') ON CONFLICT (key) "
+                        "DO UPDATE SET value = CAST(value AS INTEGER) + 1")
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")

@@ -216,17 +216,17 @@ def summarize_before(storage, before_ns: int, cfg: ScoringConfig,
 
 
 def apply_retention(storage, cfg: ScoringConfig, raw_hours: float, summary_days: float,
-                    now_ns: int | None = None) -> int:
+                    now_ns: int | None = None, compact_after_s: float | None = None) -> int:
     """The retention pass: summarise the slots whose windows leave the raw retention, then
     delete those windows, their score rows and verdict changes (older than ``raw_hours``: the
     summaries keep each GPU's verdicts per slot), and the summaries and scored epochs older than
     ``summary_days``. ``summary_days`` 0: no summaries, and everything follows the raw
     retention. Returns the rows deleted.
 
-    Then the windows that ended more than ``COMPACT_AFTER_S`` ago are compacted into blocks
-    (``Storage.compact``, at most ``COMPACT_PER_PASS``; after the prune, so no window is
-    compacted only to be deleted): the pass runs every minute, so windows spend about three
-    minutes stored one by one, then the rest of the raw retention in blocks."""
+    Then the windows that ended more than ``compact_after_s`` (default ``COMPACT_AFTER_S``) ago
+    are compacted into blocks (``Storage.compact``, at most ``COMPACT_PER_PASS``; after the
+    prune, so no window is compacted only to be deleted): the pass runs every minute, so windows
+    spend about three minutes stored one by one, then the rest of the raw retention in blocks."""
     import time
     from hypertrace.analyzer.storage import COMPACT_AFTER_S, COMPACT_PER_PASS
     now = now_ns if now_ns is not None else time.time_ns()
@@ -239,5 +239,6 @@ def apply_retention(storage, cfg: ScoringConfig, raw_hours: float, summary_days:
         n = storage.prune(raw_s, now, results_retention_seconds=summary_days * 86400,
                           windows_before_ns=until,
                           summarized_before_epoch=until // cfg.window_ns - 1 if until else None)
-    storage.compact(now - int(COMPACT_AFTER_S * 1e9), limit=COMPACT_PER_PASS)
+    after_s = COMPACT_AFTER_S if compact_after_s is None else compact_after_s
+    storage.compact(now - int(after_s * 1e9), limit=COMPACT_PER_PASS)
     return n

@@ -45,6 +45,12 @@ Figures (from the database after the analyzer stopped, so nothing is estimated f
   before its ack is sent again on a new stream, as the uplink does, and counted as resent; only
   its ack may say duplicate);
 * SQLite bytes per hour: database size after a WAL checkpoint / epochs covered x epochs per hour.
+* the CPU of the analyzer's child processes (its retention process, below multiprocessing's
+  forkserver), read from /proc apart from the analyzer's own: what the retention costs the host
+  off the analyzer's interpreter lock. ``--analyzer-args`` passes further analyzer flags (a
+  shorter ``--retention-every-s`` / ``--compact-after-s`` puts a short run in compaction's
+  steady state); ``--base-analyzer-args`` runs this tree with and without further flags side
+  by side (``--base-analyzer-args=--no-retention-process``: the pass in the analyzer's thread).
 
 Acks are timed at the generator (wall clock, per window): write -> ack, and the ack against its
 epoch's ``end + grace`` (the goal below), and the generator's own lag behind its schedule.
@@ -71,6 +77,7 @@ import argparse
 import os
 import platform
 import re
+import shlex
 import shutil
 import sqlite3
 import subprocess
@@ -130,6 +137,8 @@ class ScaleConfig:
     #: where the analyzer subprocess imports ``hypertrace`` from (PYTHONPATH; a directory that
     #: holds a ``hypertrace`` source tree): another commit, measured side by side with this one
     analyzer_path: str = ""
+    #: further flags of ``hypertrace analyzer`` (e.g. a shorter retention interval)
+    analyzer_args: tuple[str, ...] = ()
 
     @property
     def gpus(self) -> int:
@@ -161,6 +170,7 @@ class ScaleResult:
     stream_errors: list[str] = field(default_factory=list)
     measured_wall_s: float = 0.0
     cpu_cores: float = 0.0
+    child_cpu_cores: float = 0.0      # the analyzer's child processes (the retention process)
     rss_mb: float = 0.0
     peak_rss_mb: float = 0.0
     sustained_wps: float = 0.0        # offered paced load: nodes / window length
@@ -195,6 +205,15 @@ class ScaleResult:
         if not self.measured_windows:
             return float("nan")
         return self.cpu_cores * self.measured_wall_s / self.measured_windows * 1e3
+
+    @property
+    def child_cpu_ms_per_window(self) -> float:
+        """The CPU per window of the analyzer's child processes (its retention process and
+        multiprocessing's forkserver), over the same epochs: spent on the host, off the
+        analyzer process's interpreter lock."""
+        if not self.measured_windows:
+            return float("nan")
+        return self.child_cpu_cores * self.measured_wall_s / self.measured_windows * 1e3
 
     @property
     def exactly_once(self) -> bool:
@@ -247,6 +266,40 @@ def read_proc(pid: int) -> ProcSample:
     return ProcSample(cpu, rss, hwm)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, theirs, ...) from /proc's children lists: the
+    retention process is a child of multiprocessing's forkserver, itself the analyzer's."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue                     # ended meanwhile
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children", encoding="ascii") as fh:
+                    kids = [int(k) for k in fh.read().split()]
+            except OSError:
+                continue
+            out.extend(kids)
+            todo.extend(kids)
+    return out
+
+
+def children_cpu_s(pid: int) -> float:
+    """CPU seconds of the processes running below ``pid`` now (a child that already ended is
+    not counted: read it before stopping the analyzer)."""
+    total = 0.0
+    for kid in descendants(pid):
+        try:
+            total += read_proc(kid).cpu_s
+        except (OSError, ValueError, IndexError):
+            pass                         # ended between the two reads
+    return total
+
+
 def server_workers(cfg: ScaleConfig) -> int:
     """The analyzer's --max-workers for this load: one thread per stream that can be open at
     once, which an analyzer with grpc's sync server (an older tree under ``--compare-with``)
@@ -276,7 +329,7 @@ def start_analyzer(cfg: ScaleConfig, workdir: Path,
                    "--grace-seconds", str(cfg.grace_seconds),
                    "--flush-interval", str(cfg.flush_interval),
                    "--synchronous", cfg.synchronous,
-                   "--max-workers", str(server_workers(cfg))],
+                   "--max-workers", str(server_workers(cfg)), *cfg.analyzer_args],
             stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
             # pinned before it starts: thread pools sized at import (OpenBLAS's) see its CPUs
             preexec_fn=(lambda: os.sched_setaffinity(0, set(cfg.analyzer_cores)))
@@ -395,12 +448,15 @@ def run_scale(cfg: ScaleConfig, workdir: Path, pool: WindowPool | None = None,
         # [(e+1) W, (e+2) W): measure exactly the measured epochs' periods
         _sleep_until((measured.start + 1) * win_ns)
         before, t0 = read_proc(proc.pid), time.monotonic()
+        kids_before = children_cpu_s(proc.pid)
         for k in range(cfg.epochs):
             _sleep_until((measured.start + 2 + k) * win_ns)
             progress(f"  measured epoch {k + 1}/{cfg.epochs} done")
         after = read_proc(proc.pid)
+        kids_after = children_cpu_s(proc.pid)
         res.measured_wall_s = time.monotonic() - t0
         res.cpu_cores = (after.cpu_s - before.cpu_s) / res.measured_wall_s
+        res.child_cpu_cores = max(0.0, kids_after - kids_before) / res.measured_wall_s
         res.sustained_wps = cfg.nodes / cfg.window_seconds
         res.measured_windows = cfg.nodes * cfg.epochs
         _from_generators(gen.results(timeout=plan.ack_timeout_s + cfg.idle_close_s + 120.0),
@@ -498,7 +554,8 @@ def describe(r: ScaleResult) -> str:
         f" after each window end), max {mx} windows/s",
         f"analyzer CPU: {r.cpu_cores:.3f} cores over {r.measured_wall_s:.0f} s "
         f"({r.cpu_ms_per_window:.3f} ms per window); RSS "
-        f"{r.rss_mb:,.0f} MB, peak {r.peak_rss_mb:,.0f} MB",
+        f"{r.rss_mb:,.0f} MB, peak {r.peak_rss_mb:,.0f} MB; its child processes (retention): "
+        f"{r.child_cpu_cores:.3f} cores ({r.child_cpu_ms_per_window:.3f} ms per window)",
         f"acks at the generator ({r.generator_procs} processes, {r.generator_cpu_s:.0f} CPU s, "
         f"fd limit {r.fd_limit:,}): write -> ack p50 {r.ack_p50_s:.3f} s, p99 "
         f"{r.ack_p99_s:.3f} s, max {r.ack_max_s:.3f} s; ack beyond end+grace p99 "
@@ -529,24 +586,26 @@ TABLE_HEAD = ("| GPUs | nodes | windows/s sustained | windows/s max | analyzer c
               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:--|")
 
 
-def compare(cfg: ScaleConfig, base_path: str, rounds: int, workdir: Path,
+def compare(base: ScaleConfig, head: ScaleConfig, rounds: int, workdir: Path,
             pool: WindowPool) -> int:
-    """The same paced run against the analyzer of ``base_path`` and of this tree, alternating
-    (base, head, base, head, ...) so that both meet the same machine noise; prints the CPU per
-    window of each and the ratio of their medians. Exit status 1 when a run lost a window or the
-    two found different stragglers, or when a run of this tree failed a check of "keeps up"
-    (the goal flags)."""
+    """The same paced run against two analyzers, alternating (base, head, base, head, ...) so
+    that both meet the same machine noise: another tree's (``analyzer_path``) or this one with
+    other flags (``analyzer_args``) as the base, and this tree as the head; prints the CPU per
+    window of each (the analyzer's process, and its child processes apart) and the ratio of their
+    medians. Exit status 1 when a run lost a window or the two found different stragglers, or
+    when a run of the head failed a check of "keeps up" (the goal flags)."""
     runs: dict[str, list[ScaleResult]] = {"base": [], "head": []}
     for k in range(rounds):
-        for label, path in (("base", base_path), ("head", "")):
+        for label, cfg in (("base", base), ("head", head)):
             (workdir / f"{label}-{k}").mkdir()
-            r = run_scale(replace(cfg, analyzer_path=path), workdir / f"{label}-{k}", pool,
-                          progress=lambda *_: None)
+            r = run_scale(cfg, workdir / f"{label}-{k}", pool, progress=lambda *_: None)
             runs[label].append(r)
             mx = f"{r.max_wps:,.0f}" if r.max_wps else "-"
             print(f"{label} round {k + 1}: {r.cpu_ms_per_window:.3f} ms CPU per window "
-                  f"({r.cpu_cores:.3f} cores), peak RSS {r.peak_rss_mb:,.0f} MB, max {mx} "
-                  f"windows/s, verdicts p99 beyond grace {r.beyond_grace_p99_s:+.2f} s, ack "
+                  f"({r.cpu_cores:.3f} cores; child processes {r.child_cpu_ms_per_window:.3f} "
+                  f"ms per window), ack p50 {r.ack_p50_s:.3f} s, peak RSS "
+                  f"{r.peak_rss_mb:,.0f} MB, max {mx} windows/s, verdicts p99 beyond grace "
+                  f"{r.beyond_grace_p99_s:+.2f} s, ack "
                   f"p99 {r.ack_p99_s:.3f} s ({r.ack_beyond_grace_p99_s:+.2f} s beyond grace), "
                   f"late {r.late_windows}, exactly once "
                   f"{'yes' if r.exactly_once else 'NO'} (sent {r.windows_sent:,}, acked "
@@ -559,10 +618,18 @@ def compare(cfg: ScaleConfig, base_path: str, rounds: int, workdir: Path,
     mx = {k: float(np.median([r.max_wps or np.nan for r in v])) for k, v in runs.items()}
     print(f"\nmedian CPU per window: base {med['base']:.3f} ms, head {med['head']:.3f} ms -> "
           f"head/base {med['head'] / med['base']:.3f}")
+    kids = {k: float(np.median([r.child_cpu_ms_per_window for r in v])) for k, v in runs.items()}
+    print(f"median CPU per window of the child processes: base {kids['base']:.3f} ms, head "
+          f"{kids['head']:.3f} ms; both together: base {med['base'] + kids['base']:.3f} ms, head "
+          f"{med['head'] + kids['head']:.3f} ms")
     print(f"median max rate: base {mx['base']:,.0f}, head {mx['head']:,.0f} windows/s -> "
           f"head/base {mx['head'] / mx['base']:.3f}")
     ack = {k: float(np.median([r.ack_p99_s for r in v])) for k, v in runs.items()}
-    print(f"median ack p99 at the generator: base {ack['base']:.3f} s, head {ack['head']:.3f} s")
+    ack50 = {k: float(np.median([r.ack_p50_s for r in v])) for k, v in runs.items()}
+    print(f"median ack p50 / p99 at the generator: base {ack50['base']:.3f} / {ack['base']:.3f} "
+          f"s, head {ack50['head']:.3f} / {ack['head']:.3f} s")
+    late = {k: sum(r.late_windows for r in v) for k, v in runs.items()}
+    print(f"late windows in all rounds: base {late['base']}, head {late['head']}")
     rss = {k: float(np.median([r.peak_rss_mb for r in v])) for k, v in runs.items()}
     print(f"median peak RSS: base {rss['base']:,.0f} MB, head {rss['head']:,.0f} MB")
     all_runs = runs["base"] + runs["head"]
@@ -612,7 +679,16 @@ def main(argv: list[str] | None = None) -> int:
                     "from DIR (a directory holding a hypertrace source tree, e.g. `git archive` "
                     "of another commit) and this one; prints CPU per window and their ratio "
                     "(no ramp)")
-    ap.add_argument("--rounds", type=int, default=2, help="--compare-with: runs of each side")
+    ap.add_argument("--base-analyzer-args", default="", metavar="FLAGS",
+                    help="side by side as --compare-with, the base being this tree's analyzer "
+                    "with these further flags, e.g. --base-analyzer-args=--no-retention-process "
+                    "(with =: the value starts with a dash; no ramp)")
+    ap.add_argument("--analyzer-args", default="", metavar="FLAGS",
+                    help="further flags of every analyzer run, e.g. "
+                    "--analyzer-args=\"--retention-every-s 10 --compact-after-s 20\" for the "
+                    "retention's steady state in a short run")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="--compare-with, --base-analyzer-args: runs of each side")
     ap.add_argument("--warmup", type=int, default=None,
                     help="warm-up epochs of the main run (default 2)")
     ap.add_argument("--generator-procs", type=int, default=1,
@@ -629,6 +705,7 @@ def main(argv: list[str] | None = None) -> int:
                     "most S seconds after its epoch's end + grace")
     args = ap.parse_args(argv)
     load = dict(idle_close_s=args.idle_close_s, generator_procs=args.generator_procs,
+                analyzer_args=tuple(shlex.split(args.analyzer_args)),
                 generator_cores=args.generator_cores,
                 analyzer_cores=args.analyzer_cores, goal_cores=args.goal_cores,
                 goal_ack_beyond_grace_s=args.goal_ack_beyond_grace)
@@ -649,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.warmup is not None:
             cfg = replace(cfg, warmup_epochs=args.warmup)
         ramp = [int(x) for x in args.ramp.split(",") if x.strip()]
-    if args.compare_with:
+    if args.compare_with or args.base_analyzer_args:
         ramp = []
     print(f"== machine: {machine_info()}", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="hypertrace-scale-"))
@@ -667,7 +744,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.compare_with:
             print(f"== side by side: base = the analyzer from {args.compare_with}, head = this "
                   f"tree; {args.rounds} rounds, alternating", flush=True)
-            return compare(cfg, str(Path(args.compare_with).resolve()), args.rounds, tmp, pool)
+            base = replace(cfg, analyzer_path=str(Path(args.compare_with).resolve()))
+            return compare(base, cfg, args.rounds, tmp, pool)
+        if args.base_analyzer_args:
+            extra = tuple(shlex.split(args.base_analyzer_args))
+            print(f"== side by side: base = this tree with {' '.join(extra)}, head = this tree; "
+                  f"{args.rounds} rounds, alternating", flush=True)
+            return compare(replace(cfg, analyzer_args=cfg.analyzer_args + extra), cfg,
+                           args.rounds, tmp, pool)
         (tmp / "main").mkdir()
         main_res = run_scale(cfg, tmp / "main", pool)
         results.append(main_res)

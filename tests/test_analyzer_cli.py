@@ -64,3 +64,25 @@ def test_the_retention_and_snapshot_defaults_and_their_flags():
          "--snapshot-seconds", "0"]))
     assert (server["retention_hours"], server["summary_retention_days"],
             server["snapshot_seconds"]) == (0.0, 7.0, 0.0)
+
+
+def test_the_retention_process_option_flag_and_toml_key(tmp_path, capsys):
+    """On by default; --no-retention-process or ``retention_process = false`` turn it off;
+    the pass interval and compaction age must be positive."""
+    from hypertrace.cli.analyzer import resolve_settings
+    from hypertrace.cli.main import build_parser
+    server, _ = resolve_settings(build_parser().parse_args(["analyzer"]))
+    assert (server["retention_process"], server["retention_every_s"],
+            server["compact_after_s"]) == (True, 60.0, 120.0)
+    server, _ = resolve_settings(build_parser().parse_args(
+        ["analyzer", "--no-retention-process", "--retention-every-s", "5",
+         "--compact-after-s", "30"]))
+    assert (server["retention_process"], server["retention_every_s"],
+            server["compact_after_s"]) == (False, 5.0, 30.0)
+    cfg = tmp_path / "analyzer.toml"
+    cfg.write_text("retention_process = false\n")
+    server, _ = resolve_settings(build_parser().parse_args(["analyzer", "--config", str(cfg)]))
+    assert server["retention_process"] is False
+    assert main(["analyzer", "--db", str(tmp_path / "a.db"), "--insecure",
+                 "--retention-every-s", "0"]) == 2
+    assert "retention_every_s must be > 0 seconds" in capsys.readouterr().err

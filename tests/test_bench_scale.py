@@ -8,17 +8,42 @@ straggler, and the analyzer's CPU and memory are read from /proc.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
-from hypertrace.sim.bench_scale import (SLOW_NODE, ScaleConfig, read_proc, run_scale,
-                                             server_workers, table_row)
+from hypertrace.sim.bench_scale import (SLOW_NODE, ScaleConfig, children_cpu_s, descendants,
+                                         read_proc, run_scale, server_workers, table_row)
 
 
 def test_read_proc_reports_cpu_and_memory_of_a_process():
     s = read_proc(os.getpid())
     assert s.cpu_s > 0
     assert 0 < s.rss_kb <= s.hwm_kb
+
+
+def test_the_cpu_of_grandchildren_is_counted_apart_from_the_process(tmp_path):
+    """A child's child (as the retention process is the forkserver's) is found, and its CPU,
+    spent after this test started it, is counted."""
+    import subprocess
+    import sys
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n" \
+           "open(%r, 'w').close()\ntime.sleep(60)" % str(tmp_path / "done")
+    parent = subprocess.Popen([sys.executable, "-c",
+                               "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+                               f"{busy!r}])"])
+    try:
+        for _ in range(200):
+            if (tmp_path / "done").exists():
+                break
+            time.sleep(0.05)
+        kids = descendants(parent.pid)
+        assert len(kids) == 1 and parent.pid not in kids
+        assert children_cpu_s(parent.pid) >= 0.3
+    finally:
+        for pid in descendants(parent.pid):
+            os.kill(pid, 9)
+        parent.wait(10)
 
 
 def test_config_rejects_a_spread_longer_than_the_window():
