@@ -359,11 +359,11 @@ class _Flat:
     def raw(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(rows, first buckets, lengths, counts as uint64, totals) of the histograms that hold
         counts, in the order added (an empty histogram adds nothing)."""
-        sets = self.decoded + [self._decode_wire()] if self.rows else self.decoded
+        if not self.decoded:
+            return self._decode_wire()
+        sets = self.decoded + ([self._decode_wire()] if self.rows else [])
         if len(sets) == 1:
             return sets[0]                           # type: ignore[return-value]
-        if not sets:
-            return self._decode_wire()
         return tuple(np.concatenate(parts) for parts in zip(*sets))   # type: ignore[return-value]
 
     def _decode_wire(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -76,8 +76,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hypertrace.analyzer.config import ConfigError
-    from hypertrace.analyzer.engine import (Engine, UnknownJobError, epoch_of_ns,
-                                              prepare_windows)
+    from hypertrace.analyzer.engine import Engine, UnknownJobError, prepare_windows
     from hypertrace.cli.report import emit
     from hypertrace.proto import validate_ahead, wire
 
@@ -102,9 +101,10 @@ def run(args: argparse.Namespace) -> int:
                 n += item.windows
                 progress.add(item.windows)
                 if item.later_midpoint_ns is not None:
-                    # epochs no later window belongs to: scored now, while the workers read on
-                    engine.flush(epoch_of_ns(item.later_midpoint_ns, item.later_midpoint_ns,
-                                             cfg.window_ns) * cfg.window_ns + cfg.grace_ns)
+                    # the epochs before the first one a later window belongs to (midpoint //
+                    # window length): scored now, while the workers read on
+                    first_open = item.later_midpoint_ns // cfg.window_ns
+                    engine.flush(first_open * cfg.window_ns + cfg.grace_ns)
                 continue
             window, size, problem = item
             n += 1
