@@ -75,6 +75,8 @@ def _default_engine_factory(config: Any) -> Any:
 #: otherwise wait for the interpreter's switch interval at every turn and acks would queue behind
 #: the feed. A hand-over when nobody waits costs a system call.
 FEED_YIELD_EVERY = 32
+#: Windows sent to the Engine's worker process in one message (about 3.4 KB each).
+FEED_BATCH = 512
 #: The interpreter's switch interval in the analyzer (s; Python's default 0.005): how long the
 #: event loop may wait for the GIL while another thread scores or feeds the Engine.
 SWITCH_INTERVAL_S = 0.0005
@@ -98,7 +100,7 @@ class Analyzer:
     def __init__(self, storage: Storage, config: Any = None,
                  engine_factory: Callable[[Any], Any] | None = None, evictor: Any = None,
                  metrics: AnalyzerMetrics | None = None,
-                 snapshot_seconds: float = SNAPSHOT_SECONDS):
+                 snapshot_seconds: float = SNAPSHOT_SECONDS, engine_process: bool = False):
         if config is None:
             from hypertrace.analyzer.config import ScoringConfig
             config = ScoringConfig()
@@ -106,9 +108,15 @@ class Analyzer:
         self.storage = storage
         self.evictor = evictor           # analyzer/evict: reviews jobs whose scoring convicted
         self.metrics = metrics or AnalyzerMetrics()   # analyzer/metrics.py (served or not)
-        self._engine = (engine_factory or _default_engine_factory)(config)
+        #: the Engine's worker process (analyzer/engine_process.py), when the Engine runs there
+        self.engine_process: Any = None
+        if engine_process and engine_factory is None:
+            self.engine_process = self._start_engine_process()
+        self._engine = (self.engine_process if self.engine_process is not None
+                        else (engine_factory or _default_engine_factory)(config))
         self._lock = threading.Lock()
-        self._inbox: deque[tuple[pb.NodeWindow, int]] = deque()   # stored, not yet in the Engine
+        #: stored windows not yet in the Engine: (window, its stored bytes, its id, arrival ns)
+        self._inbox: deque[tuple[pb.NodeWindow, bytes, int, int]] = deque()
         self.replay_pending_max = 0      # most epochs held in memory during the last resume()
         #: seconds between Engine snapshots stored with the results (0: never; analyzer/snapshot.py)
         self.snapshot_seconds = snapshot_seconds
@@ -118,59 +126,45 @@ class Analyzer:
         #: job -> (its convicted GPUs, when the evictor last reviewed it)
         self._reviewed: dict[str, tuple[frozenset, int]] = {}
 
+    def _start_engine_process(self) -> Any:
+        """The Engine's worker process, or None (with a log line) where it cannot run: the
+        Engine then runs in this process."""
+        from hypertrace.analyzer.engine_process import EngineProcess, WorkerUnavailable
+        path = getattr(self.storage, "path", "")
+        if not isinstance(self.storage, Storage):
+            return None
+        try:
+            return EngineProcess(self.config, str(path), self._newest_stored_id)
+        except WorkerUnavailable as exc:
+            log.warning("the Engine runs in this process: %s", exc)
+            return None
+
+    def _newest_stored_id(self) -> int:
+        with self.storage.commits_held() as upto:
+            return upto
+
     def resume(self, use_snapshot: bool = True) -> int:
         """Load the stored Engine snapshot, if there is a usable one (and ``use_snapshot``), then
         replay every window stored after it (all of them without one) into the Engine, epoch by
-        epoch; returns how many were replayed.
-
-        Windows come in end-time order. Each epoch is scored as soon as no window of it can
-        still follow (its end + grace lies two windows behind the replayed time), so memory holds
-        a few epochs, not the whole history; a window the live analyzer found late is replayed
-        as late. So the restarted analyzer reaches the verdicts the live one reached."""
-        n = 0
-        held = 0
-        slack = 2 * self.config.window_ns
+        epoch (analyzer/replay.py); returns how many were replayed. So the restarted analyzer
+        reaches the verdicts the live one reached."""
+        from hypertrace.analyzer.replay import replay_stored
         with self._lock:
-            after = self._load_snapshot() if use_snapshot else 0
-            for sw in self.storage.iter_windows(after_id=after):
-                try:
-                    self._engine.ingest(sw.message(), late=sw.late, arrived_ns=sw.received_ns)
-                except Exception:   # a stored window the engine cannot take must not stop start-up
-                    log.exception("replay: engine rejected stored window %.64r/%d",
-                                  sw.agent_id, sw.seq)
-                n += 1
-                self._engine.flush(sw.end_ns - slack, expire=True)
-                held = max(held, self._engine.pending_epochs())
-        self.replay_pending_max = held
-        if n:
-            log.info("resumed %d stored windows from %s (at most %d epochs pending)", n,
-                     self.storage.path, held)
-        return n
+            if self.engine_process is not None:
+                done = self.engine_process.replay(use_snapshot)
+            else:
+                done = replay_stored(self._engine, self.storage, use_snapshot)
+        self.replay_pending_max = done.pending_max
+        self.resumed_from_snapshot = done.from_snapshot
+        if done.windows:
+            log.info("resumed %d stored windows from %s (at most %d epochs pending)",
+                     done.windows, self.storage.path, done.pending_max)
+        return done.windows
 
-    def _load_snapshot(self) -> int:
-        """Restore the stored Engine snapshot into the fresh Engine; returns the id of the
-        newest window it holds (0: none usable, replay everything). Lock held."""
-        self.resumed_from_snapshot = False
-        if not hasattr(self._engine, "restore_state"):
-            return 0
-        from hypertrace.analyzer import snapshot
-        try:
-            snap = self.storage.snapshot()
-        except StorageError as exc:
-            log.warning("stored Engine snapshot unreadable (%s); replaying every window", exc)
-            return 0
-        if snap is None:
-            return 0
-        try:
-            snapshot.restore(self._engine, snap)
-        except snapshot.SnapshotError as exc:
-            log.warning("stored Engine snapshot not used: %s; replaying every stored window",
-                        exc)
-            return 0
-        self.resumed_from_snapshot = True
-        log.info("resumed the Engine snapshot of %s (windows up to id %d)", self.storage.path,
-                 snap.upto)
-        return snap.upto
+    def close(self) -> None:
+        """End the Engine's worker process, if it has one (its state is all stored)."""
+        if self.engine_process is not None:
+            self.engine_process.close()
 
     def ingest(self, w: pb.NodeWindow, payload: bytes | None = None) -> bool:
         """Store a validated window, then queue it for the Engine; False if it was a duplicate.
@@ -190,12 +184,13 @@ class Analyzer:
         False (a duplicate) or the exception that refused it."""
         inbox = self._inbox
 
-        def queue(w: pb.NodeWindow) -> Callable[[int], None]:
+        def queue(w: pb.NodeWindow, raw: bytes) -> Callable[[int], None]:
             # queued when its commit is done, under the store's lock (deque.append: atomic),
             # so an Engine snapshot can name the newest window the Engine holds (_capture)
-            return lambda _id: inbox.append((w, time.time_ns()))
+            return lambda _id: inbox.append((w, raw, _id, time.time_ns()))
 
-        out = self.storage.add_windows([(w, raw, queue(w)) for w, raw in windows])
+        payloads = [(w, raw if raw is not None else w.SerializeToString()) for w, raw in windows]
+        out = self.storage.add_windows([(w, raw, queue(w, raw)) for w, raw in payloads])
         new = sum(1 for o in out if o is True)
         if new:
             self.metrics.received.inc(new)
@@ -216,9 +211,11 @@ class Analyzer:
 
     def _feed(self, late: list[tuple[str, int]]) -> int:
         """Feed the queue to the Engine (lock held); the late windows go on ``late``."""
+        if self.engine_process is not None:
+            return self._feed_process(late)
         n = 0
         while self._inbox:
-            w, arrived = self._inbox.popleft()
+            w, _, _, arrived = self._inbox.popleft()
             n += 1
             if n % FEED_YIELD_EVERY == 0:
                 time.sleep(0)   # hands the GIL to the event loop if it waits (FEED_YIELD_EVERY)
@@ -228,6 +225,18 @@ class Analyzer:
             except Exception:   # stored already; an engine bug must not stop the others
                 log.exception("engine failed on window %.64r/%d (stored, not scored)",
                               w.agent_id, w.seq)
+        return n
+
+    def _feed_process(self, late: list[tuple[str, int]]) -> int:
+        """:meth:`_feed` to the Engine's worker process: the stored bytes, in batches (lock
+        held). This thread waits for each batch's answer without the interpreter lock."""
+        n = 0
+        inbox = self._inbox
+        while inbox:
+            batch = [inbox.popleft() for _ in range(min(len(inbox), FEED_BATCH))]
+            n += len(batch)
+            for i in self.engine_process.ingest_batch([(i, raw, t) for _, raw, i, t in batch]):
+                late.append((batch[i][0].agent_id, batch[i][0].seq))
         return n
 
     def _mark_late(self, late: list[tuple[str, int]]) -> None:
@@ -261,7 +270,8 @@ class Analyzer:
         return len(results)
 
     def _snapshot_due(self, now: int) -> bool:
-        if self.snapshot_seconds <= 0 or not hasattr(self._engine, "export_state"):
+        if self.snapshot_seconds <= 0 or not (self.engine_process is not None
+                                              or hasattr(self._engine, "export_state")):
             return False
         last = self._snapshot_ns
         if last is not None and now - last < self.snapshot_seconds * 1e9:
@@ -280,6 +290,8 @@ class Analyzer:
             self._feed(late)
             with self.storage.commits_held() as upto:
                 self._feed(late)
+            if self.engine_process is not None:
+                return upto, self.engine_process.capture()
             return upto, snapshot.capture(self._engine)
         except Exception:   # a snapshot is an optimisation: never stop scoring for it
             log.exception("Engine snapshot failed; the next one is tried in %g s",

@@ -34,7 +34,7 @@ SERVER_KEYS = {"listen": str, "db": str, "retention_hours": float,
                "synchronous": str, "max_workers": int, "tls_ca": str, "tls_cert": str,
                "tls_key": str, "insecure": bool, "trust_domain": str,
                "max_clock_skew_s": float, "metrics_listen": str, "retention_process": bool,
-               "retention_every_s": float, "compact_after_s": float}
+               "retention_every_s": float, "compact_after_s": float, "engine_process": bool}
 
 
 def _scoring_fields() -> list[dataclasses.Field]:
@@ -68,6 +68,13 @@ def register(subparsers) -> None:
                         "process cannot start, or with --no-retention-process, it runs in a "
                         "thread of the analyzer; its CPU is counted in "
                         "hypertrace_retention_cpu_seconds_total either way)")
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the scoring Engine (its ingest, scoring, reports and snapshots) in "
+                        "a worker process of its own, so that acks never wait on scoring and "
+                        "the gRPC event loop keeps this process's interpreter lock to itself "
+                        "(default on; where the process cannot start, or with "
+                        "--no-engine-process, the Engine runs in the analyzer's process; a "
+                        "worker that dies is replaced and replays the stored windows)")
     p.add_argument("--retention-every-s", type=float,
                    help="seconds between retention passes (default 60)")
     p.add_argument("--compact-after-s", type=float,
@@ -129,7 +136,8 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
                                 "tls_cert": None, "tls_key": None, "insecure": False,
                                 "trust_domain": "hypertrace", "max_clock_skew_s": 300.0,
                                 "metrics_listen": None, "retention_process": True,
-                                "retention_every_s": 60.0, "compact_after_s": 120.0}
+                                "retention_every_s": 60.0, "compact_after_s": 120.0,
+                                "engine_process": True}
     server, scoring = layer(file_values, args, defaults, scoring_names, args.config)
     _check_server_settings(server)
     server["evict"] = evict
@@ -207,12 +215,17 @@ def run(args: argparse.Namespace) -> int:
         storage.close()
         return 2
     analyzer = Analyzer(storage, config, evictor=evictor,
-                        snapshot_seconds=float(server_cfg["snapshot_seconds"]))
+                        snapshot_seconds=float(server_cfg["snapshot_seconds"]),
+                        engine_process=bool(server_cfg["engine_process"]))
+
+    def close() -> None:
+        analyzer.close()
+        storage.close()
     try:
         resumed = analyzer.resume()
     except StorageError as exc:          # a corrupt file: exit 2, no restart loop
         print(f"hypertrace analyzer: {exc}", file=sys.stderr)
-        storage.close()
+        close()
         return 2
     options = ServerOptions(listen=server_cfg["listen"],
                             flush_interval=float(server_cfg["flush_interval"]),
@@ -228,4 +241,4 @@ def run(args: argparse.Namespace) -> int:
                             compact_after_s=float(server_cfg["compact_after_s"]))
     from hypertrace.cli.cluster_settings import serve_until_signal
     return serve_until_signal(AnalyzerServer(analyzer, options), "analyzer",
-                              f"db {storage.path}, {resumed} windows resumed", storage.close)
+                              f"db {storage.path}, {resumed} windows resumed", close)

@@ -52,7 +52,7 @@ def serve(db: str, yield_every: int | None, switch_s: float | None, feed: int,
         while True:
             time.sleep(every)
             now = time.time_ns()
-            analyzer._inbox.extend((w, now) for w in windows)
+            analyzer._inbox.extend((w, b"", 0, now) for w in windows)
             fed += len(windows)
     finally:
         server.stop()

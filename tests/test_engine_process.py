@@ -1,0 +1,172 @@
+"""The Engine in a worker process of its own (analyzer/engine_process.py), on real SQLite files.
+
+Scored in the worker, windows give the same results, reports, job lists, late marks and
+snapshots as with the Engine in the analyzer's process; a worker killed mid-run (with windows
+stored but not yet fed) is replaced, and every stored window reaches the new Engine exactly
+once; an error in the worker comes back as itself; over real gRPC the server acks, scores and
+reports the same; and closing the analyzer leaves no worker behind.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from hypertrace.analyzer.config import ScoringConfig
+from hypertrace.analyzer.engine_process import EngineProcess, WorkerUnavailable
+from hypertrace.analyzer.server import Analyzer, AnalyzerServer, ServerOptions
+from hypertrace.analyzer.storage import Storage
+from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc
+from hypertrace.sim.simulate import SimConfig, Straggler, generate
+
+WIN_NS = 10 * 10**9
+CFG = SimConfig(gpus=32, gpus_per_node=8, windows=8, seed=11,
+                stragglers=(Straggler("node-0002", 1.3),))
+
+
+def _epochs() -> list[list[pb.NodeWindow]]:
+    """The job's windows, epoch by epoch (every node's window of one epoch)."""
+    by_end: dict[int, list[pb.NodeWindow]] = {}
+    for w in generate(CFG):
+        by_end.setdefault(w.end.ToNanoseconds(), []).append(w)
+    return [by_end[k] for k in sorted(by_end)]
+
+
+def _due(epoch: list[pb.NodeWindow]) -> int:
+    """A time at which that epoch is complete (its end + grace passed)."""
+    return epoch[0].end.ToNanoseconds() + 2 * WIN_NS
+
+
+def _plain(report: pb.Report) -> bytes:
+    r = pb.Report()
+    r.CopyFrom(report)
+    r.ClearField("generated")
+    return r.SerializeToString(deterministic=True)
+
+
+def _run(db: Path, engine_process: bool, kill_before_epoch: int | None = None) -> dict:
+    """Every epoch ingested then scored, one window of epoch 1 sent after epoch 1 was scored
+    (late); with ``kill_before_epoch`` the worker is SIGKILLed after that epoch's windows were
+    stored and queued, before they reach it."""
+    st = Storage.open(db, synchronous="NORMAL")
+    a = Analyzer(st, ScoringConfig(), engine_process=engine_process)
+    try:
+        assert (a.engine_process is not None) == engine_process
+        a.resume()
+        epochs = _epochs()
+        held = epochs[1].pop()
+        for k, epoch in enumerate(epochs):
+            for w in epoch:
+                a.ingest(w)
+            if k == kill_before_epoch:
+                os.kill(a.engine_process.pid, signal.SIGKILL)
+            a.flush(_due(epoch))
+            if k == 1:
+                a.ingest(held)              # its epoch is scored: late
+                a.drain()
+        return {"report": _plain(a.report()), "jobs": a.list_jobs().SerializeToString(),
+                "late": sorted((sw.agent_id, sw.seq) for sw in st.iter_windows() if sw.late),
+                "restarts": a.engine_process.restarts if a.engine_process else 0}
+    finally:
+        a.close()
+        st.close()
+
+
+def _ends(pid: int, within_s: float = 10.0) -> bool:
+    """Whether process ``pid`` is gone (or a zombie) within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_worker_scores_as_the_engine_in_this_process(tmp_path):
+    here = _run(tmp_path / "here.db", engine_process=False)
+    there = _run(tmp_path / "there.db", engine_process=True)
+    assert there["report"] == here["report"]
+    assert there["jobs"] == here["jobs"]
+    assert there["late"] == here["late"] and len(here["late"]) == 1
+    report = pb.Report.FromString(here["report"])
+    assert [n.node for n in report.jobs[0].nodes if n.verdict == "straggler"] == ["node-0002"]
+
+
+def test_a_killed_worker_is_replaced_and_each_window_reaches_it_once(tmp_path):
+    """Killed with epoch 4's windows stored and queued: the new worker replays the stored
+    windows up to the newest (those included) and the queue leaves them out, so the job's
+    window count, its scores and its late window are those of a run without the kill."""
+    here = _run(tmp_path / "here.db", engine_process=False)
+    killed = _run(tmp_path / "killed.db", engine_process=True, kill_before_epoch=4)
+    assert killed["restarts"] == 1
+    assert killed["jobs"] == here["jobs"]
+    assert killed["report"] == here["report"]
+    assert killed["late"] == here["late"]
+
+
+def test_a_snapshot_made_in_the_worker_resumes_an_engine_here(tmp_path):
+    db = tmp_path / "a.db"
+    live = _run(db, engine_process=True)
+    st = Storage.open(db, synchronous="NORMAL")
+    a = Analyzer(st, ScoringConfig())
+    try:
+        a.resume()
+        assert a.resumed_from_snapshot
+        assert _plain(a.report()) == live["report"]
+    finally:
+        st.close()
+
+
+def test_an_error_in_the_worker_comes_back_as_itself(tmp_path):
+    st = Storage.open(tmp_path / "a.db", synchronous="NORMAL")
+    a = Analyzer(st, ScoringConfig(), engine_process=True)
+    try:
+        with pytest.raises(KeyError, match="unknown job 'nope'"):
+            a.report("nope")
+        assert a.list_jobs().jobs == []          # the worker goes on
+        assert a.engine_process.restarts == 0
+    finally:
+        a.close()
+        st.close()
+
+
+def test_no_worker_for_a_database_in_memory():
+    with pytest.raises(WorkerUnavailable, match="in memory"):
+        EngineProcess(ScoringConfig(), ":memory:", lambda: 0)
+
+
+def test_over_grpc_the_server_acks_and_reports_as_with_the_engine_here(tmp_path):
+    reports = {}
+    for mode in (False, True):
+        st = Storage.open(tmp_path / f"{mode}.db", synchronous="NORMAL")
+        a = Analyzer(st, ScoringConfig(), engine_process=mode)
+        a.resume()
+        server = AnalyzerServer(a, ServerOptions(listen="127.0.0.1:0", flush_interval=0.0,
+                                                 shutdown_grace_s=0.5, insecure=True))
+        port = server.start()
+        pid = a.engine_process.pid if mode else None
+        try:
+            windows = [w for epoch in _epochs() for w in epoch]
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                acks = list(pb_grpc.IngestStub(ch).Stream(iter(windows), timeout=60))
+                assert [(k.seq, k.duplicate) for k in acks] == [(w.seq, False) for w in windows]
+                again = list(pb_grpc.IngestStub(ch).Stream(iter(windows[:3]), timeout=60))
+                assert all(k.duplicate for k in again)
+                reports[mode] = _plain(pb_grpc.QueryStub(ch).GetReport(
+                    pb.ReportRequest(all_nodes=True), timeout=60))
+        finally:
+            server.stop()
+            a.close()
+            st.close()
+        if mode:
+            assert _ends(pid), "the Engine's worker outlived the analyzer"
+    assert reports[True] == reports[False]
