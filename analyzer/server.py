@@ -447,10 +447,10 @@ class _Refused(Exception):
         self.code, self.reason, self.details = code, reason, details
 
 
-def _accept(raw: bytes, context: Any, access: Access | None,
-            max_skew_s: float) -> tuple[pb.NodeWindow, bytes, list[WireError]]:
-    """Parse, size-check, validate and authorize one window: (the window, the bytes to store,
-    the process entries dropped), or :class:`_Refused`."""
+def check_content(raw: bytes) -> tuple[pb.NodeWindow, bytes, list[WireError]]:
+    """Size-check, parse and validate one window's bytes: (the window, the bytes to store, the
+    process entries dropped), or :class:`_Refused`. Needs nothing but the bytes, so it also
+    runs in the window checkers' processes (analyzer/check_process.py)."""
     if len(raw) > MAX_WINDOW_BYTES:
         raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "too_large",
                        f"NodeWindow: is {len(raw)} bytes, over the {MAX_WINDOW_BYTES}-byte "
@@ -471,6 +471,18 @@ def _accept(raw: bytes, context: Any, access: Access | None,
         raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "invalid",
                        f"window seq {w.seq} of agent {quote(w.agent_id)}: cannot be "
                        f"validated ({type(exc).__name__})") from None
+    if dropped:
+        w.rejected_processes = len(dropped)
+        raw = w.SerializeToString()          # what is stored is what was accepted
+        log.warning("window %.64r/%d: dropped %d invalid process entries (first: %s)",
+                    w.agent_id, w.seq, len(dropped), dropped[0])
+    return w, raw, dropped
+
+
+def authorize(w: pb.NodeWindow, context: Any, access: Access | None,
+              max_skew_s: float) -> None:
+    """The checks that need the analyzer's clock and the caller: :class:`_Refused` for a
+    window ending too far ahead, or one this caller may not send."""
     try:
         check_clock(w, time.time_ns(), max_skew_s)
     except WireError as exc:
@@ -480,11 +492,14 @@ def _accept(raw: bytes, context: Any, access: Access | None,
         refusal = access.window_refusal(context, w)
         if refusal is not None:
             raise _Refused(grpc.StatusCode.PERMISSION_DENIED, "identity", refusal)
-    if dropped:
-        w.rejected_processes = len(dropped)
-        raw = w.SerializeToString()          # what is stored is what was accepted
-        log.warning("window %.64r/%d: dropped %d invalid process entries (first: %s)",
-                    w.agent_id, w.seq, len(dropped), dropped[0])
+
+
+def _accept(raw: bytes, context: Any, access: Access | None,
+            max_skew_s: float) -> tuple[pb.NodeWindow, bytes, list[WireError]]:
+    """Parse, size-check, validate and authorize one window: (the window, the bytes to store,
+    the process entries dropped), or :class:`_Refused`."""
+    w, raw, dropped = check_content(raw)
+    authorize(w, context, access, max_skew_s)
     return w, raw, dropped
 
 
@@ -596,7 +611,8 @@ STORE_THREADS = 64
 
 def _ingest_handler(analyzer: Analyzer, access: Access | None, store_pool: futures.Executor,
                     max_skew_s: float = MAX_CLOCK_SKEW_S,
-                    on_broken: Callable[[], None] | None = None) -> grpc.GenericRpcHandler:
+                    on_broken: Callable[[], None] | None = None,
+                    checkers: Any = None) -> grpc.GenericRpcHandler:
     """Ingest.Stream on the server's event loop: every stream is a coroutine, not a thread.
 
     Why: with a thread per stream (grpc's sync server) every window crossed threads twice in
@@ -605,16 +621,31 @@ def _ingest_handler(analyzer: Analyzer, access: Access | None, store_pool: futur
     that cost more than parsing and storing the window (sim/bench_transport.py). Here the
     window is checked on the loop and only the blocking store goes to ``store_pool``, in groups
     (:class:`_StoreQueue`); the ack is sent once the store returned, so after the commit that
-    holds the window."""
+    holds the window. With ``checkers`` (analyzer/check_process.py) the window's contents are
+    checked in their processes, and the loop parses only what they accepted."""
     store = (_StoreQueue(analyzer, store_pool, on_broken) if hasattr(analyzer, "ingest_many")
              else None)
+
+    async def accept(raw: bytes, context: Any) -> tuple[pb.NodeWindow, bytes, list]:
+        if checkers is None:
+            return _accept(raw, context, access, max_skew_s)
+        answer = await checkers.check(raw)
+        if answer[0] != "ok":
+            _, code, reason, details = answer
+            raise _Refused(grpc.StatusCode[code], reason, details)
+        _, stored, dropped = answer
+        if stored is not None:
+            raw = stored
+        w = pb.NodeWindow.FromString(raw)
+        authorize(w, context, access, max_skew_s)
+        return w, raw, dropped
 
     async def stream(request_iterator: AsyncIterator[bytes],
                      context: Any) -> AsyncIterator[pb.Ack]:
         loop = asyncio.get_running_loop()
         async for raw in request_iterator:
             try:
-                w, raw, dropped = _accept(raw, context, access, max_skew_s)
+                w, raw, dropped = await accept(raw, context)
                 new = (await store.store(w, raw) if store is not None else
                        await loop.run_in_executor(store_pool, _store_one, analyzer, w, raw,
                                                   on_broken))
@@ -659,6 +690,9 @@ class ServerOptions:
     #: block (defaults: RETENTION_EVERY_S, COMPACT_AFTER_S; shorter for tests and benchmarks)
     retention_every_s: float = RETENTION_EVERY_S
     compact_after_s: float | None = None
+    #: processes that check incoming windows' contents off the event loop's interpreter lock
+    #: (analyzer/check_process.py); 0: the loop checks them itself
+    checker_processes: int = 0
 
 
 class AnalyzerServer:
@@ -692,6 +726,7 @@ class AnalyzerServer:
                                                       thread_name_prefix="hypertrace-store")
         self._stopped = threading.Event()
         self._switch_interval_before: float | None = None
+        self._checkers: Any = None           # WindowCheckers while serving, if any
 
     def _on_loop(self, coro: Any, timeout: float | None = None) -> Any:
         """Run a coroutine on the server's loop and wait for its result."""
@@ -709,7 +744,7 @@ class AnalyzerServer:
         access = None if self.options.tls is None else Access(self.options.trust_domain)
         server.add_generic_rpc_handlers((_ingest_handler(
             self.analyzer, access, self._store_pool, self.options.max_clock_skew_s,
-            self._not_serving),))
+            self._not_serving, self._checkers),))
         pb_grpc.add_QueryServicer_to_server(_QueryServicer(self.analyzer, access), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         return server
@@ -728,6 +763,7 @@ class AnalyzerServer:
             self._loop.close()
         self._rpc_pool.shutdown(wait=False)
         self._store_pool.shutdown(wait=True)     # a store under way finishes its commit
+        self._close_checkers()
         self._stopped.set()
 
     def start(self) -> int:
@@ -749,6 +785,7 @@ class AnalyzerServer:
                         self.options.listen)
         self._switch_interval_before = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self._start_checkers()
         self._start_loop()
         try:
             self._server = self._on_loop(self._make_server())
@@ -791,6 +828,21 @@ class AnalyzerServer:
         if self.options.retention_hours:
             self._start_retention()
         return port
+
+    def _start_checkers(self) -> None:
+        """The window checkers' processes, where asked for and where they can run."""
+        if self.options.checker_processes <= 0:
+            return
+        from hypertrace.analyzer.check_process import WindowCheckers, WorkerUnavailable
+        try:
+            self._checkers = WindowCheckers(self.options.checker_processes)
+        except WorkerUnavailable as exc:
+            log.warning("windows are checked on the event loop: %s", exc)
+
+    def _close_checkers(self) -> None:
+        checkers, self._checkers = self._checkers, None
+        if checkers is not None:
+            checkers.close()
 
     def _not_serving(self) -> None:
         """The database broke: health says NOT_SERVING for ingest, so a load balancer or a

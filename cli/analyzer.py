@@ -34,7 +34,8 @@ SERVER_KEYS = {"listen": str, "db": str, "retention_hours": float,
                "synchronous": str, "max_workers": int, "tls_ca": str, "tls_cert": str,
                "tls_key": str, "insecure": bool, "trust_domain": str,
                "max_clock_skew_s": float, "metrics_listen": str, "retention_process": bool,
-               "retention_every_s": float, "compact_after_s": float, "engine_process": bool}
+               "retention_every_s": float, "compact_after_s": float, "engine_process": bool,
+               "checker_processes": int}
 
 
 def _scoring_fields() -> list[dataclasses.Field]:
@@ -75,6 +76,12 @@ def register(subparsers) -> None:
                         "(default on; where the process cannot start, or with "
                         "--no-engine-process, the Engine runs in the analyzer's process; a "
                         "worker that dies is replaced and replays the stored windows)")
+    p.add_argument("--checker-processes", type=int, metavar="N",
+                   help="processes that check incoming windows (size, parse, every field and "
+                        "histogram) before they are stored, off the interpreter lock of the "
+                        "gRPC event loop: about a third of the analyzer's CPU per window "
+                        "(default 2; 0: the event loop checks them itself, as it does where "
+                        "the processes cannot start)")
     p.add_argument("--retention-every-s", type=float,
                    help="seconds between retention passes (default 60)")
     p.add_argument("--compact-after-s", type=float,
@@ -137,7 +144,7 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
                                 "trust_domain": "hypertrace", "max_clock_skew_s": 300.0,
                                 "metrics_listen": None, "retention_process": True,
                                 "retention_every_s": 60.0, "compact_after_s": 120.0,
-                                "engine_process": True}
+                                "engine_process": True, "checker_processes": 2}
     server, scoring = layer(file_values, args, defaults, scoring_names, args.config)
     _check_server_settings(server)
     server["evict"] = evict
@@ -177,6 +184,9 @@ def _check_server_settings(server: dict[str, Any]) -> None:
         raise ValueError(f"flush_interval must be >= 0 seconds, got {server['flush_interval']}")
     if not server["max_workers"] >= 1:
         raise ValueError(f"max_workers must be >= 1, got {server['max_workers']}")
+    if not 0 <= server["checker_processes"] <= 64:
+        raise ValueError(f"checker_processes must be 0 (check on the event loop) to 64, got "
+                         f"{server['checker_processes']}")
     from hypertrace.proto.transport import tls_files
     server["tls"] = tls_files(server["tls_ca"], server["tls_cert"], server["tls_key"])
     if server["tls"] is not None and server["insecure"]:
@@ -238,7 +248,8 @@ def run(args: argparse.Namespace) -> int:
                             metrics_listen=server_cfg["metrics_listen"],
                             retention_process=bool(server_cfg["retention_process"]),
                             retention_every_s=float(server_cfg["retention_every_s"]),
-                            compact_after_s=float(server_cfg["compact_after_s"]))
+                            compact_after_s=float(server_cfg["compact_after_s"]),
+                            checker_processes=int(server_cfg["checker_processes"]))
     from hypertrace.cli.cluster_settings import serve_until_signal
     return serve_until_signal(AnalyzerServer(analyzer, options), "analyzer",
                               f"db {storage.path}, {resumed} windows resumed", close)
