@@ -56,7 +56,8 @@ Acks are timed at the generator (wall clock, per window): write -> ack, and the 
 epoch's ``end + grace`` (the goal below), and the generator's own lag behind its schedule.
 
 "Keeps up" means: every window acked and stored once, no late window, the analyzer's delay
-beyond the grace under one window length at p99, at most ``--goal-cores`` cores (default 1) and,
+beyond the grace under one window length at p99, at most ``--goal-cores`` cores (default 1; the
+analyzer's process and its child processes together) and,
 with ``--goal-ack-beyond-grace S``, the p99 ack at most S seconds after ``end + grace``. Each
 check is printed; the exit status is 1 when one fails.
 
@@ -170,7 +171,7 @@ class ScaleResult:
     stream_errors: list[str] = field(default_factory=list)
     measured_wall_s: float = 0.0
     cpu_cores: float = 0.0
-    child_cpu_cores: float = 0.0      # the analyzer's child processes (the retention process)
+    child_cpu_cores: float = 0.0      # the analyzer's child processes (Engine, checkers, retention)
     rss_mb: float = 0.0
     peak_rss_mb: float = 0.0
     sustained_wps: float = 0.0        # offered paced load: nodes / window length
@@ -216,6 +217,12 @@ class ScaleResult:
         return self.child_cpu_cores * self.measured_wall_s / self.measured_windows * 1e3
 
     @property
+    def total_cores(self) -> float:
+        """The analyzer's process and its child processes (the Engine's worker, the window
+        checkers, the retention process): what the host spends on it."""
+        return self.cpu_cores + self.child_cpu_cores
+
+    @property
     def exactly_once(self) -> bool:
         return (self.windows_sent == self.windows_acked == self.windows_stored
                 and self.duplicate_acks == 0 and not self.stream_errors)
@@ -224,8 +231,8 @@ class ScaleResult:
         """(what, passed) for every condition of "keeps up"."""
         out = [("exactly once", self.exactly_once),
                ("no late window", self.late_windows == 0),
-               (f"analyzer cores {self.cpu_cores:.3f} <= {self.goal_cores:g}",
-                self.cpu_cores <= self.goal_cores),
+               (f"analyzer cores, its child processes included, {self.total_cores:.3f} <= "
+                f"{self.goal_cores:g}", self.total_cores <= self.goal_cores),
                (f"verdicts p99 beyond end+grace {self.beyond_grace_p99_s:.2f} s < one window",
                 bool(np.isfinite(self.beyond_grace_p99_s))
                 and self.beyond_grace_p99_s < self.window_seconds)]
@@ -554,7 +561,7 @@ def describe(r: ScaleResult) -> str:
         f" after each window end), max {mx} windows/s",
         f"analyzer CPU: {r.cpu_cores:.3f} cores over {r.measured_wall_s:.0f} s "
         f"({r.cpu_ms_per_window:.3f} ms per window); RSS "
-        f"{r.rss_mb:,.0f} MB, peak {r.peak_rss_mb:,.0f} MB; its child processes (retention): "
+        f"{r.rss_mb:,.0f} MB, peak {r.peak_rss_mb:,.0f} MB; its child processes (Engine, checkers, retention): "
         f"{r.child_cpu_cores:.3f} cores ({r.child_cpu_ms_per_window:.3f} ms per window)",
         f"acks at the generator ({r.generator_procs} processes, {r.generator_cpu_s:.0f} CPU s, "
         f"fd limit {r.fd_limit:,}): write -> ack p50 {r.ack_p50_s:.3f} s, p99 "
@@ -575,13 +582,14 @@ def describe(r: ScaleResult) -> str:
 
 def table_row(r: ScaleResult) -> str:
     mx = f"{r.max_wps:,.0f}" if r.max_wps else "-"
-    return (f"| {r.gpus:,} | {r.nodes:,} | {r.sustained_wps:,.0f} | {mx} | {r.cpu_cores:.2f} | "
+    return (f"| {r.gpus:,} | {r.nodes:,} | {r.sustained_wps:,.0f} | {mx} | {r.cpu_cores:.2f} + "
+            f"{r.child_cpu_cores:.2f} | "
             f"{r.latency_p99_s:.1f} ({r.beyond_grace_p99_s:+.1f}) | {r.peak_rss_mb:,.0f} | "
             f"{r.db_bytes_per_hour / 1e9:,.2f} | {r.late_windows} | "
             f"{'yes' if r.keeps_up else 'no'} |")
 
 
-TABLE_HEAD = ("| GPUs | nodes | windows/s sustained | windows/s max | analyzer cores | "
+TABLE_HEAD = ("| GPUs | nodes | windows/s sustained | windows/s max | analyzer cores (+ children) | "
               "p99 latency s (beyond grace) | peak RSS MB | SQLite GB/hour | late | keeps up |\n"
               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:--|")
 
