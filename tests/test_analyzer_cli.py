@@ -86,3 +86,24 @@ def test_the_retention_process_option_flag_and_toml_key(tmp_path, capsys):
     assert main(["analyzer", "--db", str(tmp_path / "a.db"), "--insecure",
                  "--retention-every-s", "0"]) == 2
     assert "retention_every_s must be > 0 seconds" in capsys.readouterr().err
+
+
+def test_the_engine_process_and_checker_options_flags_and_toml_keys(tmp_path, capsys):
+    """The Engine's worker process is on by default and two checker processes check windows;
+    --no-engine-process / ``engine_process = false`` and --checker-processes 0 /
+    ``checker_processes = 0`` keep that work in the analyzer's process; a count outside 0-64
+    is refused with the range."""
+    from hypertrace.cli.analyzer import resolve_settings
+    from hypertrace.cli.main import build_parser
+    server, _ = resolve_settings(build_parser().parse_args(["analyzer"]))
+    assert (server["engine_process"], server["checker_processes"]) == (True, 2)
+    server, _ = resolve_settings(build_parser().parse_args(
+        ["analyzer", "--no-engine-process", "--checker-processes", "0"]))
+    assert (server["engine_process"], server["checker_processes"]) == (False, 0)
+    cfg = tmp_path / "analyzer.toml"
+    cfg.write_text("engine_process = false\nchecker_processes = 3\n")
+    server, _ = resolve_settings(build_parser().parse_args(["analyzer", "--config", str(cfg)]))
+    assert (server["engine_process"], server["checker_processes"]) == (False, 3)
+    assert main(["analyzer", "--db", str(tmp_path / "a.db"), "--insecure",
+                 "--checker-processes", "-1"]) == 2
+    assert "checker_processes must be 0 (check on the event loop) to 64" in capsys.readouterr().err
