@@ -4,7 +4,8 @@ Why the ingest handler takes raw bytes: a window that is not even valid protobuf
 stream with INVALID_ARGUMENT and a message saying so. grpc's own deserializer would turn that into
 an opaque INTERNAL error, so Ingest is registered with an identity deserializer and the bytes are
 parsed, size-checked and validated (``proto.wire.accept_window``: a bad process entry is
-dropped and counted, the rest of the window kept) here.
+dropped and counted, the rest of the window kept) here, or in the window checkers' processes
+(``checker_processes``, analyzer/check_process.py), which answer the same.
 
 Per window: validate -> store durably in SQLite -> Ack(seq); the Engine is fed from the queue of
 stored windows. The server is grpc.aio: every Ingest stream is a coroutine on one event loop
@@ -27,8 +28,11 @@ The Engine is not thread-safe: :class:`Analyzer` guards it with one lock, which 
 waits for (a stored window is queued and fed to the Engine by the background pass). A background
 thread scores complete epochs every ``flush_interval`` seconds (and GetReport flushes first)
 and stores the results; another has the retention pass run in a worker process
-(analyzer/retention_process.py). On start the stored windows are replayed into a fresh Engine,
-so a restarted analyzer resumes with the history it had.
+(analyzer/retention_process.py). The Engine itself may run in a worker process of its own
+(``engine_process``, analyzer/engine_process.py): the queue then goes there as stored bytes, and
+scoring and reports hold that process's interpreter lock, not the event loop's. On start the
+stored windows are replayed into a fresh Engine (analyzer/replay.py), so a restarted analyzer
+resumes with the history it had.
 """
 from __future__ import annotations
 
