@@ -61,9 +61,10 @@ def _inputs() -> list[bytes]:
     return out
 
 
-def _server(db: Path, checkers: int) -> tuple[AnalyzerServer, str]:
+def _server(db: Path, checkers: int, engine_process: bool = False
+            ) -> tuple[AnalyzerServer, str]:
     st = Storage.open(db, synchronous="NORMAL")
-    a = Analyzer(st, ScoringConfig())
+    a = Analyzer(st, ScoringConfig(), engine_process=engine_process)
     server = AnalyzerServer(a, ServerOptions(listen="127.0.0.1:0", flush_interval=0.0,
                                              shutdown_grace_s=0.5, insecure=True,
                                              retention_hours=0, checker_processes=checkers))
@@ -72,6 +73,7 @@ def _server(db: Path, checkers: int) -> tuple[AnalyzerServer, str]:
 
 def _stop(server: AnalyzerServer) -> None:
     server.stop()
+    server.analyzer.close()
     server.analyzer.storage.close()
 
 
@@ -92,23 +94,31 @@ def _stored(server: AnalyzerServer) -> list[tuple]:
 
 
 def test_checker_processes_answer_and_store_as_the_event_loop_does(tmp_path):
+    """Also with the Engine in its worker, where the loop parses only the checked window's
+    header: the same acks, refusals, stored bytes and report."""
     inputs = _inputs()
     results = {}
-    for checkers in (0, 2):
-        server, target = _server(tmp_path / f"{checkers}.db", checkers)
+    for checkers, engine_process in ((0, False), (2, False), (2, True)):
+        server, target = _server(tmp_path / f"{checkers}{engine_process}.db", checkers,
+                                 engine_process)
         try:
             assert (server._checkers is not None) == bool(checkers)
             answers = [_answer(target, raw) for raw in inputs]
-            results[checkers] = (answers, _stored(server))
+            report = server.analyzer.report()
+            report.ClearField("generated")
+            results[checkers, engine_process] = (answers, _stored(server),
+                                                 report.SerializeToString(deterministic=True))
         finally:
             _stop(server)
-    loop, procs = results[0], results[2]
+    loop = results[0, False]
     kinds = {a[0] for a in loop[0]}
     assert {"ack", "INVALID_ARGUMENT"} <= kinds                   # both kinds were exercised
     assert any(pb.Ack.FromString(a[1]).rejected_processes for a in loop[0] if a[0] == "ack")
-    for raw, a, b in zip(inputs, loop[0], procs[0]):
-        assert a == b, raw[:40]
-    assert procs[1] == loop[1]
+    for other in (results[2, False], results[2, True]):
+        for raw, a, b in zip(inputs, loop[0], other[0]):
+            assert a == b, raw[:40]
+        assert other[1] == loop[1]
+        assert other[2] == loop[2]
 
 
 def test_a_killed_checker_is_replaced(tmp_path):
