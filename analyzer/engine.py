@@ -289,11 +289,13 @@ class Engine:
         self.expired_jobs = int(state["expired_jobs"])
         self.retired_gpus = int(state["retired_gpus"])
 
-    def report(self, job_id: str | None = None, now_ns: int | None = None) -> pb.Report:
-        """Report on one job (``job_id``) or every job; raises :class:`UnknownJobError`."""
+    def report(self, job_id: str | None = None, now_ns: int | None = None,
+               brief: bool = False) -> pb.Report:
+        """Report on one job (``job_id``) or every job; raises :class:`UnknownJobError`.
+        ``brief``: nodes without a flagged GPU by name and verdict alone (``job_report``)."""
         ids = [self._job(job_id).job_id] if job_id else sorted(self._jobs)
         rep = pb.Report(version=1)
         rep.generated.FromNanoseconds(time.time_ns() if now_ns is None else now_ns)
         for jid in ids:
-            rep.jobs.append(job_report(self._jobs[jid], self.config))
+            rep.jobs.append(job_report(self._jobs[jid], self.config, brief))
         return rep

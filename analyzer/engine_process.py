@@ -108,7 +108,8 @@ class EngineProcess:
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if name not in CALLS:
             raise AttributeError(name)
-        return lambda *args: self._retrying(lambda: self._call("call", name, *args))
+        return lambda *args, **kwargs: self._retrying(
+            lambda: self._call("call", name, args, kwargs))
 
     # ---- the worker ------------------------------------------------------------------------
 
@@ -240,7 +241,8 @@ def _do(engine: Any, path: str, op: str, args: tuple) -> Any:
     if op == "flush":
         return engine.flush(*args)
     if op == "call" and args[0] in CALLS:
-        return getattr(engine, args[0])(*args[1:])
+        name, call_args, call_kwargs = args
+        return getattr(engine, name)(*call_args, **call_kwargs)
     if op == "capture":
         from hypertrace.analyzer import snapshot
         return snapshot.capture(engine)

@@ -320,8 +320,8 @@ class Analyzer:
             elif not nodes:
                 self._reviewed.pop(job_id, None)
         for job_id in jobs:
-            with self._lock:
-                report = self._engine.report(job_id)
+            with self._lock:     # brief: the evictor reads the flagged nodes and the counts
+                report = self._engine.report(job_id, brief=True)
             for job in report.jobs:
                 try:
                     self.evictor.review(job, now)
@@ -350,9 +350,9 @@ class Analyzer:
                 return self._engine.scored_windows()
 
         def report(job_id: str) -> pb.JobReport | None:
-            with self._lock:
+            with self._lock:     # brief: the series come from the flagged GPUs and the job's
                 try:
-                    jobs = self._engine.report(job_id).jobs
+                    jobs = self._engine.report(job_id, brief=True).jobs
                 except KeyError:               # expired between the two looks
                     return None
             return jobs[0] if jobs else None

@@ -408,7 +408,7 @@ class Worker:
                 return None
             with own.lock:
                 try:
-                    return own.scorer.engine.report(job_id).jobs[0]
+                    return own.scorer.engine.report(job_id, brief=True).jobs[0]
                 except KeyError:
                     return None
 
