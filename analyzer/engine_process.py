@@ -84,7 +84,8 @@ class EngineProcess:
         return self._retrying(lambda: self._call("flush", now_ns, expire))
 
     def capture(self) -> bytes:
-        """The Engine's state pickled (analyzer/snapshot.py ``capture``), made in the worker."""
+        """The Engine's state pickled and compressed (analyzer/snapshot.py ``capture``, then
+        ``compress``), made in the worker."""
         return self._retrying(lambda: self._call("capture"))
 
     def replay(self, use_snapshot: bool = True) -> Any:
@@ -245,7 +246,7 @@ def _do(engine: Any, path: str, op: str, args: tuple) -> Any:
         return getattr(engine, name)(*call_args, **call_kwargs)
     if op == "capture":
         from hypertrace.analyzer import snapshot
-        return snapshot.capture(engine)
+        return snapshot.compress(snapshot.capture(engine))
     if op == "replay":
         from hypertrace.analyzer.replay import replay_stored
         from hypertrace.analyzer.storage import Storage

@@ -245,8 +245,7 @@ class Analyzer:
         return n
 
     def _mark_late(self, late: list[tuple[str, int]]) -> None:
-        for agent_id, seq in late:
-            self.storage.mark_late(agent_id, seq)
+        self.storage.mark_late_many(late)
         if late:
             self.metrics.late.inc(len(late))
 
@@ -268,7 +267,8 @@ class Analyzer:
             snap = None
             if captured is not None:
                 from hypertrace.analyzer import snapshot
-                snap = snapshot.pack(captured[1], self.config, captured[0], now)
+                snap = snapshot.pack(captured[1], self.config, captured[0], now,
+                                     compressed=self.engine_process is not None)
             self.storage.add_results(results, created_ns=now, snapshot=snap)
         if self.evictor is not None:
             self._review(results, now)

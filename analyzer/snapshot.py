@@ -109,10 +109,19 @@ def capture(engine: Any) -> Any:
     return pickle.dumps(engine.export_state(), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def pack(captured: bytes, config: Any, upto: int, created_ns: int) -> StoredSnapshot:
-    """A snapshot to store (compressed here: outside the Engine's lock)."""
+def compress(captured: bytes) -> bytes:
+    """A captured state as it is stored. The Engine's worker process compresses its own
+    state (analyzer/engine_process.py): 16 to 30 times fewer bytes through its pipe, and the
+    compression off the event loop's interpreter lock."""
+    return zlib.compress(captured, ZLIB_LEVEL)
+
+
+def pack(captured: bytes, config: Any, upto: int, created_ns: int,
+         compressed: bool = False) -> StoredSnapshot:
+    """A snapshot to store (compressed here, outside the Engine's lock, unless
+    ``compressed``)."""
     return StoredSnapshot(engine_version(config), upto, created_ns,
-                          zlib.compress(captured, ZLIB_LEVEL))
+                          captured if compressed else compress(captured))
 
 
 def restore(engine: Any, snap: StoredSnapshot) -> None:
