@@ -85,6 +85,8 @@ FEED_BATCH = 512
 #: The interpreter's switch interval in the analyzer (s; Python's default 0.005): how long the
 #: event loop may wait for the GIL while another thread scores or feeds the Engine.
 SWITCH_INTERVAL_S = 0.0005
+#: A scoring pass longer than this is logged with where its time went (s).
+SLOW_PASS_S = 1.0
 #: How often the evictor re-reviews a job whose convicted GPUs did not change (ns).
 REVIEW_EVERY_NS = 60 * 10**9
 #: Default retention of the raw windows (hours) and of their 5-minute summaries (days): about
@@ -251,9 +253,10 @@ class Analyzer:
 
     def flush(self, now_ns: int | None = None) -> int:
         """Score complete epochs and store the results; returns the number of epochs scored."""
+        marks = [time.perf_counter()]             # start, fed, scored, stored, reviewed
         self.drain()
         now = now_ns if now_ns is not None else time.time_ns()
-        t0 = time.perf_counter()
+        marks.append(time.perf_counter())
         late: list[tuple[str, int]] = []
         captured = None
         with self._lock:
@@ -261,8 +264,9 @@ class Analyzer:
             if results and self._snapshot_due(now):
                 captured = self._capture(late)
         self._mark_late(late)
+        marks.append(time.perf_counter())
         if results:
-            self.metrics.scoring_seconds.observe(time.perf_counter() - t0)
+            self.metrics.scoring_seconds.observe(marks[2] - marks[1])
             self.metrics.scored.inc(len(results))
             snap = None
             if captured is not None:
@@ -270,8 +274,16 @@ class Analyzer:
                 snap = snapshot.pack(captured[1], self.config, captured[0], now,
                                      compressed=self.engine_process is not None)
             self.storage.add_results(results, created_ns=now, snapshot=snap)
+        marks.append(time.perf_counter())
         if self.evictor is not None:
             self._review(results, now)
+        marks.append(time.perf_counter())
+        if results and marks[-1] - marks[0] > SLOW_PASS_S:
+            feed, score, store, review = (b - a for a, b in zip(marks, marks[1:]))
+            log.info("scoring pass of %d epochs took %.1f s: feeding the Engine %.1f s, "
+                     "scoring%s %.1f s, storing %.1f s, the evictor's review %.1f s",
+                     len(results), marks[-1] - marks[0], feed,
+                     " and the snapshot" if captured is not None else "", score, store, review)
         return len(results)
 
     def _snapshot_due(self, now: int) -> bool:
