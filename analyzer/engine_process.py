@@ -28,7 +28,6 @@ import logging
 import multiprocessing
 import pickle
 import threading
-import time
 import traceback
 from typing import Any, Callable
 
@@ -60,7 +59,6 @@ class EngineProcess:
         self._conn: Any = None
         self._closed = False
         self._guard = threading.Lock()
-        self.cpu_s = 0.0            # CPU seconds the workers spent answering (all of them)
         self.restarts = 0           # workers started after one died
         #: windows with an id up to this were replayed by the current worker: not fed again
         self.skip_upto = 0
@@ -98,9 +96,12 @@ class EngineProcess:
                 raise
             log.error("the Engine's worker process ended during the replay (%s); starting "
                       "another", exc)
+        self._restart()
+        return self._replay(use_snapshot)
+
+    def _restart(self) -> None:
         self._start()
         self.restarts += 1
-        return self._replay(use_snapshot)
 
     def _replay(self, use_snapshot: bool) -> Any:
         self.skip_upto = upto = self._newest_id()
@@ -123,8 +124,7 @@ class EngineProcess:
                 raise
             log.error("the Engine's worker process ended (%s); starting another, which "
                       "replays the stored windows", exc)
-        self._start()
-        self.restarts += 1
+        self._restart()
         replayed = self._replay(True)
         log.warning("the new Engine worker replayed %d stored windows (from the snapshot: %s)",
                     replayed.windows, replayed.from_snapshot)
@@ -167,7 +167,7 @@ class EngineProcess:
         """The worker's answer to the last request; raises what the call raised there."""
         conn, proc = self._conn, self._proc
         try:
-            kind, value, cpu_s = conn.recv()    # waits without the interpreter lock
+            kind, value = conn.recv()           # waits without the interpreter lock
         except (EOFError, OSError, ValueError, AttributeError):
             code = None
             try:
@@ -178,7 +178,6 @@ class EngineProcess:
                 pass
             self._reap()
             raise WorkerUnavailable(f"exit code {code}") from None
-        self.cpu_s += cpu_s
         if kind == "error":
             if isinstance(value, BaseException):
                 raise value
@@ -215,25 +214,22 @@ def _serve(conn: Any, config: Any, path: str, log_level: int = logging.WARNING) 
                         "[engine process]: %(message)s")
     from hypertrace.analyzer.engine import Engine
     engine = Engine(config)
-    conn.send(("ready", None, time.process_time()))
+    conn.send(("ready", None))
     while True:
         try:
             op, args = conn.recv()
         except (EOFError, OSError):          # the analyzer closed its end or died
             return
-        t0 = time.process_time()
         try:
-            value = _do(engine, path, op, args)
-            reply: tuple = ("ok", value, 0.0)
+            reply: tuple = ("ok", _do(engine, path, op, args))
         except Exception as exc:
-            reply = ("error", _portable(exc), 0.0)
-        cpu = time.process_time() - t0
+            reply = ("error", _portable(exc))
         try:
-            conn.send((reply[0], reply[1], cpu))
+            conn.send(reply)
         except (OSError, ValueError):
             return
         except Exception as exc:              # the answer does not pickle
-            conn.send(("error", traceback.format_exception_only(type(exc), exc)[-1], cpu))
+            conn.send(("error", traceback.format_exception_only(type(exc), exc)[-1]))
 
 
 def _do(engine: Any, path: str, op: str, args: tuple) -> Any:

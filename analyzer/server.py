@@ -137,11 +137,10 @@ class Analyzer:
         """The Engine's worker process, or None (with a log line) where it cannot run: the
         Engine then runs in this process."""
         from hypertrace.analyzer.engine_process import EngineProcess, WorkerUnavailable
-        path = getattr(self.storage, "path", "")
         if not isinstance(self.storage, Storage):
             return None
         try:
-            return EngineProcess(self.config, str(path), self._newest_stored_id)
+            return EngineProcess(self.config, str(self.storage.path), self._newest_stored_id)
         except WorkerUnavailable as exc:
             log.warning("the Engine runs in this process: %s", exc)
             return None
@@ -242,7 +241,8 @@ class Analyzer:
         while inbox:
             batch = [inbox.popleft() for _ in range(min(len(inbox), FEED_BATCH))]
             n += len(batch)
-            for i in self.engine_process.ingest_batch([(i, raw, t) for _, raw, i, t in batch]):
+            sent = [(wid, raw, arrived) for _, raw, wid, arrived in batch]
+            for i in self.engine_process.ingest_batch(sent):
                 late.append((batch[i][0].agent_id, batch[i][0].seq))
         return n
 
