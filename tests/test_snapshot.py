@@ -106,7 +106,7 @@ def test_an_unusable_snapshot_falls_back_to_the_full_replay(tmp_path, caplog, da
     db = tmp_path / "a.db"
     live, _ = _live_run(db)
     _tamper(db, **damage)
-    with caplog.at_level(logging.WARNING, logger="hypertrace.analyzer.server"):
+    with caplog.at_level(logging.WARNING, logger="hypertrace.analyzer"):   # replay's and server's
         server, _ = start_server(db)
     try:
         assert not server.analyzer.resumed_from_snapshot
