@@ -295,5 +295,5 @@ class Engine:
         rep = pb.Report(version=1)
         rep.generated.FromNanoseconds(time.time_ns() if now_ns is None else now_ns)
         for jid in ids:
-            rep.jobs.append(job_report(self._jobs[jid], self.config))
+            job_report(self._jobs[jid], self.config, rep.jobs.add())
         return rep
