@@ -3,8 +3,8 @@ workload imbalance, and the cluster prediction (spike probability, the what-if o
 stragglers: analyzer/theory.py)."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -57,7 +57,12 @@ def job_report(job: JobState, cfg: ScoringConfig, out: pb.JobReport | None = Non
     plans = [_plan_node(job, cfg, node, rws, code_of) for node, rws in by_node.items()]
     flagged = [plan.node for plan in plans if plan.verdict in ("straggler", "suspect")]
     plans.sort(key=lambda plan: (_SEVERITY[plan.verdict], -plan.worst_z, plan.node))
-    _add_nodes(jr, job, cfg, plans, code_of, rates)
+    evicted = [plan.node for plan in plans if plan.verdict == "straggler"]
+    # the what-if (numpy, which lets go of the interpreter lock) beside the messages (Python)
+    with ThreadPoolExecutor(1) as pool:
+        cluster = pool.submit(_prediction, job, rates, evicted, len(plans), cfg)
+        _add_nodes(jr, job, cfg, plans, code_of, rates)
+        jr.cluster.CopyFrom(cluster.result())
     history = sorted(job.history, key=lambda h: h[0])
     present = [set(codes.tolist()) for _, _, codes in history]
     for nr in jr.nodes:
@@ -67,7 +72,6 @@ def job_report(job: JobState, cfg: ScoringConfig, out: pb.JobReport | None = Non
     jr.history_windows.extend(epoch * cfg.window_ns for epoch, _, _ in history)
     jr.latency_cdfs.extend(_latency_cdfs(job, by_node, flagged))
     jr.imbalance.extend(job.imbalance.persistent(cfg.persist_k))
-    jr.cluster.CopyFrom(_prediction(job, rates, jr.nodes, cfg))
     return jr
 
 
@@ -206,11 +210,13 @@ def _latency_cdfs(job: JobState, by_node: dict[str, list[int]],
     return out
 
 
-def _prediction(job: JobState, rates: np.ndarray, node_reports: Sequence[pb.NodeReport],
+def _prediction(job: JobState, rates: np.ndarray, evicted: list[str], n_nodes: int,
                 cfg: ScoringConfig) -> pb.ClusterPrediction:
-    evicted = [n.node for n in node_reports if n.verdict == "straggler"]
+    """The cluster prediction: spike probability and the what-if of evicting ``evicted`` (the
+    straggler nodes, worst first) of the job's ``n_nodes`` nodes. Reads the job's state only
+    (it runs beside the building of the node reports)."""
     note = ""
-    if evicted and len(evicted) >= len(node_reports):
+    if evicted and len(evicted) >= n_nodes:
         # a 1-node job, or every node convicted: there is nobody left to compare with
         note = (f"; no eviction predicted: evicting {', '.join(sorted(evicted))} would leave "
                 "no node of the job")
