@@ -191,14 +191,15 @@ def what_if(counts: np.ndarray, evict: np.ndarray,
     if not gone.any() or not keep.any():
         now = expected_max_us(c if has.all() else c[has], None, sh[has])
         return now, (now if not gone.any() else float("nan"))
-    rest = c[keep]
-    totals = rest.sum(axis=1, keepdims=True)
-    pooled = (rest / totals).mean(axis=0)                # an average healthy rank
     # the two integrals side by side: numpy lets go of the interpreter lock inside each step,
     # so on a second core the what-if takes about the time of one (a 16k-rank job: ~0.1 s)
     with ThreadPoolExecutor(1) as pool:
-        later = pool.submit(expected_max_us, np.vstack((rest, pooled)),
-                            np.concatenate((np.ones(rest.shape[0]), [int(gone.sum())])),
-                            np.concatenate((sh[keep], [float(sh[keep].mean())])))
-        now = expected_max_us(c if has.all() else c[has], None, sh[has])
-        return now, later.result()
+        now = pool.submit(expected_max_us, c if has.all() else c[has], None, sh[has])
+        n_rest = int(keep.sum())
+        spares = np.empty((n_rest + 1, c.shape[1]))       # the remaining ranks, then a spare
+        rest = np.compress(keep, c, axis=0, out=spares[:n_rest])
+        totals = rest.sum(axis=1, keepdims=True)
+        spares[n_rest] = (rest / totals).mean(axis=0)     # an average healthy rank
+        after = expected_max_us(spares, np.concatenate((np.ones(n_rest), [int(gone.sum())])),
+                                np.concatenate((sh[keep], [float(sh[keep].mean())])))
+        return now.result(), after
