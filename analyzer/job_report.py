@@ -122,7 +122,8 @@ def _plan_node(job: JobState, cfg: ScoringConfig, node: str, rows: list[int],
 def _add_nodes(jr: pb.JobReport, job: JobState, cfg: ScoringConfig, plans: list[_NodePlan],
                code_of: list[int], rates: np.ndarray) -> None:
     """A NodeReport per plan, in the plans' order, each with its GPUs, findings and causes."""
-    bases = job.replay_bases()
+    bases = job.replay_bases(r for plan in plans if plan.scope for r, _ in plan.gpus
+                             if plan.scope == "host" or code_of[r] in (SUSPECT, STRAGGLER))
     # per-row numbers as Python lists, read once: indexing a numpy array per GPU (and
     # np.isfinite on one number) was most of the cost of a 16k-GPU report's GPU entries
     flagged_n = job.persistence.windows_flagged.tolist()
@@ -149,9 +150,11 @@ def _add_nodes(jr: pb.JobReport, job: JobState, cfg: ScoringConfig, plans: list[
                                      basis=f.basis, unit=f.unit)
                 if np.isfinite(f.step_share):
                     gf.step_share = f.step_share
-            for api, ratios, finite in p50:
-                if r < len(ratios) and finite[r]:
-                    gr.p50_ratio[api] = ratios[r]
+            if p50:
+                ratio_of = gr.p50_ratio
+                for api, ratios, finite in p50:
+                    if r < len(ratios) and finite[r]:
+                        ratio_of[api] = ratios[r]
             if code in (SUSPECT, STRAGGLER):
                 gr.probable_cause = causes.gpu_cause(job.nvml[r], job.findings.get(r, []),
                                                      bases[r])
