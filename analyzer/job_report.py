@@ -3,7 +3,6 @@ workload imbalance, and the cluster prediction (spike probability, the what-if o
 stragglers: analyzer/theory.py)."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,11 +57,8 @@ def job_report(job: JobState, cfg: ScoringConfig, out: pb.JobReport | None = Non
     flagged = [plan.node for plan in plans if plan.verdict in ("straggler", "suspect")]
     plans.sort(key=lambda plan: (_SEVERITY[plan.verdict], -plan.worst_z, plan.node))
     evicted = [plan.node for plan in plans if plan.verdict == "straggler"]
-    # the what-if (numpy, which lets go of the interpreter lock) beside the messages (Python)
-    with ThreadPoolExecutor(1) as pool:
-        cluster = pool.submit(_prediction, job, rates, evicted, len(plans), cfg)
-        _add_nodes(jr, job, cfg, plans, code_of, rates)
-        jr.cluster.CopyFrom(cluster.result())
+    jr.cluster.CopyFrom(_prediction(job, rates, evicted, len(plans), cfg))
+    _add_nodes(jr, job, cfg, plans, code_of, rates)
     history = sorted(job.history, key=lambda h: h[0])
     present = [set(codes.tolist()) for _, _, codes in history]
     for nr in jr.nodes:
@@ -216,8 +212,7 @@ def _latency_cdfs(job: JobState, by_node: dict[str, list[int]],
 def _prediction(job: JobState, rates: np.ndarray, evicted: list[str], n_nodes: int,
                 cfg: ScoringConfig) -> pb.ClusterPrediction:
     """The cluster prediction: spike probability and the what-if of evicting ``evicted`` (the
-    straggler nodes, worst first) of the job's ``n_nodes`` nodes. Reads the job's state only
-    (it runs beside the building of the node reports)."""
+    straggler nodes, worst first) of the job's ``n_nodes`` nodes."""
     note = ""
     if evicted and len(evicted) >= n_nodes:
         # a 1-node job, or every node convicted: there is nobody left to compare with
