@@ -187,7 +187,9 @@ def _latency_cdfs(job: JobState, by_node: dict[str, list[int]],
     if not flagged:
         return []
     live = [r for r in job.live_rows() if r < counts.shape[1]]
-    pooled = counts[:, live].sum(axis=1, dtype=np.float64)
+    # every column, in order (no GPU retired): the matrix itself, not a copy of it
+    whole = len(live) == counts.shape[1] and counts.flags.c_contiguous
+    pooled = (counts if whole else counts[:, live]).sum(axis=1, dtype=np.float64)
     if pooled.sum() <= 0:
         return []
     job_cdf = np.cumsum(pooled) / pooled.sum()
