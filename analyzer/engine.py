@@ -297,5 +297,5 @@ class Engine:
         rep = pb.Report(version=1)
         rep.generated.FromNanoseconds(time.time_ns() if now_ns is None else now_ns)
         for jid in ids:
-            rep.jobs.append(job_report(self._jobs[jid], self.config, brief))
+            job_report(self._jobs[jid], self.config, rep.jobs.add(), brief)
         return rep

@@ -3,12 +3,14 @@ workload imbalance, and the cluster prediction (spike probability, the what-if o
 stragglers: analyzer/theory.py)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from hypertrace.analyzer import causes, theory
 from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.jobs import _VERDICTS, JobState
-from hypertrace.analyzer.persistence import STRAGGLER, SUSPECT
+from hypertrace.analyzer.jobs import JobState
+from hypertrace.analyzer.persistence import STRAGGLER, SUSPECT, VERDICT_NAMES
 from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
 
@@ -19,31 +21,119 @@ LATE_NODES = 20
 _SEVERITY = {"straggler": 0, "suspect": 1, "insufficient_data": 2, "healthy": 3}
 
 
-def job_report(job: JobState, cfg: ScoringConfig, brief: bool = False) -> pb.JobReport:
+def job_report(job: JobState, cfg: ScoringConfig, out: pb.JobReport | None = None,
+               brief: bool = False) -> pb.JobReport:
     """The report of one job: node and GPU verdicts worst first, findings, causes,
-    imbalance and the cluster prediction. ``brief``: a node none of whose GPUs is suspect or
-    straggler is listed by its name and verdict alone (no GPUs, no history), for readers that
-    act on the flagged nodes (the evictor, the metrics): at 131,072 GPUs the full report's
-    GPU entries take seconds to build."""
-    jr = pb.JobReport(job_id=job.job_id, windows=job.epochs_scored, gpus=len(job.index),
-                      windows_sampled=job.windows_sampled, mode=job.mode,
-                      late_windows=job.late_windows)
+    imbalance and the cluster prediction. ``out``: an empty JobReport to fill (one already
+    inside a Report: filled in place, where appending a finished one would copy it), returned.
+    ``brief``: a node none of whose GPUs is suspect or straggler is listed by its name and
+    verdict alone (no GPUs, no history), for readers that act on the flagged nodes (the
+    evictor, the metrics): at 131,072 GPUs the full report's GPU entries take seconds.
+
+    Why it orders before it builds: every node's verdict, scope and worst finding, and so the
+    order of nodes and of each node's GPUs, follow from the job's state, so each message is
+    added where it belongs (``add``) and filled there; building them apart and then sorting
+    and extending copied every GPU's message twice (a 16k-GPU job: 16,384 GpuReports)."""
+    jr = pb.JobReport() if out is None else out
+    jr.job_id = job.job_id
+    jr.windows = job.epochs_scored
+    jr.gpus = len(job.index)
+    jr.windows_sampled = job.windows_sampled
+    jr.mode = job.mode
+    jr.late_windows = job.late_windows
     for node, n in sorted(job.late_nodes.items(), key=lambda kv: (-kv[1], kv[0]))[:LATE_NODES]:
         jr.late_nodes.add(node=node, windows=n)
     if not job.index:
         return jr
     job.grow()
     codes = job.persistence.verdicts()
-    names = _VERDICTS[codes].tolist()
     step_based = job.step_total > 0
     with np.errstate(invalid="ignore", divide="ignore"):
         rates = np.where(step_based, job.step_above / np.maximum(job.step_total, 1e-300),
                          job.spike_hits / np.maximum(job.spike_seen, 1e-300))
     rates = np.where((job.step_total > 0) | (job.spike_seen > 0), rates, np.nan)
-    bases = job.replay_bases()
     by_node: dict[str, list[int]] = {}
     for r in job.live_rows():
         by_node.setdefault(job.keys[r][0], []).append(r)
+    code_of = codes.tolist()
+    plans = [_brief_plan(node, rws, code_of)
+             if brief and not any(code_of[r] in (SUSPECT, STRAGGLER) for r in rws)
+             else _plan_node(job, cfg, node, rws, code_of) for node, rws in by_node.items()]
+    flagged = [plan.node for plan in plans if plan.verdict in ("straggler", "suspect")]
+    plans.sort(key=lambda plan: (_SEVERITY[plan.verdict], -plan.worst_z, plan.node))
+    evicted = [plan.node for plan in plans if plan.verdict == "straggler"]
+    jr.cluster.CopyFrom(_prediction(job, rates, evicted, len(plans), cfg))
+    _add_nodes(jr, job, cfg, plans, code_of, rates)
+    history = sorted(job.history, key=lambda h: h[0])
+    present = [set(codes.tolist()) for _, _, codes in history]
+    for nr in jr.nodes:
+        if not nr.gpus:                     # a node listed briefly
+            continue
+        code = job.host_names.get(nr.node, -1)
+        nr.window_ratios.extend(worst.get(nr.node, 1.0) if code in here else float("nan")
+                                for (_, worst, _), here in zip(history, present))
+    jr.history_windows.extend(epoch * cfg.window_ns for epoch, _, _ in history)
+    jr.latency_cdfs.extend(_latency_cdfs(job, by_node, flagged))
+    jr.imbalance.extend(job.imbalance.persistent(cfg.persist_k))
+    return jr
+
+
+@dataclass
+class _NodePlan:
+    """What a node's report holds before its message is built: its verdict, scope and largest
+    |robust z| (which order the nodes), and its GPUs worst first, each (row, its findings in
+    the report's order)."""
+
+    node: str
+    rows: list[int]
+    verdict: str
+    scope: str
+    worst_z: float
+    gpus: list[tuple[int, list]]
+
+
+def _plan_node(job: JobState, cfg: ScoringConfig, node: str, rows: list[int],
+               code_of: list[int]) -> _NodePlan:
+    """The plan of ``node``'s report (``rows``: its GPUs in the job's order; ``code_of``: the
+    verdict code of every row)."""
+    keyed = []
+    for r in rows:
+        code = code_of[r]
+        fs = job.findings.get(r, []) if code in (SUSPECT, STRAGGLER) else []
+        ordered = sorted(fs, key=lambda f: (not f.implicates, -abs(f.robust_z)))
+        keyed.append((_gpu_sort_key(VERDICT_NAMES[code], ordered, job.ranks[r], job.keys[r][1]),
+                      r, ordered))
+    keyed.sort(key=lambda k: k[0])
+    gpus = [(r, ordered) for _, r, ordered in keyed]
+    verdicts = [VERDICT_NAMES[code_of[r]] for r, _ in gpus]
+    n_bad = sum(v in ("suspect", "straggler") for v in verdicts)
+    if "straggler" in verdicts:
+        verdict = "straggler"
+    elif "suspect" in verdicts:
+        verdict = "suspect"
+    elif all(v == "insufficient_data" for v in verdicts):
+        verdict = "insufficient_data"
+    else:
+        verdict = "healthy"
+    scope = ""
+    if n_bad:
+        scope = "host" if len(gpus) >= 2 and n_bad / len(gpus) > cfg.host_fraction else "gpu"
+    worst_z = max((abs(f.robust_z) for _, ordered in gpus for f in ordered), default=0.0)
+    return _NodePlan(node, rows, verdict, scope, worst_z, gpus)
+
+
+def _brief_plan(node: str, rows: list[int], code_of: list[int]) -> _NodePlan:
+    """The plan of a node without a flagged GPU in a brief report: its verdict alone (the one
+    :func:`_plan_node` gives it; it has no findings, so it sorts where it would)."""
+    insufficient = all(VERDICT_NAMES[code_of[r]] == "insufficient_data" for r in rows)
+    return _NodePlan(node, rows, "insufficient_data" if insufficient else "healthy", "", 0.0, [])
+
+
+def _add_nodes(jr: pb.JobReport, job: JobState, cfg: ScoringConfig, plans: list[_NodePlan],
+               code_of: list[int], rates: np.ndarray) -> None:
+    """A NodeReport per plan, in the plans' order, each with its GPUs, findings and causes."""
+    bases = job.replay_bases(r for plan in plans if plan.scope for r, _ in plan.gpus
+                             if plan.scope == "host" or code_of[r] in (SUSPECT, STRAGGLER))
     # per-row numbers as Python lists, read once: indexing a numpy array per GPU (and
     # np.isfinite on one number) was most of the cost of a 16k-GPU report's GPU entries
     flagged_n = job.persistence.windows_flagged.tolist()
@@ -51,67 +141,48 @@ def job_report(job: JobState, cfg: ScoringConfig, brief: bool = False) -> pb.Job
     spike = np.where(np.isfinite(rates), rates, 0.0).tolist()
     p50 = [(api, ratios.tolist(), np.isfinite(ratios).tolist())
            for api, ratios in job.p50_ratio.items()]
-    code_of = codes.tolist()
     intermittent = job.persistence.intermittent.tolist()
-    node_reports = []
-    for node, rws in by_node.items():
-        if brief and not any(code_of[r] in (SUSPECT, STRAGGLER) for r in rws):
-            node_reports.append(pb.NodeReport(node=node, verdict=(
-                "insufficient_data" if all(names[r] == "insufficient_data" for r in rws)
-                else "healthy")))
-            continue
-        gpu_reports = []
-        sort_keys = []
-        for r in rws:
-            verdict = names[r]
+    keys, ranks, kinds = job.keys, job.ranks, job.kinds
+    for plan in plans:
+        nr = jr.nodes.add(node=plan.node, verdict=plan.verdict, scope=plan.scope)
+        add_gpu = nr.gpus.add
+        bad = []
+        for r, ordered in plan.gpus:
             code = code_of[r]
-            fs = job.findings.get(r, []) if code in (SUSPECT, STRAGGLER) else []
-            ordered = sorted(fs, key=lambda f: (not f.implicates, -abs(f.robust_z)))
-            gr = pb.GpuReport(
-                gpu=job.keys[r][1], rank=job.ranks[r], verdict=verdict, gpu_kind=job.kinds[r],
-                windows_flagged=int(flagged_n[r]), windows_seen=int(seen_n[r]),
-                spike_rate=spike[r])
+            gr = add_gpu(gpu=keys[r][1], rank=ranks[r], verdict=VERDICT_NAMES[code],
+                         gpu_kind=kinds[r], windows_flagged=int(flagged_n[r]),
+                         windows_seen=int(seen_n[r]), spike_rate=spike[r])
             for f in ordered:
-                gr.findings.add(api=f.api, stat=f.stat, value_us=f.value_us,
-                                job_median_us=f.job_median_us, ratio=f.ratio,
-                                robust_z=f.robust_z, direction=f.direction,
-                                meaning=causes.finding_meaning(cfg, f.api, f.direction),
-                                basis=f.basis, unit=f.unit)
+                gf = gr.findings.add(api=f.api, stat=f.stat, value_us=f.value_us,
+                                     job_median_us=f.job_median_us, ratio=f.ratio,
+                                     robust_z=f.robust_z, direction=f.direction,
+                                     meaning=causes.finding_meaning(cfg, f.api, f.direction),
+                                     basis=f.basis, unit=f.unit)
                 if np.isfinite(f.step_share):
-                    gr.findings[-1].step_share = f.step_share
-            for api, ratios, finite in p50:
-                if r < len(ratios) and finite[r]:
-                    gr.p50_ratio[api] = ratios[r]
+                    gf.step_share = f.step_share
+            if p50:
+                ratio_of = gr.p50_ratio
+                for api, ratios, finite in p50:
+                    if r < len(ratios) and finite[r]:
+                        ratio_of[api] = ratios[r]
             if code in (SUSPECT, STRAGGLER):
-                gr.probable_cause = causes.gpu_cause(job.nvml[r], fs, bases[r])
-            if code == STRAGGLER and intermittent[r]:
-                gr.probable_cause = _intermittent(job, r, cfg) + gr.probable_cause
-            gpu_reports.append(gr)
-            sort_keys.append(_gpu_sort_key(verdict, ordered, job.ranks[r], job.keys[r][1]))
-        gpu_reports = [gpu_reports[i]
-                       for i in sorted(range(len(rws)), key=sort_keys.__getitem__)]
-        bad_findings = [job.findings.get(r, []) for r in rws if code_of[r] in (SUSPECT, STRAGGLER)]
-        nr = _node_report(cfg, node, gpu_reports, [job.nvml[r] for r in rws],
-                          bad_findings, [bases[r] for r in rws])
-        flapping = [r for r in rws if code_of[r] == STRAGGLER and intermittent[r]]
-        if nr.scope != "gpu" and flapping and not nr.probable_cause.startswith("intermittent"):
+                gr.probable_cause = causes.gpu_cause(job.nvml[r], job.findings.get(r, []),
+                                                     bases[r])
+                if code == STRAGGLER and intermittent[r]:
+                    gr.probable_cause = _intermittent(job, r, cfg) + gr.probable_cause
+                bad.append(gr)
+        rows = plan.rows
+        if plan.scope == "host":
+            nr.probable_cause = causes.host_cause(
+                len(bad), len(rows), [job.nvml[r] for r in rows],
+                [job.findings.get(r, []) for r in rows if code_of[r] in (SUSPECT, STRAGGLER)],
+                [bases[r] for r in rows])
+        elif plan.scope == "gpu":
+            nr.probable_cause = "GPU-level: " + "; ".join(
+                f"GPU {g.gpu}: {g.probable_cause}" for g in bad)
+        flapping = [r for r in rows if code_of[r] == STRAGGLER and intermittent[r]]
+        if plan.scope != "gpu" and flapping and not nr.probable_cause.startswith("intermittent"):
             nr.probable_cause = _intermittent(job, flapping[0], cfg) + nr.probable_cause
-        node_reports.append(nr)
-    history = sorted(job.history, key=lambda h: h[0])
-    present = [set(codes.tolist()) for _, _, codes in history]
-    for nr in node_reports:
-        if not nr.gpus:                     # a node listed briefly
-            continue
-        code = job.host_names.get(nr.node, -1)
-        nr.window_ratios.extend(worst.get(nr.node, 1.0) if code in here else float("nan")
-                                for (_, worst, _), here in zip(history, present))
-    jr.history_windows.extend(epoch * cfg.window_ns for epoch, _, _ in history)
-    jr.latency_cdfs.extend(_latency_cdfs(job, by_node, node_reports))
-    node_reports.sort(key=lambda n: (_SEVERITY[n.verdict], -_worst_z(n), n.node))
-    jr.nodes.extend(node_reports)
-    jr.imbalance.extend(job.imbalance.persistent(cfg.persist_k))
-    jr.cluster.CopyFrom(_prediction(job, rates, node_reports, cfg))
-    return jr
 
 
 #: Flagged nodes whose latency CDF the report carries.
@@ -119,18 +190,20 @@ CDF_NODES = 8
 
 
 def _latency_cdfs(job: JobState, by_node: dict[str, list[int]],
-                  node_reports: list[pb.NodeReport]) -> list[pb.LatencyCdf]:
+                  flagged: list[str]) -> list[pb.LatencyCdf]:
     """The basis API's CDF of each flagged node (its GPUs pooled) against the job's, from the
     recent windows' histograms, over the buckets where the job's CDF is between 0.1% and
-    99.9% (and the node's own range)."""
+    99.9% (and the node's own range). ``flagged``: the straggler and suspect nodes, in the
+    job's order of nodes."""
     counts = job.basis_counts
     if job.basis_api is None or counts.size == 0:
         return []
-    flagged = [n.node for n in node_reports if n.verdict in ("straggler", "suspect")]
     if not flagged:
         return []
     live = [r for r in job.live_rows() if r < counts.shape[1]]
-    pooled = counts[:, live].sum(axis=1, dtype=np.float64)
+    # every column, in order (no GPU retired): the matrix itself, not a copy of it
+    whole = len(live) == counts.shape[1] and counts.flags.c_contiguous
+    pooled = (counts if whole else counts[:, live]).sum(axis=1, dtype=np.float64)
     if pooled.sum() <= 0:
         return []
     job_cdf = np.cumsum(pooled) / pooled.sum()
@@ -152,11 +225,12 @@ def _latency_cdfs(job: JobState, by_node: dict[str, list[int]],
     return out
 
 
-def _prediction(job: JobState, rates: np.ndarray, node_reports: list[pb.NodeReport],
+def _prediction(job: JobState, rates: np.ndarray, evicted: list[str], n_nodes: int,
                 cfg: ScoringConfig) -> pb.ClusterPrediction:
-    evicted = [n.node for n in node_reports if n.verdict == "straggler"]
+    """The cluster prediction: spike probability and the what-if of evicting ``evicted`` (the
+    straggler nodes, worst first) of the job's ``n_nodes`` nodes."""
     note = ""
-    if evicted and len(evicted) >= len(node_reports):
+    if evicted and len(evicted) >= n_nodes:
         # a 1-node job, or every node convicted: there is nobody left to compare with
         note = (f"; no eviction predicted: evicting {', '.join(sorted(evicted))} would leave "
                 "no node of the job")
@@ -180,7 +254,10 @@ def _prediction(job: JobState, rates: np.ndarray, node_reports: list[pb.NodeRepo
         if use_busy:   # a rank's own time to the step's end: busy plus waits on its own GPU
             shift = np.where(job.steps_seen > 0, 1e3 * job.gpu_wait_us
                              / np.maximum(job.steps_seen, 1), 0.0)[order]
-        now, after = theory.what_if(counts.T[order], evict, shift)
+        # ranks as rows, in float64 as the what-if reads them: one gather along the
+        # (contiguous) ranks and one transposing copy, a third of the time of ``counts.T[order]``
+        ranks = np.ascontiguousarray(counts.take(order, axis=1).T, dtype=np.float64)
+        now, after = theory.what_if(ranks, evict, shift)
         pred.step_time_now_us = now
         pred.step_time_after_eviction_us = after
         pred.predicted_gain = now / after - 1.0 if after > 0 else 0.0
@@ -238,44 +315,12 @@ def _intermittent(job: JobState, row: int, cfg: ScoringConfig) -> str:
     return f"intermittent (flagged in {flags} of its last {n} scored windows): "
 
 
-def _worst_z(n: pb.NodeReport) -> float:
-    return max((abs(f.robust_z) for g in n.gpus for f in g.findings), default=0.0)
-
-
 def _gpu_sort_key(verdict: str, findings: list, rank: int, gpu: str) -> tuple:
     """Worst first: verdict, then the largest |robust z| of the GPU's findings (in the order
     the report lists them), then rank and GPU. Taken from the values the GpuReport is built
     from (the same values: robust_z is a double on the wire), not read back from it."""
     return (_SEVERITY[verdict], -max((abs(f.robust_z) for f in findings), default=0.0),
             rank, gpu)
-
-
-def _node_report(cfg: ScoringConfig, node: str, gpus: list[pb.GpuReport],
-                 nvml: list[pb.NvmlContext | None],
-                 bad_findings: list[list[ScoreRow]] = (),
-                 replay_bases: list[float | None] | None = None) -> pb.NodeReport:
-    verdicts = [g.verdict for g in gpus]
-    bad = [g for g in gpus if g.verdict in ("suspect", "straggler")]
-    if "straggler" in verdicts:
-        verdict = "straggler"
-    elif "suspect" in verdicts:
-        verdict = "suspect"
-    elif all(v == "insufficient_data" for v in verdicts):
-        verdict = "insufficient_data"
-    else:
-        verdict = "healthy"
-    scope = ""
-    if bad:
-        scope = "host" if len(gpus) >= 2 and len(bad) / len(gpus) > cfg.host_fraction else "gpu"
-    nr = pb.NodeReport(node=node, verdict=verdict, scope=scope)
-    nr.gpus.extend(gpus)
-    if scope == "host":
-        nr.probable_cause = causes.host_cause(len(bad), len(gpus), nvml, bad_findings,
-                                              replay_bases)
-    elif scope == "gpu":
-        nr.probable_cause = "GPU-level: " + "; ".join(
-            f"GPU {g.gpu}: {g.probable_cause}" for g in bad)
-    return nr
 
 
 __all__ = ["Engine", "EpochResult", "ScoreRow", "UnknownJobError"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import numpy as np
 
@@ -191,18 +192,20 @@ class JobState:
             self.group_names.append(group)
         return code
 
-    def replay_bases(self) -> list[float | None]:
-        """Per GPU, what its PCIe replay counter must exceed to be named in a cause
-        (:func:`hypertrace.analyzer.causes.replay_baseline`): the lower of its previous reading
-        and the job's median counter (over the GPUs that report one)."""
+    def replay_bases(self, rows: Iterable[int] | None = None) -> dict[int, float | None]:
+        """Per GPU of ``rows`` (default: every row), what its PCIe replay counter must exceed to
+        be named in a cause (:func:`hypertrace.analyzer.causes.replay_baseline`): the lower of
+        its previous reading and the job's median counter (over the GPUs that report one). A
+        report asks only for the GPUs whose cause it writes (a few of a 16k-GPU job)."""
         counts = [c.pcie_replay_count for c in self.nvml
                   if c is not None and c.HasField("pcie_replay_count")]
         median = [float(np.median(counts))] if len(counts) >= 2 else []
-        out: list[float | None] = []
-        for prev in self.nvml_prev:
+        out: dict[int, float | None] = {}
+        for row in range(len(self.nvml_prev)) if rows is None else rows:
+            prev = self.nvml_prev[row]
             before = (prev.pcie_replay_count if prev is not None
                       and prev.HasField("pcie_replay_count") else None)
-            out.append(causes.replay_baseline(before, median))
+            out[row] = causes.replay_baseline(before, median)
         return out
 
     def grow(self) -> None:

@@ -74,7 +74,17 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+#: The module of the Engine's half of ingest that the workers run (``prepare_windows``): their
+#: fork server imports it, named here so that it starts before this process imports it.
+PREPARE_MODULE = "hypertrace.analyzer.engine"
+
+
 def run(args: argparse.Namespace) -> int:
+    from hypertrace.proto import worker_start
+
+    workers = worker_start.default_workers() if args.workers is None else max(args.workers, 0)
+    # the workers' fork server imports their modules on another core while this one does
+    worker_start.start_early(args.file, workers, PREPARE_MODULE)
     from hypertrace.analyzer.config import ConfigError
     from hypertrace.analyzer.engine import Engine, UnknownJobError, prepare_windows
     from hypertrace.cli.report import emit
@@ -91,10 +101,9 @@ def run(args: argparse.Namespace) -> int:
     n = 0
     progress = Progress("analyze: read", "windows")
     try:
-        workers = validate_ahead.default_workers() if args.workers is None else args.workers
         # the workers also take each valid chunk's measurements out of its windows
         prepare = functools.partial(prepare_windows, window_ns=cfg.window_ns)
-        for item in validate_ahead.validated_windows(args.file, max(workers, 0),
+        for item in validate_ahead.validated_windows(args.file, workers,
                                                      prepare=prepare):
             if isinstance(item, validate_ahead.Prepared):
                 engine.ingest_prepared(item.value)

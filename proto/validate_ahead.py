@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
 import os
 import pickle
-import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,28 +34,16 @@ from google.protobuf.message import DecodeError
 
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import records, wire
+from hypertrace.proto.worker_start import MIN_PARALLEL_BYTES, default_workers, fork_context
+from hypertrace.proto.worker_start import plain_binary as _plain_binary
 
 #: Records per task: large enough that a task's hand-off is negligible, small enough that the
 #: reader waits little for the first.
 CHUNK = 256
-#: Files smaller than this are validated in this process (starting workers costs more).
-MIN_PARALLEL_BYTES = 4 << 20
 
 log = logging.getLogger(__name__)
 
 _OK, _UNSETTLED = 0, 1            # a verdict: one of these, or an error's (field, problem)
-
-
-def default_workers() -> int:
-    """Worker processes when not told: the cores this process may use, less one for the
-    reader, at most 8, at least 1. The reader registers GPUs and scores epochs while the workers
-    read (16k GPUs x 4 windows on the GPU host's Xeon, 5 cores: 4 workers 3.50-3.53 s, 5 workers
-    3.89-4.10 s), so it needs a core of its own."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:                     # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(8, cores - 1))
 
 
 @dataclass
@@ -124,16 +110,12 @@ def validated_windows(path: str | Path, workers: int, min_bytes: int = MIN_PARAL
 def _start_pool(workers: int, prepare: Callable | None = None) -> Any:
     """The worker processes, or None where they cannot start (no usable /dev/shm for their
     semaphores, a sandbox without fork): then this process validates, as with ``workers`` 0.
-    forkserver, not fork: a process that already runs threads (gRPC's, a test runner's) can fork
-    a child holding a lock that no thread will ever release, and that worker hangs. The fork
-    server imports this module and ``prepare``'s once, before it forks the workers, instead of
-    each worker at its first chunk (about 0.1-0.15 s of each worker's start; no effect where this
-    process's fork server already runs)."""
-    ctx = multiprocessing.get_context("forkserver")
-    modules = ["__main__", __name__]
-    if prepare is not None:
-        modules.append(getattr(prepare, "func", prepare).__module__)
-    ctx.set_forkserver_preload(modules)
+    They are forked by a fork server (:func:`~hypertrace.proto.worker_start.fork_context`),
+    which imports this module and ``prepare``'s once, before it forks the workers, instead of
+    each worker at its first chunk (about 0.1-0.15 s of each worker's start); where
+    :func:`~hypertrace.proto.worker_start.start_early` started it, it is already running."""
+    ctx = fork_context(getattr(prepare, "func", prepare).__module__ if prepare is not None
+                       else None)
     try:
         return ctx.Pool(workers)
     except (OSError, ValueError) as exc:
@@ -147,21 +129,6 @@ def _verdict(w: pb.NodeWindow, size: int | None) -> wire.WireError | None:
     except wire.WireError as exc:
         return exc
     return None
-
-
-def _plain_binary(path: str | Path, min_bytes: int) -> bool:
-    """A regular file of at least ``min_bytes`` holding binary records, not gzipped (its
-    records can be found by seeking)."""
-    if str(path) == "-":
-        return False
-    try:
-        st = os.stat(path)
-        with open(path, "rb") as fh:
-            head = fh.read(64)
-    except OSError:
-        return False                          # the reader reports it
-    return (stat.S_ISREG(st.st_mode) and st.st_size >= min_bytes and head[:2] != b"\x1f\x8b"
-            and head.lstrip()[:1] not in (b"{", b""))
 
 
 def _spans(path: str | Path) -> list[tuple[int, int]]:

@@ -12,7 +12,10 @@ Each run is a fresh subprocess (so the interpreter's start and imports count: "c
 wall time from start to exit, "wall" the time in ``main``) of the command line's
 ``main(["analyze", FILE, ...])``, its table kept in memory. "workers CPU" is the CPU of the
 run's other processes (validation workers, their forkserver), reaped by this process as their
-subreaper. Sides, alternating per round:
+subreaper. "first chunk" is when the reader took the workers' first chunk and "after the last
+chunk" the time left once it had ingested their last (scoring the last epoch, the report, its
+table): the start and the tail that no worker can take off the reader. Sides, alternating per
+round:
 ``base`` (``--compare-with DIR``: a directory holding a ``hypertrace`` source tree, run without
 ``--workers``), ``workers 0`` and ``workers N`` of this tree (``--workers N``, default: what
 ``analyze`` picks). Exit status 1 when the sides' tables differ.
@@ -30,21 +33,68 @@ import sys
 import time
 
 
+class _ChunkClock:
+    """When the reader took its first and its last prepared chunk (``Engine.ingest_prepared``),
+    without importing the Engine before ``analyze`` does (its import is part of the start):
+    the method is wrapped as the module is first imported, in whichever tree is measured."""
+
+    MODULE = "hypertrace.analyzer.engine"
+
+    def __init__(self, t0: float):
+        self.t0 = t0
+        self.first: float | None = None
+        self.last_done: float | None = None
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.MODULE:
+            return None
+        import importlib.util
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        load, clock = spec.loader.exec_module, self
+
+        def exec_module(module):
+            load(module)
+            ingest = getattr(module.Engine, "ingest_prepared", None)
+            if ingest is None:
+                return
+
+            def timed(engine, prepared):
+                if clock.first is None:
+                    clock.first = time.perf_counter() - clock.t0
+                out = ingest(engine, prepared)
+                clock.last_done = time.perf_counter() - clock.t0
+                return out
+            module.Engine.ingest_prepared = timed
+        spec.loader.exec_module = exec_module
+        return spec
+
+
 def one_run(path: str, workers: str) -> dict:
     """``analyze`` in this process: wall, the reader's CPU, its children's CPU (not the
-    validation workers': they are the forkserver's children), the report."""
+    validation workers': they are the forkserver's children), the report; ``first``: when the
+    reader took the workers' first chunk, ``tail``: the time after it ingested their last
+    (scoring what is left, the report, its table), both from ``main``'s start (NaN without
+    workers)."""
+    clock = _ChunkClock(0.0)
+    sys.meta_path.insert(0, clock)
     from hypertrace.cli.main import main
     argv = ["analyze", path] + (["--workers", workers] if workers else [])
     out = io.StringIO()
-    t = time.perf_counter()
+    t = clock.t0 = time.perf_counter()
     with contextlib.redirect_stdout(out):
         rc = main(argv)
     wall = time.perf_counter() - t
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     digest = hashlib.sha256(out.getvalue().encode()).hexdigest()[:16]
+    nan = float("nan")
     return {"wall": wall, "reader": me.ru_utime + me.ru_stime,
-            "workers": kids.ru_utime + kids.ru_stime, "rc": rc, "digest": digest}
+            "workers": kids.ru_utime + kids.ru_stime, "rc": rc, "digest": digest,
+            "first": nan if clock.first is None else clock.first,
+            "tail": nan if clock.last_done is None else wall - clock.last_done}
 
 
 def adopt_orphans() -> bool:
@@ -107,23 +157,27 @@ def main(argv: list[str] | None = None) -> int:
         + [("workers 0", "", "0"), (f"workers {args.workers or 'default'}", "", args.workers)]
     runs: dict[str, list[dict]] = {label: [] for label, _, _ in sides}
     adopted = adopt_orphans()
+    nan = float("nan")
     for k in range(args.rounds):
         for label, tree, workers in sides:
             r = run_side(args.file, tree, workers, adopted)
             runs[label].append(r)
             print(f"{label} round {k + 1}: command {r['command']:.2f} s, wall {r['wall']:.2f} s, "
-                  f"reader CPU {r['reader']:.2f} s, workers CPU {r['workers']:.2f} s, exit "
+                  f"reader CPU {r['reader']:.2f} s, workers CPU {r['workers']:.2f} s, first "
+                  f"chunk {r.get('first', nan):.2f} s, tail {r.get('tail', nan):.2f} s, exit "
                   f"{r['rc']}, report {r['digest']}", flush=True)
     first = next(iter(runs))
-    keys = ("command", "wall", "reader", "workers")
-    med = {label: {k: sorted(r[k] for r in rs)[len(rs) // 2] for k in keys}
+    keys = ("command", "wall", "reader", "workers", "first", "tail")
+    med = {label: {k: sorted(r.get(k, nan) for r in rs)[len(rs) // 2] for k in keys}
            for label, rs in runs.items()}
     print(f"\n| side | command, s | wall in main(), s | reader CPU, s | workers CPU, s | "
-          f"command / {first}'s | reader CPU / {first}'s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          f"first chunk, s | after the last chunk, s | command / {first}'s | "
+          f"reader CPU / {first}'s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for label, m in med.items():
         print(f"| {label} | {m['command']:.2f} | {m['wall']:.2f} | {m['reader']:.2f} | "
-              f"{m['workers']:.2f} | {m['command'] / med[first]['command']:.2f} | "
+              f"{m['workers']:.2f} | {m['first']:.2f} | {m['tail']:.2f} | "
+              f"{m['command'] / med[first]['command']:.2f} | "
               f"{m['reader'] / med[first]['reader']:.2f} |")
     if not adopted:
         print("(workers CPU: only the run's own children; this system cannot adopt orphans)")

@@ -16,5 +16,6 @@ def test_sides_are_measured_and_print_the_same_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "workers 0 round 1" in out and "workers 2 round 1" in out
     assert "same report on every run: yes" in out
+    assert "| first chunk, s | after the last chunk, s |" in out
     r = bench_analyze.run_side(str(path), "", "0")
     assert r["rc"] in (0, 3) and r["wall"] > 0 and r["reader"] > 0

@@ -77,6 +77,29 @@ def test_what_if_evicting_the_slow_ranks_predicts_the_healthy_job():
     assert same_now == same_after == pytest.approx(now)
 
 
+def test_what_if_is_exactly_its_two_integrals_whichever_thread_computes_them():
+    """The what-if computes E[max] now and after eviction side by side; each is bit for bit
+    the integral of its own rows (spares pooled from the remaining ranks, shifts included)."""
+    rng = np.random.default_rng(11)
+    counts = np.vstack([_lognormal_hist(10.0 + 4.0 * (i >= 60), 0.3, 3000, int(s))
+                        for i, s in enumerate(rng.integers(0, 1e6, 64))])
+    counts[3] = 0                                       # a rank without samples is left out
+    shift = rng.uniform(0.0, 2e3, 64)
+    evict = np.arange(64) >= 60
+    now, after = theory.what_if(counts, evict, shift)
+    has = counts.sum(axis=1) > 0
+    keep = has & ~evict
+    rest = counts[keep]
+    pooled = (rest / rest.sum(axis=1, keepdims=True)).mean(axis=0)
+    assert now == theory.expected_max_us(counts[has], None, shift[has])
+    assert after == theory.expected_max_us(
+        np.vstack((rest, pooled)), np.concatenate((np.ones(rest.shape[0]), [4])),
+        np.concatenate((shift[keep], [shift[keep].mean()])))
+    assert after < now
+    gone_all = theory.what_if(counts, has, shift)       # nobody left to replace them with
+    assert gone_all[0] == now and np.isnan(gone_all[1])
+
+
 def test_samples_come_from_the_histogram():
     h = _lognormal_hist(10.0, 0.3, 5000, 6)
     s = theory.sample_histogram_ns(h, 10_000, np.random.default_rng(0))
