@@ -23,13 +23,12 @@ the server checks windows on its loop as before (:class:`WorkerUnavailable`).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
-import multiprocessing
 from concurrent import futures
 from typing import Any
 
-from hypertrace.analyzer.retention_process import START_TIMEOUT_S, WorkerUnavailable
+from hypertrace.analyzer.loop_groups import LoopGroups
+from hypertrace.analyzer.worker_process import START_TIMEOUT_S, WorkerUnavailable, end, spawn
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +49,8 @@ class _Worker:
         self._conn: Any = None
 
     def start(self) -> None:
-        try:
-            ctx = multiprocessing.get_context("forkserver")
-            mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_serve, name="hypertrace-checker", daemon=True,
-                               args=(theirs, self._log_level))
-            proc.start()
-            theirs.close()
-        except (OSError, ValueError) as exc:
-            raise WorkerUnavailable(f"a window checker process could not start ({exc})"
-                                    ) from exc
+        proc, mine = spawn(_serve, "hypertrace-checker", (self._log_level,),
+                           "a window checker process")
         self._proc, self._conn = proc, mine
         try:
             if not mine.poll(START_TIMEOUT_S) or mine.recv() != "ready":
@@ -90,50 +81,16 @@ class _Worker:
 
     def close(self) -> None:
         proc, conn, self._proc, self._conn = self._proc, self._conn, None, None
-        if conn is not None:
-            conn.close()
-        if proc is not None:
-            proc.join(5)                       # it exits on its pipe's end
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
-            proc.close()
+        end(proc, conn)
 
 
-class _Lane:
-    """The windows waiting for one worker, sent as one group per turn of the event loop."""
+class _Lane(LoopGroups):
+    """The windows waiting for one worker, sent as one group (at most MAX_GROUP) per call
+    (analyzer/loop_groups.py)."""
 
     def __init__(self, worker: _Worker, pool: futures.Executor):
+        super().__init__(pool, self._check, _unavailable, MAX_GROUP)
         self.worker = worker
-        self._pool = pool
-        self._waiting: list[tuple[bytes, asyncio.Future]] = []
-        self._task: asyncio.Task | None = None
-
-    def check(self, raw: bytes) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
-        self._waiting.append((raw, fut))
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
-        return fut
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self._waiting:
-                await asyncio.sleep(0)      # windows read in this turn of the loop join too
-                group, self._waiting = self._waiting[:MAX_GROUP], self._waiting[MAX_GROUP:]
-                try:
-                    answers = await loop.run_in_executor(self._pool, self._check,
-                                                         [raw for raw, _ in group])
-                except Exception as exc:    # the pool shut down, or two workers in a row died
-                    answers = [("refused", "UNAVAILABLE", "storage",
-                                f"analyzer cannot check windows right now ({exc}); retry")
-                               ] * len(group)
-                for (_, fut), answer in zip(group, answers):
-                    if not fut.done():      # a stream cancelled meanwhile takes no answer
-                        fut.set_result(answer)
-        finally:
-            self._task = None
 
     def _check(self, raws: list[bytes]) -> list[Answer]:
         """In the pool's thread: the worker's answers; once more in a new worker if it died."""
@@ -143,6 +100,13 @@ class _Lane:
             log.error("%s; starting another and checking its %d windows again", exc, len(raws))
         self.worker.start()
         return self.worker.check(raws)
+
+
+def _unavailable(exc: BaseException, raws: list[bytes]) -> list[Answer]:
+    """The answer to a group no worker could check (the pool shut down, or two workers in a
+    row died): UNAVAILABLE, which agents retry."""
+    return [("refused", "UNAVAILABLE", "storage",
+             f"analyzer cannot check windows right now ({exc}); retry")] * len(raws)
 
 
 class WindowCheckers:
@@ -175,7 +139,7 @@ class WindowCheckers:
         """The answer for one window's bytes (see :data:`Answer`), from the next lane in turn."""
         lane = self._lanes[self._next]
         self._next = (self._next + 1) % len(self._lanes)
-        return await lane.check(raw)
+        return await lane.submit(raw)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -25,13 +25,12 @@ without /dev/shm, an in-memory database) the Analyzer keeps its Engine in its ow
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import pickle
 import threading
 import traceback
 from typing import Any, Callable
 
-from hypertrace.analyzer.retention_process import START_TIMEOUT_S, WorkerUnavailable
+from hypertrace.analyzer.worker_process import START_TIMEOUT_S, WorkerUnavailable, end, spawn
 
 log = logging.getLogger(__name__)
 
@@ -132,22 +131,18 @@ class EngineProcess:
 
     def _start(self) -> None:
         self._reap()
-        try:
-            ctx = multiprocessing.get_context("forkserver")
-            mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_serve, name="hypertrace-engine", daemon=True,
-                               args=(theirs, self.config, self.path,
-                                     logging.getLogger().getEffectiveLevel()))
-            with self._guard:
-                if self._closed:
-                    raise WorkerUnavailable("closed")
-                proc.start()
-                self._proc, self._conn = proc, mine
-            theirs.close()
-        except (OSError, ValueError) as exc:
-            raise WorkerUnavailable(f"the Engine's worker process could not start ({exc})"
-                                    ) from exc
-        conn = self._conn
+        if self._closed:
+            raise WorkerUnavailable("closed")
+        proc, mine = spawn(_serve, "hypertrace-engine",
+                           (self.config, self.path, logging.getLogger().getEffectiveLevel()),
+                           "the Engine's worker process")
+        with self._guard:
+            self._proc, self._conn = proc, mine
+            if self._closed:                      # close() came meanwhile
+                self._proc = self._conn = None
+                end(proc, mine)
+                raise WorkerUnavailable("closed")
+        conn = mine
         if not conn.poll(START_TIMEOUT_S):
             self._reap()
             raise WorkerUnavailable("the Engine's worker process did not start in time")
@@ -187,14 +182,7 @@ class EngineProcess:
     def _reap(self) -> None:
         with self._guard:
             proc, conn, self._proc, self._conn = self._proc, self._conn, None, None
-        if conn is not None:
-            conn.close()
-        if proc is not None:
-            proc.join(5)                     # it exits on its pipe's end
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
-            proc.close()
+        end(proc, conn)
 
     @property
     def pid(self) -> int | None:

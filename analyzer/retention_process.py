@@ -20,24 +20,18 @@ thread, as before (:class:`WorkerUnavailable`).
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import threading
 import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from hypertrace.analyzer.worker_process import START_TIMEOUT_S, WorkerUnavailable, end, spawn
+
 log = logging.getLogger(__name__)
 
-#: How long the worker may take to start and open the database (forkserver's first start and
-#: the worker's imports: about a second on the dev VM).
-START_TIMEOUT_S = 60.0
 #: How often the waiting thread looks at the stop event and the worker's health.
 POLL_S = 0.2
-
-
-class WorkerUnavailable(RuntimeError):
-    """The worker process cannot run here; the message says why."""
 
 
 class PassFailed(RuntimeError):
@@ -98,20 +92,17 @@ class RetentionProcess:
         cannot run here."""
         if self.path in ("", ":memory:") or self.path.startswith("file::memory:"):
             raise WorkerUnavailable("the database is in memory, another process cannot open it")
-        try:
-            ctx = multiprocessing.get_context("forkserver")
-            mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_serve, name="hypertrace-retention", daemon=True,
-                               args=(theirs, self.path, self.synchronous, self.config, self.plan,
-                                     logging.getLogger().getEffectiveLevel()))
-            with self._guard:
-                if self._closed.is_set():
-                    raise WorkerUnavailable("closed")
-                proc.start()
-                self._proc, self._conn = proc, mine
-            theirs.close()
-        except (OSError, ValueError) as exc:
-            raise WorkerUnavailable(f"the worker process could not start ({exc})") from exc
+        if self._closed.is_set():
+            raise WorkerUnavailable("closed")
+        proc, mine = spawn(_serve, "hypertrace-retention",
+                           (self.path, self.synchronous, self.config, self.plan,
+                            logging.getLogger().getEffectiveLevel()), "the worker process")
+        with self._guard:
+            self._proc, self._conn = proc, mine
+            if self._closed.is_set():             # close() came meanwhile
+                self._proc = self._conn = None
+                end(proc, mine, terminate=True)
+                raise WorkerUnavailable("closed")
         try:
             ready = self._answer(stop, START_TIMEOUT_S)
         except PassFailed as exc:
@@ -168,16 +159,7 @@ class RetentionProcess:
         """Forget a worker that ended (or end it): its exit status collected, its pipe closed."""
         with self._guard:
             proc, conn, self._proc, self._conn = self._proc, self._conn, None, None
-        if conn is not None:
-            conn.close()
-        if proc is not None:
-            if proc.is_alive():
-                proc.terminate()              # SIGTERM: a transaction under way rolls back
-                proc.join(5)
-                if proc.is_alive():
-                    proc.kill()
-            proc.join(5)
-            proc.close()
+        end(proc, conn, terminate=True)       # SIGTERM: a transaction under way rolls back
 
     def close(self) -> None:
         """End the worker now (mid-pass too); no pass runs after."""

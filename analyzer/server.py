@@ -50,6 +50,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from hypertrace.analyzer.loop_groups import LoopGroups
 from hypertrace.analyzer.metrics import AnalyzerMetrics, JobCollector, serve as serve_metrics
 from hypertrace.analyzer.storage import (ConflictingDuplicate, Storage, StorageCorrupt,
                                          StorageError)
@@ -557,50 +558,21 @@ def _store_group(analyzer: Analyzer, windows: list[tuple[pb.NodeWindow, bytes]],
             for o, (w, _) in zip(outs, windows)]
 
 
-class _StoreQueue:
-    """The accepted windows of every stream, stored in groups from the event loop.
-
-    Why: a hop to a thread and back per window (``run_in_executor`` per window, each thread
-    then waiting for the group commit) cost more than storing the window. Here a stream's
-    window joins the waiting list and the stream awaits a future; one store call at a time
-    takes the whole list to the store's thread, commits it as one group and comes back once,
-    resolving every future of the group: the ack still follows the commit that holds its
-    window. Windows that arrive during a commit form the next group."""
+class _StoreQueue(LoopGroups):
+    """The accepted windows of every stream, stored in groups from the event loop
+    (analyzer/loop_groups.py): one store call at a time takes the windows waiting to the
+    store's thread and commits them as one group, so the ack still follows the commit that
+    holds its window. Windows that arrive during a commit form the next group."""
 
     def __init__(self, analyzer: Analyzer, pool: futures.Executor,
                  on_broken: Callable[[], None] | None):
-        self._analyzer = analyzer
-        self._pool = pool
-        self._on_broken = on_broken
-        self._waiting: list[tuple[pb.NodeWindow, bytes, asyncio.Future]] = []
-        self._task: asyncio.Task | None = None
+        super().__init__(
+            pool, lambda group: _store_group(analyzer, group, on_broken),
+            lambda exc, group: [_refusal(analyzer, exc, w, on_broken) for w, _ in group])
 
     def store(self, w: pb.NodeWindow, raw: bytes) -> asyncio.Future:
         """A future of the window's outcome: True (new), False (a duplicate) or _Refused."""
-        fut = asyncio.get_running_loop().create_future()
-        self._waiting.append((w, raw, fut))
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
-        return fut
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self._waiting:
-                await asyncio.sleep(0)      # windows read in this turn of the loop join too
-                group, self._waiting = self._waiting, []
-                try:
-                    outs: list = await loop.run_in_executor(
-                        self._pool, _store_group, self._analyzer,
-                        [(w, raw) for w, raw, _ in group], self._on_broken)
-                except Exception as exc:    # e.g. the pool shut down: refuse, never crash
-                    outs = [_refusal(self._analyzer, exc, w, self._on_broken)
-                            for w, _, _ in group]
-                for (_, _, fut), out in zip(group, outs):
-                    if not fut.done():      # a stream cancelled meanwhile takes no outcome
-                        fut.set_result(out)
-        finally:
-            self._task = None
+        return self.submit((w, raw))
 
 
 def _store_one(analyzer: Any, w: pb.NodeWindow, raw: bytes,

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 from google.protobuf.message import DecodeError
 
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import records, wire
+from hypertrace.proto.window_parts import window_part
 from hypertrace.proto.worker_start import MIN_PARALLEL_BYTES, default_workers, fork_context
 from hypertrace.proto.worker_start import plain_binary as _plain_binary
 
@@ -210,27 +210,8 @@ def midpoint_ns(data: bytes) -> int | None:
     return (times.start.ToNanoseconds() + times.end.ToNanoseconds()) // 2
 
 
-def _window_times_class() -> Any:
-    """A message of NodeWindow's ``start`` (5) and ``end`` (6) fields alone, in a descriptor
-    pool of its own (nothing is added to the wire schema)."""
-    fields = descriptor_pb2.FieldDescriptorProto
-    proto = descriptor_pb2.FileDescriptorProto(
-        name="hypertrace/internal/window_times.proto", package="hypertrace.internal",
-        syntax="proto3", dependency=["google/protobuf/timestamp.proto"])
-    message = proto.message_type.add(name="WindowTimes")
-    for name, number in (("start", 5), ("end", 6)):
-        message.field.add(name=name, number=number, type=fields.TYPE_MESSAGE,
-                          label=fields.LABEL_OPTIONAL, type_name=".google.protobuf.Timestamp")
-    pool = descriptor_pool.DescriptorPool()
-    timestamp = descriptor_pb2.FileDescriptorProto()
-    timestamp_pb2.DESCRIPTOR.CopyToProto(timestamp)
-    pool.Add(timestamp)
-    pool.Add(proto)
-    return message_factory.GetMessageClass(
-        pool.FindMessageTypeByName("hypertrace.internal.WindowTimes"))
-
-
-_WindowTimes = _window_times_class()
+#: NodeWindow's ``start`` and ``end`` alone (proto/window_parts.py).
+_WindowTimes = window_part("WindowTimes", ("start", "end"))
 
 
 def _check_chunk(task: tuple[str, list[tuple[int, int]], Callable | None, str]
