@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from concurrent import futures
-from typing import Any
+from typing import Any, Callable
 
 from hypertrace.analyzer.loop_groups import LoopGroups
 from hypertrace.analyzer.worker_process import START_TIMEOUT_S, WorkerUnavailable, end, spawn
@@ -88,9 +88,11 @@ class _Lane(LoopGroups):
     """The windows waiting for one worker, sent as one group (at most MAX_GROUP) per call
     (analyzer/loop_groups.py)."""
 
-    def __init__(self, worker: _Worker, pool: futures.Executor):
+    def __init__(self, worker: _Worker, pool: futures.Executor,
+                 on_restart: Callable[[], None] | None = None):
         super().__init__(pool, self._check, _unavailable, MAX_GROUP)
         self.worker = worker
+        self._on_restart = on_restart
 
     def _check(self, raws: list[bytes]) -> list[Answer]:
         """In the pool's thread: the worker's answers; once more in a new worker if it died."""
@@ -99,6 +101,8 @@ class _Lane(LoopGroups):
         except WorkerUnavailable as exc:
             log.error("%s; starting another and checking its %d windows again", exc, len(raws))
         self.worker.start()
+        if self._on_restart is not None:
+            self._on_restart()
         return self.worker.check(raws)
 
 
@@ -111,9 +115,10 @@ def _unavailable(exc: BaseException, raws: list[bytes]) -> list[Answer]:
 
 class WindowCheckers:
     """``processes`` checker processes and their lanes (module docstring). :meth:`check` is
-    called on the server's event loop; :meth:`close` from any thread, once."""
+    called on the server's event loop; :meth:`close` from any thread, once. ``on_restart`` is
+    called for each checker started after one died."""
 
-    def __init__(self, processes: int):
+    def __init__(self, processes: int, on_restart: Callable[[], None] | None = None):
         level = logging.getLogger().getEffectiveLevel()
         self._pool = futures.ThreadPoolExecutor(max_workers=processes,
                                                 thread_name_prefix="hypertrace-checks")
@@ -128,7 +133,7 @@ class WindowCheckers:
                 w.close()
             self._pool.shutdown(wait=False)
             raise
-        self._lanes = [_Lane(w, self._pool) for w in workers]
+        self._lanes = [_Lane(w, self._pool, on_restart) for w in workers]
         self._next = 0
 
     @property

@@ -46,14 +46,17 @@ class WorkerFailed(RuntimeError):
 class EngineProcess:
     """An Engine in a worker process (module docstring). Not thread-safe: the Analyzer calls it
     under its lock. ``newest_id`` returns the id of the newest stored window (the cut a
-    replacement worker replays up to)."""
+    replacement worker replays up to); ``on_restart`` is called for each worker started after
+    one died."""
 
-    def __init__(self, config: Any, path: str, newest_id: Callable[[], int]):
+    def __init__(self, config: Any, path: str, newest_id: Callable[[], int],
+                 on_restart: Callable[[], None] | None = None):
         if path in ("", ":memory:") or path.startswith("file::memory:"):
             raise WorkerUnavailable("the database is in memory, another process cannot open it")
         self.config = config
         self.path = path
         self._newest_id = newest_id
+        self._on_restart = on_restart        # told of each worker started after one died
         self._proc: Any = None
         self._conn: Any = None
         self._closed = False
@@ -101,6 +104,8 @@ class EngineProcess:
     def _restart(self) -> None:
         self._start()
         self.restarts += 1
+        if self._on_restart is not None:
+            self._on_restart()
 
     def _replay(self, use_snapshot: bool) -> Any:
         self.skip_upto = upto = self._newest_id()

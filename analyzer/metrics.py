@@ -43,6 +43,8 @@ seconds``
 ``hypertrace_database_bytes``              (none)                        database + WAL on disk
 ``hypertrace_retention_cpu_seconds_total`` (none)                        CPU of retention passes
                                                                          (its process's or here)
+``hypertrace_worker_restarts_total``       worker                        worker processes that
+                                                                         died and were replaced
 ``hypertrace_eviction_proposals``          state                         proposals in the audit
                                                                          trail (analyzer/evict)
 ``hypertrace_eviction_breaker_tripped``    (none)                        1 while tripped
@@ -51,9 +53,9 @@ seconds``
 **Cardinality bound.** Per job: 9 job series, and GPU series for at most ``max_gpus`` GPUs
 (default 64): every straggler and suspect first, then the GPUs with the highest ratio among
 those with a finding. Healthy GPUs without a finding have no series (their ratio is within the
-gates). ``reason`` has the values of :data:`REJECT_REASONS`, ``state`` those of the evictor's
-audit trail. So a 16,384-GPU job adds at most 9 + 3 x 64 = 201 series, and Prometheus memory does
-not grow with the job's size.
+gates). ``reason`` has the values of :data:`REJECT_REASONS`, ``worker`` those of
+:data:`WORKERS`, ``state`` those of the evictor's audit trail. So a 16,384-GPU job adds at most
+9 + 3 x 64 = 201 series, and Prometheus memory does not grow with the job's size.
 
 **Cost.** A job's report is rebuilt for a scrape at most every ``refresh_s`` seconds (15 by
 default), and only when windows were scored since: a 16,384-GPU report takes about a second
@@ -211,6 +213,10 @@ class _FileSize(Collector):
         yield g
 
 
+#: The analyzer's worker processes, the values of ``hypertrace_worker_restarts_total``'s label.
+WORKERS = ("engine", "checker", "retention")
+
+
 @dataclass
 class AnalyzerMetrics:
     """The analyzer's registry and the counters its ingest and scoring paths bump. One per
@@ -235,6 +241,12 @@ class AnalyzerMetrics:
             "hypertrace_retention_cpu_seconds",
             "CPU seconds of retention passes (summaries, prune, compaction), in the retention "
             "process or this one", registry=r)
+        self.worker_restarts = Counter(
+            "hypertrace_worker_restarts", "Worker processes that died and were replaced: the "
+            "Engine's (it replays the stored windows), a window checker, the retention process",
+            ["worker"], registry=r)
+        for worker in WORKERS:                   # exported from the start at 0
+            self.worker_restarts.labels(worker)
         self.scoring_seconds = Histogram(
             "hypertrace_scoring_seconds", "Time of one scoring pass",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=r)
@@ -259,4 +271,4 @@ def serve(metrics: AnalyzerMetrics, listen: str):
 
 
 __all__ = ["AnalyzerMetrics", "GPU_LABELS", "JobCollector", "REJECT_REASONS", "VERDICT_CODES",
-           "gpu_series", "serve"]
+           "WORKERS", "gpu_series", "serve"]

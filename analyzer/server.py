@@ -141,7 +141,8 @@ class Analyzer:
         if not isinstance(self.storage, Storage):
             return None
         try:
-            return EngineProcess(self.config, str(self.storage.path), self._newest_stored_id)
+            return EngineProcess(self.config, str(self.storage.path), self._newest_stored_id,
+                                 self.metrics.worker_restarts.labels("engine").inc)
         except WorkerUnavailable as exc:
             log.warning("the Engine runs in this process: %s", exc)
             return None
@@ -830,7 +831,9 @@ class AnalyzerServer:
             return
         from hypertrace.analyzer.check_process import WindowCheckers, WorkerUnavailable
         try:
-            self._checkers = WindowCheckers(self.options.checker_processes)
+            self._checkers = WindowCheckers(
+                self.options.checker_processes,
+                self.analyzer.metrics.worker_restarts.labels("checker").inc)
         except WorkerUnavailable as exc:
             log.warning("windows are checked on the event loop: %s", exc)
 
@@ -904,6 +907,7 @@ class AnalyzerServer:
                     self._retention_worker = None
                 else:                                 # it died: a new one at the next pass
                     log.error("retention pass failed: %s", exc)
+                    self.analyzer.metrics.worker_restarts.labels("retention").inc()
             except PassFailed as exc:
                 log.error("retention pass failed (in the retention process):\n%s", exc)
             except Exception:   # keep serving; the next pass retries

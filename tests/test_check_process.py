@@ -132,6 +132,8 @@ def test_a_killed_checker_is_replaced(tmp_path):
         assert [a[0] for a in answers] == ["ack"] * 3
         assert server._checkers.pids[0] not in (None, first)
         assert server.analyzer.storage.count_windows() == 4
+        assert server.analyzer.metrics.registry.get_sample_value(
+            "hypertrace_worker_restarts_total", {"worker": "checker"}) == 1
     finally:
         _stop(server)
 

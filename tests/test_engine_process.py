@@ -71,7 +71,9 @@ def _run(db: Path, engine_process: bool, kill_before_epoch: int | None = None) -
                 a.drain()
         return {"report": _plain(a.report()), "jobs": a.list_jobs().SerializeToString(),
                 "late": sorted((sw.agent_id, sw.seq) for sw in st.iter_windows() if sw.late),
-                "restarts": a.engine_process.restarts if a.engine_process else 0}
+                "restarts": a.engine_process.restarts if a.engine_process else 0,
+                "counted": a.metrics.registry.get_sample_value(
+                    "hypertrace_worker_restarts_total", {"worker": "engine"})}
     finally:
         a.close()
         st.close()
@@ -107,7 +109,8 @@ def test_a_killed_worker_is_replaced_and_each_window_reaches_it_once(tmp_path):
     window count, its scores and its late window are those of a run without the kill."""
     here = _run(tmp_path / "here.db", engine_process=False)
     killed = _run(tmp_path / "killed.db", engine_process=True, kill_before_epoch=4)
-    assert killed["restarts"] == 1
+    assert killed["restarts"] == 1 and killed["counted"] == 1      # and the metric says so
+    assert here["counted"] == 0
     assert killed["jobs"] == here["jobs"]
     assert killed["report"] == here["report"]
     assert killed["late"] == here["late"]

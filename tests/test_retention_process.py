@@ -127,8 +127,10 @@ def test_a_dead_worker_is_replaced_at_the_next_pass(tmp_path, caplog):
         assert _wait(lambda: server._retention_worker.started_once)
         first = server._retention_worker.pid
         os.kill(first, signal.SIGKILL)
-        # not given up for the thread: a new worker
+        # not given up for the thread: a new worker, and the metric counts it
         assert _wait(lambda: server._retention_worker.pid not in (None, first))
+        assert a.metrics.registry.get_sample_value(
+            "hypertrace_worker_restarts_total", {"worker": "retention"}) == 1
     finally:
         server.stop()
     st.close()
