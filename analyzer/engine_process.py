@@ -91,15 +91,7 @@ class EngineProcess:
     def replay(self, use_snapshot: bool = True) -> Any:
         """:func:`~hypertrace.analyzer.replay.replay_stored` in the (fresh) worker, up to the
         newest stored window; later windows come through :meth:`ingest_batch`."""
-        try:
-            return self._replay(use_snapshot)
-        except WorkerUnavailable as exc:
-            if self._closed:
-                raise
-            log.error("the Engine's worker process ended during the replay (%s); starting "
-                      "another", exc)
-        self._restart()
-        return self._replay(use_snapshot)
+        return self._retrying(lambda: self._replay(use_snapshot), replay=False)
 
     def _restart(self) -> None:
         self._start()
@@ -119,8 +111,9 @@ class EngineProcess:
 
     # ---- the worker ------------------------------------------------------------------------
 
-    def _retrying(self, send: Callable[[], Any]) -> Any:
-        """``send()``, once more in a new worker (after its replay) if the worker died."""
+    def _retrying(self, send: Callable[[], Any], replay: bool = True) -> Any:
+        """``send()``, once more in a new worker if the worker died; the new worker first
+        replays the stored windows unless ``send`` is that replay."""
         try:
             return send()
         except WorkerUnavailable as exc:
@@ -129,9 +122,10 @@ class EngineProcess:
             log.error("the Engine's worker process ended (%s); starting another, which "
                       "replays the stored windows", exc)
         self._restart()
-        replayed = self._replay(True)
-        log.warning("the new Engine worker replayed %d stored windows (from the snapshot: %s)",
-                    replayed.windows, replayed.from_snapshot)
+        if replay:
+            replayed = self._replay(True)
+            log.warning("the new Engine worker replayed %d stored windows (from the snapshot: "
+                        "%s)", replayed.windows, replayed.from_snapshot)
         return send()
 
     def _start(self) -> None:

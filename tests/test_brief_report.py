@@ -1,4 +1,4 @@
-"""The brief job report (``job_report(..., brief=True)``) that the evictor and the metrics read.
+"""Job reports with ``brief=True`` (``job_report``), which the evictor and the metrics read.
 
 Every node with a flagged GPU is the same message as in the full report; every other node is
 there by name and verdict alone; the job's own fields and its prediction are the same; so the
