@@ -38,6 +38,11 @@ def _worker_summary(report: dict, rank: int) -> str:
             f"{' (' + findings + ')' if findings else ''}")
 
 
+def _waits(pids: list[int]) -> list[int]:
+    """Nanoseconds each process has waited on a run queue so far (/proc/PID/schedstat)."""
+    return [int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) for pid in pids]
+
+
 def _tail(path: Path, chars: int = 2500) -> str:
     return path.read_text()[-chars:] if path.exists() else f"({path.name} missing)"
 
@@ -75,6 +80,7 @@ def test_a_cpu_hog_on_one_workers_core_is_convicted_as_cpu_contention(fakecuda, 
     port = _wait_for_port(tmp_path / "analyzer.log", analyzer)
 
     worker_exe = _private_worker(fakecuda, tmp_path)
+    workers: list[int] = []
     for rank in range(RANKS):
         env = {"PATH": os.environ.get("PATH", "/usr/bin"), "HYPERTRACE_JOB": "e2e",
                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(RANKS),
@@ -82,6 +88,7 @@ def test_a_cpu_hog_on_one_workers_core_is_convicted_as_cpu_contention(fakecuda, 
         w = subprocess.Popen([str(worker_exe), "--api", "step", "--rate", "100"], env=env,
                              stdout=subprocess.PIPE, text=True)
         procs.append(w)
+        workers.append(w.pid)
         os.sched_setaffinity(w.pid, {hog_cpu if rank == HOGGED else rest})
         _ahead_of_the_tools(w.pid)
         assert w.stdout.readline().startswith("ready")
@@ -109,6 +116,7 @@ def test_a_cpu_hog_on_one_workers_core_is_convicted_as_cpu_contention(fakecuda, 
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     procs.append(hog)
     seen: list[str] = []                    # what each report said of worker 0, for a failure
+    hog_start, waits_before = time.monotonic(), _waits(workers)
     try:
         os.sched_setaffinity(hog.pid, {hog_cpu})
         os.sched_setscheduler(hog.pid, os.SCHED_FIFO, os.sched_param(1))
@@ -123,11 +131,16 @@ def test_a_cpu_hog_on_one_workers_core_is_convicted_as_cpu_contention(fakecuda, 
             seen.append(_worker_summary(report, HOGGED))
             if verdicts.get(HOGGED) == "straggler":
                 break
+        # the fault as the kernel saw it: each worker's share of the time spent runnable but
+        # waiting for its CPU (worker 0 about 0.9 under the hog; a failure shows whether it was)
+        shares = [(b - a) / 1e9 / (time.monotonic() - hog_start)
+                  for a, b in zip(waits_before, _waits(workers))]
     finally:
         hog.kill()
         hog.wait(10)
     assert _verdicts(report).get(HOGGED) == "straggler", "\n".join([
-        "worker 0 was never convicted; what each report said of it:", *seen,
+        "worker 0 was never convicted; run-queue wait share of each worker during the hog: "
+        + ", ".join(f"{s:.3f}" for s in shares), "what each report said of worker 0:", *seen,
         "analyzer log:", _tail(tmp_path / "analyzer.log"), "agent log:",
         _tail(tmp_path / "agent.log")])
     assert status == 3
