@@ -12,8 +12,20 @@ import time
 
 import pytest
 
-from hypertrace.sim.bench_scale import (SLOW_NODE, ScaleConfig, children_cpu_s, descendants,
-                                         read_proc, run_scale, server_workers, table_row)
+from hypertrace.sim.bench_scale import (SLOW_NODE, ScaleConfig, ScaleResult, children_cpu_s,
+                                         descendants, read_proc, run_scale, same_stragglers,
+                                         server_workers, table_row)
+
+
+def test_stragglers_are_compared_as_of_the_last_epoch_every_run_scored():
+    """A run that fell behind scored fewer epochs; its last stragglers are an earlier epoch's."""
+    def run(at):
+        return ScaleResult(nodes=1, gpus=8, stragglers_at=at)
+    ahead = run({0: [], 1: ["a"], 2: ["a", "b"], 3: ["a", "b", "c"]})
+    behind = run({0: [], 1: ["a"], 2: ["a", "b"]})
+    assert same_stragglers([ahead, behind]) == (True, 2)
+    assert same_stragglers([ahead, run({1: ["a"], 2: ["a"]})]) == (False, 2)
+    assert same_stragglers([ahead, run({})]) == (False, None)
 
 
 def test_read_proc_reports_cpu_and_memory_of_a_process():
