@@ -4,7 +4,7 @@ Scored in the worker, windows give the same results, reports, job lists, late ma
 snapshots as with the Engine in the analyzer's process; a worker killed mid-run (with windows
 stored but not yet fed) is replaced, and every stored window reaches the new Engine exactly
 once; an error in the worker comes back as itself; over real gRPC the server acks, scores and
-reports the same; and closing the analyzer leaves no worker behind.
+reports the same, also across a worker killed between two streams; and closing the analyzer leaves no worker behind.
 """
 from __future__ import annotations
 
@@ -173,3 +173,45 @@ def test_over_grpc_the_server_acks_and_reports_as_with_the_engine_here(tmp_path)
         if mode:
             assert _ends(pid), "the Engine's worker outlived the analyzer"
     assert reports[True] == reports[False]
+
+
+def test_over_grpc_a_worker_killed_between_streams_is_replaced_and_reports_the_same(tmp_path):
+    """The whole live path (window checkers, the store, the Engine's worker) under real gRPC:
+    the worker is SIGKILLed after half the epochs were scored and the next windows were acked
+    (stored, queued, not yet fed). The report that follows, built by the replacement, equals
+    that of a server whose worker was never killed, and each window was acked once."""
+    epochs = _epochs()
+    first = [w for epoch in epochs[:4] for w in epoch]
+    rest = [w for epoch in epochs[4:] for w in epoch]
+    reports, restarts = {}, {}
+    for kill in (False, True):
+        st = Storage.open(tmp_path / f"{kill}.db", synchronous="NORMAL")
+        a = Analyzer(st, ScoringConfig(), engine_process=True)
+        a.resume()
+        server = AnalyzerServer(a, ServerOptions(listen="127.0.0.1:0", flush_interval=0.0,
+                                                 shutdown_grace_s=0.5, insecure=True,
+                                                 checker_processes=2))
+        port = server.start()
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                ingest, query = pb_grpc.IngestStub(ch), pb_grpc.QueryStub(ch)
+                acks = list(ingest.Stream(iter(first), timeout=60))
+                query.GetReport(pb.ReportRequest(), timeout=60)        # epochs 0-3 scored
+                acks += list(ingest.Stream(iter(rest), timeout=60))
+                if kill:
+                    old = a.engine_process.pid
+                    os.kill(old, signal.SIGKILL)
+                    assert _ends(old)
+                reports[kill] = _plain(query.GetReport(pb.ReportRequest(all_nodes=True),
+                                                       timeout=60))
+                assert [(k.seq, k.duplicate) for k in acks] == [(w.seq, False)
+                                                                for w in first + rest]
+            restarts[kill] = a.engine_process.restarts
+        finally:
+            server.stop()
+            a.close()
+            st.close()
+    assert restarts == {False: 0, True: 1}
+    assert reports[True] == reports[False]
+    report = pb.Report.FromString(reports[True])
+    assert [n.node for n in report.jobs[0].nodes if n.verdict == "straggler"] == ["node-0002"]
