@@ -141,8 +141,7 @@ class EngineProcess:
                 self._proc = self._conn = None
                 end(proc, mine)
                 raise WorkerUnavailable("closed")
-        conn = mine
-        if not conn.poll(START_TIMEOUT_S):
+        if not mine.poll(START_TIMEOUT_S):
             self._reap()
             raise WorkerUnavailable("the Engine's worker process did not start in time")
         self._answer()

@@ -29,10 +29,16 @@ HOGGED = 0
 HOG_WINDOWS = 20
 
 
+def _gpu(report: dict, rank: int) -> dict:
+    """The report's entry of the GPU of ``rank`` ({} when it has none)."""
+    job = (report.get("jobs") or [{}])[0]
+    return next((g for n in job.get("nodes", []) for g in n["gpus"] if g["rank"] == rank), {})
+
+
 def _worker_summary(report: dict, rank: int) -> str:
     """One line: the job's window count, and the rank's verdict and findings."""
     job = (report.get("jobs") or [{}])[0]
-    gpu = next((g for n in job.get("nodes", []) for g in n["gpus"] if g["rank"] == rank), {})
+    gpu = _gpu(report, rank)
     findings = ", ".join(f"{f['api']} {f.get('stat', '')} {f['value_us']:.3g} vs "
                          f"{f['job_median_us']:.3g}" for f in gpu.get("findings", []))
     return (f"windows {job.get('windows')}: {gpu.get('verdict', 'absent')}"
@@ -167,7 +173,7 @@ def _hog_scenario(fakecuda, tmp_path: Path, procs: list) -> None:
             *seen, "analyzer log:", _tail(tmp_path / "analyzer.log"), "agent log:",
             _tail(tmp_path / "agent.log")]))
     assert status == 3
-    gpu = next(g for n in report["jobs"][0]["nodes"] for g in n["gpus"] if g["rank"] == HOGGED)
+    gpu = _gpu(report, HOGGED)
     assert gpu["probable_cause"].startswith("run-queue wait"), gpu["probable_cause"]
     assert "CPU contention" in gpu["probable_cause"]
     runq = next(f for f in gpu["findings"] if f["api"] == "sched.runq")
