@@ -207,12 +207,15 @@ def _alternating_workers(fakecupti, gpu_wait_ns: int, peer_wait_s: float, steps:
     r, fake = _syncing(fakecupti, "cudaStreamSynchronize", "cudaDeviceSynchronize")
     go = [threading.Semaphore(0), threading.Semaphore(0)]
     done = threading.Semaphore(0)
+    slept_ns: list[int] = []                             # each peer wait as it really lasted
 
     def worker(k):
         for _ in range(steps // 2):
             go[k].acquire()
             fake.fakecupti_call(2, 131, gpu_wait_ns, 0)
+            t0 = time.monotonic_ns()
             time.sleep(peer_wait_s)
+            slept_ns.append(time.monotonic_ns() - t0)
             done.release()
     ths = [threading.Thread(target=worker, args=(k,)) for k in (0, 1)]
     [t.start() for t in ths]
@@ -226,23 +229,30 @@ def _alternating_workers(fakecupti, gpu_wait_ns: int, peer_wait_s: float, steps:
     [t.join() for t in ths]
     snap = r.read(1)
     r.unsubscribe()
-    return snap.periodic["cudaStreamSynchronize"]
+    return snap.periodic["cudaStreamSynchronize"], sum(slept_ns) / len(slept_ns)
 
 
 def test_peer_waits_of_a_collective_run_by_worker_threads_are_waits(fakecupti):
     """The workers take turns at the step's synchronize call: the step's peer wait (15 ms
-    blocked outside calls while nothing else runs) still counts as a wait, not as busy time."""
-    p = _alternating_workers(fakecupti, gpu_wait_ns=2_000_000, peer_wait_s=0.015)
+    blocked outside calls while nothing else runs) still counts as a wait, not as busy time,
+    and the 8 ms the worker spent inside the call on its own GPU does not.
+
+    The bounds are relative to how long the sleeps really lasted: on a loaded machine a 15-ms
+    sleep may overshoot by a few milliseconds."""
+    gpu_wait_ms = 8.0
+    p, slept_ns = _alternating_workers(fakecupti, gpu_wait_ns=int(gpu_wait_ms * 1e6),
+                                       peer_wait_s=0.015)
     assert p.count >= 30
     per_step_ms = p.offcpu_wait_ns / p.count / 1e6
-    assert 10 <= per_step_ms <= 17, per_step_ms
+    slept_ms = slept_ns / 1e6
+    assert 0.66 * slept_ms <= per_step_ms <= slept_ms + gpu_wait_ms / 2, (per_step_ms, slept_ms)
 
 
 def test_a_wait_on_the_own_gpu_is_not_a_peer_wait(fakecupti):
     """The slow-GPU rank of the same collective: its worker waits 15 ms on its own GPU (inside
     the synchronize call) and not for peers; the main thread, blocked meanwhile, waits for its
     own process. No peer wait is counted."""
-    p = _alternating_workers(fakecupti, gpu_wait_ns=15_000_000, peer_wait_s=0.0)
+    p, _ = _alternating_workers(fakecupti, gpu_wait_ns=15_000_000, peer_wait_s=0.0)
     assert p.count >= 30
     assert p.offcpu_wait_ns / p.count / 1e6 < 3, p.offcpu_wait_ns / p.count / 1e6
 
