@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 HT     := $(VENV)/bin/hypertrace
 STAMP  := $(VENV)/.installed
 
-.PHONY: all venv ebpf-setup test-deps test demo bench bench-html bench-detect bench-scale bench-agent bench-restart bench-cluster bench-storage fuzz dashboard-png proto clean
+.PHONY: all venv ebpf-setup test-deps test demo bench bench-report bench-html bench-detect bench-scale bench-agent bench-restart bench-cluster bench-storage fuzz dashboard-png proto clean
 
 all: venv
 
@@ -39,6 +39,11 @@ demo: venv
 
 bench: venv
 	$(PY) -m hypertrace.sim.bench_scoring
+
+# the report the evictor and the metrics read (brief) and the full one, at 16,384 and 131,072 GPUs,
+# with the cluster prediction's values (~3 min)
+bench-report: venv
+	$(PY) -m hypertrace.sim.bench_report $(ARGS)
 
 # the HTML report of a 16,384-GPU job: size and a headless Chromium's load time (~1 min)
 bench-html: venv

@@ -53,12 +53,13 @@ def job_spike_probability(p_i: np.ndarray) -> float:
         return float(-np.expm1(np.sum(np.log1p(-p)))) + 0.0
 
 
-def _support(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Lowest and highest bucket edge (ns) holding mass, per row."""
+def _support(counts: np.ndarray, first_bucket: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Lowest and highest bucket edge (ns) holding mass, per row (column j: bucket
+    ``first_bucket + j``)."""
     nz = counts > 0
     first = np.argmax(nz, axis=1)
     last = counts.shape[1] - 1 - np.argmax(nz[:, ::-1], axis=1)
-    return _EDGES[first], _EDGES[last + 1]
+    return _EDGES[first + first_bucket], _EDGES[last + 1 + first_bucket]
 
 
 def _grid(a: float, b: float) -> np.ndarray:
@@ -70,40 +71,55 @@ def _grid(a: float, b: float) -> np.ndarray:
 
 
 def _cdf_shifted(c: np.ndarray, grid: np.ndarray, shift: np.ndarray,
-                 total: np.ndarray | None = None, first: int = 0) -> np.ndarray:
+                 total: np.ndarray | None = None, first: int = 0,
+                 first_bucket: int = 0) -> np.ndarray:
     """(R, len(grid)) CDF of row i's histogram moved by ``shift[i]`` ns: F_i(grid - shift_i).
     ``total``: the rows' sums (R, 1) when the caller has them; ``first``: a column before
-    which every row is 0 (their cumulative shares are 0 there; the sum from it on is the same).
+    which every row is 0 (their cumulative shares are 0 there; the sum from it on is the same);
+    ``first_bucket``: column j is bucket ``first_bucket + j``, and the buckets after the last
+    column are empty.
 
-    Every element is computed by the same float operations as the direct form (bucket ``k``
-    of each point, ``frac = clip((x - lower edge) / bucket width)``, ``lo + frac * (hi - lo)``
-    with ``lo``, ``hi`` the row's cumulative share at the bucket's edges), so the values are
-    bit for bit the same. Why the details: this runs on every rank of a job for each report
-    (16,384 ranks x ~100 grid points, twice), and 2-D fancy indexing, temporaries and the
-    cumulative sum past the last bucket any point reaches were most of its time. Flat
-    ``take`` reads the same elements; a cumulative sum stopped early holds the same prefix."""
-    if not np.any(shift):
-        return buckets.cdf_on_grid(c, grid)
-    r, nb = c.shape
-    x = grid[None, :] - shift[:, None]
-    k = np.searchsorted(_EDGES, x, side="right")
-    k -= 1
-    np.clip(k, 0, nb - 1, out=k)
-    width = int(k.max()) + 2                      # edges 0..max k + 1 are read
+    Each value is ``lo + frac * (hi - lo)``: bucket ``k`` of the point,
+    ``frac = clip((x - lower edge) / bucket width)``, ``lo``, ``hi`` the row's cumulative share
+    at the bucket's edges. Why the details: this runs on every rank of a job for each report
+    (131,072 ranks x ~100 grid points, twice), and 2-D fancy indexing, temporaries and the
+    cumulative sum past the last bucket any point reaches were most of its time. Flat ``take``
+    reads the same elements; a cumulative sum stopped early holds the same prefix. The empty
+    buckets after the given columns all stand at the row's whole share: one column past the
+    last (``pad``) stands for all of them, where ``hi - lo`` is exactly 0 as it is there. A
+    row without shift takes the grid's buckets once for all rows (the same values)."""
+    r, cols = c.shape
+    shifted = bool(np.any(shift))
+    x = grid[None, :] - shift[:, None] if shifted else grid.copy()
+    # the point's column among the given ones, ``cols`` (the pad) for any later bucket: a
+    # search among the columns' edges alone, not all 227 (at 131,072 ranks the largest step)
+    last = min(first_bucket + cols, buckets.NUM_BUCKETS - 1)
+    col = np.searchsorted(_EDGES[first_bucket:last + 1], x, side="right")
+    col -= 1
+    np.clip(col, 0, last - first_bucket, out=col)
+    k = col + first_bucket                        # the point's bucket, for its edges
+    width = int(col.max()) + 2                    # edges 0..max column + 1 are read
     if total is None:
         total = c.sum(axis=1, keepdims=True)
     at_edges = np.zeros((r, width))
     first = min(first, width - 1)
-    np.cumsum(c[:, first:width - 1] / np.where(total > 0, total, 1.0), axis=1,
-              out=at_edges[:, first + 1:])
+    stop = min(width - 1, cols)
+    np.cumsum(c[:, first:stop] / np.where(total > 0, total, 1.0), axis=1,
+              out=at_edges[:, first + 1:stop + 1])
+    if width - 1 > cols:                          # the pad's edges: the row's whole share
+        at_edges[:, cols + 1:] = at_edges[:, cols:cols + 1]
     x -= _EDGES.take(k)
     x /= _WIDTHS.take(k)
     frac = np.clip(x, 0.0, 1.0, out=x)
-    k += (np.arange(r) * width)[:, None]          # flat index of (row, k)
-    flat = at_edges.ravel()
-    lo = flat.take(k)
-    k += 1
-    hi = flat.take(k)
+    if not shifted:                               # the same columns for every row
+        lo = at_edges[:, col]
+        hi = at_edges[:, col + 1]
+    else:
+        col += (np.arange(r) * width)[:, None]    # flat index of (row, column)
+        flat = at_edges.ravel()
+        lo = flat.take(col)
+        col += 1
+        hi = flat.take(col)
     hi -= lo
     hi *= frac
     hi += lo
@@ -111,7 +127,7 @@ def _cdf_shifted(c: np.ndarray, grid: np.ndarray, shift: np.ndarray,
 
 
 def expected_max_us(counts: np.ndarray, multiplicity: np.ndarray | int | None = None,
-                    shift_ns: np.ndarray | None = None) -> float:
+                    shift_ns: np.ndarray | None = None, first_bucket: int = 0) -> float:
     """E[max] (µs) of independent ranks; row i of ``counts`` is the histogram of ``m_i`` ranks.
 
     ``counts`` is (R, NUM_BUCKETS) (or one histogram); rows with no samples are ignored.
@@ -119,6 +135,10 @@ def expected_max_us(counts: np.ndarray, multiplicity: np.ndarray | int | None = 
     ``shift_ns`` (R,), when given, moves row i's distribution by that many ns (X_i + s_i): a
     rank's busy time plus its mean wait on its own GPU is when it reaches the end of a step.
     The shift is applied to the CDF, not re-binned, so it adds no bucket width.
+    ``first_bucket``: column j of ``counts`` is bucket ``first_bucket + j`` and the buckets
+    after its last column are empty, so a caller passes only the buckets a job uses (at
+    131,072 ranks the wire's 226 buckets are most of the work, and a job's step times fill a
+    few dozen of them).
     """
     c = np.atleast_2d(np.asarray(counts, dtype=np.float64))
     m = np.ones(c.shape[0]) if multiplicity is None else np.broadcast_to(
@@ -132,8 +152,9 @@ def expected_max_us(counts: np.ndarray, multiplicity: np.ndarray | int | None = 
         c, total = c[keep], total[keep]
     if c.shape[0] == 0:
         return float("nan")
-    lo, hi = _support(c)
-    first = int(np.searchsorted(_EDGES, lo.min()))     # columns before it are 0 in every row
+    lo, hi = _support(c, first_bucket)
+    # columns before it are 0 in every row
+    first = int(np.searchsorted(_EDGES, lo.min())) - first_bucket
     lo, hi = lo + sh, hi + sh
     a, b = float(lo.max()), float(hi.max())
     if b <= a:
@@ -143,7 +164,7 @@ def expected_max_us(counts: np.ndarray, multiplicity: np.ndarray | int | None = 
     chunk = max(1, _CHUNK_ELEMENTS // grid.size)
     for start in range(0, c.shape[0], chunk):          # chunks of ranks, not one loop per rank
         f = _cdf_shifted(c[start:start + chunk], grid, sh[start:start + chunk],
-                         total[start:start + chunk, None], first)
+                         total[start:start + chunk, None], first, first_bucket)
         with np.errstate(divide="ignore"):
             log_prod += m[start:start + chunk] @ np.log(f)
     integrand = 1.0 - np.exp(log_prod)
@@ -174,13 +195,13 @@ def monte_carlo_max_us(counts: np.ndarray, multiplicity: np.ndarray | int, trial
 
 
 def what_if(counts: np.ndarray, evict: np.ndarray,
-            shift_ns: np.ndarray | None = None) -> tuple[float, float]:
+            shift_ns: np.ndarray | None = None, first_bucket: int = 0) -> tuple[float, float]:
     """E[max] now and after evicting rows ``evict`` (bool), in µs.
 
     Evicted ranks are replaced by spares that behave like the pooled remaining ranks (the job keeps
     its size, as after a real eviction), so the gain measures removing the slow ranks, not shrinking
     the job. ``shift_ns`` (R,) moves each row (see :func:`expected_max_us`); the spares get the
-    remaining ranks' mean shift.
+    remaining ranks' mean shift. ``first_bucket``: as in :func:`expected_max_us`.
     """
     c = np.atleast_2d(np.asarray(counts, dtype=np.float64))
     sh = np.zeros(c.shape[0]) if shift_ns is None else np.asarray(shift_ns, dtype=np.float64)
@@ -189,19 +210,22 @@ def what_if(counts: np.ndarray, evict: np.ndarray,
     gone = evict & has
     keep = has & ~evict
     if not gone.any() or not keep.any():
-        now = expected_max_us(c if has.all() else c[has], None, sh[has])
+        now = expected_max_us(c if has.all() else c[has], None, sh[has], first_bucket)
         return now, (now if not gone.any() else float("nan"))
     # the two integrals side by side: numpy lets go of the interpreter lock inside each step,
     # so on a second core the what-if takes about the time of one (a 16k-rank job: 0.11-0.14 s
     # against 0.18-0.24 s on the dev VM). Nothing else runs meanwhile: a thread that holds the
     # lock in Python (building the report's messages) would keep each numpy step waiting for it
     with ThreadPoolExecutor(1) as pool:
-        now = pool.submit(expected_max_us, c if has.all() else c[has], None, sh[has])
+        now = pool.submit(expected_max_us, c if has.all() else c[has], None, sh[has],
+                          first_bucket)
         n_rest = int(keep.sum())
         spares = np.empty((n_rest + 1, c.shape[1]))       # the remaining ranks, then a spare
-        rest = np.compress(keep, c, axis=0, out=spares[:n_rest])
+        # a gather by index: np.compress into ``out`` took 3x as long
+        rest = np.take(c, np.flatnonzero(keep), axis=0, out=spares[:n_rest])
         totals = rest.sum(axis=1, keepdims=True)
         spares[n_rest] = (rest / totals).mean(axis=0)     # an average healthy rank
         after = expected_max_us(spares, np.concatenate((np.ones(n_rest), [int(gone.sum())])),
-                                np.concatenate((sh[keep], [float(sh[keep].mean())])))
+                                np.concatenate((sh[keep], [float(sh[keep].mean())])),
+                                first_bucket)
         return now.result(), after

@@ -146,6 +146,9 @@ def bench_size(gpus: int, epochs: int, seed: int, all_apis: bool = True,
     t = time.perf_counter()
     report = engine.report()
     report_s = time.perf_counter() - t
+    t = time.perf_counter()
+    engine.report(brief=True)            # what the evictor and the metrics read
+    brief_s = time.perf_counter() - t
     stragglers = sorted({n.node for j in report.jobs for n in j.nodes if n.verdict == "straggler"})
     slow = sorted(node_name(SLOW_NODE + k * pool_nodes) for k in range(reps)
                   if SLOW_NODE + k * pool_nodes < nodes)
@@ -157,7 +160,7 @@ def bench_size(gpus: int, epochs: int, seed: int, all_apis: bool = True,
             "floor_ratio": statistics.median([a / b for a, b in zip(steady, floor)]),
             "score_ms_first": score_s[0] * 1e3,
             "ingest_us_per_window": statistics.median(ingest_s) / nodes * 1e6,
-            "report_s": report_s, "stragglers": stragglers, "slow": slow,
+            "report_s": report_s, "brief_s": brief_s, "stragglers": stragglers, "slow": slow,
             "rules_ms_median": statistics.median(rules_s[1:] or rules_s) * 1e3 if rules_s
             else None}
 
@@ -183,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     print(machine_info() + f"; APIs per window: {'10' if args.apis == 'all' else '2'}")
     print(f"{'GPUs':>8} {'nodes':>6} {'score ms/epoch':>15} {'(max)':>7} {'first':>7} "
-          f"{'floor ms':>9} {'x floor':>8} {'ingest us/window':>17} {'report s':>9}  "
+          f"{'floor ms':>9} {'x floor':>8} {'ingest us/window':>17} {'report s':>9} "
+          f"{'brief s':>8}  "
           "stragglers found")
     failed = wrong = False
     for gpus in (int(x) for x in args.sizes.split(",")):
@@ -206,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['gpus']:>8} {r['nodes']:>6} {r['score_ms_median']:>15.1f} "
               f"{r['score_ms_max']:>7.1f} {r['score_ms_first']:>7.1f} "
               f"{r['floor_ms_median']:>9.1f} {r['floor_ratio']:>8.2f} "
-              f"{r['ingest_us_per_window']:>17.0f} {r['report_s']:>9.2f}  "
+              f"{r['ingest_us_per_window']:>17.0f} {r['report_s']:>9.2f} "
+              f"{r['brief_s']:>8.2f}  "
               f"{','.join(r['stragglers']) or '-'}{mark}")
         if r["rules_ms_median"] is not None:
             print(f"{'':>8} rules alone (after the epoch's last window): "

@@ -142,3 +142,34 @@ def test_shifted_cdf_is_bit_for_bit_the_direct_form():
         for got in (theory._cdf_shifted(c, grid, shift),
                     theory._cdf_shifted(c, grid, shift, c.sum(axis=1)[:, None], first)):
             assert np.array_equal(got.view(np.int64), want.view(np.int64)), case
+
+
+@pytest.mark.parametrize("shifted", [True, False])
+def test_the_what_if_of_the_used_buckets_alone_equals_all_buckets(shifted):
+    """A caller may pass only the buckets a job uses (``first_bucket``): the buckets after the
+    last column are empty. Shifted rows put grid points beyond the job's last bucket, where
+    every row's CDF is its whole share, and a row with little shift reaches them. Whole
+    counts sum alike over any columns, so the shifted integrals are bit for bit the same; the
+    unshifted ones (one grid for all rows) agree to 1e-12."""
+    rng = np.random.default_rng(5)
+    counts = np.vstack([_lognormal_hist(10.0 * (1.5 if i >= 60 else 1.0), 0.3, 2000, int(s))
+                        for i, s in enumerate(rng.integers(0, 1e6, 64))])
+    shift = rng.uniform(0.0, 30e3, 64) if shifted else np.zeros(64)
+    shift[7] = 0.0                                   # reaches furthest past the last bucket
+    used = np.flatnonzero(counts.any(axis=0))
+    lo, hi = int(used[0]), int(used[-1]) + 1
+    assert lo > 0 and hi < buckets.NUM_BUCKETS       # empty buckets on both sides
+    evict = np.arange(64) >= 60
+    full = theory.what_if(counts, evict, shift)
+    part = theory.what_if(counts[:, lo:hi], evict, shift, first_bucket=lo)
+    if shifted:
+        assert part == full
+    else:
+        assert part == pytest.approx(full, rel=1e-12)
+    assert full[1] < full[0]
+    # a job whose buckets run to the last one has no empty bucket after it
+    top = np.zeros_like(counts)
+    top[:, -(hi - lo):] = counts[:, lo:hi]
+    first = buckets.NUM_BUCKETS - (hi - lo)
+    assert theory.what_if(top[:, first:], evict, shift, first_bucket=first) == \
+        theory.what_if(top, evict, shift)
