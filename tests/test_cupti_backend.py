@@ -165,7 +165,15 @@ def test_blocked_time_outside_calls_is_a_wait_not_busy(fakecupti):
 def test_another_threads_sleep_is_not_this_steps_wait(fakecupti):
     """A second thread that syncs and then sleeps long (a loader, a communication thread) must
     not turn the main thread's steps into waits: the process is idle only while every thread
-    that makes synchronize calls is blocked, and the main thread never is."""
+    that makes synchronize calls is blocked, and the main thread never is.
+
+    The main thread's step work runs in C, off the interpreter lock, as a real step's launches
+    do (a call the recorder does not time), and the bound is half the step. Why: in a full test
+    run on a 2-core VM the main thread once read a third of its steps as waits, with its step
+    a busy loop in Python. Such a loop holds the lock, so each of the sleeper's wake-ups leaves
+    the main thread blocked until the lock comes back, which is real blocked time; and time a
+    hypervisor takes the CPU away (steal) reads as blocked too. Counting the sleeper's sleeps
+    would make nearly all of the step a wait."""
     import threading
     r, fake = _syncing(fakecupti, "cudaStreamSynchronize", "cudaEventSynchronize")
     stop = threading.Event()
@@ -180,9 +188,7 @@ def test_another_threads_sleep_is_not_this_steps_wait(fakecupti):
     try:
         for _ in range(12):                              # the main thread: busy 20-ms steps
             fake.fakecupti_call(2, 131, 200_000, 0)
-            t_end = time.monotonic() + 0.02
-            while time.monotonic() < t_end:
-                pass
+            fake.fakecupti_call(2, 211, 20_000_000, 0)   # cudaLaunchKernel, not recorded here
     finally:
         stop.set()
         th.join()
@@ -190,12 +196,12 @@ def test_another_threads_sleep_is_not_this_steps_wait(fakecupti):
     r.unsubscribe()
     main = snap.periodic["cudaStreamSynchronize"]
     assert main.count == 12
-    assert main.offcpu_wait_ns < 0.2 * main.interval_sum_ns     # the sleeper's are not its
+    assert main.offcpu_wait_ns < 0.5 * main.interval_sum_ns     # the sleeper's are not its
     assert buckets.quantiles_us(main.busy[None, :], [0.5])[0][0] > 10_000
     # nor the sleeper's own steps: the process was busy while it slept
     other = snap.periodic["cudaEventSynchronize"]
     assert other.count >= 3
-    assert other.offcpu_wait_ns < 0.2 * other.interval_sum_ns
+    assert other.offcpu_wait_ns < 0.5 * other.interval_sum_ns
 
 
 def _alternating_workers(fakecupti, gpu_wait_ns: int, peer_wait_s: float, steps: int = 40):
