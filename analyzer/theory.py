@@ -86,8 +86,8 @@ def _cdf_shifted(c: np.ndarray, grid: np.ndarray, shift: np.ndarray,
     cumulative sum past the last bucket any point reaches were most of its time. Flat ``take``
     reads the same elements; a cumulative sum stopped early holds the same prefix. The empty
     buckets after the given columns all stand at the row's whole share: one column past the
-    last (``pad``) stands for all of them, where ``hi - lo`` is exactly 0 as it is there. A
-    row without shift takes the grid's buckets once for all rows (the same values)."""
+    last (``pad``) stands for all of them, where ``hi - lo`` is exactly 0 as it is there. When
+    no row is shifted, the grid's buckets are found once for all rows (the same values)."""
     r, cols = c.shape
     shifted = bool(np.any(shift))
     x = grid[None, :] - shift[:, None] if shifted else grid.copy()
