@@ -172,7 +172,8 @@ def test_another_threads_sleep_is_not_this_steps_wait(fakecupti):
     run on a 2-core VM the main thread once read a third of its steps as waits, with its step
     a busy loop in Python. Such a loop holds the lock, so each of the sleeper's wake-ups leaves
     the main thread blocked until the lock comes back, which is real blocked time; and time a
-    hypervisor takes the CPU away (steal) reads as blocked too. Counting the sleeper's sleeps
+    hypervisor takes the CPU away (steal) probably reads as blocked too (schedstat's run time
+    and run delay leave it out). Counting the sleeper's sleeps
     would make nearly all of the step a wait."""
     import threading
     r, fake = _syncing(fakecupti, "cudaStreamSynchronize", "cudaEventSynchronize")
