@@ -33,6 +33,7 @@ import time  # noqa: E402
 from hypertrace.analyzer.config import ScoringConfig  # noqa: E402
 from hypertrace.analyzer.engine import Engine  # noqa: E402
 from hypertrace.sim.bench_scoring import machine_info  # noqa: E402
+from hypertrace.sim.scale_load import node_name  # noqa: E402
 from hypertrace.sim.simulate import SimConfig, Straggler, generate  # noqa: E402
 
 GPUS_PER_NODE = 8
@@ -41,17 +42,13 @@ SLOW_NODE = 3
 SLOW_FACTOR = 1.3
 
 
-def _node(n: int, nodes: int) -> str:
-    return f"node-{n:05d}" if nodes > POOL_NODES else f"node-{n:04d}"
-
-
 def scored_engine(gpus: int, epochs: int, seed: int) -> tuple[Engine, list[str]]:
     """An Engine that has scored ``epochs`` epochs of one ``gpus``-GPU job; the slow nodes."""
     nodes = gpus // GPUS_PER_NODE
     pool_nodes = min(nodes, POOL_NODES)
     sim = SimConfig(gpus=pool_nodes * GPUS_PER_NODE, gpus_per_node=GPUS_PER_NODE,
                     windows=epochs, seed=seed, job_id="job-1",
-                    stragglers=(Straggler(f"node-{SLOW_NODE:04d}", SLOW_FACTOR),))
+                    stragglers=(Straggler(node_name(SLOW_NODE), SLOW_FACTOR),))
     by_epoch: dict[int, list] = {}
     for w in generate(sim):
         by_epoch.setdefault(w.seq, []).append(w)
@@ -61,10 +58,10 @@ def scored_engine(gpus: int, epochs: int, seed: int) -> tuple[Engine, list[str]]
         for n in range(nodes):
             w = pool[n % pool_nodes]
             if nodes > pool_nodes:                     # the same window under a new name
-                w.node, w.agent_id = _node(n, nodes), f"agent-{n:05d}"
+                w.node, w.agent_id = node_name(n), f"agent-{n:05d}"
             engine.ingest(w)
         engine.flush(None, expire=False)
-    slow = [_node(n, nodes) for n in range(SLOW_NODE, nodes, pool_nodes)]
+    slow = [node_name(n) for n in range(SLOW_NODE, nodes, pool_nodes)]
     return engine, slow
 
 
