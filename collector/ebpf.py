@@ -32,9 +32,9 @@ of every probed process's copy of the library's ELF header, and refuses (EINVAL)
 the same function registered with another offset. This module therefore calls
 ``bpf_attach_uprobe`` itself with the full signature and offset 0.
 
-Besides the per-call latency histograms, the program keeps cumulative per-process counters
-(scheduler evidence and step boundaries of the periodic APIs); :meth:`read_process_stats` diffs
-them against the previous read. See collector/ebpf_program.c for the in-kernel side.
+Besides the per-call latency histograms, the program keeps cumulative per-process scheduler
+counters and a ring of each process's recent step boundaries; :meth:`read_process_stats` diffs
+the one and takes what is new in the other. See collector/ebpf_program.c for the in-kernel side.
 """
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ import numpy as np
 
 from hypertrace.collector import prereqs
 from hypertrace.collector.apis import library_kind
+from hypertrace.collector.steps import BoundaryEvents
 from hypertrace.proto.apis import ENTRY_ONLY_KINDS, PERIODIC_KINDS, PROBED_APIS, ProbedApi
 from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
@@ -69,12 +70,13 @@ CALIBRATION_API = ProbedApi("hypertrace_null", "calibration", "launch")
 #: Layout of struct ht_hist in ebpf_program.c (one entry per CPU in a per-CPU map value).
 HIST_DTYPE = np.dtype([("count", "<u8"), ("sum_ns", "<u8"), ("min_ns", "<u8"), ("max_ns", "<u8"),
                        ("nested", "<u8"), ("buckets", "<u8", (buckets.NUM_BUCKETS,))])
-#: Layout of struct ht_period (cumulative step-boundary accounting of one periodic API).
-PERIOD_DTYPE = np.dtype([("last_ns", "<u8"), ("last_sync_ns", "<u8"), ("last_offcpu_ns", "<u8"),
-                         ("count", "<u8"), ("interval_sum_ns", "<u8"), ("sync_wait_ns", "<u8"),
-                         ("offcpu_wait_ns", "<u8"),
-                         ("intervals", "<u8", (buckets.NUM_BUCKETS,)),
-                         ("busy", "<u8", (buckets.NUM_BUCKETS,))])
+#: Boundaries kept per process in the kernel's ring (a power of two): a window of 10 s holds
+#: every boundary of a loop with up to ~400 synchronizing calls a second; a busier one loses the
+#: oldest, and the steps come from the rest.
+EVLOG_LEN = 4096
+#: Layout of struct ht_event (one step boundary; the ring struct ht_evlog is a head and these).
+EVENT_DTYPE = np.dtype([("ts_ns", "<u8"), ("sync_ns", "<u8"), ("offcpu_ns", "<u8"),
+                        ("api", "<u8")])
 #: Layout of struct ht_proc (cumulative per-process scheduler evidence and sync time).
 PROC_DTYPE = np.dtype([("sync_ns", "<u8"), ("offcpu_ns", "<u8"), ("runq_ns", "<u8"),
                        ("involuntary", "<u8"), ("voluntary", "<u8"), ("last_ns", "<u8"),
@@ -161,20 +163,6 @@ class ApiSample:
 
 
 @dataclass
-class PeriodicSample:
-    """One periodic API of one process over the read interval: the time from one outermost call's
-    return (entry, for the marker) to the next, and what those intervals were made of."""
-
-    api: str
-    intervals: np.ndarray       # (NUM_BUCKETS,) uint64 histogram of return-to-return intervals (ns)
-    busy: np.ndarray            # (NUM_BUCKETS,) uint64 histogram of interval minus waits (ns)
-    count: int                  # intervals recorded
-    interval_sum_ns: int
-    sync_wait_ns: int           # sync-call time inside those intervals
-    offcpu_wait_ns: int         # blocked off-CPU time outside calls inside those intervals
-
-
-@dataclass
 class SchedSample:
     """Scheduler evidence of one tracked process's active threads over the read interval."""
 
@@ -191,7 +179,7 @@ class ProcessStats:
 
     pid: int
     sched: SchedSample | None                   # None: the process is not tracked
-    periodic: dict[str, PeriodicSample] = field(default_factory=dict)
+    boundaries: BoundaryEvents | None = None    # step boundaries since the previous read
 
 
 def program_text(slots: tuple[ProbedApi, ...]) -> str:
@@ -216,7 +204,7 @@ def program_text(slots: tuple[ProbedApi, ...]) -> str:
     text = PROGRAM_PATH.read_text()
     for name, value in (("NUM_BUCKETS", buckets.NUM_BUCKETS), ("MIN_EXP", buckets.MIN_EXP),
                         ("MAX_EXP", buckets.MAX_EXP), ("SUB_BUCKET_BITS", buckets.SUB_BUCKET_BITS),
-                        ("PROBE_FUNCS", "\n".join(funcs))):
+                        ("EVLOG_LEN", EVLOG_LEN), ("PROBE_FUNCS", "\n".join(funcs))):
         text = text.replace(f"@{name}@", str(value))
     return text
 
@@ -300,7 +288,6 @@ class UprobeSession:
             slots = slots + (CALIBRATION_API,)
         self.slots: tuple[ProbedApi, ...] = slots
         self._slot_of = {a.name: i for i, a in enumerate(slots)}
-        self._periodic_slots = [i for i, a in enumerate(slots) if a.kind in PERIODIC_KINDS]
         try:
             self._bpf = bcc.BPF(text=program_text(slots).encode())
         except Exception as exc:
@@ -311,7 +298,7 @@ class UprobeSession:
         self._stats = (self._bpf[b"stats0"], self._bpf[b"stats1"])
         self._pids = self._bpf[b"pids"]
         self._procs = self._bpf[b"procs"]
-        self._periods = self._bpf[b"periods"]
+        self._evlogs = self._bpf[b"evlogs"]
         self._buf = 0
         self._gen = 0
         # _op_lock serializes attach/detach (and the bookkeeping below); _bcc_lock guards bcc's own
@@ -323,7 +310,7 @@ class UprobeSession:
         self._offsets: dict[tuple[int, int, int, str], tuple[bytes, int] | None] = {}
         self._tracked: set[int] = set()
         self._prev_procs: dict[int, np.ndarray] = {}
-        self._prev_periods: dict[tuple[int, int], np.ndarray] = {}
+        self._evlog_head: dict[int, int] = {}    # pid -> ring head as of the previous read
         self.exclude_pids(exclude_pids if exclude_pids is not None else (os.getpid(),))
         self._closed = False
 
@@ -395,16 +382,13 @@ class UprobeSession:
         self.untrack_pids(pids)
         with self._op_lock, self._read_lock:
             for pid in pids:
-                for table, key in [(self._procs, ctypes.c_uint32(pid))] + [
-                        (self._periods, self._periods.Key(pid, slot))
-                        for slot in self._periodic_slots]:
+                for table in (self._procs, self._evlogs):
                     try:
-                        del table[key]
+                        del table[ctypes.c_uint32(pid)]
                     except KeyError:
                         pass
                 self._prev_procs.pop(pid, None)
-                for slot in self._periodic_slots:
-                    self._prev_periods.pop((pid, slot), None)
+                self._evlog_head.pop(pid, None)
             # The threads' scheduler states go too: a process tracked again starts its state
             # counts from zero, and must not find its threads already counted.
             gone = set(pids)
@@ -705,27 +689,41 @@ class UprobeSession:
         """(key, record) of every entry of a cumulative map (keys are ctypes, not hashable)."""
         return [(k, np.frombuffer(bytes(v), dtype=dtype)[0].copy()) for k, v in table.items()]
 
-    def step_totals(self) -> dict[tuple[int, str], tuple[int, int]]:
-        """Cumulative (intervals, their sum in ns) of every periodic API of every process,
-        keyed by (pid, api). Read-only: :meth:`read_process_stats` is not disturbed. The agent
-        brackets a slice with two of these to tell the steps the slice touched from the rest
-        (collector/step_cost.py)."""
-        with self._read_lock:
-            return {(int(k.tgid), self._api_name(int(k.api))):
-                    (int(r["count"]), int(r["interval_sum_ns"]))
-                    for k, r in self._records(self._periods, PERIOD_DTYPE)}
+    def _read_boundaries(self) -> dict[int, BoundaryEvents]:
+        """Per process, the boundaries its ring gained since the previous read (oldest first)."""
+        out: dict[int, BoundaryEvents] = {}
+        names = np.array([a.name for a in self.slots])
+        for k, v in self._evlogs.items():
+            pid = int(k.value)
+            raw = bytes(v)
+            head = int.from_bytes(raw[:8], "little")
+            new = head - self._evlog_head.get(pid, 0)
+            if new < 0:                      # the ring was made afresh (forget_pids)
+                new = head
+            self._evlog_head[pid] = head
+            if new == 0:
+                continue
+            ring = np.frombuffer(raw, dtype=EVENT_DTYPE, offset=8)
+            take = min(new, EVLOG_LEN)
+            ev = ring[(np.arange(head - take, head) % EVLOG_LEN)]
+            api = ev["api"].astype(np.int64)
+            out[pid] = BoundaryEvents(
+                ts_ns=ev["ts_ns"].copy(), sync_ns=ev["sync_ns"].copy(),
+                offcpu_ns=ev["offcpu_ns"].copy(), lost=new - take,
+                api=np.where(api < len(names), names[np.minimum(api, len(names) - 1)], "?"))
+        return out
 
     def read_process_stats(self) -> dict[int, ProcessStats]:
-        """Per process, what the always-on counters gained since the previous call: scheduler
-        evidence of tracked processes, and the step-boundary intervals of every periodic API.
+        """Per process, what the always-on records gained since the previous call: scheduler
+        evidence of tracked processes, and the step boundaries of every process.
 
-        The kernel keeps cumulative counters and this diffs them, so nothing is lost or counted
-        twice across reads. Processes with nothing new (and not tracked) are left out.
+        The kernel keeps cumulative counters (diffed here) and a ring of boundaries whose head
+        counts every boundary, so nothing is counted twice across reads, and what a full ring
+        lost is known (``BoundaryEvents.lost``). Processes with nothing new (and not tracked)
+        are left out.
         """
         with self._read_lock:
             procs = {int(k.value): r for k, r in self._records(self._procs, PROC_DTYPE)}
-            periods = {(int(k.tgid), int(k.api)): r
-                       for k, r in self._records(self._periods, PERIOD_DTYPE)}
             tracked = set(self._tracked)
             out: dict[int, ProcessStats] = {}
             for pid, rec in procs.items():
@@ -736,18 +734,8 @@ class UprobeSession:
                         runq_ns=int(d["runq_ns"]), offcpu_ns=int(d["offcpu_ns"]),
                         involuntary=int(d["involuntary"]), voluntary=int(d["voluntary"]),
                         runq_hist=d["runq"].astype(np.uint64)))
-            for (pid, slot), rec in periods.items():
-                d = _delta(rec, self._prev_periods.get((pid, slot)))
-                self._prev_periods[(pid, slot)] = rec
-                if int(d["count"]) == 0:
-                    continue
-                api = self._api_name(slot)
-                stats = out.setdefault(pid, ProcessStats(pid=pid, sched=None))
-                stats.periodic[api] = PeriodicSample(
-                    api=api, intervals=d["intervals"].astype(np.uint64),
-                    busy=d["busy"].astype(np.uint64), count=int(d["count"]),
-                    interval_sum_ns=int(d["interval_sum_ns"]),
-                    sync_wait_ns=int(d["sync_wait_ns"]), offcpu_wait_ns=int(d["offcpu_wait_ns"]))
+            for pid, events in self._read_boundaries().items():
+                out.setdefault(pid, ProcessStats(pid=pid, sched=None)).boundaries = events
             return out
 
     # ---- lifetime --------------------------------------------------------------------------

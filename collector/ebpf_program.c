@@ -20,11 +20,14 @@
 //    entry was not seen finds no record and is ignored.)
 //  * Step boundaries (periodic kinds: sync, graph launch, the step marker; the flags are compiled
 //    into each slot's functions, so launch calls pay nothing for them): every return of an
-//    outermost periodic call (the entry, for the entry-only marker) closes an interval since the
-//    previous one of the same (tgid, api). The interval is split into waits (sync-call time and
-//    blocked-off-CPU time outside calls, both cumulative per tgid, diffed against the snapshot
-//    taken at the previous boundary) and busy = the rest. Cumulative counters only: user space
-//    diffs successive reads, so no interval is lost or counted twice across a read.
+//    outermost periodic call (the entry, for the entry-only marker) is appended to its
+//    process's ring of recent boundaries, with the process's cumulative sync time and idle
+//    time at that moment. User space reads the ring once per window and finds the step as the
+//    period of that sequence (collector/steps.py): a loop may synchronize several times per
+//    step, with irregular spacing, which no single API's intervals can tell from noise. The
+//    ring's head counts every boundary ever, so user space knows what it missed. A process's
+//    boundaries are its synchronize returns, one CPU at a time in practice; a rare race of two
+//    threads overwrites one slot.
 //  * Scheduler evidence (sched_switch / sched_wakeup / sched_wakeup_new): accounted only for
 //    "active" threads (threads of a tracked tgid that made a probed call), found by one lookup of
 //    the switching thread's id, so every other context switch on the machine costs one miss.
@@ -80,19 +83,6 @@ struct ht_thread {
     u32 depth;
 };
 
-// Cumulative step-boundary accounting of one periodic API of one process.
-struct ht_period {
-    u64 last_ns;                    // time of the previous boundary (0: none yet)
-    u64 last_sync_ns;               // the process's sync_ns at that boundary
-    u64 last_offcpu_ns;             // the process's offcpu_ns at that boundary
-    u64 count;                      // intervals recorded
-    u64 interval_sum_ns;
-    u64 sync_wait_ns;
-    u64 offcpu_wait_ns;
-    u64 intervals[HT_NUM_BUCKETS];
-    u64 busy[HT_NUM_BUCKETS];
-};
-
 // Cumulative per process (tgid).
 struct ht_proc {
     u64 sync_ns;                    // latency of returned outermost sync-kind calls
@@ -103,6 +93,19 @@ struct ht_proc {
     u64 last_ns;                    // last state change of any active thread
     u64 n[4];                       // active threads per HT_ST_* state (index state - 1)
     u64 runq[HT_NUM_BUCKETS];       // run-queue latency histogram (per wait of one thread)
+};
+
+// The recent step boundaries of one process (a ring; head counts every boundary ever).
+#define HT_EVLOG_LEN @EVLOG_LEN@
+struct ht_event {
+    u64 ts_ns;
+    u64 sync_ns;                    // the process's sync_ns as of this boundary
+    u64 offcpu_ns;                  // the process's offcpu_ns as of this boundary
+    u64 api;
+};
+struct ht_evlog {
+    u64 head;
+    struct ht_event ev[HT_EVLOG_LEN];
 };
 
 // Scheduler state of one active thread (key: tid).
@@ -122,13 +125,13 @@ BPF_PERCPU_ARRAY(zero_hist, struct ht_hist, 1);      // never written: the initi
 BPF_TABLE("lru_hash", u64, struct ht_thread, threads, 65536);
 BPF_ARRAY(ctl, u64, 2);
 BPF_HASH(pids, u32, u8, 8192);                        // HT_PID_* bits per tgid
-BPF_F_TABLE("hash", struct ht_key, struct ht_period, periods, 8192, BPF_F_NO_PREALLOC);
-BPF_PERCPU_ARRAY(zero_period, struct ht_period, 1);  // never written: the initial value
 // Entries are made by user space (track_pids) or by a sync-kind return, never by the scheduler
 // hooks, which only look up.
 BPF_F_TABLE("hash", u32, struct ht_proc, procs, 8192, BPF_F_NO_PREALLOC);
 BPF_PERCPU_ARRAY(zero_proc, struct ht_proc, 1);      // never written: the initial value
 BPF_TABLE("lru_hash", u32, struct ht_task, active, 65536);
+BPF_F_TABLE("hash", u32, struct ht_evlog, evlogs, 1024, BPF_F_NO_PREALLOC);
+BPF_ARRAY(zero_evlog, struct ht_evlog, 1);           // never written: the initial value
 
 // HT_BUCKET_BEGIN (tests compile this block with gcc and compare it with proto/buckets.py)
 static __always_inline u32 ht_log2(u64 v) {
@@ -248,43 +251,24 @@ static __always_inline u64 ht_since(u64 now, u64 then) {
     return now > then ? now - then : 0;
 }
 
-// One step boundary of (tgid, api) at time now: close the interval since the previous one.
+// One step boundary of (tgid, api) at time now: append it to the process's boundary log with the
+// process's waits so far (user space diffs them between the boundaries it takes as a step).
 static __always_inline void ht_boundary(u32 tgid, u32 api, u64 now) {
     u32 zero = 0;
-    struct ht_period *init = zero_period.lookup(&zero);
-    if (!init)
-        return;
-    struct ht_key key = {.tgid = tgid, .api = api};
-    struct ht_period *p = periods.lookup_or_try_init(&key, init);
-    if (!p)
-        return;
     struct ht_proc *pr = procs.lookup(&tgid);
-    u64 sync = pr ? pr->sync_ns : 0;
-    u64 off = pr ? pr->offcpu_ns : 0;
-    u64 last = p->last_ns;
-    if (last && now > last) {
-        u64 interval = now - last;
-        // A process forgotten and seen again restarts its counters: never a negative wait.
-        u64 ws = ht_since(sync, p->last_sync_ns);
-        u64 wo = ht_since(off, p->last_offcpu_ns);
-        u64 busy = ht_since(interval, ws + wo);
-        u32 bi = ht_bucket(interval);
-        if (bi >= HT_NUM_BUCKETS)
-            bi = HT_NUM_BUCKETS - 1;
-        u32 bb = ht_bucket(busy);
-        if (bb >= HT_NUM_BUCKETS)
-            bb = HT_NUM_BUCKETS - 1;
-        // Several threads of one process may call the same API on several CPUs.
-        __sync_fetch_and_add(&p->count, 1);
-        __sync_fetch_and_add(&p->interval_sum_ns, interval);
-        __sync_fetch_and_add(&p->sync_wait_ns, ws);
-        __sync_fetch_and_add(&p->offcpu_wait_ns, wo);
-        __sync_fetch_and_add(&p->intervals[bi], 1);
-        __sync_fetch_and_add(&p->busy[bb], 1);
-    }
-    p->last_ns = now;
-    p->last_sync_ns = sync;
-    p->last_offcpu_ns = off;
+    struct ht_evlog *zlog = zero_evlog.lookup(&zero);
+    if (!zlog)
+        return;
+    struct ht_evlog *lg = evlogs.lookup_or_try_init(&tgid, zlog);
+    if (!lg)
+        return;
+    u64 h = lg->head;
+    struct ht_event *e = &lg->ev[h & (HT_EVLOG_LEN - 1)];
+    e->ts_ns = now;
+    e->sync_ns = pr ? pr->sync_ns : 0;
+    e->offcpu_ns = pr ? pr->offcpu_ns : 0;
+    e->api = api;
+    lg->head = h + 1;
 }
 
 // A sync-kind call of tgid returned after delta ns: it is a wait of the process.

@@ -1,8 +1,9 @@
 """``hypertrace.collector.marker.step()``: mark one training step, for the agent to time.
 
-Why a marker: the agent can infer steps from the most regular synchronizing CUDA call, but a
-loop may synchronize several times per step, or never (CUDA graphs, async collectives). One call
-per step makes the boundary exact::
+Why a marker: the agent finds steps as the period of a process's synchronizing CUDA calls
+(collector/steps.py), but a loop may never synchronize (CUDA graphs, async collectives), or
+synchronize in a way whose period is not the step (evenly spaced identical calls). One call per
+step makes the boundary exact::
 
     from hypertrace.collector.marker import step
 

@@ -10,10 +10,10 @@ workloads (launch-bound, GPU-bound, pipelined), so the agent measures it instead
 
 **The natural experiment.** Every sampled window has a *touched* stretch, from just before the
 sliced tier's attach to just after its detach, and an untouched rest. Attach, live firings and
-detach all land in the touched stretch; the always tier is live in both. The agent reads the
-cumulative step counters of each process at both ends of the stretch (``UprobeSession.
-step_totals``), so each window splits the process's steps (by their end) into touched ones and
-the rest, with exact counts and sums. Then::
+detach all land in the touched stretch; the always tier is live in both. The agent notes the
+monotonic clock at both ends of the stretch, and every step carries its end on the same clock
+(``StepInference.ends_ns``), so each window splits the process's steps (by their end) into
+touched ones and the rest, with exact counts and sums. Then::
 
     sliced cost = (mean touched step / mean other step - 1) x (touched seconds / all seconds)
 
@@ -35,18 +35,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-#: Which periodic API a StepInference.source names ("marker" or "inferred:<api>").
-MARKER_SOURCE = "marker"
-
-
-def step_api(source: str, marker_api: str) -> str | None:
-    """The periodic API behind a step source, or None when there were no steps."""
-    if source == MARKER_SOURCE:
-        return marker_api
-    if source.startswith("inferred:"):
-        return source.split(":", 1)[1]
-    return None
-
 
 @dataclass
 class StepCostMeter:
@@ -54,7 +42,7 @@ class StepCostMeter:
 
     decay: float = 0.97          # per window: half-life log(0.5)/log(0.97) ~ 23 windows
     min_steps: int = 20          # touched steps needed before a figure is given
-    api: str | None = None       # the step API the sums belong to (a change restarts them)
+    source: str | None = None    # the step source the sums belong to (a change restarts them)
     touched_n: float = 0.0
     touched_ns: float = 0.0
     rest_n: float = 0.0
@@ -62,13 +50,13 @@ class StepCostMeter:
     touched_s: float = 0.0
     total_s: float = 0.0
 
-    def observe(self, api: str, whole: tuple[int, int], touched: tuple[int, int],
+    def observe(self, source: str, whole: tuple[int, int], touched: tuple[int, int],
                 touched_s: float, window_s: float) -> None:
-        """Feed one window: ``whole`` and ``touched`` are (steps, their sum in ns) of the step
-        API over the window and over its touched stretch; ``touched_s`` is 0 in a window
-        without a slice."""
-        if api != self.api:          # another clock: its steps are not comparable
-            self.api = api
+        """Feed one window: ``whole`` and ``touched`` are (steps, their sum in ns) over the
+        window and over its touched stretch, from steps of ``source`` (StepInference.source);
+        ``touched_s`` is 0 in a window without a slice."""
+        if source != self.source:    # another clock: its steps are not comparable
+            self.source = source
             self.touched_n = self.touched_ns = self.rest_n = self.rest_ns = 0.0
             self.touched_s = self.total_s = 0.0
         if not (math.isfinite(window_s) and window_s > 0):

@@ -1,45 +1,43 @@
-"""A process's training steps in one window, from the step boundaries the probes recorded.
+"""A process's training steps, found from the sequence of its step-boundary calls.
 
 Why steps: CPU contention delays a rank *between* its CUDA calls, not inside them, so launch
-latency does not move when a noisy neighbour shares the rank's core; the step time does. The BPF
-program (collector/ebpf_program.c) records, per process and per periodic API (a synchronize, a
-graph launch, the ``hypertrace.step()`` marker), the interval between consecutive returns of
-that API and the part of it not spent waiting (``busy`` = interval - sync time - off-CPU time).
-What is left here is choosing *which* periodic API is the step:
+latency does not move when a noisy neighbour shares the rank's core; the step time does. Both
+backends (the BPF program, the CUPTI recorder) log every return of a periodic call (a
+synchronize, a graph launch; the entry of the ``hypertrace.step()`` marker) with the process's
+cumulative synchronize time and idle time at that moment (:class:`BoundaryEvents`). What is
+left here is finding the step in that sequence.
 
-1. **The marker**, when the process calls ``hypertrace.step()`` (at least ``min_steps`` times in
-   the window): the user said where a step ends.
-2. Otherwise **the most regular recurring call**: among periodic APIs with at least
-   ``min_steps`` intervals whose interval histogram is regular (p90 / p10 <= ``max_spread``),
-   the one with the largest median interval. A training loop synchronizes once per step
-   (``loss.item()``, an optimizer's ``cudaStreamSynchronize``, a collective's wait), so its
-   interval is the step. When a step holds several evenly spaced synchronizations, the one with
-   the largest regular interval is still at best a sub-step (each sync's interval is a fraction
-   of the step); that sub-step slows down with the step, which is what the analyzer compares
-   across ranks, so it serves, and the source names the API so a reader knows.
-3. Otherwise **no step**, with the reason naming the best candidate and why it was refused (too
-   few intervals, or too irregular: an API called at data-dependent times is not a clock).
+1. **The marker**, when the process called ``hypertrace.step()`` at least ``min_steps`` times in
+   the window: the user said where a step ends.
+2. Otherwise **the period of the sequence.** A training loop makes the same calls in the same
+   order every step, however long each step takes: one ``torch.cuda.synchronize()``, or a
+   forward, backward and optimizer sync, or a graph launch and a sync. So the step is the
+   shortest lag ``P`` (in calls) at which the sequence repeats: the same API at ``i`` and
+   ``i + P``, and similar gaps and waits. Each lag is scored on the recent history
+   (:func:`period_scores`: the share of API mismatches plus the median absolute difference of
+   log gaps and log waits, like the average magnitude difference function of pitch detection),
+   and the shortest lag within a tolerance of the best is the period, so a multiple of the
+   period never wins over the period itself. Log differences make the score indifferent to how
+   long the steps are and to a step that varies by 3x (variable sequence lengths, a loaded
+   host, a loader stall): only the *order* must repeat. The step is then every ``P``-th call,
+   anchored at the position in the pattern that ends the longest gap.
+3. Otherwise **no step**, with the reason in the window: no periodic call, too few steps, no
+   order that repeats (a process that synchronizes at data-dependent times), or steps so
+   irregular (p90/p10 above ``max_spread``) that they are not a clock.
 
-**Hysteresis.** Between 1 and 2 sits the API the process's steps were last inferred from
-(``prefer``, remembered per process by the agent): while it has at least ``min_steps`` intervals
-and their spread stays within the looser ``sticky_spread`` (default 4), it stays the step, even
-when another API now looks more regular or longer. Why: a rank slowed by a CPU hog on its core
-has stretched, uneven step intervals (a preemption lands in some steps and not others), so
-under the strict ``max_spread`` its steps were refused in exactly the windows where its step
-time is the evidence (the analyzer's what-if needs the slow rank's step). Contention stretches a
-step's intervals; it does not turn the step into a different pattern, so the API that was the
-clock stays the clock. Proof that it is not a clock (spread above ``sticky_spread``) drops it
-and the strict rule applies again; a window with too few of its intervals says nothing either
-way and keeps it. Staying on one API also keeps the step series of a process comparable from
-window to window. The marker still wins over everything.
+**Hysteresis.** The period found last stays while it still repeats (its mismatches at most
+``max_mismatch``) and its steps spread at most ``sticky_spread``: a rank slowed by a CPU hog has
+stretched, uneven steps (a preemption lands in some steps and not others), and those windows
+are exactly where its step time is the evidence. Staying on one period also keeps a process's
+step series comparable from window to window. The marker still wins over everything.
 
-Everything here is pure numpy on :class:`ProcessStats`-like records, so it is tested without
-a kernel.
+Each step's waits come from the cumulative counters logged with its two ends: synchronize time
+is a wait on the process's own GPU, idle time (every CUDA thread blocked outside CUDA calls) a
+wait for peers, and the rest is busy time. Pure numpy, so it is tested without a kernel.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
 
 import numpy as np
 
@@ -49,23 +47,10 @@ from hypertrace.proto.wire import pack_histogram
 
 #: The step marker's API name (collector/marker.py calls it once per training step).
 MARKER_API = "hypertrace_step"
-
-
-class PeriodicLike(Protocol):
-    """What inference needs of one periodic API's boundaries (collector.ebpf.PeriodicSample)."""
-    api: str
-    intervals: np.ndarray
-    busy: np.ndarray
-    count: int
-    interval_sum_ns: int
-    sync_wait_ns: int
-    offcpu_wait_ns: int
-
-
-class StatsLike(Protocol):
-    """What inference needs of one process's window (collector.ebpf.ProcessStats)."""
-    pid: int
-    periodic: Mapping[str, PeriodicLike]
+#: Longest pattern (in calls) taken for one step.
+MAX_PERIOD = 64
+#: Events of a process kept across windows for the period search.
+HISTORY = 4096
 
 
 def _empty() -> np.ndarray:
@@ -73,18 +58,84 @@ def _empty() -> np.ndarray:
 
 
 @dataclass
+class ApiIntervals:
+    """One API's return-to-return intervals and the waits inside each (ns)."""
+    durations_ns: np.ndarray
+    sync_wait_ns: np.ndarray
+    offcpu_wait_ns: np.ndarray
+
+    @property
+    def count(self) -> int:
+        return len(self.durations_ns)
+
+
+@dataclass
+class BoundaryEvents:
+    """A process's step-boundary events since the previous read, oldest first.
+
+    ``sync_ns`` and ``offcpu_ns`` are cumulative counters as of each event (the process's time in
+    synchronize calls, and its idle time), so any two events give the waits between them.
+    ``lost``: events that were overwritten before this read (the log is a ring)."""
+
+    ts_ns: np.ndarray
+    api: np.ndarray                 # API name per event (numpy str array)
+    sync_ns: np.ndarray
+    offcpu_ns: np.ndarray
+    lost: int = 0
+
+    @classmethod
+    def empty(cls) -> "BoundaryEvents":
+        z = np.zeros(0, dtype=np.uint64)
+        return cls(z, np.zeros(0, dtype="<U1"), z, z)
+
+    @classmethod
+    def of(cls, ts_ns, api, sync_ns=None, offcpu_ns=None, lost: int = 0) -> "BoundaryEvents":
+        """From sequences (tests, the CUPTI recorder); missing counters read as 0."""
+        ts = np.asarray(ts_ns, dtype=np.uint64)
+        zero = np.zeros(len(ts), dtype=np.uint64)
+        return cls(ts, np.asarray(api, dtype=str),
+                   zero if sync_ns is None else np.asarray(sync_ns, dtype=np.uint64),
+                   zero if offcpu_ns is None else np.asarray(offcpu_ns, dtype=np.uint64), lost)
+
+    def __len__(self) -> int:
+        return len(self.ts_ns)
+
+    def intervals(self, api: str) -> "ApiIntervals":
+        """The intervals between consecutive boundaries of one API, with the waits inside them."""
+        at = np.flatnonzero(self.api == api)
+        ts, sync, off = (x[at].astype(np.int64) for x in (self.ts_ns, self.sync_ns,
+                                                           self.offcpu_ns))
+        return ApiIntervals(np.diff(ts), np.maximum(np.diff(sync), 0),
+                            np.maximum(np.diff(off), 0))
+
+    def only(self, apis: set[str] | frozenset[str]) -> "BoundaryEvents":
+        """The events of these APIs (an API probed only in slices would come and go, and its
+        calls would break the pattern)."""
+        keep = np.isin(self.api, list(apis))
+        return BoundaryEvents(self.ts_ns[keep], self.api[keep], self.sync_ns[keep],
+                              self.offcpu_ns[keep], self.lost)
+
+
+@dataclass
 class StepInference:
     """The steps of one process in one window, or why there are none."""
-    source: str = ""                 # "marker" | "inferred:<api>" | "" (refused)
+    source: str = ""                 # "marker" | "inferred:<api>[/<P>]" | "" (refused)
     refused: str = ""                # why no step, when source is ""
     steps: int = 0
     step_hist: np.ndarray = field(default_factory=_empty)    # step durations (ns buckets)
     busy_hist: np.ndarray = field(default_factory=_empty)    # step minus its waits (ns buckets)
     gpu_wait_ns: int = 0             # synchronize time inside these steps
-    peer_wait_ns: int = 0            # off-CPU time outside CUDA calls inside these steps
+    peer_wait_ns: int = 0            # idle time (waiting outside CUDA calls) inside these steps
     step_sum_ns: int = 0
-    #: The API to pass as ``prefer`` next window (None: none). Not on the wire.
-    next_prefer: str | None = None
+    #: Each step's end (monotonic ns, the kernel's clock) and duration. Not on the wire: the
+    #: agent splits the window's steps into those a probe slice touched and the rest with them.
+    ends_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    durations_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def ended_between(self, t0_ns: int, t1_ns: int) -> tuple[int, int]:
+        """(steps, their summed duration in ns) of the steps that ended in [t0_ns, t1_ns]."""
+        inside = (self.ends_ns >= t0_ns) & (self.ends_ns <= t1_ns)
+        return int(np.count_nonzero(inside)), int(self.durations_ns[inside].sum())
 
     def to_proto(self) -> tuple[pb.Histogram, pb.StepStats]:
         """``(ProcessWindow.step_time, ProcessWindow.steps)``."""
@@ -94,93 +145,204 @@ class StepInference:
             peer_wait_us=self.peer_wait_ns / 1e3, step_sum_us=self.step_sum_ns / 1e3)
 
 
-def _from(sample: PeriodicLike, source: str, next_prefer: str | None) -> StepInference:
-    return StepInference(
-        source=source, steps=int(sample.count), next_prefer=next_prefer,
-        step_hist=np.asarray(sample.intervals, dtype=np.uint64).copy(),
-        busy_hist=np.asarray(sample.busy, dtype=np.uint64).copy(),
-        gpu_wait_ns=int(sample.sync_wait_ns), peer_wait_ns=int(sample.offcpu_wait_ns),
-        step_sum_ns=int(sample.interval_sum_ns))
+def source_api(source: str) -> str | None:
+    """The API whose calls end the steps of a StepInference.source, or None without steps."""
+    if source == "marker":
+        return MARKER_API
+    if source.startswith("inferred:"):
+        return source.split(":", 1)[1].split("/", 1)[0]
+    return None
 
 
-def interval_quantiles_ns(sample: PeriodicLike) -> tuple[float, float, float]:
-    """(p10, p50, p90) of the API's return-to-return intervals, in ns (NaN when empty)."""
-    q = buckets.quantiles_us(np.asarray(sample.intervals, dtype=np.uint64), [0.1, 0.5, 0.9])
-    return float(q[0] * 1e3), float(q[1] * 1e3), float(q[2] * 1e3)
+def period_scores(tokens: np.ndarray, log_gap: np.ndarray, log_wait: np.ndarray,
+                  max_period: int) -> tuple[np.ndarray, np.ndarray]:
+    """(score, mismatch) per lag 1..max_period (index 0 unused): how unlike each call is to the
+    call ``lag`` later, as the share of different APIs plus the median absolute differences of
+    the log gaps before them and of half their log waits."""
+    score = np.full(max_period + 1, np.inf)
+    mismatch = np.ones(max_period + 1)
+    for p in range(1, max_period + 1):
+        m = float(np.mean(tokens[p:] != tokens[:-p]))
+        dg = float(np.median(np.abs(log_gap[p:] - log_gap[:-p])))
+        dw = float(np.median(np.abs(log_wait[p:] - log_wait[:-p])))
+        mismatch[p] = m
+        score[p] = m + dg + 0.5 * dw
+    return score, mismatch
 
 
-def _spread(sample: PeriodicLike) -> tuple[float, float, float, float]:
-    """(p90/p10, p10, p50, p90) of the API's intervals (inf when p10 is 0)."""
-    p10, p50, p90 = interval_quantiles_ns(sample)
-    return (p90 / p10 if p10 > 0 else float("inf")), p10, p50, p90
+def choose_period(score: np.ndarray, pairs: int) -> int:
+    """The shortest lag whose score is within a tolerance of the best (module docstring, 2).
+
+    The tolerance grows with the best score (noisy loops) and with fewer pairs compared, so a
+    short history picks the simplest period unless a longer one is clearly better."""
+    best = float(np.min(score[1:]))
+    tol = max(0.15, 0.3 * best) + 1.0 / np.sqrt(max(pairs, 1))
+    return int(np.flatnonzero(score[1:] <= best + tol)[0]) + 1
 
 
-def infer_steps(stats: StatsLike | None, min_steps: int = 3, max_spread: float = 1.5,
-                prefer: str | None = None, sticky_spread: float = 4.0) -> StepInference:
-    """Pick the step source of one process's window (module docstring has the rule).
-
-    ``min_steps``: fewest intervals that make a step estimate; ``max_spread``: the largest
-    p90/p10 ratio of intervals still called regular; ``prefer``: the API the process's steps
-    were last inferred from (the previous result's ``next_prefer``), kept while its spread is
-    at most ``sticky_spread``.
-    """
-    if min_steps < 1 or not max_spread >= 1 or not sticky_spread >= max_spread:
-        raise ValueError(f"need min_steps >= 1 and 1 <= max_spread <= sticky_spread, got "
-                         f"min_steps={min_steps}, max_spread={max_spread}, "
-                         f"sticky_spread={sticky_spread}")
-    periodic = dict(stats.periodic) if stats is not None else {}
-    marker = periodic.pop(MARKER_API, None)
-    if marker is not None and marker.count >= min_steps:
-        return _from(marker, "marker", prefer)
-    dropped = ""                     # why the preferred API lost its place, when it did
-    preferred = periodic.get(prefer) if prefer else None
-    if preferred is not None and preferred.count >= min_steps:
-        spread, p10, _p50, p90 = _spread(preferred)
-        if spread <= sticky_spread:
-            return _from(preferred, f"inferred:{prefer}", prefer)
-        dropped = (f"{prefer}, the step of the last windows, spread p90/p10 = {spread:.2f} > "
-                   f"{sticky_spread:g} (p10 {p10 / 1e6:.3g} ms, p90 {p90 / 1e6:.3g} ms): "
-                   "no longer a clock")
-        prefer = None
-    inf = _strict(periodic, marker, min_steps, max_spread)
-    if inf.refused:
-        if dropped:
-            inf.refused = f"{dropped}; {inf.refused}"
-        inf.next_prefer = prefer     # too few of its intervals says nothing: keep it
-    return inf
+@dataclass
+class _Period:
+    lag: int
+    phase: int                       # anchor position: global index % lag
+    api: str                         # the anchor's API
 
 
-def _strict(periodic: dict[str, PeriodicLike], marker: PeriodicLike | None, min_steps: int,
-            max_spread: float) -> StepInference:
-    """Rule 2, else 3, of the module docstring (the marker is already ruled out)."""
-    if not any(s.count > 0 for s in periodic.values()) and (marker is None or not marker.count):
-        return StepInference(refused="no periodic calls this window (no synchronize, graph "
-                                     "launch or hypertrace.step() call was seen twice)")
-    regular: list[tuple[float, str, PeriodicLike]] = []
-    irregular: list[tuple[float, str, float, float]] = []     # (spread, api, p10, p90)
-    few: list[tuple[int, str]] = []
-    for api in sorted(periodic):
-        s = periodic[api]
-        if s.count < min_steps:
-            few.append((int(s.count), api))
-            continue
-        spread, p10, p50, p90 = _spread(s)
-        if spread <= max_spread:
-            regular.append((p50, api, s))
+def _spread(durations: np.ndarray) -> tuple[float, float, float]:
+    """(p90/p10, p10, p90) of step durations in ns (inf when p10 is 0)."""
+    p10, p90 = np.quantile(durations, [0.1, 0.9])
+    return (float(p90 / p10) if p10 > 0 else float("inf")), float(p10), float(p90)
+
+
+class StepFinder:
+    """Finds one process's steps window after window from its boundary events.
+
+    Keeps the last :data:`HISTORY` events (a step may begin in an earlier window than it ends,
+    and the period search wants more calls than a short window holds) and the period found last
+    (the hysteresis of the module docstring)."""
+
+    def __init__(self, min_steps: int = 3, max_spread: float = 5.0, sticky_spread: float = 10.0,
+                 max_mismatch: float = 0.25, history: int = HISTORY) -> None:
+        if min_steps < 1 or not 1 <= max_spread <= sticky_spread or not 0 <= max_mismatch < 1:
+            raise ValueError(f"need min_steps >= 1, 1 <= max_spread <= sticky_spread and "
+                             f"0 <= max_mismatch < 1, got min_steps={min_steps}, "
+                             f"max_spread={max_spread}, sticky_spread={sticky_spread}, "
+                             f"max_mismatch={max_mismatch}")
+        self.min_steps = min_steps
+        self.max_spread = max_spread
+        self.sticky_spread = sticky_spread
+        self.max_mismatch = max_mismatch
+        self.history = history
+        self._ev = BoundaryEvents.empty()
+        self._idx = np.zeros(0, dtype=np.int64)    # global index of each kept event
+        self._call = np.zeros(0, dtype=np.int64)   # global ordinal among calls (-1: a marker)
+        self._next = 0                             # global index of the next event
+        self._next_call = 0                        # global ordinal of the next call
+        self._period: _Period | None = None
+
+    @property
+    def period(self) -> int | None:
+        """The pattern length (calls per step) in use, or None."""
+        return self._period.lag if self._period else None
+
+    def _append(self, new: BoundaryEvents) -> None:
+        self._next += new.lost                     # a gap in the log: no step spans it
+        idx = np.arange(self._next, self._next + len(new), dtype=np.int64)
+        self._next += len(new)
+        is_call = new.api != MARKER_API
+        call = np.where(is_call, self._next_call + np.cumsum(is_call) - 1, -1)
+        self._next_call += int(np.count_nonzero(is_call))
+        ev = self._ev
+        keep = slice(max(0, len(ev) + len(new) - self.history), None)
+        self._ev = BoundaryEvents(
+            np.concatenate([ev.ts_ns, new.ts_ns])[keep],
+            np.concatenate([ev.api.astype(str), new.api.astype(str)])[keep],
+            np.concatenate([ev.sync_ns, new.sync_ns])[keep],
+            np.concatenate([ev.offcpu_ns, new.offcpu_ns])[keep])
+        self._idx = np.concatenate([self._idx, idx])[keep]
+        self._call = np.concatenate([self._call, call])[keep]
+
+    def feed(self, new: BoundaryEvents | None) -> StepInference:
+        """Take the events read this window; the steps that ended in it, or why none."""
+        new = new if new is not None else BoundaryEvents.empty()
+        first_new = self._next + new.lost
+        self._append(new)
+        is_new = self._idx >= first_new
+        marker = self._ev.api == MARKER_API
+        n_marker = int(np.count_nonzero(marker & is_new))
+        if n_marker >= self.min_steps:
+            return self._steps(np.flatnonzero(marker), is_new, "marker")
+        calls = np.flatnonzero(~marker)
+        if not np.any(is_new[calls]):
+            inf = StepInference(refused="no periodic calls this window (no synchronize, graph "
+                                        "launch or hypertrace.step() call)")
         else:
-            irregular.append((spread, api, p10, p90))
-    if regular:
-        _p50, api, s = max(regular, key=lambda r: (r[0], r[1]))
-        return _from(s, f"inferred:{api}", api)
-    if irregular:
-        spread, api, p10, p90 = min(irregular)
-        why = (f"{api} is the most regular periodic call but not regular enough: its intervals "
-               f"spread p90/p10 = {spread:.2f} > {max_spread:g} (p10 {p10 / 1e6:.3g} ms, "
-               f"p90 {p90 / 1e6:.3g} ms)")
-    else:
-        count, api = max(few) if few else (0, "")
-        why = f"{api} recurred only {count} times, fewer than {min_steps}"
-    if marker is not None and marker.count:
-        why += (f"; the step marker was called {marker.count} times, fewer than {min_steps} "
-                "(a window shorter than 3 steps: lengthen the window)")
-    return StepInference(refused=why)
+            inf = self._inferred(calls, is_new)
+        if n_marker and inf.refused:
+            inf.refused += (f"; the step marker was called {n_marker} times, fewer than "
+                            f"{self.min_steps} (a window shorter than {self.min_steps} steps: "
+                            "lengthen the window)")
+        return inf
+
+    def _inferred(self, calls: np.ndarray, is_new: np.ndarray) -> StepInference:
+        n = len(calls)
+        max_period = min(MAX_PERIOD, (n - 1) // (self.min_steps + 1))
+        if max_period < 1:
+            return StepInference(refused=f"only {n} periodic calls in the recent history, too "
+                                         f"few to find a step")
+        ev = self._ev
+        ts = ev.ts_ns[calls].astype(np.int64)
+        sync = ev.sync_ns[calls].astype(np.int64)
+        # Each call after the first, with the gap and the synchronize time since the previous.
+        tokens = ev.api[calls][1:]
+        log_gap = np.log(np.maximum(np.diff(ts), 1000).astype(np.float64))
+        log_wait = np.log(np.maximum(np.diff(sync), 1000).astype(np.float64))
+        dropped = ""
+        kept = self._period
+        if kept is not None and kept.lag <= max_period:
+            mismatch = float(np.mean(tokens[kept.lag:] != tokens[:-kept.lag]))
+            if mismatch <= self.max_mismatch:
+                inf = self._from_period(kept, calls, is_new, self.sticky_spread)
+                if not inf.refused or "fewer than" in inf.refused:
+                    return inf
+                dropped = f"the step of the last windows no longer holds ({inf.refused}); "
+        self._period = None
+        score, mismatch_of = period_scores(tokens, log_gap, log_wait, max_period)
+        lag = choose_period(score, len(tokens) - 1)
+        if mismatch_of[lag] > self.max_mismatch:
+            return StepInference(refused=(
+                f"{dropped}no recurring order of synchronizing calls: the best pattern, "
+                f"{lag} call(s) long, differs in {mismatch_of[lag]:.0%} of its calls (more than "
+                f"{self.max_mismatch:.0%}); a process that synchronizes at data-dependent "
+                "times has no step to find: call hypertrace.step() once per step"))
+        # Anchor: the position in the pattern that ends the longest gap (median over repeats).
+        pos = self._call[calls][1:] % lag
+        med = [float(np.median(log_gap[pos == j])) if np.any(pos == j) else -np.inf
+               for j in range(lag)]
+        phase = int(np.argmax(med))
+        period = _Period(lag, phase, str(tokens[np.flatnonzero(pos == phase)[-1]]))
+        inf = self._from_period(period, calls, is_new, self.max_spread)
+        if inf.refused:
+            inf.refused = dropped + inf.refused
+        if not inf.refused or "fewer than" in inf.refused:
+            self._period = period
+        return inf
+
+    def _from_period(self, period: _Period, calls: np.ndarray, is_new: np.ndarray,
+                     spread_limit: float) -> StepInference:
+        anchors = calls[(self._call[calls] % period.lag) == period.phase]
+        source = f"inferred:{period.api}" + (f"/{period.lag}" if period.lag > 1 else "")
+        return self._steps(anchors, is_new, source, spread_limit, lag=period.lag)
+
+    def _steps(self, anchors: np.ndarray, is_new: np.ndarray, source: str,
+               spread_limit: float | None = None, lag: int = 0) -> StepInference:
+        """The steps between consecutive anchors that end in this window: no event lost in
+        between, and (for a pattern) exactly ``lag`` calls apart."""
+        ev, idx = self._ev, self._idx
+        a, b = anchors[:-1], anchors[1:]
+        ok = (idx[b] - idx[a]) == (b - a)
+        if lag:
+            ok &= (self._call[b] - self._call[a]) == lag
+        dur = ev.ts_ns[b].astype(np.int64) - ev.ts_ns[a].astype(np.int64)
+        ok &= dur > 0
+        if spread_limit is not None and np.count_nonzero(ok) >= self.min_steps:
+            spread, p10, p90 = _spread(dur[ok])
+            if spread > spread_limit:
+                return StepInference(refused=(
+                    f"{source}: steps spread p90/p10 = {spread:.2f} > {spread_limit:g} "
+                    f"(p10 {p10 / 1e6:.3g} ms, p90 {p90 / 1e6:.3g} ms): not a clock"))
+        ok &= is_new[b]
+        n = int(np.count_nonzero(ok))
+        if n < self.min_steps:
+            return StepInference(refused=f"{source}: {n} steps ended this window, fewer than "
+                                         f"{self.min_steps} (lengthen the window)")
+        a, b, dur = a[ok], b[ok], dur[ok]
+        ws = np.maximum(ev.sync_ns[b].astype(np.int64) - ev.sync_ns[a].astype(np.int64), 0)
+        wo = np.maximum(ev.offcpu_ns[b].astype(np.int64) - ev.offcpu_ns[a].astype(np.int64), 0)
+        ws = np.minimum(ws, dur)
+        wo = np.minimum(wo, dur - ws)
+        busy = dur - ws - wo
+        return StepInference(
+            source=source, steps=n, step_hist=buckets.histogram_of_ns(dur),
+            busy_hist=buckets.histogram_of_ns(busy), gpu_wait_ns=int(ws.sum()),
+            peer_wait_ns=int(wo.sum()), step_sum_ns=int(dur.sum()),
+            ends_ns=ev.ts_ns[b].astype(np.int64), durations_ns=dur)

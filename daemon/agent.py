@@ -21,7 +21,7 @@ node's window ``i = start // window`` is the same stretch of time)::
     |---guard---|...........[ slice: launch tier on ]...........|---guard---|
     [always tier and scheduler tracking on ...................................]
     discovery scans every scan_interval; at the end: read_and_clear + read_process_stats
-    -> infer_steps per process -> build_window -> uplink; the account pays what was counted
+    -> StepFinder.feed per process -> build_window -> uplink; the account pays what was counted
 
 Whether window ``i`` holds a slice, where and how long comes from the governor's plan
 (collector/schedule.py): the offset is a function of ``i`` alone, the cadence ``k`` a power of
@@ -52,8 +52,8 @@ from hypertrace.collector.discovery import DiscoveryDelta, Library, LibraryId, P
 from hypertrace.collector.governor import Governor, SlicePlan
 from hypertrace.collector.nvml import Nvml, PidGpuMap
 from hypertrace.collector.schedule import window_end, window_index
-from hypertrace.collector.step_cost import StepCostMeter, step_api
-from hypertrace.collector.steps import MARKER_API, StepInference, infer_steps
+from hypertrace.collector.step_cost import StepCostMeter
+from hypertrace.collector.steps import StepFinder, StepInference
 from hypertrace.daemon.config import AgentConfig
 from hypertrace.daemon.inprocess import InProcessHub, NoProbes
 from hypertrace.proto import hypertrace_pb2 as pb
@@ -123,8 +123,7 @@ class WindowState:
     exited: dict[int, Probed] = field(default_factory=dict)  # probed pids that exited
     # Step counters just before the slice's attach and just after its detach, and the seconds
     # between: the steps the slice touched (collector/step_cost.py).
-    touch_before: dict[tuple[int, str], tuple[int, int]] | None = None
-    touch_after: dict[tuple[int, str], tuple[int, int]] | None = None
+    touch_ns: tuple[int, int] | None = None     # the slice's touched stretch (monotonic ns)
     touched_s: float = 0.0
 
 
@@ -150,7 +149,7 @@ class Agent:
         self.scanner = ProcessScanner(exclude_pids=[os.getpid()])
         self.records: dict[int, ProcessRecord] = {}
         self.probed: dict[int, Probed] = {}
-        self.step_api: dict[int, str] = {}   # pid -> API its steps were last inferred from
+        self.step_finders: dict[int, StepFinder] = {}   # pid -> its steps across windows
         self.step_cost: dict[int, StepCostMeter] = {}   # pid -> its probes' cost in step time
         self.windows_sent = 0
         self._slice_items: list[tuple[str, int, list[str]]] = []   # sliced tier now attached
@@ -414,14 +413,14 @@ class Agent:
         if not self.probed:
             win.slice_state = "empty"
             return
-        win.touch_before = self.session.step_totals()
+        touch_start_ns = time.monotonic_ns()
         t0 = time.monotonic()
         started_ns = time.time_ns()
         self._attach_slice(win)
         stopped = not self._wait_until(on_at + int(plan.length_s * 1e9), win)
         t1 = time.monotonic()
         took = self._detach_slice()
-        win.touch_after = self.session.step_totals()
+        win.touch_ns = (touch_start_ns, time.monotonic_ns())
         win.touched_s = time.monotonic() - t0
         # The probes go away together after about one grace period: half of it counts as
         # attached time (the firings themselves are counted exactly either way).
@@ -464,7 +463,7 @@ class Agent:
                 # The pid was reused within one scan: the old process's probes and counters
                 # must go before the new one's attach (same (file, pid) keys).
                 self._stop_probing({proc.pid: win.exited.pop(proc.pid)})
-                self.step_api.pop(proc.pid, None)
+                self.step_finders.pop(proc.pid, None)
                 self.step_cost.pop(proc.pid, None)
             rec = ProcessRecord(pid=proc.pid, attribution=attribute_pid(
                 proc.pid, self.cfg.node, self.cfg.job_env, gpus))
@@ -567,8 +566,6 @@ class Agent:
             always_rates = {api: own.get(api, 0) / window_s for api in always}
             covered = (end_ns - max(win.start_ns, p.found_ns)) / 1e9
             st = stats.get(pid)
-            periodic = {api: s for api, s in (st.periodic.items() if st else ())
-                        if api in always}
             sampled, reason = self._reason(win, pid, sliced_hits)
             fixed = Governor.fixed_cost_s(p.ops)
             probes[pid] = ProcessProbe(
@@ -576,13 +573,8 @@ class Agent:
                 attached_s=win.attached_s if pid in win.slice_pids else 0.0,
                 fixed_cost_s=fixed, covered_s=covered if covered < window_s else 0.0,
                 sched=st.sched if st else None,
-                steps=infer_steps(replace(st, periodic=periodic) if st else None,
-                                  prefer=self.step_api.get(pid)))
-            # Hysteresis (collector/steps.py): the API the steps came from stays preferred.
-            if probes[pid].steps.next_prefer:
-                self.step_api[pid] = probes[pid].steps.next_prefer
-            else:
-                self.step_api.pop(pid, None)
+                steps=self.step_finders.setdefault(pid, StepFinder()).feed(
+                    st.boundaries.only(always) if st and st.boundaries else None))
             always_cpu = self.governor.cost_s(sum(n for a, n in own.items() if a in always)) / window_s
             probes[pid].step_fraction, probes[pid].step_basis = self._step_cost(
                 win, pid, probes[pid].steps, window_s, always_cpu)
@@ -675,15 +667,12 @@ class Agent:
         the slice touched (collector/step_cost.py) once enough are in, else "cpu" and the
         CPU-time charge is all there is to say (Overhead.step_basis)."""
         meter = self.step_cost.setdefault(pid, StepCostMeter())
-        api = step_api(steps.source, MARKER_API) if steps is not None else None
-        bracketed = win.touch_before is not None and win.touch_after is not None
-        if api is not None and steps.steps and (bracketed or win.touch_before is None):
+        if steps is not None and steps.steps:
             touched, touched_s = (0, 0), 0.0
-            if bracketed:
-                a = win.touch_after.get((pid, api), (0, 0))
-                b = win.touch_before.get((pid, api), (0, 0))
-                touched, touched_s = (a[0] - b[0], a[1] - b[1]), win.touched_s
-            meter.observe(api, (steps.steps, steps.step_sum_ns), touched, touched_s, window_s)
+            if win.touch_ns is not None:
+                touched, touched_s = steps.ended_between(*win.touch_ns), win.touched_s
+            meter.observe(steps.source, (steps.steps, steps.step_sum_ns), touched, touched_s,
+                          window_s)
         sliced = meter.sliced_fraction()
         if sliced is None:
             return 0.0, "cpu"
@@ -697,7 +686,7 @@ class Agent:
         if exited:
             self._stop_probing(exited)
             for pid in exited:
-                self.step_api.pop(pid, None)
+                self.step_finders.pop(pid, None)
                 self.step_cost.pop(pid, None)
         for pid in [p for p in self.records if p not in self.scanner.processes]:
             del self.records[pid]                    # unprobed processes that exited

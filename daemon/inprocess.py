@@ -428,9 +428,6 @@ class NoProbes:
     def forget_pids(self, pids) -> None:
         pass
 
-    def step_totals(self) -> dict:
-        return {}
-
     def read_and_clear(self) -> dict:
         return {}
 

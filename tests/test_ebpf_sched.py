@@ -105,8 +105,8 @@ def test_untracked_processes_give_no_scheduler_stats(uprobe_session, fakecuda, r
     assert got[tracked.pid].sched.offcpu_ns > 0
     # The other process still has its step boundaries, but no scheduler evidence.
     assert got[other.pid].sched is None
-    assert got[other.pid].periodic["cudaStreamSynchronize"].count == 39
-    assert got[other.pid].periodic["cudaStreamSynchronize"].offcpu_wait_ns == 0
+    syncs = got[other.pid].boundaries.intervals("cudaStreamSynchronize")
+    assert syncs.count == 39 and int(syncs.offcpu_wait_ns.sum()) == 0
 
 
 def test_untrack_stops_the_accounting(uprobe_session, fakecuda, run_worker):

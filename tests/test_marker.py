@@ -69,8 +69,8 @@ def test_the_agents_marker_probe_sees_the_loops_step_boundaries(uprobe_session):
     attached: list[str] = []
     pid = _run_loop(lambda path, pid: attached.extend(uprobe_session.attach(path, pid=pid)))
     assert attached == [marker.SYMBOL]
-    steps = uprobe_session.read_process_stats()[pid].periodic[marker.SYMBOL]
-    assert steps.count == 49 and int(steps.intervals.sum()) == 49
+    marks = uprobe_session.read_process_stats()[pid].boundaries
+    assert set(marks.api) == {marker.SYMBOL} and marks.intervals(marker.SYMBOL).count == 49
 
 
 def test_without_a_compiler_step_is_a_no_op_with_one_warning(tmp_path):

@@ -1,18 +1,18 @@
 """The in-place measure of what the probes cost a process's steps (collector/step_cost.py)."""
 import pytest
 
-from hypertrace.collector.step_cost import StepCostMeter, step_api
+from hypertrace.collector.step_cost import StepCostMeter
 
 MS = 1_000_000
 
 
 def _feed(meter: StepCostMeter, windows: int, *, touched_steps: int, rest_steps: int,
           touched_ms: float, rest_ms: float, touched_s: float, window_s: float = 10.0,
-          api: str = "cudaStreamSynchronize") -> None:
+          source: str = "inferred:cudaStreamSynchronize") -> None:
     for _ in range(windows):
         whole = (touched_steps + rest_steps,
                  int(touched_steps * touched_ms * MS + rest_steps * rest_ms * MS))
-        meter.observe(api, whole, (touched_steps, int(touched_steps * touched_ms * MS)),
+        meter.observe(source, whole, (touched_steps, int(touched_steps * touched_ms * MS)),
                       touched_s, window_s)
 
 
@@ -45,13 +45,13 @@ def test_steps_with_slack_lose_nothing_and_noise_below_zero_counts_as_zero():
     assert m.sliced_fraction() == 0.0
 
 
-def test_a_new_step_api_restarts_the_sums():
+def test_a_new_step_source_restarts_the_sums():
     m = StepCostMeter()
     _feed(m, 5, touched_steps=40, rest_steps=360, touched_ms=30.0, rest_ms=25.0, touched_s=1.0)
     _feed(m, 1, touched_steps=5, rest_steps=100, touched_ms=10.0, rest_ms=10.0, touched_s=1.0,
-          api="hypertrace_step")
-    assert m.api == "hypertrace_step" and m.touched_n == 5
-    assert m.sliced_fraction() is None          # the old API's 200 touched steps are gone
+          source="marker")
+    assert m.source == "marker" and m.touched_n == 5
+    assert m.sliced_fraction() is None          # the old source's 200 touched steps are gone
 
 
 def test_older_windows_fade():
@@ -67,9 +67,3 @@ def test_touched_counts_are_clamped_to_the_window():
     # produce negative "rest" steps.
     m.observe("x", (10, 10 * 25 * MS), (15, 15 * 26 * MS), 1.0, 10.0)
     assert m.rest_n == 0 and m.touched_n == 10
-
-
-def test_step_api_of_a_source():
-    assert step_api("marker", "hypertrace_step") == "hypertrace_step"
-    assert step_api("inferred:cudaStreamSynchronize", "m") == "cudaStreamSynchronize"
-    assert step_api("", "m") is None

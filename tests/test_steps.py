@@ -1,153 +1,190 @@
-"""Step inference: the marker first, else the most regular periodic call, else a reason."""
+"""Step finding from the sequence of boundary calls: the marker first, else the period of the
+sequence (irregular steps, several synchronizations per step), else a reason."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hypertrace.collector.steps import infer_steps
+from hypertrace.collector.steps import BoundaryEvents, StepFinder, source_api
 from hypertrace.proto import buckets
 from hypertrace.proto.wire import unpack_histogram
 
-from hypertrace.collector.ebpf import PeriodicSample, ProcessStats
+SYNC = "cudaStreamSynchronize"
+DEV = "cudaDeviceSynchronize"
+MARK = "hypertrace_step"
 
 
-def _periodic(api: str, intervals_ns, wait_ns: int = 0, offcpu_ns: int = 0) -> PeriodicSample:
-    v = np.asarray(intervals_ns, dtype=np.float64)
-    busy = np.maximum(v - (wait_ns + offcpu_ns) / max(len(v), 1), 0)
-    return PeriodicSample(api=api, intervals=buckets.histogram_of_ns(v),
-                          busy=buckets.histogram_of_ns(busy), count=len(v),
-                          interval_sum_ns=int(v.sum()), sync_wait_ns=wait_ns,
-                          offcpu_wait_ns=offcpu_ns)
+def _loop(pattern, steps: int, seed: int = 0, spread: float = 1.0, jitter: float = 0.1,
+          stall_p: float = 0.0, start_ns: int = 10**9):
+    """A loop's boundary events: each step makes the calls of ``pattern`` = [(api, gap_ms,
+    sync_ms)] in order, every gap and wait scaled by the step's factor (lognormal, p90/p10 of
+    about ``spread``) and a per-call jitter; a loader stall (idle, 5-30 ms) lands before a call
+    with probability ``stall_p`` per step. Returns (events, the true step durations in ns)."""
+    rng = np.random.default_rng(seed)
+    sigma = np.log(spread) / 2.563 if spread > 1 else 0.0
+    ts, api, sync, off, true = [], [], [], [], []
+    t, s, o = float(start_ns), 0.0, 0.0
+    for _ in range(steps):
+        f = float(np.exp(rng.normal(0, sigma)))
+        t0 = t
+        for name, gap_ms, sync_ms in pattern:
+            gap = gap_ms * 1e6 * f * float(np.exp(rng.normal(0, jitter)))
+            if stall_p and rng.random() < stall_p / len(pattern):
+                stall = rng.uniform(5e6, 30e6)
+                gap += stall
+                o += stall
+            t += gap
+            s += sync_ms * 1e6 * f
+            ts.append(t)
+            api.append(name)
+            sync.append(s)
+            off.append(o)
+        true.append(t - t0)
+    return BoundaryEvents.of(np.array(ts, dtype=np.uint64), api, np.array(sync, dtype=np.uint64),
+                             np.array(off, dtype=np.uint64)), np.array(true)
 
 
-def _stats(*samples: PeriodicSample) -> ProcessStats:
-    return ProcessStats(pid=7, sched=None, periodic={s.api: s for s in samples})
+def _windows(ev: BoundaryEvents, n: int) -> list[BoundaryEvents]:
+    cut = np.linspace(0, len(ev), n + 1).astype(int)
+    return [BoundaryEvents(ev.ts_ns[a:b], ev.api[a:b], ev.sync_ns[a:b], ev.offcpu_ns[a:b])
+            for a, b in zip(cut[:-1], cut[1:])]
 
 
-rng = np.random.default_rng(3)
-STEP = 20e6 * (1 + 0.02 * rng.standard_normal(50))          # 20 ms steps, 2% jitter
-SUBSTEP = STEP / 4
+def _median_ns(hist: np.ndarray) -> float:
+    return float(buckets.quantiles_us(hist, [0.5])[0]) * 1e3
 
 
-def test_marker_is_preferred_over_any_inferred_step():
-    sync = _periodic("cudaStreamSynchronize", STEP, wait_ns=10**8)
-    marker = _periodic("hypertrace_step", STEP[:10] * 1.1, wait_ns=5 * 10**7, offcpu_ns=10**6)
-    inf = infer_steps(_stats(sync, marker))
-    assert inf.source == "marker" and inf.steps == 10 and not inf.refused
-    assert inf.gpu_wait_ns == 5 * 10**7 and inf.peer_wait_ns == 10**6
+@pytest.mark.parametrize("spread", [1.5, 2.0, 3.0])
+def test_one_sync_per_step_with_irregular_steps_is_found(spread):
+    ev, true = _loop([(DEV, 20, 5)], 600, seed=1, spread=spread)
+    finder = StepFinder()
+    for w in _windows(ev, 6):
+        inf = finder.feed(w)
+        assert inf.source == f"inferred:{DEV}" and not inf.refused
+        assert abs(_median_ns(inf.step_hist) / np.median(true) - 1) < 0.15
+    assert finder.period == 1
+
+
+@pytest.mark.parametrize("spread", [2.0, 3.0])
+def test_three_syncs_per_step_make_one_step(spread):
+    """forward, backward and optimizer syncs of one API: the step is every third call, and its
+    median is the loop's own (pooled over the windows, within 3%)."""
+    ev, true = _loop([(SYNC, 4, 1), (SYNC, 10, 6), (SYNC, 2, 0.01)], 900, seed=2, spread=spread,
+                     stall_p=0.2)
+    finder = StepFinder()
+    pooled = np.zeros(buckets.NUM_BUCKETS, dtype=np.uint64)
+    for w in _windows(ev, 6):
+        inf = finder.feed(w)
+        assert inf.source == f"inferred:{SYNC}/3", inf.refused
+        pooled += inf.step_hist
+    assert finder.period == 3
+    assert abs(_median_ns(pooled) / np.median(true) - 1) < 0.03
+
+
+def test_equal_gaps_are_told_apart_by_their_waits():
+    ev, true = _loop([(SYNC, 6, 1), (SYNC, 6, 5), (SYNC, 6, 0.01)], 600, seed=3, spread=2.0)
+    inf = StepFinder().feed(ev)
+    assert inf.source == f"inferred:{SYNC}/3"
+    assert abs(_median_ns(inf.step_hist) / np.median(true) - 1) < 0.03
+
+
+def test_two_apis_in_turn_are_one_step():
+    ev, true = _loop([(SYNC, 5, 1), (DEV, 15, 3)], 400, seed=4, spread=2.0)
+    inf = StepFinder().feed(ev)
+    assert inf.source in (f"inferred:{SYNC}/2", f"inferred:{DEV}/2")
+    assert source_api(inf.source) in (SYNC, DEV)
+    assert abs(_median_ns(inf.step_hist) / np.median(true) - 1) < 0.05
+
+
+def test_a_step_splits_into_gpu_wait_peer_wait_and_busy():
+    # 21 returns 50 ms apart; 15 ms of synchronize and 5 ms idle per step.
+    k = np.arange(21, dtype=np.uint64)
+    ev = BoundaryEvents.of(10**9 + k * 50_000_000, [SYNC] * 21, sync_ns=k * 15_000_000,
+                           offcpu_ns=k * 5_000_000)
+    inf = StepFinder().feed(ev)
+    assert inf.steps == 20 and inf.step_sum_ns == 20 * 50_000_000
+    assert inf.gpu_wait_ns == 20 * 15_000_000 and inf.peer_wait_ns == 20 * 5_000_000
+    assert int(inf.busy_hist.sum()) == 20
+    assert abs(_median_ns(inf.busy_hist) - 30e6) < 0.05 * 30e6
     step_time, steps = inf.to_proto()
-    assert int(unpack_histogram(step_time).sum()) == 10
-    assert steps.source == "marker" and steps.steps == 10
-    assert steps.step_sum_us == pytest.approx(STEP[:10].sum() * 1.1 / 1e3, rel=1e-6)
-    assert steps.gpu_wait_us == pytest.approx(5e4) and steps.peer_wait_us == pytest.approx(1e3)
-    assert int(unpack_histogram(steps.busy_time).sum()) == 10
+    assert int(unpack_histogram(step_time).sum()) == 20 and steps.source == inf.source
+    assert steps.gpu_wait_us == pytest.approx(3e5) and steps.peer_wait_us == pytest.approx(1e5)
+    assert inf.ended_between(10**9 + 100_000_000, 10**9 + 250_000_000) == (4, 200_000_000)
 
 
-def test_too_few_markers_fall_back_to_inference():
-    inf = infer_steps(_stats(_periodic("hypertrace_step", STEP[:2]),
-                             _periodic("cudaStreamSynchronize", STEP)))
-    assert inf.source == "inferred:cudaStreamSynchronize" and inf.steps == 50
+def test_steps_that_began_in_the_previous_window_count_in_this_one():
+    ev, _ = _loop([(DEV, 20, 5)], 301, seed=5, spread=2.0)
+    finder = StepFinder()
+    total = sum(finder.feed(w).steps for w in _windows(ev, 5))
+    assert total == 300                              # every interval once, none lost at a cut
 
 
-def test_regular_call_with_the_longest_interval_is_the_step():
-    # Four evenly spaced device syncs per step and one stream sync per step: the step is the
-    # longer regular interval; an irregular call with an even longer median is not a clock.
-    irregular = _periodic("cudaEventSynchronize", rng.uniform(5e6, 200e6, 40))
-    inf = infer_steps(_stats(_periodic("cudaDeviceSynchronize", SUBSTEP),
-                             _periodic("cudaStreamSynchronize", STEP), irregular))
-    assert inf.source == "inferred:cudaStreamSynchronize"
-    sub_only = infer_steps(_stats(_periodic("cudaDeviceSynchronize", SUBSTEP), irregular))
-    assert sub_only.source == "inferred:cudaDeviceSynchronize"   # a sub-step still serves
+def test_the_marker_wins_over_any_inferred_step():
+    ev, true = _loop([(SYNC, 5, 1), (MARK, 15, 0)], 100, seed=6)
+    inf = StepFinder().feed(ev)
+    assert inf.source == "marker" and inf.steps == 99
+    assert abs(_median_ns(inf.step_hist) / np.median(true) - 1) < 0.05
+    assert source_api(inf.source) == MARK
 
 
-def test_irregular_only_is_refused_naming_the_best_candidate():
-    inf = infer_steps(_stats(_periodic("cudaEventSynchronize", rng.uniform(5e6, 200e6, 40)),
-                             _periodic("cudaStreamSynchronize", rng.uniform(1e6, 100e6, 40))))
+def test_too_few_markers_fall_back_to_the_calls():
+    ev, _ = _loop([(SYNC, 20, 1)], 100, seed=7)
+    marks = BoundaryEvents.of([ev.ts_ns[10] + 1, ev.ts_ns[50] + 1], [MARK, MARK])
+    both = np.argsort(np.concatenate([ev.ts_ns, marks.ts_ns]), kind="stable")
+    merged = BoundaryEvents.of(np.concatenate([ev.ts_ns, marks.ts_ns])[both],
+                               np.concatenate([ev.api, marks.api])[both])
+    inf = StepFinder().feed(merged)
+    assert inf.source == f"inferred:{SYNC}" and inf.steps == 99
+
+
+def test_calls_in_no_recurring_order_are_refused_with_the_reason():
+    rng = np.random.default_rng(8)
+    ts = np.cumsum(rng.exponential(10e6, 400)).astype(np.uint64)
+    ev = BoundaryEvents.of(ts, rng.choice([SYNC, DEV, "cudaEventSynchronize"], 400))
+    inf = StepFinder().feed(ev)
     assert inf.source == "" and inf.steps == 0
-    assert "not regular enough" in inf.refused and "p90/p10" in inf.refused
-    step_time, steps = inf.to_proto()
-    assert steps.refused == inf.refused and not step_time.counts
+    assert "no recurring order" in inf.refused and "hypertrace.step()" in inf.refused
 
 
-def test_too_few_intervals_and_no_periodic_calls_are_refused_with_reasons():
-    few = infer_steps(_stats(_periodic("cudaStreamSynchronize", STEP[:2])))
-    assert few.source == "" and "cudaStreamSynchronize" in few.refused and "fewer than 3" in \
-        few.refused
-    none = infer_steps(_stats())
+def test_a_call_at_random_times_is_not_a_clock():
+    rng = np.random.default_rng(9)
+    ts = np.cumsum(rng.exponential(10e6, 400)).astype(np.uint64)
+    inf = StepFinder().feed(BoundaryEvents.of(ts, [SYNC] * 400))
+    assert inf.source == "" and "p90/p10" in inf.refused and "not a clock" in inf.refused
+
+
+def test_a_period_found_stays_while_contention_stretches_its_steps():
+    """Steps spread 7x (above max_spread, below sticky_spread) after a regular start keep their
+    period; a process seen first in that state is refused."""
+    calm, _ = _loop([(DEV, 20, 5)], 300, seed=10, spread=1.5)
+    last = int(calm.ts_ns[-1])
+    hogged, _ = _loop([(DEV, 20, 5)], 300, seed=11, spread=7.0, start_ns=last)
+    finder = StepFinder()
+    assert finder.feed(calm).source == f"inferred:{DEV}"
+    assert finder.feed(hogged).source == f"inferred:{DEV}"
+    fresh = StepFinder().feed(hogged)
+    assert fresh.source == "" and "not a clock" in fresh.refused
+
+
+def test_no_step_spans_lost_events():
+    ev, _ = _loop([(DEV, 20, 5)], 200, seed=12)
+    first, second = _windows(ev, 2)
+    finder = StepFinder()
+    finder.feed(first)
+    second.lost = 7
+    inf = finder.feed(second)
+    assert inf.steps == len(second) - 1              # nothing from the first window's last call
+
+
+def test_too_few_calls_and_no_calls_are_refused_with_reasons():
+    few = StepFinder().feed(BoundaryEvents.of([1, 2, 3], [SYNC] * 3))
+    assert few.source == "" and "too few" in few.refused
+    none = StepFinder().feed(None)
     assert none.source == "" and "no periodic calls" in none.refused
-    assert "no periodic calls" in infer_steps(None).refused
-    marker_few = infer_steps(_stats(_periodic("hypertrace_step", STEP[:2])))
-    assert "step marker was called 2 times" in marker_few.refused
+    marks = StepFinder().feed(BoundaryEvents.of([1, 2], [MARK, MARK]))
+    assert "step marker was called 2 times" in marks.refused
 
 
-def test_thresholds_are_parameters():
-    spread = _periodic("cudaStreamSynchronize", np.linspace(10e6, 25e6, 30))   # p90/p10 ~ 2
-    assert infer_steps(_stats(spread)).source == ""
-    assert infer_steps(_stats(spread), max_spread=3.0).source == "inferred:cudaStreamSynchronize"
-    assert infer_steps(_stats(_periodic("x", STEP[:2])), min_steps=2).source == "inferred:x"
-    with pytest.raises(ValueError):
-        infer_steps(_stats(), min_steps=0)
-
-
-def _spread_to(ratio: float, n: int = 41, step_ns: float = 20e6) -> np.ndarray:
-    """Intervals whose p90/p10 is about ``ratio``: a step stretched unevenly by contention
-    (the steps a hog preempted take longer, by varying amounts). Geometric spacing from 1 to
-    R puts p10 at R**0.1 and p90 at R**0.9, so R = ratio**1.25."""
-    v = step_ns * np.geomspace(1.0, ratio ** 1.25, n)
-    return v[np.random.default_rng(5).permutation(n)]
-
-
-def test_hysteresis_keeps_the_last_step_api_while_contention_spreads_its_intervals():
-    # Window 1: a regular stream sync is the step; it is what the next window prefers.
-    first = infer_steps(_stats(_periodic("cudaStreamSynchronize", STEP),
-                               _periodic("cudaDeviceSynchronize", SUBSTEP)))
-    assert first.source == "inferred:cudaStreamSynchronize"
-    assert first.next_prefer == "cudaStreamSynchronize"
-    # Window 2: a CPU hog stretches the same steps unevenly (p90/p10 ~ 2.5). A sub-step that
-    # stayed regular does not take the step's place.
-    hogged = _periodic("cudaStreamSynchronize", _spread_to(2.5))
-    spread = buckets.quantiles_us(hogged.intervals, [0.1, 0.9])
-    assert 2.0 < spread[1] / spread[0] < 3.0
-    other = _periodic("cudaDeviceSynchronize", SUBSTEP)
-    kept = infer_steps(_stats(hogged, other), prefer=first.next_prefer)
-    assert kept.source == "inferred:cudaStreamSynchronize" and kept.steps == 41
-    assert kept.next_prefer == "cudaStreamSynchronize" and not kept.refused
-    assert kept.step_sum_ns == hogged.interval_sum_ns
-    # Without the memory the strict rule refuses it (only the sub-step is regular).
-    assert infer_steps(_stats(hogged)).source == ""
-    assert infer_steps(_stats(hogged, other)).source == "inferred:cudaDeviceSynchronize"
-
-
-def test_a_preferred_api_spread_past_the_sticky_bound_falls_back_with_a_reason():
-    wild = _periodic("cudaStreamSynchronize", _spread_to(6.0))
-    inf = infer_steps(_stats(wild), prefer="cudaStreamSynchronize")
-    assert inf.source == "" and inf.steps == 0 and inf.next_prefer is None
-    assert "cudaStreamSynchronize, the step of the last windows" in inf.refused
-    assert "> 4" in inf.refused and "not regular enough" in inf.refused
-    # Falling back means the strict rule, which may pick another regular API.
-    other = infer_steps(_stats(wild, _periodic("cudaDeviceSynchronize", SUBSTEP)),
-                        prefer="cudaStreamSynchronize")
-    assert other.source == "inferred:cudaDeviceSynchronize"
-    assert other.next_prefer == "cudaDeviceSynchronize"
-    # The bound is a parameter; it may not be stricter than max_spread.
-    assert infer_steps(_stats(wild), prefer="cudaStreamSynchronize",
-                       sticky_spread=8.0).source == "inferred:cudaStreamSynchronize"
-    with pytest.raises(ValueError, match="sticky_spread"):
-        infer_steps(_stats(wild), sticky_spread=1.2)
-
-
-def test_too_few_intervals_of_the_preferred_api_keep_the_memory():
-    # A window holding fewer than min_steps of its intervals says nothing about its regularity.
-    inf = infer_steps(_stats(_periodic("cudaStreamSynchronize", STEP[:2])),
-                      prefer="cudaStreamSynchronize")
-    assert inf.source == "" and "fewer than 3" in inf.refused
-    assert inf.next_prefer == "cudaStreamSynchronize"
-    assert infer_steps(_stats(), prefer="cudaStreamSynchronize").next_prefer == \
-        "cudaStreamSynchronize"
-
-
-def test_the_marker_beats_the_preferred_api():
-    inf = infer_steps(_stats(_periodic("cudaStreamSynchronize", STEP),
-                             _periodic("hypertrace_step", STEP[:10] * 1.1)),
-                      prefer="cudaStreamSynchronize")
-    assert inf.source == "marker" and inf.steps == 10
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="max_spread"):
+        StepFinder(max_spread=0.5)

@@ -44,35 +44,18 @@ def test_window_fields_overhead_and_validity():
 def test_window_carries_tiers_sampling_sched_and_steps():
     """The always-on tier's evidence (scheduler, steps) and the slice's sampling decision reach
     the wire: sampled and unsampled processes, tiers with their rates, fixed costs."""
-    from hypertrace.collector.steps import infer_steps
+    from hypertrace.collector.ebpf import SchedSample
+    from hypertrace.collector.steps import BoundaryEvents, StepFinder
     from hypertrace.daemon.windows import TIER_ALWAYS, TIER_SLICED, ProcessProbe
     from hypertrace.proto.wire import unpack_histogram
 
-    try:
-        from hypertrace.collector.ebpf import PeriodicSample, ProcessStats, SchedSample
-    except ImportError:  # the probe session's records are not there yet: same fields, by hand
-        from test_steps import PeriodicSample, ProcessStats
-
-        from dataclasses import dataclass
-
-        @dataclass
-        class SchedSample:  # type: ignore[no-redef]
-            runq_ns: int
-            offcpu_ns: int
-            involuntary: int
-            voluntary: int
-            runq_hist: np.ndarray
-
-    steps_ns = np.full(20, 50e6)
-    periodic = PeriodicSample(api="cudaStreamSynchronize",
-                              intervals=buckets.histogram_of_ns(steps_ns),
-                              busy=buckets.histogram_of_ns(steps_ns * 0.6), count=20,
-                              interval_sum_ns=int(steps_ns.sum()), sync_wait_ns=300_000_000,
-                              offcpu_wait_ns=100_000_000)
+    # 21 synchronize returns 50 ms apart: 20 steps of 15 ms synchronize time and 5 ms idle each.
+    k = np.arange(21, dtype=np.uint64)
+    boundaries = BoundaryEvents.of(10**9 + k * 50_000_000, ["cudaStreamSynchronize"] * 21,
+                                   sync_ns=k * 15_000_000, offcpu_ns=k * 5_000_000)
     sched = SchedSample(runq_ns=250_000_000, offcpu_ns=100_000_000, involuntary=40, voluntary=900,
                         runq_hist=buckets.histogram_of_ns(np.full(40, 6.25e6)))
-    inference = infer_steps(ProcessStats(pid=10, sched=sched,
-                                         periodic={"cudaStreamSynchronize": periodic}))
+    inference = StepFinder().feed(boundaries)
     samples = {(10, "cudaLaunchKernel"): _sample(10, "cudaLaunchKernel", [8000] * 400),
                (10, "cudaStreamSynchronize"): _sample(10, "cudaStreamSynchronize", [50000] * 20),
                (11, "cudaStreamSynchronize"): _sample(11, "cudaStreamSynchronize", [50000] * 20)}

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from hypertrace.collector.cbuild import BuildError, build_c, cache_dir
-from hypertrace.collector.ebpf import ApiSample, PeriodicSample
+from hypertrace.collector.ebpf import EVENT_DTYPE, ApiSample
+from hypertrace.collector.steps import BoundaryEvents
 from hypertrace.proto import buckets
 
 SOURCE = Path(__file__).with_name("recorder.c")
@@ -32,8 +33,8 @@ FLAGS = ["-O2", "-shared", "-fPIC", "-pthread"]
 KIND_CODES = {"launch": 0, "sync": 1, "graph": 2, "marker": 3}
 MAX_SLOTS = 16
 _API_FIELDS = 5            # count, sum_ns, min_ns, max_ns, nested
-_PERIOD_FIELDS = 8         # last_ns, last_sync_ns, last_offcpu_ns, last_tid, count,
-                           # interval_sum_ns, sync_wait_ns, offcpu_wait_ns
+GAP_SLOT = 0xFFFFFFFF      # a boundary that is a gap (recorder.c's HT_GAP_SLOT)
+EVLOG_LEN = 4096           # recorder.c's HT_EVLOG_LEN
 _TAIL = 4                  # callbacks, callback_ns, sched_reads, offcpu_ns
 
 
@@ -108,10 +109,10 @@ def find_libcupti() -> str:
 
 @dataclass
 class Snapshot:
-    """One read of the recorder: per-API calls and per-periodic-API step intervals, plus what
-    the callbacks themselves took (``callbacks`` run, ``callback_ns`` spent)."""
+    """One read of the recorder: per-API calls and the step boundaries logged since the last
+    read, plus what the callbacks themselves took (``callbacks`` run, ``callback_ns`` spent)."""
     samples: dict[str, ApiSample]
-    periodic: dict[str, PeriodicSample]
+    boundaries: BoundaryEvents
     callbacks: int
     callback_ns: int
     sched_reads: int = 0          # schedstat reads at periodic calls (each costs a syscall)
@@ -140,15 +141,17 @@ class Recorder:
         L.ht_time_sched_reads.restype = ctypes.c_double
         L.ht_time_calls.argtypes = [ctypes.c_void_p, ctypes.c_int]
         L.ht_time_calls.restype = ctypes.c_double
+        L.ht_events.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p]
         nb = buckets.NUM_BUCKETS
         if L.ht_num_buckets() != nb or L.ht_max_slots() != MAX_SLOTS:
             raise BuildError("the recorder library does not match this hypertrace version")
         self._api_len = _API_FIELDS + nb
-        self._period_len = _PERIOD_FIELDS + 2 * nb
-        words = MAX_SLOTS * (self._api_len + self._period_len) + _TAIL
+        words = MAX_SLOTS * self._api_len + _TAIL
         if L.ht_snapshot_size() != words * 8:
             raise BuildError("the recorder's snapshot layout does not match native.py")
         self._buf = np.zeros(words, dtype=np.uint64)
+        self._events = np.zeros(EVLOG_LEN, dtype=EVENT_DTYPE)
+        self._ev_seen = 0                  # the log's head as of the previous read
         self.slots: dict[str, int] = {}
         self.kinds: dict[str, str] = {}
         self.loaded = False
@@ -218,27 +221,36 @@ class Recorder:
     def read(self, pid: int) -> Snapshot:
         """Take and clear the counts since the last read."""
         self.lib.ht_read(self._buf.ctypes.data)
-        nb = buckets.NUM_BUCKETS
         apis = self._buf[:MAX_SLOTS * self._api_len].reshape(MAX_SLOTS, self._api_len)
-        periods = self._buf[MAX_SLOTS * self._api_len:-_TAIL].reshape(MAX_SLOTS, self._period_len)
         samples: dict[str, ApiSample] = {}
-        periodic: dict[str, PeriodicSample] = {}
         for name, slot in self.slots.items():
             a = apis[slot]
             if a[0]:
                 samples[name] = ApiSample(api=name, pid=pid, counts=a[5:].copy(), count=int(a[0]),
                                           sum_ns=int(a[1]), min_ns=int(a[2]), max_ns=int(a[3]),
                                           nested=int(a[4]))
-            p = periods[slot]
-            if self.kinds[name] != "launch" and p[4]:     # periodic and marker slots
-                f = _PERIOD_FIELDS
-                periodic[name] = PeriodicSample(
-                    api=name, intervals=p[f:f + nb].copy(), busy=p[f + nb:].copy(),
-                    count=int(p[4]), interval_sum_ns=int(p[5]), sync_wait_ns=int(p[6]),
-                    offcpu_wait_ns=int(p[7]))
         tail = self._buf[-_TAIL:]
-        return Snapshot(samples, periodic, int(tail[0]), int(tail[1]), int(tail[2]),
+        return Snapshot(samples, self._boundaries(), int(tail[0]), int(tail[1]), int(tail[2]),
                         int(tail[3]))
+
+    def _boundaries(self) -> BoundaryEvents:
+        """The boundaries logged since the previous read; events before a gap (a pause of the
+        callbacks) are dropped and counted as lost, so no step spans the pause."""
+        head = ctypes.c_uint64()
+        n = self.lib.ht_events(self._events.ctypes.data, len(self._events), self._ev_seen,
+                               ctypes.byref(head))
+        ev = self._events[:n]
+        lost = max(int(head.value) - self._ev_seen - n, 0)
+        self._ev_seen = int(head.value)
+        gaps = np.flatnonzero(ev["api"] == GAP_SLOT)
+        if len(gaps):
+            lost += int(gaps[-1]) + 1
+            ev = ev[int(gaps[-1]) + 1:]
+        names = {slot: name for name, slot in self.slots.items()}
+        return BoundaryEvents(
+            ts_ns=ev["ts_ns"].copy(), api=np.array([names.get(int(a), "?") for a in ev["api"]],
+                                                   dtype=str),
+            sync_ns=ev["sync_ns"].copy(), offcpu_ns=ev["offcpu_ns"].copy(), lost=lost)
 
     def threads(self) -> list[int]:
         """Thread ids that made a probed call."""

@@ -76,15 +76,22 @@ struct ht_api {                       // one API's calls since the last read
     u64 count, sum_ns, min_ns, max_ns, nested;
     u64 hist[HT_NUM_BUCKETS];
 };
-struct ht_period {                    // one periodic API's return-to-return intervals
-    u64 last_ns, last_sync_ns, last_offcpu_ns, last_tid;
-    u64 count, interval_sum_ns, sync_wait_ns, offcpu_wait_ns;
-    u64 intervals[HT_NUM_BUCKETS];
-    u64 busy[HT_NUM_BUCKETS];
+struct ht_period {                    // one periodic API's boundaries (not cleared by ht_read)
+    u64 last_ns, last_offcpu_ns, last_tid;
+    u64 idle_ns;                      // idle time inside this API's intervals, ever
 };
+// The recent step boundaries (a ring; evhead counts every boundary ever), as the eBPF program
+// logs them: Python finds the step as the period of this sequence (collector/steps.py). Here
+// the idle counter of an event is its API's (idle_ns above), so it is compared only between
+// boundaries of one API, which is what a step's two ends are.
+#define HT_EVLOG_LEN 4096
+#define HT_GAP_SLOT 0xffffffffULL     // an event that is a gap: no step spans it
+struct ht_event { u64 ts_ns, sync_ns, offcpu_ns, api; };
+static struct ht_event evlog[HT_EVLOG_LEN];
+static u64 evhead;
+static struct ht_period period[HT_MAX_SLOTS];
 struct ht_snapshot {                  // what ht_read hands to Python (layout mirrored there)
     struct ht_api api[HT_MAX_SLOTS];
-    struct ht_period period[HT_MAX_SLOTS];
     u64 callbacks;                    // callbacks run (enter + exit)
     u64 callback_ns;                  // time spent inside them (the recorder's own share)
     u64 sched_reads;                  // reads of a thread's schedstat (priced apart)
@@ -302,14 +309,23 @@ static void periodic_edge(int entry, u64 now, u64 incall, int counted) {
     }
 }
 
-// A step boundary of `slot` at `end` (caller holds the lock): close the interval since this
-// API's previous boundary. What the process spent in synchronize calls inside it, and its idle
-// time (the least blocked time, beyond other threads' calls, of the threads that closed a gap
-// since: see thr_counted), are waits; the rest is busy, as the eBPF program splits it. A thread
-// that sleeps while another works (a loader, a communication thread) does not make the
-// process idle.
+static void log_event(u64 ts, u64 sync, u64 idle, u64 api) {
+    struct ht_event *e = &evlog[evhead & (HT_EVLOG_LEN - 1)];
+    e->ts_ns = ts;
+    e->sync_ns = sync;
+    e->offcpu_ns = idle;
+    e->api = api;
+    evhead++;
+}
+
+// A step boundary of `slot` at `end` (caller holds the lock): its process's idle time since this
+// API's previous boundary (the least blocked time, beyond other threads' calls, of the threads
+// that closed a gap since: see thr_counted) is added to the API's idle counter, and the
+// boundary is logged with it and the synchronize time so far, the waits Python splits a step
+// into. A thread that sleeps while another works (a loader, a communication thread) does not
+// make the process idle.
 static void period_boundary(int slot, u64 end) {
-    struct ht_period *p = &cur.period[slot];
+    struct ht_period *p = &period[slot];
     if (!tl_tid) tl_tid = (u64)syscall(SYS_gettid);
     u64 off = tl_offcpu_ns;
     u64 idle = ~0ULL;
@@ -324,25 +340,16 @@ static void period_boundary(int slot, u64 end) {
     }
     if (p->last_ns && end > p->last_ns) {
         u64 interval = end - p->last_ns;
-        u64 ws = sync_total_ns - p->last_sync_ns;
-        u64 room = interval > ws ? interval - ws : 0;
         // No thread with an index closed a gap (every index taken): the boundary thread's own
         // blocked time, when the previous boundary was its own too.
         if (idle == ~0ULL)
             idle = p->last_tid == tl_tid && off >= p->last_offcpu_ns ? off - p->last_offcpu_ns : 0;
-        u64 wo = idle < room ? idle : room;
-        u64 busy = interval > ws + wo ? interval - ws - wo : 0;
-        p->count++;
-        p->interval_sum_ns += interval;
-        p->sync_wait_ns += ws;
-        p->offcpu_wait_ns += wo;
-        p->intervals[ht_bucket(interval)]++;
-        p->busy[ht_bucket(busy)]++;
+        p->idle_ns += idle < interval ? idle : interval;
     }
     p->last_ns = end;
-    p->last_sync_ns = sync_total_ns;
     p->last_offcpu_ns = off;
     p->last_tid = tl_tid;
+    log_event(end, sync_total_ns, p->idle_ns, (u64)slot);
 }
 
 static void record_call(int slot, u64 ns, u64 end) {
@@ -558,22 +565,31 @@ void ht_read(struct ht_snapshot *out) {
     out->sched_reads = reads;
     out->offcpu_ns = off - offcpu_read;
     offcpu_read = off;
-    for (int s = 0; s < HT_MAX_SLOTS; s++) {
-        struct ht_period keep = cur.period[s];
-        memset(&cur.api[s], 0, sizeof cur.api[s]);
-        memset(&cur.period[s], 0, sizeof cur.period[s]);
-        cur.period[s].last_ns = keep.last_ns;
-        cur.period[s].last_sync_ns = keep.last_sync_ns;
-        cur.period[s].last_offcpu_ns = keep.last_offcpu_ns;
-        cur.period[s].last_tid = keep.last_tid;
-    }
+    memset(cur.api, 0, sizeof cur.api);
     pthread_mutex_unlock(&lock);
 }
 
-// Forget the step boundaries (after a pause: the gap is not a step).
+// Copy the boundaries logged since `since` (at most `max`, the newest) into `out`; returns how
+// many, and sets *head to the log's head (the count of boundaries ever). Boundaries older than
+// the ring are gone: head - since - returned of them.
+int ht_events(struct ht_event *out, int max, u64 since, u64 *head) {
+    pthread_mutex_lock(&lock);
+    u64 h = evhead;
+    u64 from = since < h ? since : h;
+    if (h - from > HT_EVLOG_LEN) from = h - HT_EVLOG_LEN;
+    if (h - from > (u64)max) from = h - (u64)max;
+    int n = 0;
+    for (u64 i = from; i < h; i++) out[n++] = evlog[i & (HT_EVLOG_LEN - 1)];
+    *head = h;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+// Forget the step boundaries (after a pause: the gap is not a step, so the log says so).
 void ht_reset_periods(void) {
     pthread_mutex_lock(&lock);
-    for (int s = 0; s < HT_MAX_SLOTS; s++) cur.period[s].last_ns = 0;
+    for (int s = 0; s < HT_MAX_SLOTS; s++) period[s].last_ns = 0;
+    log_event(now_ns(), sync_total_ns, 0, HT_GAP_SLOT);
     pthread_mutex_unlock(&lock);
 }
 

@@ -43,8 +43,7 @@ from hypertrace.collector.cupti.native import CuptiUnavailable, Recorder, mapped
 from hypertrace.collector.cupti.threads import ThreadSched
 from hypertrace.collector.governor import Governor
 from hypertrace.collector.schedule import window_end, window_index
-from hypertrace.collector.steps import MARKER_API, infer_steps
-from hypertrace.collector.ebpf import ProcessStats
+from hypertrace.collector.steps import MARKER_API, StepFinder
 from hypertrace.daemon.windows import (TIER_ALWAYS, TIER_SLICED, ProcessProbe, ProcessRecord,
                                        WindowOverhead, build_window, probe_hits)
 from hypertrace.proto import hypertrace_pb2 as pb
@@ -171,7 +170,7 @@ class InProcessBackend:
         self._said_busy = ""
         self._always: list[str] = []
         self._sliced: list[str] = []
-        self._step_prefer: str | None = None
+        self._steps = StepFinder()
         self._calibrated_slot = False
         self._link_config: pb.LocalConfig | None = None
         self._sched = ThreadSched()
@@ -548,9 +547,7 @@ class InProcessBackend:
         sched = self._sched.sample(self.recorder.threads(), snap.offcpu_ns, window_s)
         if win.sampled and sliced_hits == 0:
             win.sampled, win.reason = False, "no_calls"
-        steps = infer_steps(ProcessStats(self.pid, None, dict(snap.periodic)),
-                            prefer=self._step_prefer)
-        self._step_prefer = steps.next_prefer or None
+        steps = self._steps.feed(snap.boundaries.only({*self._always, MARKER_API}))
         tiers = {api: TIER_ALWAYS for api in self._always}
         tiers.update({api: TIER_SLICED for api in self._sliced})
         probe = ProcessProbe(sampled=win.sampled, unsampled_reason=win.reason, tiers=tiers,
