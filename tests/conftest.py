@@ -76,10 +76,12 @@ def probe_cost_ns(uprobe_session_shared) -> float:
 
 
 class Worker:
-    """A running fakecuda-worker; ``go()`` releases it when started with wait=True."""
+    """A running fakecuda-worker (or another stand-in program, ``exe``); ``go()`` releases it
+    when started with wait=True."""
 
-    def __init__(self, fc, *args: str, env: dict[str, str] | None = None, wait: bool = False):
-        cmd = [str(fc.worker), *args] + (["--wait-stdin"] if wait else [])
+    def __init__(self, fc, *args: str, env: dict[str, str] | None = None, wait: bool = False,
+                 exe: Path | None = None):
+        cmd = [str(exe or fc.worker), *args] + (["--wait-stdin"] if wait else [])
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})
         line = self.proc.stdout.readline().split()
@@ -107,8 +109,9 @@ def run_worker(fakecuda):
     """Factory: run_worker(*args, env=..., wait=...) -> Worker; stops them all afterwards."""
     started: list[Worker] = []
 
-    def start(*args: str, env: dict[str, str] | None = None, wait: bool = False) -> Worker:
-        w = Worker(fakecuda, *args, env=env, wait=wait)
+    def start(*args: str, env: dict[str, str] | None = None, wait: bool = False,
+              exe: Path | None = None) -> Worker:
+        w = Worker(fakecuda, *args, env=env, wait=wait, exe=exe)
         started.append(w)
         return w
 

@@ -29,6 +29,7 @@ class FakeCuda:
     cudart: Path          # libcudart.so.13 (runtime; launches call the driver inside)
     cuda: Path            # libcuda.so.1 (driver; also exports fakecuda_null)
     worker: Path          # fakecuda-worker executable, linked to both
+    steploop: Path        # fakecuda-steploop: a loop with irregular steps (steploop.c)
     nosyms_cudart: Path   # nosyms/libcudart.so.13: right name, none of the symbols
 
 
@@ -54,12 +55,13 @@ def build(out: Path = DEFAULT_OUT) -> FakeCuda:
     """Compile the stand-ins into ``out`` unless an up-to-date build is already there."""
     out = Path(out)
     fc = FakeCuda(dir=out, cudart=out / "libcudart.so.13", cuda=out / "libcuda.so.1",
-                  worker=out / "fakecuda-worker", nosyms_cudart=out / "nosyms" / "libcudart.so.13")
+                  worker=out / "fakecuda-worker", steploop=out / "fakecuda-steploop",
+                  nosyms_cudart=out / "nosyms" / "libcudart.so.13")
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(SRC.iterdir())
                                      if p.suffix in (".c", ".h"))).hexdigest()
     stamp = out / ".stamp"
     if stamp.exists() and stamp.read_text() == digest and all(
-            p.exists() for p in (fc.cudart, fc.cuda, fc.worker, fc.nosyms_cudart)):
+            p.exists() for p in (fc.cudart, fc.cuda, fc.worker, fc.steploop, fc.nosyms_cudart)):
         return fc
     cc = _compiler()
     (out / "nosyms").mkdir(parents=True, exist_ok=True)
@@ -70,6 +72,8 @@ def build(out: Path = DEFAULT_OUT) -> FakeCuda:
                    str(SRC / "fakecudart.c"), f"-L{out}", "-l:libcuda.so.1", "-Wl,-rpath,$ORIGIN"])
     _run(common + ["-o", str(fc.worker), str(SRC / "worker.c"), f"-L{out}", "-l:libcudart.so.13",
                    "-l:libcuda.so.1", "-ldl", "-Wl,-rpath,$ORIGIN"])
+    _run(common + ["-o", str(fc.steploop), str(SRC / "steploop.c"), f"-L{out}",
+                   "-l:libcudart.so.13", "-l:libcuda.so.1", "-lm", "-Wl,-rpath,$ORIGIN"])
     _run(common + ["-shared", "-Wl,-soname,libcudart.so.13", "-o", str(fc.nosyms_cudart),
                    str(SRC / "nosyms.c")])
     stamp.write_text(digest)
