@@ -58,5 +58,29 @@ def build_c(source: Path, stem: str, flags: list[str], suffix: str = "") -> Path
                           text=True)
     if proc.returncode != 0:
         raise BuildError(f"building {Path(source).name} failed: {proc.stderr.strip()}")
-    os.replace(tmp, out)      # atomic: a concurrent builder of the same source is harmless
+    _publish(tmp, out)
     return out
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Make ``tmp`` the cached file unless a concurrent builder got there first, then drop it.
+
+    Never replace a published file: processes that started together (the ranks of a job, with
+    an empty cache) each build, and a process may already have loaded the first file. Replacing
+    it would leave that process mapping a deleted file, which the agent cannot probe (a uprobe
+    lives on an inode the path no longer names), so its steps would be lost for good. A hard
+    link publishes atomically and fails if the name exists; every process then loads one file."""
+    try:
+        os.link(tmp, out)
+    except FileExistsError:
+        pass
+    except OSError:           # a file system without hard links: first one wins, still
+        try:
+            fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o755)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "wb") as f:
+                f.write(tmp.read_bytes())
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -39,6 +39,44 @@ def test_library_has_the_name_the_agent_matches_and_is_mapped_after_a_step():
     assert marker.load() == path                           # built and loaded once
 
 
+#: One rank of a job starting with the others: waits for the common start, loads the marker, and
+#: says whether what it mapped is still the cached file.
+RANK = textwrap.dedent("""
+    import os, sys, time
+    from hypertrace.collector.marker import load
+    start = float(sys.argv[1])
+    while time.time() < start:
+        pass
+    path = load()
+    with open("/proc/self/maps") as fh:
+        mapped = [line.split(None, 5)[5].strip() for line in fh
+                  if "libhypertrace_step" in line and len(line.split(None, 5)) == 6]
+    print(path, os.stat(path).st_ino, sorted(set(mapped)), flush=True)
+""")
+
+
+def test_ranks_starting_together_on_an_empty_cache_map_one_live_file(tmp_path):
+    """Eight ranks build the marker at the same moment into an empty cache: every one maps the
+    one cached file, none a file a later builder replaced (a deleted file cannot be probed, and
+    that rank's steps would be lost for the whole run)."""
+    import time
+    env = {**os.environ, "HYPERTRACE_CACHE": str(tmp_path / "cache")}
+    start = time.time() + 2.0
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(start)], env=env,
+                              stdout=subprocess.PIPE, text=True) for _ in range(8)]
+    seen = []
+    for r in ranks:
+        out, _ = r.communicate(timeout=120)
+        assert r.returncode == 0
+        path, ino, mapped = out.split(" ", 2)
+        seen.append((path, int(ino), mapped.strip()))
+    assert len({(p, ino) for p, ino, _ in seen}) == 1, seen
+    path = seen[0][0]
+    assert all(m == repr([path]) for _, _, m in seen), seen       # not "... (deleted)"
+    cached = list((tmp_path / "cache" / "hypertrace").iterdir())
+    assert [c.name for c in cached] == [Path(path).name]         # no temporary file left
+
+
 def _run_loop(attach) -> int:
     """Run LOOP with ``attach(library_path, pid)`` called before its steps; returns its pid."""
     child = subprocess.Popen([sys.executable, "-c", LOOP], stdin=subprocess.PIPE,
