@@ -15,7 +15,8 @@ recover) + ~20 s teardown. Exit status is matrix_report.py's: 0 all checks pass,
 
 What it does:
   1. an analyzer (--window-seconds 10, its own SQLite DB, port --port or a free one);
-  2. 8 ranks of tests/gpu/launch_bound_loop.py (CUDA_VISIBLE_DEVICES=--gpu, rank i pinned to the
+  2. 8 ranks of tests/gpu/jitter_loop.py (irregular steps: variable sequence lengths, loader
+     stalls, a gloo all-reduce per step in collective mode; CUDA_VISIBLE_DEVICES=--gpu, rank i pinned to the
      i-th core of --cores, RANK/LOCAL_RANK/WORLD_SIZE set, and HT_JOB_<MODE>_R<i>=matrix-<mode>:
      a variable that only rank i has, so agent i attributes exactly rank i: 8 nodes emulated on
      one host); in collective mode they form a gloo group (MASTER_PORT per run);
@@ -24,7 +25,7 @@ What it does:
      this script to --agent-cores so they never share a core with a rank;
   4. the schedule: startup (until the report lists all 8 GPUs), clean (--clean-s), cpu_hog (a
      Python busy loop pinned to rank 5's core, --fault-s), recover_cpu (--recover-s), gpu_extra
-     (rank 5's --extra-gpu-file exists: +30% GPU work per step, --fault-s), recover_gpu;
+     (rank 5's --extra-gpu-file exists: +15% GPU work per step, --fault-s), recover_gpu;
   5. every --poll-s (5) the report (what `hypertrace report --format json` prints) with a
      timestamp, to reports.jsonl;
   6. at the end: agents, ranks and the analyzer stopped; the analyzer's stored windows flattened
@@ -152,6 +153,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--recover-s", type=float, default=45.0)
     ap.add_argument("--poll-s", type=float, default=5.0)
     ap.add_argument("--marker", action="store_true", help="ranks call the step marker")
+    ap.set_defaults(loop=HERE / "jitter_loop.py")
     args = ap.parse_args(argv)
     check_placement(ap, args, RANKS)
     return args
