@@ -64,6 +64,7 @@ class CudaProcess:
     start_time: int                     # /proc/PID/stat field 22: with pid, the identity
     comm: str
     libraries: set[LibraryId] = field(default_factory=set)
+    ppid: int = 0
 
     @property
     def key(self) -> tuple[int, int]:
@@ -161,6 +162,7 @@ class ProcessScanner:
         self.processes: dict[int, CudaProcess] = {}
         self.libraries: dict[LibraryId, Library] = {}
         self._lib_users: dict[LibraryId, set[int]] = {}
+        self.children: dict[int, list[int]] = {}    # ppid -> pids, of every process at the scan
         self._own_ns = self._mnt_ns("self")
 
     # -- helpers ---------------------------------------------------------------------------
@@ -218,7 +220,8 @@ class ProcessScanner:
                 continue
             known = self.processes.get(pid)
             same = known is not None and known.start_time == st.start_time
-            proc = known if same else CudaProcess(pid=pid, start_time=st.start_time, comm=st.comm)
+            proc = known if same else CudaProcess(pid=pid, start_time=st.start_time, comm=st.comm,
+                                                  ppid=st.ppid)
             # maps is re-read even for known processes: a later dlopen can add a library.
             paths = mapped_cuda_paths(pid, self.proc_root, self.library_kind)
             if not paths:
@@ -241,6 +244,11 @@ class ProcessScanner:
             if not same:
                 delta.started.append(proc)
 
+        children: dict[int, list[int]] = {}
+        for pid, st in stats.items():
+            if st is not None:
+                children.setdefault(st.ppid, []).append(pid)
+        self.children = children
         for pid, old in self.processes.items():
             cur = live.get(pid)
             if cur is None or cur.start_time != old.start_time:

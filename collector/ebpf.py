@@ -76,9 +76,10 @@ HIST_DTYPE = np.dtype([("count", "<u8"), ("sum_ns", "<u8"), ("min_ns", "<u8"), (
 EVLOG_LEN = 4096
 #: Layout of struct ht_event (one step boundary; the ring struct ht_evlog is a head and these).
 EVENT_DTYPE = np.dtype([("ts_ns", "<u8"), ("sync_ns", "<u8"), ("offcpu_ns", "<u8"),
-                        ("api", "<u8")])
+                        ("loader_ns", "<u8"), ("api", "<u8")])
 #: Layout of struct ht_proc (cumulative per-process scheduler evidence and sync time).
-PROC_DTYPE = np.dtype([("sync_ns", "<u8"), ("offcpu_ns", "<u8"), ("runq_ns", "<u8"),
+PROC_DTYPE = np.dtype([("sync_ns", "<u8"), ("offcpu_ns", "<u8"), ("loader_ns", "<u8"),
+                       ("idle_pending", "<u8"), ("runq_ns", "<u8"),
                        ("involuntary", "<u8"), ("voluntary", "<u8"), ("last_ns", "<u8"),
                        ("n", "<u8", (4,)), ("runq", "<u8", (buckets.NUM_BUCKETS,))])
 #: Bits of the program's per-tgid ``pids`` map.
@@ -171,6 +172,8 @@ class SchedSample:
     involuntary: int            # preemptions
     voluntary: int              # blocking switches
     runq_hist: np.ndarray       # (NUM_BUCKETS,) uint64 run-queue latency histogram
+    loader_ns: int = 0          # the part of offcpu_ns its loader workers ended
+
 
 
 @dataclass
@@ -233,7 +236,7 @@ def _file_key(path: str) -> tuple[int, int]:
 
 
 #: Fields of the cumulative records that are current values (state counts), not counters.
-_GAUGES = frozenset({"n"})
+_GAUGES = frozenset({"n", "idle_pending"})
 
 
 def _delta(cur: np.ndarray, prev: np.ndarray | None) -> np.ndarray:
@@ -299,6 +302,9 @@ class UprobeSession:
         self._pids = self._bpf[b"pids"]
         self._procs = self._bpf[b"procs"]
         self._evlogs = self._bpf[b"evlogs"]
+        self._members = self._bpf[b"members"]
+        self._loaders = self._bpf[b"loaders"]
+        self._loaders_of: dict[int, set[int]] = {}      # rank pid -> its loader workers' pids
         self._buf = 0
         self._gen = 0
         # _op_lock serializes attach/detach (and the bookkeeping below); _bcc_lock guards bcc's own
@@ -368,6 +374,35 @@ class UprobeSession:
             self._set_pid_bits(pids, PID_TRACKED, False)
             self._tracked.difference_update(pids)
 
+    def set_threads(self, pid: int, tids: Iterable[int]) -> None:
+        """The threads of tracked process ``pid`` (from /proc/PID/task), so a wake-up by one of
+        them can pass on what woke it (a pin-memory thread woken by a loader worker)."""
+        member = self._members.Leaf(int(pid), 0)
+        with self._op_lock:
+            for tid in tids:
+                key = ctypes.c_uint32(int(tid))
+                try:
+                    if self._members[key].tgid == pid:
+                        continue
+                except KeyError:
+                    pass
+                self._members[key] = member
+
+    def set_loaders(self, pid: int, children: Iterable[int]) -> None:
+        """The loader workers (child processes) of rank process ``pid``: a wake-up by one of them
+        ends a wait for the input pipeline, not for peers. Replaces the previous set."""
+        children = {int(c) for c in children}
+        with self._op_lock:
+            old = self._loaders_of.get(pid, set())
+            for c in old - children:
+                try:
+                    del self._loaders[ctypes.c_uint32(c)]
+                except KeyError:
+                    pass
+            for c in children - old:
+                self._loaders[ctypes.c_uint32(c)] = ctypes.c_uint32(int(pid))
+            self._loaders_of[pid] = children
+
     @property
     def tracked(self) -> frozenset[int]:
         return frozenset(self._tracked)
@@ -389,16 +424,19 @@ class UprobeSession:
                         pass
                 self._prev_procs.pop(pid, None)
                 self._evlog_head.pop(pid, None)
+            for pid in pids:
+                self.set_loaders(pid, ())
+                self._loaders_of.pop(pid, None)
             # The threads' scheduler states go too: a process tracked again starts its state
             # counts from zero, and must not find its threads already counted.
             gone = set(pids)
-            active = self._bpf[b"active"]
-            for tid, task in list(active.items()):
-                if int(task.tgid) in gone:
-                    try:
-                        del active[tid]
-                    except KeyError:
-                        pass
+            for table in (self._bpf[b"active"], self._members):
+                for tid, rec in list(table.items()):
+                    if int(rec.tgid) in gone:
+                        try:
+                            del table[tid]
+                        except KeyError:
+                            pass
 
     def _set_ctl(self, idx: int, value: int) -> None:
         self._ctl[ctypes.c_int(idx)] = ctypes.c_uint64(value)
@@ -709,7 +747,8 @@ class UprobeSession:
             api = ev["api"].astype(np.int64)
             out[pid] = BoundaryEvents(
                 ts_ns=ev["ts_ns"].copy(), sync_ns=ev["sync_ns"].copy(),
-                offcpu_ns=ev["offcpu_ns"].copy(), lost=new - take,
+                offcpu_ns=ev["offcpu_ns"].copy(), loader_ns=ev["loader_ns"].copy(),
+                lost=new - take,
                 api=np.where(api < len(names), names[np.minimum(api, len(names) - 1)], "?"))
         return out
 
@@ -732,6 +771,7 @@ class UprobeSession:
                 if pid in tracked:
                     out[pid] = ProcessStats(pid=pid, sched=SchedSample(
                         runq_ns=int(d["runq_ns"]), offcpu_ns=int(d["offcpu_ns"]),
+                        loader_ns=int(d["loader_ns"]),
                         involuntary=int(d["involuntary"]), voluntary=int(d["voluntary"]),
                         runq_hist=d["runq"].astype(np.uint64)))
             for pid, events in self._read_boundaries().items():

@@ -28,7 +28,7 @@
 //    ring's head counts every boundary ever, so user space knows what it missed. A process's
 //    boundaries are its synchronize returns, one CPU at a time in practice; a rare race of two
 //    threads overwrites one slot.
-//  * Scheduler evidence (sched_switch / sched_wakeup / sched_wakeup_new): accounted only for
+//  * Scheduler evidence (sched_switch / sched_waking / sched_wakeup_new): accounted only for
 //    "active" threads (threads of a tracked tgid that made a probed call), found by one lookup of
 //    the switching thread's id, so every other context switch on the machine costs one miss.
 //    Per thread, run-queue latency = runnable (woken, or preempted) -> switched in (a histogram).
@@ -43,6 +43,13 @@
 //    own threads. Counts are updated with atomic adds; the time charged between two changes on
 //    different CPUs of one process may be attributed to the state before or after a concurrent
 //    change (a few microseconds), which is far below what the signals resolve.
+//  * Loader waits: each stretch of idle time is handed, when it ends, to whoever ended it
+//    (sched_waking runs in the waker's context): a loader worker of the rank (a child process
+//    user space lists in `loaders`), or a thread of the rank that was itself last woken by one
+//    (a pin-memory thread; user space lists the rank's threads in `members`, each with the
+//    origin of its last wake-up). That part is loader_ns; the rest of the idle time is waiting
+//    for peers or anything else. A rank that waits for its own input pipeline is then not read
+//    as waiting for its peers (the opposite of the truth: the others wait for it).
 //  * Large records (histograms) never live on the BPF stack: new map entries are initialised
 //    from a never-written per-CPU "zero" array element.
 //  * Buckets: exactly proto/buckets.py's scheme computed with shifts only (no division, no
@@ -87,6 +94,8 @@ struct ht_thread {
 struct ht_proc {
     u64 sync_ns;                    // latency of returned outermost sync-kind calls
     u64 offcpu_ns;                  // idle: every active thread blocked outside CUDA calls
+    u64 loader_ns;                  // the part of offcpu_ns that ended in a wake-up by the loader
+    u64 idle_pending;               // idle time not yet attributed to whoever ended it
     u64 runq_ns;                    // starved: an active thread runnable, none running
     u64 involuntary;                // switched out runnable (preempted)
     u64 voluntary;                  // switched out blocked
@@ -101,7 +110,20 @@ struct ht_event {
     u64 ts_ns;
     u64 sync_ns;                    // the process's sync_ns as of this boundary
     u64 offcpu_ns;                  // the process's offcpu_ns as of this boundary
+    u64 loader_ns;                  // the process's loader_ns as of this boundary
     u64 api;
+};
+
+// Who ended a wait (a wake-up's origin), for the idle time it ends.
+#define HT_FROM_OTHER 0
+#define HT_FROM_LOADER 1            // a loader worker (a child process of the rank), directly or
+                                    // through another thread of the rank it woke first
+// A thread of a tracked process (user space lists them from /proc/PID/task) and the origin of its
+// last wake-up, so a thread that hands on what it was woken for (a pin-memory thread woken by a
+// loader worker, waking the main thread) passes the origin on.
+struct ht_member {
+    u32 tgid;
+    u32 origin;
 };
 struct ht_evlog {
     u64 head;
@@ -131,6 +153,8 @@ BPF_F_TABLE("hash", u32, struct ht_proc, procs, 8192, BPF_F_NO_PREALLOC);
 BPF_PERCPU_ARRAY(zero_proc, struct ht_proc, 1);      // never written: the initial value
 BPF_TABLE("lru_hash", u32, struct ht_task, active, 65536);
 BPF_F_TABLE("hash", u32, struct ht_evlog, evlogs, 1024, BPF_F_NO_PREALLOC);
+BPF_TABLE("lru_hash", u32, struct ht_member, members, 65536);   // tid -> (tgid, origin)
+BPF_HASH(loaders, u32, u32, 8192);            // a loader worker's tgid -> its rank's tgid
 BPF_ARRAY(zero_evlog, struct ht_evlog, 1);           // never written: the initial value
 
 // HT_BUCKET_BEGIN (tests compile this block with gcc and compare it with proto/buckets.py)
@@ -171,17 +195,27 @@ static __always_inline struct ht_hist *ht_slot(u32 buf, struct ht_key *key) {
     return stats0.lookup_or_try_init(key, init);
 }
 
+// Whether the process is idle by these counts: every active thread blocked outside CUDA calls.
+static __always_inline int ht_idle(struct ht_proc *pr) {
+    return (s64)pr->n[0] <= 0 && (s64)pr->n[1] <= 0 && (s64)pr->n[2] <= 0 && (s64)pr->n[3] > 0;
+}
+
 // Thread t of process pr changes state at now: charge the time since the process's last change to
-// "starved" or "idle" by the counts before the change, then move t's count.
-static __always_inline void ht_move(struct ht_proc *pr, struct ht_task *t, u32 to, u64 now) {
+// "starved" or "idle" by the counts before the change, then move t's count. A change that ends
+// the process's idleness hands the idle time so far to the wake-up's `origin` (HT_FROM_*).
+static __always_inline void ht_move(struct ht_proc *pr, struct ht_task *t, u32 to, u64 now,
+                                    u32 origin) {
     u64 last = pr->last_ns;
     pr->last_ns = now;
+    int was_idle = ht_idle(pr);
     if (last && now > last) {
-        s64 running = (s64)pr->n[0], queued = (s64)pr->n[1], in_call = (s64)pr->n[2];
+        s64 running = (s64)pr->n[0], queued = (s64)pr->n[1];
         if (running <= 0 && queued > 0)
             __sync_fetch_and_add(&pr->runq_ns, now - last);
-        else if (running <= 0 && queued <= 0 && in_call <= 0 && (s64)pr->n[3] > 0)
+        else if (was_idle) {
             __sync_fetch_and_add(&pr->offcpu_ns, now - last);
+            __sync_fetch_and_add(&pr->idle_pending, now - last);
+        }
     }
     u32 from = t->state;
     // (never below zero: a count made afresh by track_pids after a forget does not know the
@@ -191,6 +225,12 @@ static __always_inline void ht_move(struct ht_proc *pr, struct ht_task *t, u32 t
     if (to >= HT_ST_RUNNING && to <= HT_ST_BLOCKED)
         __sync_fetch_and_add(&pr->n[to - 1], 1);
     t->state = to;
+    if (was_idle && !ht_idle(pr)) {
+        u64 pending = pr->idle_pending;
+        if (origin == HT_FROM_LOADER)
+            __sync_fetch_and_add(&pr->loader_ns, pending);
+        __sync_fetch_and_add(&pr->idle_pending, (u64)0 - pending);
+    }
 }
 
 // A thread of a tracked process made a probed call: it is active from now on, and running.
@@ -210,7 +250,7 @@ static __always_inline void ht_mark_active(u64 id) {
     }
     struct ht_proc *pr = procs.lookup(&tgid);
     if (pr)
-        ht_move(pr, t, HT_ST_RUNNING, bpf_ktime_get_ns());
+        ht_move(pr, t, HT_ST_RUNNING, bpf_ktime_get_ns(), HT_FROM_OTHER);
 }
 
 // The HT_PID_* bits of this tgid (0 when absent).
@@ -267,6 +307,7 @@ static __always_inline void ht_boundary(u32 tgid, u32 api, u64 now) {
     e->ts_ns = now;
     e->sync_ns = pr ? pr->sync_ns : 0;
     e->offcpu_ns = pr ? pr->offcpu_ns : 0;
+    e->loader_ns = pr ? pr->loader_ns : 0;
     e->api = api;
     lg->head = h + 1;
 }
@@ -369,11 +410,11 @@ TRACEPOINT_PROBE(sched, sched_switch) {
             if ((args->prev_state & HT_BLOCKED_STATE_MASK) == 0) {
                 __sync_fetch_and_add(&pr->involuntary, 1);
                 t->queued_ns = now;
-                ht_move(pr, t, HT_ST_QUEUED, now);
+                ht_move(pr, t, HT_ST_QUEUED, now, HT_FROM_OTHER);
             } else {
                 __sync_fetch_and_add(&pr->voluntary, 1);
                 t->queued_ns = 0;
-                ht_move(pr, t, ht_in_call(id) ? HT_ST_IN_CALL : HT_ST_BLOCKED, now);
+                ht_move(pr, t, ht_in_call(id) ? HT_ST_IN_CALL : HT_ST_BLOCKED, now, HT_FROM_OTHER);
             }
         }
     }
@@ -391,14 +432,41 @@ TRACEPOINT_PROBE(sched, sched_switch) {
                     b = HT_NUM_BUCKETS - 1;
                 __sync_fetch_and_add(&pr->runq[b], 1);
             }
-            ht_move(pr, t, HT_ST_RUNNING, now);
+            ht_move(pr, t, HT_ST_RUNNING, now, HT_FROM_OTHER);
         }
     }
     return 0;
 }
 
+// The origin of a wake-up of a thread of process tgid by the current task (sched_waking runs in
+// the waker's context): one of the process's loader workers, or a thread of the process passing
+// on the origin of its own last wake-up; anything else (a peer's data arriving, a timer, I/O)
+// is "other".
+static __always_inline u32 ht_wake_origin(u32 tgid) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 wtgid = id >> 32;
+    u32 wtid = (u32)id;
+    if (wtgid == tgid) {
+        struct ht_member *w = members.lookup(&wtid);
+        return w ? w->origin : HT_FROM_OTHER;
+    }
+    u32 *rank = loaders.lookup(&wtgid);
+    return rank && *rank == tgid ? HT_FROM_LOADER : HT_FROM_OTHER;
+}
+
 static __always_inline int ht_wakeup(u32 tid) {
+    struct ht_member *m = members.lookup(&tid);
     struct ht_task *t = active.lookup(&tid);
+    u32 tgid;
+    if (t)
+        tgid = t->tgid;
+    else if (m)
+        tgid = m->tgid;
+    else
+        return 0;
+    u32 origin = ht_wake_origin(tgid);
+    if (m)
+        m->origin = origin;
     if (!t)
         return 0;
     u64 now = bpf_ktime_get_ns();
@@ -407,13 +475,15 @@ static __always_inline int ht_wakeup(u32 tid) {
     if (t->state == HT_ST_IN_CALL || t->state == HT_ST_BLOCKED) {
         struct ht_proc *pr = ht_tracked(t->tgid);
         if (pr)
-            ht_move(pr, t, HT_ST_QUEUED, now);
+            ht_move(pr, t, HT_ST_QUEUED, now, origin);
         t->queued_ns = now;
     }
     return 0;
 }
 
-TRACEPOINT_PROBE(sched, sched_wakeup) { return ht_wakeup(args->pid); }
+// sched_waking, not sched_wakeup: it runs in the waker's context, which is what the origin is
+// read from (sched_wakeup may run on the target's CPU, from an interrupt).
+TRACEPOINT_PROBE(sched, sched_waking) { return ht_wakeup(args->pid); }
 
 TRACEPOINT_PROBE(sched, sched_wakeup_new) { return ht_wakeup(args->pid); }
 
@@ -425,7 +495,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
     if (t) {
         struct ht_proc *pr = ht_tracked(t->tgid);
         if (pr && t->tgid == (u32)(id >> 32))
-            ht_move(pr, t, 0, bpf_ktime_get_ns());
+            ht_move(pr, t, 0, bpf_ktime_get_ns(), HT_FROM_OTHER);
     }
     active.delete(&tid);
     threads.delete(&id);

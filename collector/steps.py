@@ -73,15 +73,21 @@ class ApiIntervals:
 class BoundaryEvents:
     """A process's step-boundary events since the previous read, oldest first.
 
-    ``sync_ns`` and ``offcpu_ns`` are cumulative counters as of each event (the process's time in
-    synchronize calls, and its idle time), so any two events give the waits between them.
-    ``lost``: events that were overwritten before this read (the log is a ring)."""
+    ``sync_ns``, ``offcpu_ns`` and ``loader_ns`` are cumulative counters as of each event (the
+    process's time in synchronize calls, its idle time, and the part of that its own loader
+    workers ended), so any two events give the waits between them. ``lost``: events that were
+    overwritten before this read (the log is a ring)."""
 
     ts_ns: np.ndarray
     api: np.ndarray                 # API name per event (numpy str array)
     sync_ns: np.ndarray
     offcpu_ns: np.ndarray
     lost: int = 0
+    loader_ns: np.ndarray | None = None     # None: the backend cannot tell (all zero)
+
+    def __post_init__(self) -> None:
+        if self.loader_ns is None:
+            self.loader_ns = np.zeros(len(self.ts_ns), dtype=np.uint64)
 
     @classmethod
     def empty(cls) -> "BoundaryEvents":
@@ -89,13 +95,16 @@ class BoundaryEvents:
         return cls(z, np.zeros(0, dtype="<U1"), z, z)
 
     @classmethod
-    def of(cls, ts_ns, api, sync_ns=None, offcpu_ns=None, lost: int = 0) -> "BoundaryEvents":
+    def of(cls, ts_ns, api, sync_ns=None, offcpu_ns=None, lost: int = 0,
+           loader_ns=None) -> "BoundaryEvents":
         """From sequences (tests, the CUPTI recorder); missing counters read as 0."""
         ts = np.asarray(ts_ns, dtype=np.uint64)
-        zero = np.zeros(len(ts), dtype=np.uint64)
-        return cls(ts, np.asarray(api, dtype=str),
-                   zero if sync_ns is None else np.asarray(sync_ns, dtype=np.uint64),
-                   zero if offcpu_ns is None else np.asarray(offcpu_ns, dtype=np.uint64), lost)
+
+        def col(v) -> np.ndarray:
+            return np.zeros(len(ts), dtype=np.uint64) if v is None else np.asarray(
+                v, dtype=np.uint64)
+        return cls(ts, np.asarray(api, dtype=str), col(sync_ns), col(offcpu_ns), lost,
+                   col(loader_ns))
 
     def __len__(self) -> int:
         return len(self.ts_ns)
@@ -113,7 +122,7 @@ class BoundaryEvents:
         calls would break the pattern)."""
         keep = np.isin(self.api, list(apis))
         return BoundaryEvents(self.ts_ns[keep], self.api[keep], self.sync_ns[keep],
-                              self.offcpu_ns[keep], self.lost)
+                              self.offcpu_ns[keep], self.lost, self.loader_ns[keep])
 
 
 @dataclass
@@ -125,7 +134,8 @@ class StepInference:
     step_hist: np.ndarray = field(default_factory=_empty)    # step durations (ns buckets)
     busy_hist: np.ndarray = field(default_factory=_empty)    # step minus its waits (ns buckets)
     gpu_wait_ns: int = 0             # synchronize time inside these steps
-    peer_wait_ns: int = 0            # idle time (waiting outside CUDA calls) inside these steps
+    peer_wait_ns: int = 0            # idle time inside these steps not ended by the own loader
+    loader_wait_ns: int = 0          # idle time inside these steps that its loader workers ended
     step_sum_ns: int = 0
     #: Each step's end (monotonic ns, the kernel's clock) and duration. Not on the wire: the
     #: agent splits the window's steps into those a probe slice touched and the rest with them.
@@ -142,7 +152,8 @@ class StepInference:
         return pack_histogram(self.step_hist), pb.StepStats(
             source=self.source, refused=self.refused, steps=self.steps,
             busy_time=pack_histogram(self.busy_hist), gpu_wait_us=self.gpu_wait_ns / 1e3,
-            peer_wait_us=self.peer_wait_ns / 1e3, step_sum_us=self.step_sum_ns / 1e3)
+            peer_wait_us=self.peer_wait_ns / 1e3, step_sum_us=self.step_sum_ns / 1e3,
+            loader_wait_us=self.loader_wait_ns / 1e3)
 
 
 def source_api(source: str) -> str | None:
@@ -237,7 +248,8 @@ class StepFinder:
             np.concatenate([ev.ts_ns, new.ts_ns])[keep],
             np.concatenate([ev.api.astype(str), new.api.astype(str)])[keep],
             np.concatenate([ev.sync_ns, new.sync_ns])[keep],
-            np.concatenate([ev.offcpu_ns, new.offcpu_ns])[keep])
+            np.concatenate([ev.offcpu_ns, new.offcpu_ns])[keep], 0,
+            np.concatenate([ev.loader_ns, new.loader_ns])[keep])
         self._idx = np.concatenate([self._idx, idx])[keep]
         self._call = np.concatenate([self._call, call])[keep]
 
@@ -338,11 +350,14 @@ class StepFinder:
         a, b, dur = a[ok], b[ok], dur[ok]
         ws = np.maximum(ev.sync_ns[b].astype(np.int64) - ev.sync_ns[a].astype(np.int64), 0)
         wo = np.maximum(ev.offcpu_ns[b].astype(np.int64) - ev.offcpu_ns[a].astype(np.int64), 0)
+        wl = np.maximum(ev.loader_ns[b].astype(np.int64) - ev.loader_ns[a].astype(np.int64), 0)
         ws = np.minimum(ws, dur)
         wo = np.minimum(wo, dur - ws)
+        wl = np.minimum(wl, wo)
         busy = dur - ws - wo
         return StepInference(
             source=source, steps=n, step_hist=buckets.histogram_of_ns(dur),
             busy_hist=buckets.histogram_of_ns(busy), gpu_wait_ns=int(ws.sum()),
-            peer_wait_ns=int(wo.sum()), step_sum_ns=int(dur.sum()),
+            peer_wait_ns=int((wo - wl).sum()), loader_wait_ns=int(wl.sum()),
+            step_sum_ns=int(dur.sum()),
             ends_ns=ev.ts_ns[b].astype(np.int64), durations_ns=dur)

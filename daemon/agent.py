@@ -53,6 +53,7 @@ from hypertrace.collector.governor import Governor, SlicePlan
 from hypertrace.collector.nvml import Nvml, PidGpuMap
 from hypertrace.collector.schedule import window_end, window_index
 from hypertrace.collector.step_cost import StepCostMeter
+from hypertrace.collector.loaders import LoaderTracker
 from hypertrace.collector.steps import StepFinder, StepInference
 from hypertrace.daemon.config import AgentConfig
 from hypertrace.daemon.inprocess import InProcessHub, NoProbes
@@ -151,6 +152,8 @@ class Agent:
         self.probed: dict[int, Probed] = {}
         self.step_finders: dict[int, StepFinder] = {}   # pid -> its steps across windows
         self.step_cost: dict[int, StepCostMeter] = {}   # pid -> its probes' cost in step time
+        self.loaders = LoaderTracker()                  # each rank's loader workers
+        self.worker_of: dict[int, int | None] = {}      # child pid -> its rank's pid, or None
         self.windows_sent = 0
         self._slice_items: list[tuple[str, int, list[str]]] = []   # sliced tier now attached
         self._first_window: WindowState | None = None
@@ -443,6 +446,7 @@ class Agent:
             return
         if delta:
             self._apply(delta, win)
+        self._group_loaders()
         for p in list(self.probed.values()):         # libraries mapped since the last scan
             proc = self.scanner.processes.get(p.pid)
             if proc is not None and set(proc.libraries) - set(p.libs):
@@ -451,6 +455,38 @@ class Agent:
     def _should_probe(self, rec: ProcessRecord) -> bool:
         return bool(rec.attribution.job_source) or self.cfg.probe_unattributed
 
+    def _rank_of_child(self, pid: int, ppid: int) -> int | None:
+        """The rank process whose loader worker ``pid`` is, or None: a child of a probed rank
+        with the same job and rank in its environment (a DataLoader worker inherits it; a rank
+        that a launcher started has its own rank)."""
+        if pid in self.worker_of:
+            return self.worker_of[pid]
+        parent = self.records.get(ppid)
+        rank = None
+        if ppid in self.probed and parent is not None:
+            mine = attribute_pid(pid, self.cfg.node, self.cfg.job_env)
+            if (mine.job_id, mine.rank) == (parent.attribution.job_id, parent.attribution.rank):
+                rank = ppid
+        self.worker_of[pid] = rank
+        return rank
+
+    def _group_loaders(self) -> None:
+        """Tell the probes and the loader tracker each rank's loader workers and threads."""
+        children = self.scanner.children
+        for pid in list(self.probed):
+            workers = {c for c in children.get(pid, ()) if self._rank_of_child(c, pid) == pid}
+            self.loaders.set_workers(pid, workers)
+            try:
+                self.session.set_loaders(pid, workers)
+                self.session.set_threads(pid, (int(t) for t in os.listdir(f"/proc/{pid}/task")))
+            except OSError:
+                pass                                 # the process exited since the scan
+            except Exception:
+                log.exception("telling the probes about pid %d's loader workers failed", pid)
+        live = {c for kids in children.values() for c in kids}
+        for pid in [p for p in self.worker_of if p not in live]:
+            del self.worker_of[pid]
+
     def _apply(self, delta: DiscoveryDelta, win: WindowState) -> None:
         gpus = PidGpuMap(self.nvml.pid_map()) if self.nvml and self.nvml.available else None
         for proc in delta.exited:
@@ -458,7 +494,12 @@ class Agent:
             if p is not None:
                 win.exited[proc.pid] = p
             log.info("pid %d (%s) exited", proc.pid, proc.comm)
-        for proc in delta.started:
+        for proc in sorted(delta.started, key=lambda p: p.start_time):
+            rank = self._rank_of_child(proc.pid, proc.ppid)
+            if rank is not None:
+                log.info("pid %d (%s) is a loader worker of pid %d: grouped under that rank, not "
+                         "probed as one", proc.pid, proc.comm, rank)
+                continue
             if proc.pid in win.exited:
                 # The pid was reused within one scan: the old process's probes and counters
                 # must go before the new one's attach (same (file, pid) keys).
@@ -549,6 +590,7 @@ class Agent:
         samples = {k: s for k, s in self.session.read_and_clear().items()
                    if k[1] in PROBED_API_NAMES}
         stats = self.session.read_process_stats()
+        loader = self.loaders.sample()
         gpus = PidGpuMap(self.nvml.pid_map()) if self.nvml and self.nvml.available else None
         self._add_gpu_context(gpus)
         report = {**win.exited, **self.probed}
@@ -572,7 +614,7 @@ class Agent:
                 sampled=sampled, unsampled_reason=reason, tiers=p.tiers(),
                 attached_s=win.attached_s if pid in win.slice_pids else 0.0,
                 fixed_cost_s=fixed, covered_s=covered if covered < window_s else 0.0,
-                sched=st.sched if st else None,
+                sched=st.sched if st else None, loader=loader.get(pid),
                 steps=self.step_finders.setdefault(pid, StepFinder()).feed(
                     st.boundaries.only(always) if st and st.boundaries else None))
             always_cpu = self.governor.cost_s(sum(n for a, n in own.items() if a in always)) / window_s
@@ -688,6 +730,7 @@ class Agent:
             for pid in exited:
                 self.step_finders.pop(pid, None)
                 self.step_cost.pop(pid, None)
+                self.loaders.forget(pid)
         for pid in [p for p in self.records if p not in self.scanner.processes]:
             del self.records[pid]                    # unprobed processes that exited
 

@@ -428,6 +428,12 @@ class NoProbes:
     def forget_pids(self, pids) -> None:
         pass
 
+    def set_loaders(self, pid, children) -> None:
+        pass
+
+    def set_threads(self, pid, tids) -> None:
+        pass
+
     def read_and_clear(self) -> dict:
         return {}
 

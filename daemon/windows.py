@@ -78,6 +78,7 @@ class ProcessProbe:
     covered_s: float = 0.0           # seconds of the window it was tracked (0: all of it)
     sched: Any = None                # collector.ebpf.SchedSample, or None
     steps: StepInference | None = None
+    loader: Any = None               # collector.loaders.LoaderSample, or None (no workers)
     step_fraction: float = 0.0       # share of step time the probes cost it (step_basis says how)
     step_basis: str = "cpu"          # "steps": measured in place; "cpu": not yet, see the charge
 
@@ -155,6 +156,10 @@ def build_window(agent_id: str, node: str, seq: int, start_ns: int, end_ns: int,
         pw.overhead.CopyFrom(ov)
         if probe is not None and probe.sched is not None:
             pw.sched.CopyFrom(sched_proto(probe.sched, probe.covered_s or window_s))
+        if probe is not None and probe.loader is not None:
+            pw.loader.CopyFrom(pb.LoaderStats(workers=int(probe.loader.workers),
+                                              cpu_s=float(probe.loader.cpu_s),
+                                              runq_s=float(probe.loader.runq_s)))
         if probe is not None and probe.steps is not None:
             step_time, steps = probe.steps.to_proto()
             pw.steps.CopyFrom(steps)

@@ -116,7 +116,7 @@ class SchedStats(_message.Message):
     def __init__(self, runq_ns: _Optional[int] = ..., offcpu_ns: _Optional[int] = ..., involuntary_switches: _Optional[int] = ..., voluntary_switches: _Optional[int] = ..., runq_latency: _Optional[_Union[Histogram, _Mapping]] = ..., window_s: _Optional[float] = ...) -> None: ...
 
 class StepStats(_message.Message):
-    __slots__ = ("source", "refused", "steps", "busy_time", "gpu_wait_us", "peer_wait_us", "step_sum_us")
+    __slots__ = ("source", "refused", "steps", "busy_time", "gpu_wait_us", "peer_wait_us", "step_sum_us", "loader_wait_us")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class StepStats(_message.Message):
     GPU_WAIT_US_FIELD_NUMBER: _ClassVar[int]
     PEER_WAIT_US_FIELD_NUMBER: _ClassVar[int]
     STEP_SUM_US_FIELD_NUMBER: _ClassVar[int]
+    LOADER_WAIT_US_FIELD_NUMBER: _ClassVar[int]
     source: str
     refused: str
     steps: int
@@ -131,10 +132,21 @@ class StepStats(_message.Message):
     gpu_wait_us: float
     peer_wait_us: float
     step_sum_us: float
-    def __init__(self, source: _Optional[str] = ..., refused: _Optional[str] = ..., steps: _Optional[int] = ..., busy_time: _Optional[_Union[Histogram, _Mapping]] = ..., gpu_wait_us: _Optional[float] = ..., peer_wait_us: _Optional[float] = ..., step_sum_us: _Optional[float] = ...) -> None: ...
+    loader_wait_us: float
+    def __init__(self, source: _Optional[str] = ..., refused: _Optional[str] = ..., steps: _Optional[int] = ..., busy_time: _Optional[_Union[Histogram, _Mapping]] = ..., gpu_wait_us: _Optional[float] = ..., peer_wait_us: _Optional[float] = ..., step_sum_us: _Optional[float] = ..., loader_wait_us: _Optional[float] = ...) -> None: ...
+
+class LoaderStats(_message.Message):
+    __slots__ = ("workers", "cpu_s", "runq_s")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    CPU_S_FIELD_NUMBER: _ClassVar[int]
+    RUNQ_S_FIELD_NUMBER: _ClassVar[int]
+    workers: int
+    cpu_s: float
+    runq_s: float
+    def __init__(self, workers: _Optional[int] = ..., cpu_s: _Optional[float] = ..., runq_s: _Optional[float] = ...) -> None: ...
 
 class ProcessWindow(_message.Message):
-    __slots__ = ("job_id", "rank", "local_rank", "gpu_index", "gpu_uuid", "pid", "gpu_kind", "apis", "step_time", "nvml", "overhead", "sched", "steps", "group", "backend")
+    __slots__ = ("job_id", "rank", "local_rank", "gpu_index", "gpu_uuid", "pid", "gpu_kind", "apis", "step_time", "nvml", "overhead", "sched", "steps", "group", "backend", "loader")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +162,7 @@ class ProcessWindow(_message.Message):
     STEPS_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    LOADER_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     local_rank: int
@@ -165,7 +178,8 @@ class ProcessWindow(_message.Message):
     steps: StepStats
     group: str
     backend: str
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., pid: _Optional[int] = ..., gpu_kind: _Optional[str] = ..., apis: _Optional[_Iterable[_Union[ApiStats, _Mapping]]] = ..., step_time: _Optional[_Union[Histogram, _Mapping]] = ..., nvml: _Optional[_Union[NvmlContext, _Mapping]] = ..., overhead: _Optional[_Union[Overhead, _Mapping]] = ..., sched: _Optional[_Union[SchedStats, _Mapping]] = ..., steps: _Optional[_Union[StepStats, _Mapping]] = ..., group: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
+    loader: LoaderStats
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., pid: _Optional[int] = ..., gpu_kind: _Optional[str] = ..., apis: _Optional[_Iterable[_Union[ApiStats, _Mapping]]] = ..., step_time: _Optional[_Union[Histogram, _Mapping]] = ..., nvml: _Optional[_Union[NvmlContext, _Mapping]] = ..., overhead: _Optional[_Union[Overhead, _Mapping]] = ..., sched: _Optional[_Union[SchedStats, _Mapping]] = ..., steps: _Optional[_Union[StepStats, _Mapping]] = ..., group: _Optional[str] = ..., backend: _Optional[str] = ..., loader: _Optional[_Union[LoaderStats, _Mapping]] = ...) -> None: ...
 
 class NodeWindow(_message.Message):
     __slots__ = ("version", "agent_id", "node", "seq", "start", "end", "processes", "rejected_processes")

@@ -41,6 +41,8 @@ KNOWN_APIS = frozenset(a.name for a in PROBED_APIS)
 #: beyond them a count is corrupt, and it would swamp the job's float sums.
 MAX_HISTOGRAM_COUNT = 10 ** 9
 MAX_STEPS_PER_WINDOW = 10 ** 7
+#: Loader workers (child processes) of one rank.
+MAX_LOADER_WORKERS = 4096
 #: How much of an offending value an error message may quote.
 QUOTE_LEN = 64
 #: Free-text fields (a step source, why no step was inferred, why a window was not sampled).
@@ -276,6 +278,8 @@ def check_process(p: pb.ProcessWindow, pf: str, extras: set[str], budget: list[i
             _check_histogram(p.sched.runq_latency, f"{pf}.sched.runq_latency")
     if p.HasField("steps"):
         _check_steps(p.steps, f"{pf}.steps")
+    if p.HasField("loader"):
+        _check_loader(p.loader, f"{pf}.loader")
     if p.HasField("nvml"):
         for stat in ("temperature_c", "power_w", "power_limit_w"):
             if p.nvml.HasField(stat):
@@ -412,10 +416,16 @@ def _process_plainly_valid(p: pb.ProcessWindow, budget_left: int) -> bool:
     if has("steps"):
         st = p.steps
         if not (0.0 <= st.gpu_wait_us < _INF and 0.0 <= st.peer_wait_us < _INF
-                and 0.0 <= st.step_sum_us < _INF and len(st.source) <= MAX_TEXT_LEN
+                and 0.0 <= st.step_sum_us < _INF and 0.0 <= st.loader_wait_us < _INF
+                and len(st.source) <= MAX_TEXT_LEN
                 and len(st.refused) <= MAX_TEXT_LEN and st.steps <= MAX_STEPS_PER_WINDOW):
             return False
         if st.HasField("busy_time") and not _hist_within(st.busy_time, MAX_HISTOGRAM_COUNT):
+            return False
+    if has("loader"):
+        ld = p.loader
+        if not (0.0 <= ld.cpu_s < _INF and 0.0 <= ld.runq_s < _INF
+                and ld.workers <= MAX_LOADER_WORKERS):
             return False
     if p.HasField("nvml"):
         nv = p.nvml
@@ -454,7 +464,7 @@ def _check_overhead(o: pb.Overhead, field: str, extras: set[str]) -> None:
 
 
 def _check_steps(st: pb.StepStats, field: str) -> None:
-    for stat in ("gpu_wait_us", "peer_wait_us", "step_sum_us"):
+    for stat in ("gpu_wait_us", "peer_wait_us", "step_sum_us", "loader_wait_us"):
         _check_finite_nonneg(getattr(st, stat), f"{field}.{stat}")
     _check_text(st.source, f"{field}.source")
     _check_text(st.refused, f"{field}.refused")
@@ -463,6 +473,14 @@ def _check_steps(st: pb.StepStats, field: str) -> None:
                         f"{MAX_STEPS_PER_WINDOW:,} steps in one window")
     if st.HasField("busy_time"):
         _check_histogram(st.busy_time, f"{field}.busy_time")
+
+
+def _check_loader(ld: pb.LoaderStats, field: str) -> None:
+    _check_finite_nonneg(ld.cpu_s, f"{field}.cpu_s")
+    _check_finite_nonneg(ld.runq_s, f"{field}.runq_s")
+    if ld.workers > MAX_LOADER_WORKERS:
+        raise WireError(f"{field}.workers", f"is {ld.workers:,}, over the limit of "
+                        f"{MAX_LOADER_WORKERS:,} loader workers of one rank")
 
 
 # ---- proto3-JSON lines: the only file format ----------------------------------------------------

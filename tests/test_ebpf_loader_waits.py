@@ -1,0 +1,89 @@
+"""Who ended a wait, with real probes on a stand-in loop (tests/fakecuda/steploop.c): a step that
+waits for a child process through a pipe (a DataLoader worker) is a loader wait, one that waits
+for a TCP peer is a peer wait, each within 10% of the wait the loop measured itself. (The loop's
+own measure ends when it runs again, the probes' when it is woken: on a loaded machine the
+wake-up latency is a millisecond or two, so the waits are 30 ms.)"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+
+from hypertrace.collector.apis import apis_for_library
+from hypertrace.collector.steps import StepFinder
+from hypertrace.proto.apis import PERIODIC_KINDS
+
+STEPS = 100
+WAIT_S = 0.030
+
+
+def _always_tier(library: str) -> list[str]:
+    return [a.name for a in apis_for_library(library) if a.kind in PERIODIC_KINDS]
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def _measure(uprobe_session, fakecuda, run_worker, tmp_path, *how: str):
+    """Run the loop with its input wait ``how``; (loader wait, peer wait, steps) summed over
+    1-s windows as the agent sees them, and the waits the loop logged."""
+    log = tmp_path / "steps.log"
+    loop = run_worker("--steps", str(STEPS), "--step-us", "2000", "--spin", *how,
+                      "--log", str(log), wait=True, exe=fakecuda.steploop)
+    uprobe_session.attach(str(fakecuda.cudart), pid=loop.pid, apis=_always_tier("cudart"))
+    uprobe_session.attach(str(fakecuda.cuda), pid=loop.pid, apis=_always_tier("cuda"))
+    uprobe_session.track_pids([loop.pid])
+    uprobe_session.set_loaders(loop.pid, _children(loop.pid))
+    uprobe_session.set_threads(loop.pid, [int(t) for t in os.listdir(f"/proc/{loop.pid}/task")])
+    finder = StepFinder()
+    loader = peer = steps = 0
+    try:
+        uprobe_session.read_process_stats()
+        loop.go()
+        while loop.proc.poll() is None:
+            time.sleep(1.0)
+            stats = uprobe_session.read_process_stats().get(loop.pid)
+            inf = finder.feed(stats.boundaries if stats else None)
+            loader, peer, steps = (loader + inf.loader_wait_ns, peer + inf.peer_wait_ns,
+                                   steps + inf.steps)
+        assert loop.finish() == STEPS
+    finally:
+        uprobe_session.forget_pids([loop.pid])
+    logged = np.loadtxt(log)[:, 1]
+    assert steps >= 0.9 * (STEPS - 1)
+    return loader / steps, peer / steps, float(logged.mean())
+
+
+def test_a_wait_for_a_child_process_is_a_loader_wait(uprobe_session, fakecuda, run_worker,
+                                                      tmp_path):
+    loader, peer, known = _measure(uprobe_session, fakecuda, run_worker, tmp_path,
+                                   "--child-wait-us", str(WAIT_S * 1e6))
+    assert abs(loader / known - 1) <= 0.10, (loader, known)
+    assert peer <= 0.10 * known, (peer, known)
+
+
+def test_a_wait_for_a_tcp_peer_is_a_peer_wait(uprobe_session, fakecuda, run_worker, tmp_path):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def peer_side() -> None:                       # answers each request after WAIT_S
+        conn, _ = server.accept()
+        with conn:
+            while conn.recv(1):
+                time.sleep(WAIT_S)
+                conn.sendall(b"y")
+    t = threading.Thread(target=peer_side, daemon=True)
+    t.start()
+    try:
+        loader, peer, known = _measure(uprobe_session, fakecuda, run_worker, tmp_path,
+                                       "--peer-port", str(server.getsockname()[1]))
+    finally:
+        server.close()
+    assert abs(peer / known - 1) <= 0.10, (peer, known)
+    assert loader <= 0.10 * known, (loader, known)
