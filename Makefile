@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 HT     := $(VENV)/bin/hypertrace
 STAMP  := $(VENV)/.installed
 
-.PHONY: all venv ebpf-setup test-deps test demo bench bench-report bench-html bench-detect bench-scale bench-agent bench-restart bench-cluster bench-storage fuzz dashboard-png proto clean
+.PHONY: all venv ebpf-setup test-deps test demo bench bench-report bench-html bench-detect bench-scale bench-agent bench-sched bench-restart bench-cluster bench-storage fuzz dashboard-png proto clean
 
 all: venv
 
@@ -52,6 +52,11 @@ bench-html: venv
 # scenario catalog x 64..16,384 GPUs, hypertrace vs mean±3σ vs NVRx (~20 min; ARGS=--quick: ~30 s)
 bench-detect: venv
 	$(PY) -m hypertrace.sim.bench_detect $(ARGS)
+
+# what the agent's scheduler hooks cost each wake-up on the node: a pipe ping-pong with the BPF
+# program loaded and without, side by side (root; ~1 min)
+bench-sched: venv ebpf-setup
+	$(PY) -m hypertrace.sim.bench_sched_hooks $(ARGS)
 
 # an analyzer restarted from its snapshot vs a full replay: the live verdicts, seconds, RSS (~2 min;
 # the goal's scale: ARGS="--gpus 16384 --windows 30", ~8 min)
