@@ -56,6 +56,9 @@ import matrix_report  # noqa: E402  (sibling script)
 
 RANKS = 8
 FAULT_RANK = 5
+#: Input-pipeline faults (--loader-faults): phase name, jitter_loop.py's flag file.
+LOADER_FAULTS = (("loader_one_worker", "one-worker"), ("loader_in_process", "in-process"),
+                 ("loader_slow_reads", "slow-reads"))
 #: Largest log kept per process (its tail): the results must travel back small.
 MAX_LOG_BYTES = 4 << 20
 
@@ -120,6 +123,9 @@ def add_common_args(ap: argparse.ArgumentParser, cores: str = "0-7") -> None:
     ap.add_argument("--loop", type=Path, default=HERE / "launch_bound_loop.py",
                     help="the rank program (default launch_bound_loop.py; a CPU stand-in with the "
                          "same flags rehearses the harness without a GPU)")
+    ap.add_argument("--loop-arg", action="append", default=[],
+                    help="one more argument for every rank program (repeat it; e.g. "
+                         "--loop-arg=--device --loop-arg=cpu to rehearse jitter_loop.py)")
 
 
 def check_placement(ap: argparse.ArgumentParser, args: argparse.Namespace, ranks: int) -> None:
@@ -153,6 +159,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--recover-s", type=float, default=45.0)
     ap.add_argument("--poll-s", type=float, default=5.0)
     ap.add_argument("--marker", action="store_true", help="ranks call the step marker")
+    ap.add_argument("--loader-faults", action="store_true",
+                    help="after the GPU fault, three input-pipeline faults on the same rank "
+                         "(jitter_loop.py's --loader-fault-dir): one worker instead of 4, "
+                         "num_workers=0, reads 3x slower; each followed by --recover-s")
     ap.set_defaults(loop=HERE / "jitter_loop.py")
     args = ap.parse_args(argv)
     check_placement(ap, args, RANKS)
@@ -271,6 +281,10 @@ class Harness:
                    "--ready-file", str(self.work / f"ready-{i}")]
             if i == extra_rank:
                 cmd += ["--extra-gpu-file", str(self.work / "slow-gpu")]
+                if getattr(a, "loader_faults", False):
+                    (self.work / "loader-faults").mkdir(exist_ok=True)
+                    cmd += ["--loader-fault-dir", str(self.work / "loader-faults")]
+            cmd += list(getattr(a, "loop_arg", []))
             if getattr(a, "marker", False):
                 cmd.append("--marker")
             if getattr(a, "backend", "ebpf") == "cupti":
@@ -407,7 +421,8 @@ def run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"ht-matrix-{args.mode}-"))
     h = Harness(args, work, "IND" if args.mode == "independent" else "COL", f"matrix-{args.mode}")
-    total = args.clean_s + 2 * (args.fault_s + args.recover_s)
+    loader_faults = LOADER_FAULTS if args.loader_faults else ()
+    total = args.clean_s + (2 + len(loader_faults)) * (args.fault_s + args.recover_s)
     poller = None
     hog_core = args.rank_cores[FAULT_RANK]
     t_start = time.time()
@@ -440,6 +455,13 @@ def run(args: argparse.Namespace) -> int:
         (work / "slow-gpu").unlink()
         h.begin("recover_gpu")
         h.sleep(args.recover_s)
+        for phase, flag in loader_faults:
+            h.begin(phase)
+            (work / "loader-faults" / flag).touch()
+            h.sleep(args.fault_s)
+            (work / "loader-faults" / flag).unlink()
+            h.begin(f"recover_{phase}")
+            h.sleep(args.recover_s)
         h.begin("teardown")
     except (RuntimeError, OSError) as exc:
         h.broken.append(f"harness: {exc}")

@@ -1,37 +1,42 @@
 """An irregular PyTorch training loop, as real loops are: the workload of tests/gpu/fault_matrix.py.
 
 Usage (GPU box, after `source tests/gpu/device_env.sh`; fault_matrix.py starts one per rank):
-    python3 tests/gpu/jitter_loop.py --log /tmp/steps.log --seconds 120 \
-        [--rank 0 --world 8 --mode independent|collective] [--cpu 3] \
-        [--extra-gpu-file /tmp/slow-r5 --extra-fraction 0.15] [--marker]
+    python3 tests/gpu/jitter_loop.py --log /tmp/steps.log --seconds 120 \\
+        [--rank 0 --world 8 --mode independent|collective] [--cpu 3] \\
+        [--extra-gpu-file /tmp/slow-r5 --extra-fraction 0.15] [--loader-fault-dir DIR] [--marker]
 
 Why it looks like this: the agent must find steps in loops whose step is not a clock. Each step:
-  * takes a batch from a data-loader thread (a queue of depth 4). The loader "reads" each batch
-    in 0.5-3 ms and, with probability --stall-p, stalls for 30-80 ms (slow storage): the rank
-    then waits for its own loader, blocked outside any CUDA call;
-  * draws a sequence length uniformly within +-30% of --seq (variable-length batches), so its GPU
-    work varies by about 1.9x from step to step;
+  * takes a batch from a torch DataLoader with --workers (4) worker processes, pinned memory and
+    a CPU transform: each item costs a read (a sleep of a quarter of the clean step's median
+    over the batch's items: four workers keep up with twice the pace) and, with probability
+    --stall-p, a 30-80 ms stall (slow storage);
+  * has a sequence length drawn uniformly within +-30% of --seq per batch (variable-length
+    batches), so its GPU work varies by about 1.9x from step to step;
   * runs forward, backward and an AdamW step over --depth MLP blocks (Linear, GELU, Linear,
     LayerNorm; TF32), then `torch.cuda.synchronize()` and `loss.item()`;
   * in --mode collective, all-reduces the loss over gloo (a CPU collective): every rank's step
     ends when the slowest rank's loss arrives.
---extra-gpu-file PATH: while PATH exists, the batch is --extra-fraction (0.15) longer: that much
-  more GPU work in every step, the CPU side unchanged (a GPU-side straggler).
---cpu N pins the process, and every thread it starts later, to core N (a CPU hog pinned to that
-  core contends with exactly this rank and its loader). --marker calls hypertrace's step marker
-  once per step.
+Faults, each while its file exists:
+  --extra-gpu-file PATH   batches --extra-fraction (0.15) longer: more GPU work, same CPU side;
+  --loader-fault-dir DIR  DIR/one-worker: batches from a DataLoader with 1 worker instead of 4;
+                          DIR/in-process: from one with num_workers=0 (the loop loads them);
+                          DIR/slow-reads: every read takes 3x as long (a slow disk).
+--cpu N pins the process, and every thread and worker it starts later, to core N (a CPU hog
+  pinned to that core contends with exactly this rank). --marker calls hypertrace's step marker
+  once per step. --standin-cuda LIB (rehearsal without a GPU, with --device cpu): calls the
+  stand-in libcudart's cudaStreamSynchronize where the GPU loop synchronizes, so the agents'
+  uprobes see the same boundaries (tests/fakecuda).
 Writes one line per step to --log: "<unix time at the step's end> <step ms>". "ready" on stderr
 and --ready-file once warm. Not collected by pytest (needs a GPU).
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
-import queue
 import random
 import statistics
 import sys
-import threading
 import time
 
 
@@ -48,14 +53,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--width", type=int, default=768)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256, help="mean sequence length (+-30%% per step)")
-    ap.add_argument("--stall-p", type=float, default=0.05, help="loader stalls per batch")
+    ap.add_argument("--workers", type=int, default=4, help="DataLoader worker processes")
+    ap.add_argument("--stall-p", type=float, default=0.02, help="stalls per item read")
     ap.add_argument("--extra-gpu-file", default=None,
                     help="while this file exists, batches are --extra-fraction longer")
     ap.add_argument("--extra-fraction", type=float, default=0.15)
+    ap.add_argument("--loader-fault-dir", default=None,
+                    help="one-worker / in-process / slow-reads files in it switch loader faults on")
     ap.add_argument("--marker", action="store_true",
                     help="call hypertrace.collector.marker.step() every step")
     ap.add_argument("--ready-file", default=None, help="created once warm")
-    ap.add_argument("--device", default="cuda", help="cuda (or cpu, to try the script out)")
+    ap.add_argument("--device", default="cuda", help="cuda (or cpu, for a rehearsal)")
+    ap.add_argument("--standin-cuda", default=None,
+                    help="stand-in libcudart.so.13 to synchronize through (rehearsal on a CPU)")
     return ap.parse_args(argv)
 
 
@@ -63,45 +73,54 @@ def say(rank: int, msg: str) -> None:
     print(f"[rank {rank}] {msg}", file=sys.stderr, flush=True)
 
 
-class Loader(threading.Thread):
-    """Yields sequence lengths after an I/O-like wait; now and then a long stall."""
+class Items:
+    """A map-style dataset: item i is one sequence of the batch i // batch, whose length is that
+    batch's draw. Reading an item sleeps ``read_s`` (x3 while ``slow_file`` exists), and now and
+    then stalls; the transform (normalizing) is CPU work in the worker."""
 
-    def __init__(self, seq: int, stall_p: float, seed: int):
-        super().__init__(daemon=True, name="loader")
-        self.q: queue.Queue[int] = queue.Queue(maxsize=4)
-        self.seq, self.stall_p = seq, stall_p
-        self.rng = random.Random(seed)
+    def __init__(self, args: argparse.Namespace, read_s: float, slow_file: str | None):
+        self.batch, self.width, self.seq = args.batch, args.width, args.seq
+        self.stall_p, self.read_s, self.slow_file = args.stall_p, read_s, slow_file
+        self.seed = 1000 + args.rank
 
-    def run(self) -> None:
-        while True:
-            wait = self.rng.uniform(0.0005, 0.003)
-            if self.rng.random() < self.stall_p:
-                wait += self.rng.uniform(0.030, 0.080)
-            time.sleep(wait)
-            self.q.put(max(8, round(self.seq * self.rng.uniform(0.7, 1.3))))
+    def __len__(self) -> int:
+        return 10 ** 9
+
+    def length_of(self, batch_index: int) -> int:
+        return max(8, round(self.seq * random.Random(self.seed * 7919 + batch_index)
+                            .uniform(0.7, 1.3)))
+
+    def __getitem__(self, i: int):
+        import torch
+        rng = random.Random(self.seed * 104729 + i)
+        wait = self.read_s * (3.0 if self.slow_file and os.path.exists(self.slow_file) else 1.0)
+        if rng.random() < self.stall_p:
+            wait += rng.uniform(0.030, 0.080)
+        time.sleep(wait)
+        x = torch.randn(self.length_of(i // self.batch), self.width)
+        return (x - x.mean()) / (x.std() + 1e-6)
 
 
 def main() -> None:
     args = parse_args()
     if args.cpu is not None:
-        # Before torch: threads started later (OpenMP, CUDA driver, gloo, the loader) inherit it.
+        # Before torch: threads and workers started later (OpenMP, CUDA, gloo, the DataLoader's
+        # workers and pin-memory thread) inherit it.
         os.sched_setaffinity(0, {args.cpu})
     import torch
+    from torch.utils.data import DataLoader
 
     torch.manual_seed(args.rank)
     torch.set_num_threads(1)
     torch.backends.cuda.matmul.allow_tf32 = True
     dev = torch.device(args.device)
+    standin = ctypes.CDLL(args.standin_cuda) if args.standin_cuda else None
     blocks: list = []
     for _ in range(args.depth):
         blocks += [torch.nn.Linear(args.width, 4 * args.width), torch.nn.GELU(),
                    torch.nn.Linear(4 * args.width, args.width), torch.nn.LayerNorm(args.width)]
     model = torch.nn.Sequential(*blocks).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    longest = int(args.seq * 1.3 * (1 + args.extra_fraction)) + 2
-    host = torch.randn(args.batch, longest, args.width)
-    if dev.type == "cuda":
-        host = host.pin_memory()
 
     dist = None
     if args.mode == "collective":
@@ -114,38 +133,68 @@ def main() -> None:
     marker_step = None
     if args.marker:
         from hypertrace.collector.marker import step as marker_step
+    extra = args.extra_gpu_file
+    faults = args.loader_fault_dir
 
-    loader = Loader(args.seq, args.stall_p, seed=1000 + args.rank)
-    loader.start()
-    flag = args.extra_gpu_file
-
-    def one_step() -> None:
-        n = loader.q.get()
-        if flag is not None and os.path.exists(flag):
-            n = round(n * (1 + args.extra_fraction))
-        x = host[:, :n].to(dev, non_blocking=True)
-        loss = model(x).float().square().mean()
+    def train_step(x) -> None:
+        if extra is not None and os.path.exists(extra):
+            n = x.shape[1]
+            x = torch.cat([x, x[:, :round(n * args.extra_fraction)]], dim=1)
+        loss = model(x.to(dev, non_blocking=True)).float().square().mean()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if dev.type == "cuda":
             torch.cuda.synchronize()
+        elif standin is not None:
+            standin.cudaStreamSynchronize(None)
         value = torch.tensor([loss.item()])
+        if standin is not None:
+            standin.cudaStreamSynchronize(None)
         if dist is not None:
             dist.all_reduce(value)
         if marker_step is not None:
             marker_step()
 
-    for _ in range(30):                     # warm-up: CUDA init, allocator, gloo's first rounds
-        one_step()
+    # The clean step without a loader sets the loader's pace: 4 workers keep up with 2x.
+    fixed = torch.randn(args.batch, args.seq, args.width)
+    for _ in range(20):
+        train_step(fixed)
+    bare = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        train_step(fixed)
+        bare.append(time.perf_counter() - t0)
+    read_s = statistics.median(bare) * args.workers / args.batch / 2
+
+    def loader(workers: int) -> DataLoader:
+        items = Items(args, read_s, os.path.join(faults, "slow-reads") if faults else None)
+        return DataLoader(items, batch_size=args.batch, num_workers=workers,
+                          pin_memory=dev.type == "cuda", persistent_workers=workers > 0,
+                          prefetch_factor=2 if workers > 0 else None)
+
+    feeds = {"normal": iter(loader(args.workers))}
+    if faults:
+        feeds["one-worker"] = iter(loader(1))
+        feeds["in-process"] = iter(loader(0))
+
+    def feed() -> str:
+        for name in ("in-process", "one-worker"):
+            if faults and os.path.exists(os.path.join(faults, name)):
+                return name
+        return "normal"
+
+    for _ in range(20):                     # warm-up of the loaders' workers
+        for f in feeds.values():
+            train_step(next(f))
     warm = []
     for _ in range(30):
         t0 = time.perf_counter()
-        one_step()
+        train_step(next(feeds["normal"]))
         warm.append((time.perf_counter() - t0) * 1e3)
-    say(args.rank, f"ready: step median {statistics.median(warm):.2f} ms, p10 "
-                   f"{statistics.quantiles(warm, n=10)[0]:.2f} ms, p90 "
-                   f"{statistics.quantiles(warm, n=10)[-1]:.2f} ms")
+    say(args.rank, f"ready: step median {statistics.median(warm):.2f} ms (without a loader "
+                   f"{statistics.median(bare) * 1e3:.2f} ms; a read {read_s * 1e3:.2f} ms per "
+                   f"item, {args.workers} workers)")
     if args.ready_file:
         with open(args.ready_file, "w") as f:
             f.write(f"{statistics.median(warm):.4f}\n")
@@ -153,7 +202,7 @@ def main() -> None:
     with open(args.log, "w", buffering=1) as log:
         while time.time() < deadline:
             t0 = time.perf_counter()
-            one_step()
+            train_step(next(feeds[feed()]))
             log.write(f"{time.time():.6f} {(time.perf_counter() - t0) * 1e3:.4f}\n")
     if dist is not None:
         dist.destroy_process_group()

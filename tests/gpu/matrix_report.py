@@ -65,8 +65,11 @@ DETECT_TAIL_S = 20.0
 SETTLE_S = 10.0
 MEAN_TOL = 0.03
 P50_TOL = 0.06
-FAULT_CAUSE_WORDS = {"cpu_hog": ("cpu", "run-queue", "run queue"), "gpu_extra": ("gpu",)}
-FAULT_PHASES = ("cpu_hog", "gpu_extra")
+FAULT_CAUSE_WORDS = {"cpu_hog": ("cpu", "run-queue", "run queue"), "gpu_extra": ("gpu",),
+                     "loader_one_worker": ("input pipeline",),
+                     "loader_in_process": ("input pipeline",),
+                     "loader_slow_reads": ("input pipeline",)}
+FAULT_PHASES = tuple(FAULT_CAUSE_WORDS)
 
 
 # ---- input -----------------------------------------------------------------------------------
