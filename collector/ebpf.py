@@ -131,6 +131,25 @@ def _uprobe_link(prog_fd: int, path: bytes, offset: int, pid: int, ret: bool) ->
     return int(fd)
 
 
+#: The instruction a function built with CET (gcc -fcf-protection, Ubuntu's default) starts with.
+ENDBR64 = b"\xf3\x0f\x1e\xfa"
+
+
+def past_endbr64(path: str, offset: int) -> int:
+    """4 when the function at file ``offset`` of ``path`` begins with ``endbr64``, else 0.
+
+    Why: the kernel emulates a probed ``push %rbp`` (1-2 us per hit) but single-steps a probed
+    ``endbr64`` out of line (24-31 us per hit on a 6.18 kernel). The instruction only marks an
+    indirect-branch target and touches neither registers nor stack, so a probe just past it
+    sees the same arguments and the same return address (a return probe too)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return len(ENDBR64) if f.read(len(ENDBR64)) == ENDBR64 else 0
+    except OSError:
+        return 0
+
+
 class ProbeUnavailable(RuntimeError):
     """The probes cannot run here; the message names what is missing and the fix."""
 
@@ -452,10 +471,11 @@ class UprobeSession:
         key = (st.st_dev, st.st_ino, st.st_mtime_ns, symbol)
         if key not in self._offsets:
             try:
-                self._offsets[key] = self._bcc.BPF._check_path_symbol(path.encode(), symbol.encode(),
-                                                                     None, -1)
+                where = self._bcc.BPF._check_path_symbol(path.encode(), symbol.encode(), None, -1)
             except Exception:
-                self._offsets[key] = None
+                where = None
+            self._offsets[key] = None if where is None else (
+                where[0], where[1] + past_endbr64(path, where[1]))
         return self._offsets[key]
 
     def _prog_fd(self, fn_name: bytes) -> int:
