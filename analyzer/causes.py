@@ -262,6 +262,14 @@ def _api_cause(findings: Sequence[_Finding], advice: str = _GPU_ADVICE) -> str:
             f"{duration_text(worst.job_median_us)} job median{per_step}): {advice}")
 
 
+def no_data_cause(windows: int) -> str:
+    """Why a GPU (or node) has no verdict: its agent sent nothing in its job's last scored
+    windows. Its earlier verdict is neither kept nor acted on; check the agent."""
+    return (f"no data: no window from its agent in the job's last {windows} scored windows; "
+            "no verdict, not in the what-if, not proposed for eviction (check that its agent "
+            "runs and reaches the analyzer)")
+
+
 def gpu_cause(ctx: pb.NvmlContext | None, findings: Sequence[_Finding],
               replay_base: float | None = None) -> str:
     """One GPU's probable cause: the strongest signal that convicted it, with its evidence, the

@@ -19,14 +19,15 @@ from hypertrace.analyzer.config import KNOWN_STATS, ScoringConfig
 from hypertrace.analyzer.cross_section import CrossSection, GpuKey, Hists
 from hypertrace.analyzer.imbalance import group_deviations
 from hypertrace.analyzer.jobs import JobState
+from hypertrace.analyzer.persistence import NO_DATA
 from hypertrace.analyzer.scoring import (StatScores, implicates, sampling_se_us, score_hosts,
                                          score_values)
 from hypertrace.analyzer.shift import pooled_deciles, shift_ratios
 from hypertrace.proto import buckets
 
-#: Weight an epoch's own-time histograms keep per later epoch in the what-if (half-life one
-#: window). Chosen on the first H200 fault run (collective, CPU hog: 0.8 predicted +10% against
-#: a measured +19%; 0.5 gave +15%; the latest window alone was noisy, +16..26%).
+#: Weight an epoch's step sums keep per later epoch in the what-if (half-life one window):
+#: the what-if is about the job as it is now (docs/design.md, "The what-if looks at recent
+#: windows").
 WHATIF_KEEP = 0.5
 #: Rows of GPUs that nothing implicated this epoch kept in its result, the strongest first (by
 #: robust z): what nearly convicted, for anyone reading the stored scores. The rest are noise
@@ -202,10 +203,15 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     job.findings.update({r: fs for r, fs in by_row.items() if any(f.implicates for f in fs)})
     _remember_window(job, cs.epoch, rows, found)
     _accumulate_theory(job, cs, groups, quantiles, cfg)
+    _accumulate_pace(job, cs, sig, cfg)
     _find_imbalance(job, groups, labels, sig, quantiles, cfg)
     job.epochs_scored += 1
     job.last_scored_epoch = cs.epoch if job.last_scored_epoch is None else max(
         job.last_scored_epoch, cs.epoch)
+    gone = job.persistence.gone(cfg.clear_m)
+    if gone.size:             # GPUs whose agent stopped sending: their verdict is no_data
+        rows = np.concatenate((rows, gone))
+        codes = np.concatenate((codes, np.full(gone.size, NO_DATA, dtype=codes.dtype)))
     return EpochResult(job.job_id, cs.epoch, found, job.verdict_dict(rows, codes))
 
 
@@ -418,7 +424,8 @@ def _signal_step_share(unit: str, value: float, median: float, median_step_us: f
 
 def _accumulate_theory(job: JobState, cs: CrossSection, groups: list[np.ndarray],
                        quantiles: dict[str, np.ndarray], cfg: ScoringConfig) -> None:
-    """Spike rates (window- and step-based) and the histograms behind E[max]."""
+    """Spike rates (window- and step-based), and the basis API's histograms (the latency CDFs,
+    and E[max] of a job without steps)."""
     rows = cs.rows
     job.basis_api = _choose_basis(cfg, cs.apis, job.basis_api)
     if job.basis_api is not None and job.basis_api in cs.apis:
@@ -454,21 +461,70 @@ def _accumulate_theory(job: JobState, cs: CrossSection, groups: list[np.ndarray]
             above = h.counts_t[max(0, first - h.first):].sum(axis=0, dtype=np.float64)
             job.step_above[rows[has]] += above[has]
             job.step_total[rows[has]] += total[has]
-            if job.step_counts is None:
-                job.step_counts = np.zeros(job.basis_counts.shape, np.float32)
-            _add_rows(job.step_counts, rows, h)
-    if cs.signals is not None and cs.signals.busy is not None:
-        if job.busy_counts is None:
-            job.busy_counts = np.zeros(job.basis_counts.shape, np.float32)
-        # The what-if is about the job as it is now: older epochs fade (half-life one
-        # window), so a rank slow for the last few windows is predicted as slow and not
-        # averaged with the hours it was healthy (docs/design.md).
-        _scale_rows(job.busy_counts, rows, WHATIF_KEEP)
-        job.gpu_wait_us[rows] *= WHATIF_KEEP
-        job.steps_seen[rows] *= WHATIF_KEEP
-        _add_rows(job.busy_counts, rows, cs.signals.busy)
-        job.gpu_wait_us[rows] += cs.signals.gpu_wait_us
-        job.steps_seen[rows] += cs.signals.steps
+
+
+def _accumulate_pace(job: JobState, cs: CrossSection, sig: signals.SignalEpoch,
+                     cfg: ScoringConfig) -> None:
+    """Per GPU, the sums the what-if reads (:func:`~hypertrace.analyzer.theory.what_if_step`):
+    its steps, their time without spikes and its own time per step, each epoch weighing
+    :data:`WHATIF_KEEP` of the one after it (the what-if is about the job as it is now: a rank
+    slow for the last few windows is predicted as slow, not averaged with the hours it was
+    healthy).
+
+    A spike is a step at least ``1 + spike_threshold`` times the slowest rank's own time per
+    step this epoch: longer than any rank needs to reach the step's end, so something stalled
+    (the spike rate counts those, and evicting a slow rank does not remove them). Why not the
+    median step as the spike rate's threshold: where most steps of a large job carry somebody's
+    stall, the median step is a stall. The time of the other steps lies both between their
+    buckets' edges and between the step sum less the spikes at their buckets' edges; the middle
+    of what both allow is taken. Without spikes that is the exact sum; with many spikes of one
+    length (a narrow mode read at its buckets' midpoints would miss by up to 6% of itself) the
+    buckets of the unstalled steps bound it."""
+    h = cs.step_time
+    rows = cs.rows
+    _scale(job.pace_steps, rows, WHATIF_KEEP)
+    _scale(job.pace_sum_us, rows, WHATIF_KEEP)
+    _scale(job.own_sum_us, rows, WHATIF_KEEP)
+    if h is None:
+        return
+    n_all, low_all, high_all = h.tail_bounds(np.zeros(cs.size))
+    st = cs.signals
+    exact = ((st.steps > 0) & (st.step_sum_us > 0) if st is not None
+             else np.zeros(cs.size, dtype=bool))
+    total_us = (np.where(exact, st.step_sum_us, (low_all + high_all) / 2.0) if st is not None
+                else (low_all + high_all) / 2.0)
+    own = sig.own_us if sig.own_us.size == cs.size else np.full(cs.size, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(n_all > 0, total_us / n_all, np.nan)
+    base = (float(np.nanmax(own)) if np.isfinite(own).any() else
+            float(np.nanmedian(mean)) if np.isfinite(mean).any() else float("nan"))
+    if not np.isfinite(base) or base <= 0:
+        return
+    n_spike, low_spike, high_spike = h.tail_bounds(
+        np.full(cs.size, (1.0 + cfg.spike_threshold) * base))
+    body = n_all - n_spike
+    low = np.maximum(low_all - low_spike, total_us - high_spike)
+    high = np.minimum(high_all - high_spike, total_us - low_spike)
+    # where the two disagree (a sum that holds more than its buckets can), the buckets' bound
+    # nearest to the sum
+    body_us = np.where(low <= high, (low + high) / 2.0,
+                       np.clip(total_us - (low_spike + high_spike) / 2.0,
+                               low_all - low_spike, high_all - high_spike))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pace = body_us / body
+    ok = (body > 0) & np.isfinite(pace) & (pace > 0)
+    own = np.where(np.isfinite(own), own, pace)
+    job.pace_steps[rows[ok]] += body[ok]
+    job.pace_sum_us[rows[ok]] += body_us[ok]
+    job.own_sum_us[rows[ok]] += (body * own)[ok]
+
+
+def _scale(acc: np.ndarray, rows: np.ndarray, factor: float) -> None:
+    """acc[rows] *= factor; a slice when rows are 0..G-1."""
+    if rows.size and rows[0] == 0 and rows[-1] == rows.size - 1:
+        acc[:rows.size] *= factor
+    else:
+        acc[rows] *= factor
 
 # ---- queries ---------------------------------------------------------------------------
 
@@ -538,14 +594,6 @@ def _add_rows(acc: np.ndarray, rows: np.ndarray, h: Hists) -> None:
         np.add(view, h.counts_t, out=view, casting="unsafe")
     else:
         acc[h.first:h.first + k, rows] += h.counts_t.astype(np.float32)
-
-
-def _scale_rows(acc: np.ndarray, rows: np.ndarray, factor: float) -> None:
-    """acc[:, rows] *= factor (bucket-major); a slice when rows are 0..G-1."""
-    if rows.size and rows[0] == 0 and rows[-1] == rows.size - 1:
-        acc[:, :rows.size] *= factor
-    else:
-        acc[:, rows] *= factor
 
 
 def _choose_basis(cfg: ScoringConfig, apis: dict, current: str | None) -> str | None:

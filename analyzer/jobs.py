@@ -70,12 +70,12 @@ class JobState:
     #: merged histograms per GPU for E[max], bucket-major (NUM_BUCKETS, GPUs) like Hists
     basis_counts: np.ndarray = field(
         default_factory=lambda: np.zeros((buckets.NUM_BUCKETS, 0), np.float32))
-    step_counts: np.ndarray | None = None
-    busy_counts: np.ndarray | None = None
-    #: per GPU, over every scored epoch: time waiting on its own GPU, and steps (for the mean
-    #: own-GPU wait per step the what-if adds to the busy time)
-    gpu_wait_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    steps_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: per GPU, the what-if's sums over recent epochs (each epoch weighs less with each later
+    #: one, epoch_scoring.WHATIF_KEEP): steps, their time without spikes (µs) and the own time
+    #: of the same steps (µs); theory.what_if_step reads their ratios
+    pace_steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    pace_sum_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    own_sum_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
     #: per row: when its GPU's newest window arrived (0: never); a GPU silent for
     #: job_expiry_seconds in a job that goes on has left it, and its row is retired (reused).
     #: Grown by doubling as windows arrive (:meth:`note_arrival`), so it may be longer than the
@@ -171,11 +171,9 @@ class JobState:
             self.findings.pop(r, None)
         idx = np.asarray(rows, dtype=np.int64)
         for arr in (self.spike_hits, self.spike_seen, self.step_above, self.step_total,
-                    self.gpu_wait_us, self.steps_seen, self.row_arrival):
+                    self.pace_steps, self.pace_sum_us, self.own_sum_us, self.row_arrival):
             arr[idx] = 0
-        for mat in (self.basis_counts, self.step_counts, self.busy_counts):
-            if mat is not None:
-                mat[:, idx] = 0
+        self.basis_counts[:, idx] = 0
         self.persistence.reset(idx)
         for store in self.p50_ratio.values():
             store[idx[idx < store.size]] = np.nan
@@ -219,14 +217,11 @@ class JobState:
             self.spike_seen = np.concatenate((self.spike_seen, z))
             self.step_above = np.concatenate((self.step_above, z))
             self.step_total = np.concatenate((self.step_total, z))
-            self.gpu_wait_us = np.concatenate((self.gpu_wait_us, z))
-            self.steps_seen = np.concatenate((self.steps_seen, z))
+            self.pace_steps = np.concatenate((self.pace_steps, z))
+            self.pace_sum_us = np.concatenate((self.pace_sum_us, z))
+            self.own_sum_us = np.concatenate((self.own_sum_us, z))
             pad = np.zeros((buckets.NUM_BUCKETS, extra), np.float32)
             self.basis_counts = np.concatenate((self.basis_counts, pad), axis=1)
-            if self.step_counts is not None:
-                self.step_counts = np.concatenate((self.step_counts, pad), axis=1)
-            if self.busy_counts is not None:
-                self.busy_counts = np.concatenate((self.busy_counts, pad), axis=1)
 
     def note_arrival(self, row: int, arrived_ns: int) -> None:
         """Record that a window of ``row``'s GPU arrived at ``arrived_ns``. Called for every

@@ -44,8 +44,8 @@ import numpy as np
 
 from hypertrace.analyzer.config import ScoringConfig
 
-HEALTHY, SUSPECT, STRAGGLER, INSUFFICIENT = 0, 1, 2, 3
-VERDICT_NAMES = ("healthy", "suspect", "straggler", "insufficient_data")
+HEALTHY, SUSPECT, STRAGGLER, INSUFFICIENT, NO_DATA = 0, 1, 2, 3, 4
+VERDICT_NAMES = ("healthy", "suspect", "straggler", "insufficient_data", "no_data")
 
 
 def _popcount(x: np.ndarray) -> np.ndarray:
@@ -87,6 +87,9 @@ class PersistenceState:
     #: the bits of ``long_history`` that belong to an episode that was convicted and cleared:
     #: they may hold a later conviction, never make one (module docstring)
     spent: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+    #: scored epochs of the job in a row without any window of this GPU; -1 until it is first
+    #: in a scored epoch (a GPU registered but not yet scored is not "gone")
+    absent: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def size(self) -> int:
@@ -106,6 +109,7 @@ class PersistenceState:
         self.long_history = np.concatenate((self.long_history, np.zeros(extra, np.uint64)))
         self.intermittent = np.concatenate((self.intermittent, np.zeros(extra, bool)))
         self.spent = np.concatenate((self.spent, np.zeros(extra, np.uint64)))
+        self.absent = np.concatenate((self.absent, np.full(extra, -1, np.int64)))
 
     def reset(self, rows: np.ndarray) -> None:
         """Forget ``rows`` (a retired GPU's row, reused for a new GPU that starts healthy)."""
@@ -113,6 +117,7 @@ class PersistenceState:
                     self.windows_seen, self.last_sufficient, self.long_history,
                     self.intermittent, self.spent):
             arr[rows] = 0
+        self.absent[rows] = -1
 
     def update(self, rows: np.ndarray, sufficient: np.ndarray, flagged: np.ndarray,
                cfg: ScoringConfig) -> np.ndarray:
@@ -120,9 +125,12 @@ class PersistenceState:
 
         ``sufficient[i]``: row i had enough data to be scored this epoch; ``flagged[i]``: it was
         flagged (only meaningful where sufficient). Insufficient rows keep their state; their
-        verdict is ``insufficient_data`` unless they are already stragglers.
+        verdict is ``insufficient_data`` unless they are already stragglers. Every row not in
+        ``rows`` that was ever scored counts one more epoch without data (:meth:`verdicts`).
         """
         rows = np.asarray(rows, dtype=np.int64)
+        self.absent[self.absent >= 0] += 1
+        self.absent[rows] = 0
         suff = np.asarray(sufficient, dtype=bool)
         flag = np.asarray(flagged, dtype=bool) & suff
         r = rows[suff]
@@ -159,8 +167,19 @@ class PersistenceState:
         self.last_sufficient[rows] = suff
         return self.verdicts(rows)
 
-    def verdicts(self, rows: np.ndarray | None = None) -> np.ndarray:
-        """Verdict codes (HEALTHY..INSUFFICIENT) of ``rows`` (all rows when None)."""
+    def verdicts(self, rows: np.ndarray | None = None, no_data_after: int = 0) -> np.ndarray:
+        """Verdict codes (HEALTHY..NO_DATA) of ``rows`` (all rows when None). ``no_data_after``
+        > 0: a GPU without any window in that many scored epochs of its job in a row is
+        ``no_data``, whatever its state (its agent stopped sending: nothing says it is slow
+        now, and it is not proposed or predicted on). Its state is kept: when its windows come
+        back, so does its verdict."""
         rows = np.arange(self.size) if rows is None else np.asarray(rows, dtype=np.int64)
         st = self.state[rows].astype(np.int64)
-        return np.where((st != STRAGGLER) & ~self.last_sufficient[rows], INSUFFICIENT, st)
+        out = np.where((st != STRAGGLER) & ~self.last_sufficient[rows], INSUFFICIENT, st)
+        if no_data_after > 0:
+            out = np.where(self.absent[rows] >= no_data_after, NO_DATA, out)
+        return out
+
+    def gone(self, no_data_after: int) -> np.ndarray:
+        """Rows without any window in the last ``no_data_after`` scored epochs (``no_data``)."""
+        return np.flatnonzero(self.absent >= no_data_after)

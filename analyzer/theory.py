@@ -1,9 +1,16 @@
-"""The straggler theory, computed from histograms: spike probability and E[max] step time.
+"""The straggler theory, computed from histograms: spike probability, E[max] and the what-if.
 
 Synchronous training waits for its slowest rank every step, so
 
 * ``P(cluster spike) = 1 − Π (1 − p_i)`` over ranks, ``1 − (1 − p)^N`` for N equal ranks;
 * ``E[max_i T_i] = ∫_0^∞ (1 − Π_i F_i(t)) dt`` for independent ranks with CDFs ``F_i``.
+
+The what-if of a job with step data (:func:`what_if_step`) is measured, not integrated: the
+job's step now is what its ranks measured, and evicting ranks takes away their lead over the
+slowest rank that stays. E[max] over ranks of independent per-step draws was biased high: a
+rank's busy time per step spreads wider than its time to the step's end (the split between CPU
+work and GPU waits moves from step to step), and spikes come in racks, not one rank at a time.
+E[max] remains the model of ``hypertrace predict`` and the what-if of a job without steps.
 
 ``F_i`` is the piecewise-linear CDF of a rank's histogram on the wire bucket scheme
 (:func:`hypertrace.proto.buckets.cdf_on_grid`), i.e. the distribution "bucket by its count, uniform
@@ -192,6 +199,43 @@ def monte_carlo_max_us(counts: np.ndarray, multiplicity: np.ndarray | int, trial
         if k > 0 and row.sum() > 0:
             best = np.maximum(best, sample_histogram_ns(row, (trials, int(k)), rng).max(axis=1))
     return float(best.mean() / 1e3)
+
+
+#: The what-if's ``basis`` when it stands on step data (a ClusterPrediction.basis starts with
+#: one of them): a collective job's own time per step, an independent job's step time.
+STEP_BASES = ("step.own", "step.time")
+
+
+def what_if_step(own_us: np.ndarray, pace_us: np.ndarray, evict: np.ndarray,
+                 collective: bool) -> tuple[float, float]:
+    """The job's step (µs) now and after evicting the ranks ``evict`` (bool), from each rank's
+    mean own time per step (``own_us``: its step less its wait for peers, the time it takes to
+    reach the step's end) and mean step (``pace_us``, spikes left out), over recent windows.
+    Ranks without a finite pace are left out; a rank without own time counts its pace.
+
+    * **collective**: every rank times the job's step, so *now* is their median pace; the
+      step after eviction is that less what the slowest evicted rank's own time adds over the
+      slowest remaining rank's (nothing when a remaining rank is as slow).
+    * **independent**: ranks that wait for nobody go at their own pace and the job at its
+      slowest rank's (ranks that meet now and then wait for it there): *now* is the largest
+      pace, *after* the largest pace of the ranks that stay.
+
+    Spares that replace the evicted ranks behave like the remaining ones, which changes neither
+    maximum. NaN after when no rank with a pace would stay."""
+    pace = np.asarray(pace_us, dtype=np.float64)
+    own = np.where(np.isfinite(own_us), own_us, pace)
+    ok = np.isfinite(pace)
+    stay = ok & ~np.asarray(evict, dtype=bool)
+    if not ok.any():
+        return float("nan"), float("nan")
+    if collective:
+        now = float(np.median(pace[ok]))
+        if not stay.any():
+            return now, float("nan")
+        lead = float(np.max(own[ok])) - float(np.max(own[stay]))
+        return now, now - max(lead, 0.0)
+    now = float(np.max(pace[ok]))
+    return now, float(np.max(pace[stay])) if stay.any() else float("nan")
 
 
 def what_if(counts: np.ndarray, evict: np.ndarray,
