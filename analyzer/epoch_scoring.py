@@ -61,10 +61,11 @@ class ScoreRow:
     evidence: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: a signal finding's deviation over its gate (signals.SignalScore.strength); NaN for APIs
     strength: float = float("nan")
-    #: the finding in step-time terms, signed: for a launch API its extra latency x its launches
-    #: per step over the median step (launches_per_step); for a per-step signal its excess over
-    #: the healthy step (_signal_step_share); for a share of wall time the excess itself. NaN
-    #: without step data (and for synchronize APIs: their per-step wait is step.gpu_wait)
+    #: the finding in step-time terms, signed: for a launch API all the time the GPU's step
+    #: grew (its own time per step over the healthy step, _step_shares); for a per-step signal
+    #: its excess over the healthy step (_signal_step_share); for a share of wall time the
+    #: excess itself. NaN without step data (and for synchronize APIs: their per-step wait is
+    #: step.gpu_wait)
     step_share: float = float("nan")
 
 
@@ -123,6 +124,10 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     # the signals first: a launch tail convicts only where the steps corroborate it
     sig = signals.score_signals(cs, cfg, groups, launch_calls)
     gpu_ok, host_ok = signals.launch_corroboration(sig, cfg, groups, layouts)
+    # what a launch finding costs the step: all the time the GPU's step grew, not only the time
+    # inside the calls (a launch 30% slower can add 14% to a step of which the calls are 0.3%)
+    own_share = _step_shares(sig.own_us, _finite_median(sig.own_us),
+                             _finite_median(sig.step_us), sig.mode == "collective")
     for api, hists in cs.apis.items():
         kind = cfg.api_kind(api)
         if kind == "marker":                 # a step boundary, not a latency
@@ -174,8 +179,7 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
         for j in np.flatnonzero(verdict_cols):
             flagged |= bad[j]
         gpu_cells = gpu_high | gpu_low
-        per_step = (launches_per_step(hists.total(), cs, sig.step_us)
-                    if kind == "launch" and gpu_cells.any() | host_high.any() else None)
+        per_step = own_share if kind == "launch" else None
         for basis, hi, cells in (("gpu", gpu_high, gpu_cells),
                                  ("host", host_high, (host_high | host_low) & ~gpu_cells)):
             si, gi = np.nonzero(cells)               # flagged cells only
@@ -233,12 +237,12 @@ class _Cells:
     part: np.ndarray
     r: np.ndarray
     parts: list[_Part]
-    per_step: tuple[np.ndarray, float] | None
+    per_step: np.ndarray | None
 
     @classmethod
     def of(cls, api: str, kind: str, basis: str, gi: np.ndarray, si: np.ndarray,
            high: np.ndarray, parts: list[_Part], verdict_cols: np.ndarray, ok: np.ndarray,
-           shift: np.ndarray, per_step: tuple[np.ndarray, float] | None, g: int) -> "_Cells":
+           shift: np.ndarray, per_step: np.ndarray | None, g: int) -> "_Cells":
         """A GPU's cell lies in the first part (kind group) that holds it, at its position
         there; its host's row on the host basis."""
         if len(parts) == 1:
@@ -284,8 +288,7 @@ class _Cells:
                 direction="high" if self.high[c] else "low",
                 implicates=bool(self.implicates[c]), basis=self.basis,
                 step_share=float("nan") if self.per_step is None else float(
-                    (sc_.value_us[r, si] - sc_.median_us[si]) * self.per_step[0][gi]
-                    / self.per_step[1])))
+                    self.per_step[gi])))
         return out
 
 
@@ -409,17 +412,27 @@ def _finite_median(x: np.ndarray) -> float:
 def _signal_step_share(unit: str, value: float, median: float, median_step_us: float,
                        collective: bool) -> float:
     """A signal finding in step-time terms: a per-step time's deviation over the job's healthy
-    step, a share of wall time's deviation as it is; NaN for rates and ratios. The healthy step
-    is the median step, except that in a collective job the slowest rank sets every rank's
-    step: there a rank's excess is taken over the step without it (median step less the
-    excess), so a rank 10% slow reads as +10% of a step whether or not it is the slowest."""
-    if unit == "us" and median_step_us > 0:
-        excess = value - median
-        base = median_step_us - excess if collective and excess > 0 else median_step_us
-        return excess / base if base > 0 else float("nan")
+    step (:func:`_step_shares`), a share of wall time's deviation as it is; NaN for rates and
+    ratios."""
+    if unit == "us":
+        return float(_step_shares(np.array([value]), median, median_step_us, collective)[0])
     if unit == "share":
         return value - median
     return float("nan")
+
+
+def _step_shares(value_us: np.ndarray, median_us: float, median_step_us: float,
+                 collective: bool) -> np.ndarray:
+    """(G,) per-step times' deviations from ``median_us`` over the job's healthy step: the
+    median step, except that in a collective job the slowest rank sets every rank's step, so a
+    rank's excess is taken over the step without it (median step less the excess), and a rank
+    10% slow reads as +10% of a step whether or not it is the slowest. NaN without a step."""
+    excess = np.asarray(value_us, dtype=np.float64) - median_us
+    if not median_step_us > 0:
+        return np.full(excess.shape, np.nan)
+    base = np.where(collective & (excess > 0), median_step_us - excess, median_step_us)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(base > 0, excess / base, np.nan)
 
 
 def _accumulate_theory(job: JobState, cs: CrossSection, groups: list[np.ndarray],
@@ -528,22 +541,6 @@ def _scale(acc: np.ndarray, rows: np.ndarray, factor: float) -> None:
 
 # ---- queries ---------------------------------------------------------------------------
 
-
-
-def launches_per_step(calls: np.ndarray, cs: CrossSection, step_us: np.ndarray
-                      ) -> tuple[np.ndarray, float]:
-    """((G,) launches of one API per step, the job's median step in µs) for launch findings in
-    step-time terms; ``step_us`` is each GPU's step (signals.SignalEpoch.step_us). Launches are
-    counted while the sliced tier was attached and steps all window long, so per step = calls /
-    attached seconds x step seconds. NaN where either is missing."""
-    sig = cs.signals
-    if sig is None or step_us.size != calls.size:
-        return np.full(calls.shape, np.nan), float("nan")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rate = np.where(sig.attached_s > 0, calls / np.maximum(sig.attached_s, 1e-300), np.nan)
-    ok = np.isfinite(step_us)
-    median_step = float(np.median(step_us[ok])) if ok.any() else float("nan")
-    return rate * step_us * 1e-6, median_step
 
 
 def _shift_checks(hists: Hists, parts: list[_Part], gpu_high: np.ndarray, host_high: np.ndarray,

@@ -94,12 +94,13 @@ def test_clean_job_predicts_no_gain(clean):
     assert c.spike_probability == 0.0
 
 
-def test_launch_only_straggler_is_flagged_but_eviction_gains_nothing():
-    # a slow host whose GPU work is normal (deep queue) does not lengthen the step
+def test_a_slow_launcher_whose_gpu_sets_the_pace_is_not_convicted_and_gains_nothing():
+    # a slow host whose GPU work is normal (deep queue) does not lengthen the step: not a
+    # straggler under the 5% contract, and evicting it would gain nothing
     cfg = SimConfig(**BASE, stragglers=(Straggler("node-0013", 1.10, where="host"),))
     job = _report(cfg).jobs[0]
-    assert [n.node for n in job.nodes if n.verdict == "straggler"] == ["node-0013"]
-    assert abs(job.cluster.predicted_gain) < 0.01
+    assert [n.node for n in job.nodes if n.verdict == "straggler"] == []
+    assert job.cluster.predicted_gain == 0.0 and not job.cluster.evicted_nodes
 
 
 def test_spike_rates_come_from_steps_and_stragglers_are_not_spikes():
@@ -176,7 +177,7 @@ def test_a_one_node_job_never_gets_an_eviction_prediction():
     from hypertrace.analyzer.engine import Engine
     from hypertrace.sim.simulate import SimConfig, Straggler
     cfg = SimConfig(gpus=8, windows=8, seed=2,
-                    stragglers=(Straggler("node-0000", 1.3, where="cpu", gpus=(5,)),))
+                    stragglers=(Straggler("node-0000", 1.6, where="cpu", gpus=(5,)),))
     e = Engine(ScoringConfig())
     for w in simulate.generate(cfg):
         e.ingest(w)
