@@ -25,10 +25,6 @@ from hypertrace.analyzer.scoring import (StatScores, implicates, sampling_se_us,
 from hypertrace.analyzer.shift import pooled_deciles, shift_ratios
 from hypertrace.proto import buckets
 
-#: Weight an epoch's step sums keep per later epoch in the what-if (half-life one window):
-#: the what-if is about the job as it is now (docs/design.md, "The what-if looks at recent
-#: windows").
-WHATIF_KEEP = 0.5
 #: Rows of GPUs that nothing implicated this epoch kept in its result, the strongest first (by
 #: robust z): what nearly convicted, for anyone reading the stored scores. The rest are noise
 #: at scale (at 4,096 GPUs about 900 flagged cells per epoch, about 45 implicating) and only
@@ -478,11 +474,8 @@ def _accumulate_theory(job: JobState, cs: CrossSection, groups: list[np.ndarray]
 
 def _accumulate_pace(job: JobState, cs: CrossSection, sig: signals.SignalEpoch,
                      cfg: ScoringConfig) -> None:
-    """Per GPU, the sums the what-if reads (:func:`~hypertrace.analyzer.theory.what_if_step`):
-    its steps, their time without spikes and its own time per step, each epoch weighing
-    :data:`WHATIF_KEEP` of the one after it (the what-if is about the job as it is now: a rank
-    slow for the last few windows is predicted as slow, not averaged with the hours it was
-    healthy).
+    """This epoch's part of the what-if (:func:`~hypertrace.analyzer.theory.what_if_step`): per
+    GPU with steps, its steps without spikes, their mean and its own time per step.
 
     A spike is a step at least ``1 + spike_threshold`` times the slowest rank's own time per
     step this epoch: longer than any rank needs to reach the step's end, so something stalled
@@ -495,10 +488,9 @@ def _accumulate_pace(job: JobState, cs: CrossSection, sig: signals.SignalEpoch,
     buckets of the unstalled steps bound it."""
     h = cs.step_time
     rows = cs.rows
-    _scale(job.pace_steps, rows, WHATIF_KEEP)
-    _scale(job.pace_sum_us, rows, WHATIF_KEEP)
-    _scale(job.own_sum_us, rows, WHATIF_KEEP)
+    empty = np.zeros(0)
     if h is None:
+        job.pace_epochs.append((rows[:0], empty, empty, empty))   # older epochs age all the same
         return
     n_all, low_all, high_all = h.tail_bounds(np.zeros(cs.size))
     st = cs.signals
@@ -512,6 +504,7 @@ def _accumulate_pace(job: JobState, cs: CrossSection, sig: signals.SignalEpoch,
     base = (float(np.nanmax(own)) if np.isfinite(own).any() else
             float(np.nanmedian(mean)) if np.isfinite(mean).any() else float("nan"))
     if not np.isfinite(base) or base <= 0:
+        job.pace_epochs.append((rows[:0], empty, empty, empty))
         return
     n_spike, low_spike, high_spike = h.tail_bounds(
         np.full(cs.size, (1.0 + cfg.spike_threshold) * base))
@@ -527,17 +520,8 @@ def _accumulate_pace(job: JobState, cs: CrossSection, sig: signals.SignalEpoch,
         pace = body_us / body
     ok = (body > 0) & np.isfinite(pace) & (pace > 0)
     own = np.where(np.isfinite(own), own, pace)
-    job.pace_steps[rows[ok]] += body[ok]
-    job.pace_sum_us[rows[ok]] += body_us[ok]
-    job.own_sum_us[rows[ok]] += (body * own)[ok]
-
-
-def _scale(acc: np.ndarray, rows: np.ndarray, factor: float) -> None:
-    """acc[rows] *= factor; a slice when rows are 0..G-1."""
-    if rows.size and rows[0] == 0 and rows[-1] == rows.size - 1:
-        acc[:rows.size] *= factor
-    else:
-        acc[rows] *= factor
+    job.pace_epochs.append((rows[ok].astype(np.int32), body[ok].astype(np.float32),
+                            pace[ok].astype(np.float32), own[ok].astype(np.float32)))
 
 # ---- queries ---------------------------------------------------------------------------
 

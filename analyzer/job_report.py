@@ -263,17 +263,14 @@ def _prediction(job: JobState, rates: np.ndarray, evicted: list[str], rows: list
     spikes = ("share of steps" if bool(job.step_total.sum() > 0) else
               "share of scored windows whose p99 is") + f" > {1 + cfg.spike_threshold:g} x " \
         "the job median"
-    steps = job.pace_steps[order]
-    if order.size and bool((steps > 0).any()):
-        with np.errstate(invalid="ignore", divide="ignore"):
-            pace = np.where(steps > 0, job.pace_sum_us[order] / steps, np.nan)
-            own = np.where(steps > 0, job.own_sum_us[order] / steps, np.nan)
+    parts = [rows_e for rows_e, _, _, _ in job.pace_epochs if rows_e.size]
+    n = int(np.isin(order, np.concatenate(parts)).sum()) if parts and order.size else 0
+    if n:
         collective = job.mode == "collective"
-        now, after = theory.what_if_step(own, pace, evict, collective)
-        n = int((steps > 0).sum())
-        what = (f"{theory.STEP_BASES[0]}: the job's step measured now (its mean over recent "
-                f"windows, {n} ranks), less what the evicted ranks' own time per step (step less "
-                "the wait for peers) adds over the slowest remaining rank's"
+        now, after = theory.what_if_step(job.pace_epochs, order, evict, collective)
+        what = (f"{theory.STEP_BASES[0]}: the job's step measured now (its recent windows, {n} "
+                "ranks), less what the evicted ranks' own time per step (step less the wait for "
+                "peers) adds over the slowest remaining rank's"
                 if collective else
                 f"{theory.STEP_BASES[1]}: the slowest rank's mean step now, and the slowest "
                 f"remaining rank's after ({n} ranks)")
