@@ -17,8 +17,8 @@ against the job's hosts; the table marks it ``[host]``). A finding's ``unit`` sa
 for a latency or a per-step time in µs, "share" for a fraction of wall time, "hz" for a rate,
 "ratio" for a plain ratio. The table prints each in its unit (shares as %, per-step times in ms).
 ``step_share`` is the finding in step-time terms where the GPU has step data, signed: for a
-launch API the deviation times the GPU's launches per step, over the job's median step (0.055 =
-5.5% of a step); for a per-step signal the deviation over the healthy step (in a collective job
+launch API all the time the GPU's step grew, its own time per step over the healthy step (0.14 =
+14% of a step); for a per-step signal the deviation over the healthy step (in a collective job
 the median step less a positive excess); for a share of wall time the deviation itself.
 Synchronize API findings have none: their wait per step is the ``step.gpu_wait`` signal.
 
