@@ -276,9 +276,10 @@ def _api_cause(findings: Sequence[_Finding], advice: str = _GPU_ADVICE) -> str:
 def no_data_cause(windows: int) -> str:
     """Why a GPU (or node) has no verdict: its agent sent nothing in its job's last scored
     windows. Its earlier verdict is neither kept nor acted on; check the agent."""
-    return (f"no data: no window from its agent in the job's last {windows} scored windows; "
-            "no verdict, not in the what-if, not proposed for eviction (check that its agent "
-            "runs and reaches the analyzer)")
+    return (f"no data: no window from its agent in time for the job's last {windows} scored "
+            "windows; no verdict, not in the what-if, not proposed for eviction (check that its "
+            "agent runs, reaches the analyzer and keeps time: a late window is counted, not "
+            "scored)")
 
 
 def gpu_cause(ctx: pb.NvmlContext | None, findings: Sequence[_Finding],

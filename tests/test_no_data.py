@@ -52,7 +52,7 @@ def test_the_report_shows_it_as_no_data_and_keeps_it_out_of_the_what_if(stopped)
     assert exit_status(e.report()) == EXIT_OK
     assert not any(v.propose for v in judge(job, EvictPolicy()))
     table = report_to_table(e.report(), flagged_only=True)
-    assert SLOW in table and "no_data" in table and "no data: no window" in table
+    assert SLOW in table and "no_data" in table and "no data: no window from its agent" in table
 
 
 def test_its_verdict_comes_back_with_its_windows():
