@@ -165,6 +165,17 @@ def signal_cause(f: _Finding) -> str:
     return f"{name} {f.direction}: {signal_meaning(name, f.direction)}"
 
 
+def _step_effect(findings: Sequence[_Finding]) -> str:
+    """"; about +x% of a step": what the GPU's slowness costs its step, all of it (its own time
+    per step over the healthy step, or its step in an independent job), from the finding that
+    measures it; empty without step data."""
+    for f in findings:
+        share = float(getattr(f, "step_share", float("nan")))
+        if f.api in ("step.own", "step.time") and f.direction == "high" and math.isfinite(share):
+            return f"; about {share:+.1%} of a step"
+    return ""
+
+
 def _support(findings: Sequence[_Finding]) -> str:
     """Supporting evidence: a lowest peer wait says the rank arrives last at a collective."""
     for f in findings:
@@ -262,6 +273,15 @@ def _api_cause(findings: Sequence[_Finding], advice: str = _GPU_ADVICE) -> str:
             f"{duration_text(worst.job_median_us)} job median{per_step}): {advice}")
 
 
+def no_data_cause(windows: int) -> str:
+    """Why a GPU (or node) has no verdict: its agent sent nothing in its job's last scored
+    windows. Its earlier verdict is neither kept nor acted on; check the agent."""
+    return (f"no data: no window from its agent in time for the job's last {windows} scored "
+            "windows; no verdict, not in the what-if, not proposed for eviction (check that its "
+            "agent runs, reaches the analyzer and keeps time: a late window is counted, not "
+            "scored)")
+
+
 def gpu_cause(ctx: pb.NvmlContext | None, findings: Sequence[_Finding],
               replay_base: float | None = None) -> str:
     """One GPU's probable cause: the strongest signal that convicted it, with its evidence, the
@@ -272,7 +292,8 @@ def gpu_cause(ctx: pb.NvmlContext | None, findings: Sequence[_Finding],
     nvml = "; NVML: " + "; ".join(evidence) if evidence else ""
     convicting = convicting_signals(findings)
     if convicting:
-        return signal_cause(convicting[0]) + _also(convicting) + _support(findings) + nvml
+        return (signal_cause(convicting[0]) + _step_effect(findings) + _also(convicting)
+                + _support(findings) + nvml)
     api = _api_cause(findings)
     if api:
         return api + nvml
@@ -296,7 +317,7 @@ def host_cause(n_bad: int, n_gpus: int, nvml: Iterable[pb.NvmlContext | None],
         same = [f for f in convicting if (getattr(f, "node", None), getattr(f, "gpu", None))
                 == (getattr(first, "node", None), getattr(first, "gpu", None))]
         text = (f"host-level: {n_bad} of {n_gpus} GPUs slow together; "
-                + signal_cause(first) + _also(same))
+                + signal_cause(first) + _step_effect(same) + _also(same))
     else:
         api = _api_cause([f for fs in gpu_findings for f in fs], _HOST_ADVICE)
         text = f"host-level: {n_bad} of {n_gpus} GPUs slow together; " + (api or _HOST_ADVICE)

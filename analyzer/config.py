@@ -43,7 +43,10 @@ Defaults and why:
 * ``persist_k`` 3 / ``persist_n`` 5: a GPU flagged in 3 of its last 5 scored epochs is a
   ``straggler``; flagged now but not (yet) persistent is ``suspect``.
 * ``clear_m`` 3: a straggler is cleared only after 3 consecutive clean epochs (hysteresis), so a
-  flapping node does not toggle verdicts every window.
+  flapping node does not toggle verdicts every window; 30 s at the default window. It is also
+  the gap that separates two slow episodes (the intermittent rule holds a straggler only for
+  two or more), and how many of its job's scored epochs a GPU may send nothing before it is
+  ``no_data`` (analyzer/persistence.py).
 * ``spike_threshold`` 0.5: a "spike" is a value 50% above the job's typical value. With step-time
   histograms: the share of a rank's steps longer than 1.5 x the job's median step (a per-step rate,
   the ``p`` of the spike-probability model in analyzer/theory.py). Without: the share of its epochs whose p99 of the basis API is above

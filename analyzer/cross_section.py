@@ -172,16 +172,25 @@ class Hists:
         start at or above ``factor`` x ``base_us``: the share a second mode (a pause) adds to
         the mean. Exactly 0 for a distribution with no such mode, where a midpoint mean less a
         quantile would carry the buckets' rounding. NaN for GPUs with no samples."""
-        k = self.counts_t.shape[0]
-        lower = buckets.LOWER_NS[self.first:self.first + k][:, None] / 1000.0
-        mid = buckets.MID_NS[self.first:self.first + k][:, None] / 1000.0
-        base = np.nan_to_num(base_us, nan=np.inf)[None, :]
-        excess = np.where(lower >= factor * base, mid - base, 0.0)
+        count, low, high = self.tail_bounds(factor * np.asarray(base_us, dtype=np.float64))
         total = self.total().astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
-            out = (excess * self.counts_t).sum(axis=0) / total
+            out = ((low + high) / 2.0 - count * np.nan_to_num(base_us)) / total
         out[total <= 0] = np.nan
         return out
+
+    def tail_bounds(self, limit_us: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """((G,) samples, (G,) their least and (G,) their greatest possible sum in µs) of the
+        buckets that start at or above ``limit_us`` (G,; NaN: none): each sample lies between its
+        bucket's edges. Zeros for a GPU with none there; ``limit_us`` 0 gives the whole
+        histogram."""
+        k = self.counts_t.shape[0]
+        lower = buckets.LOWER_NS[self.first:self.first + k][:, None] / 1000.0
+        upper = buckets.UPPER_NS[self.first:self.first + k][:, None] / 1000.0
+        above = lower >= np.nan_to_num(np.asarray(limit_us, dtype=np.float64),
+                                       nan=np.inf)[None, :]
+        counts = np.where(above, self.counts_t, 0).astype(np.float64)
+        return counts.sum(axis=0), (counts * lower).sum(axis=0), (counts * upper).sum(axis=0)
 
     def dense(self) -> np.ndarray:
         """(G, NUM_BUCKETS) counts, for code that needs the whole scheme (theory, tests)."""

@@ -19,15 +19,12 @@ from hypertrace.analyzer.config import KNOWN_STATS, ScoringConfig
 from hypertrace.analyzer.cross_section import CrossSection, GpuKey, Hists
 from hypertrace.analyzer.imbalance import group_deviations
 from hypertrace.analyzer.jobs import JobState
+from hypertrace.analyzer.persistence import NO_DATA
 from hypertrace.analyzer.scoring import (StatScores, implicates, sampling_se_us, score_hosts,
                                          score_values)
 from hypertrace.analyzer.shift import pooled_deciles, shift_ratios
 from hypertrace.proto import buckets
 
-#: Weight an epoch's own-time histograms keep per later epoch in the what-if (half-life one
-#: window). Chosen on the first H200 fault run (collective, CPU hog: 0.8 predicted +10% against
-#: a measured +19%; 0.5 gave +15%; the latest window alone was noisy, +16..26%).
-WHATIF_KEEP = 0.5
 #: Rows of GPUs that nothing implicated this epoch kept in its result, the strongest first (by
 #: robust z): what nearly convicted, for anyone reading the stored scores. The rest are noise
 #: at scale (at 4,096 GPUs about 900 flagged cells per epoch, about 45 implicating) and only
@@ -60,10 +57,11 @@ class ScoreRow:
     evidence: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: a signal finding's deviation over its gate (signals.SignalScore.strength); NaN for APIs
     strength: float = float("nan")
-    #: the finding in step-time terms, signed: for a launch API its extra latency x its launches
-    #: per step over the median step (launches_per_step); for a per-step signal its excess over
-    #: the healthy step (_signal_step_share); for a share of wall time the excess itself. NaN
-    #: without step data (and for synchronize APIs: their per-step wait is step.gpu_wait)
+    #: the finding in step-time terms, signed: for a launch API all the time the GPU's step
+    #: grew (its own time per step over the healthy step, _step_shares); for a per-step signal
+    #: its excess over the healthy step (_signal_step_share); for a share of wall time the
+    #: excess itself. NaN without step data (and for synchronize APIs: their per-step wait is
+    #: step.gpu_wait)
     step_share: float = float("nan")
 
 
@@ -122,6 +120,10 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     # the signals first: a launch tail convicts only where the steps corroborate it
     sig = signals.score_signals(cs, cfg, groups, launch_calls)
     gpu_ok, host_ok = signals.launch_corroboration(sig, cfg, groups, layouts)
+    # what a launch finding costs the step: all the time the GPU's step grew, not only the time
+    # inside the calls (a launch 30% slower can add 14% to a step of which the calls are 0.3%)
+    own_share = _step_shares(sig.own_us, _finite_median(sig.own_us),
+                             _finite_median(sig.step_us), sig.mode == "collective")
     for api, hists in cs.apis.items():
         kind = cfg.api_kind(api)
         if kind == "marker":                 # a step boundary, not a latency
@@ -173,8 +175,7 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
         for j in np.flatnonzero(verdict_cols):
             flagged |= bad[j]
         gpu_cells = gpu_high | gpu_low
-        per_step = (launches_per_step(hists.total(), cs, sig.step_us)
-                    if kind == "launch" and gpu_cells.any() | host_high.any() else None)
+        per_step = own_share if kind == "launch" else None
         for basis, hi, cells in (("gpu", gpu_high, gpu_cells),
                                  ("host", host_high, (host_high | host_low) & ~gpu_cells)):
             si, gi = np.nonzero(cells)               # flagged cells only
@@ -202,10 +203,15 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     job.findings.update({r: fs for r, fs in by_row.items() if any(f.implicates for f in fs)})
     _remember_window(job, cs.epoch, rows, found)
     _accumulate_theory(job, cs, groups, quantiles, cfg)
+    _accumulate_pace(job, cs, sig, cfg)
     _find_imbalance(job, groups, labels, sig, quantiles, cfg)
     job.epochs_scored += 1
     job.last_scored_epoch = cs.epoch if job.last_scored_epoch is None else max(
         job.last_scored_epoch, cs.epoch)
+    gone = job.persistence.gone(cfg.clear_m)
+    if gone.size:             # GPUs whose agent stopped sending: their verdict is no_data
+        rows = np.concatenate((rows, gone))
+        codes = np.concatenate((codes, np.full(gone.size, NO_DATA, dtype=codes.dtype)))
     return EpochResult(job.job_id, cs.epoch, found, job.verdict_dict(rows, codes))
 
 
@@ -227,12 +233,12 @@ class _Cells:
     part: np.ndarray
     r: np.ndarray
     parts: list[_Part]
-    per_step: tuple[np.ndarray, float] | None
+    per_step: np.ndarray | None
 
     @classmethod
     def of(cls, api: str, kind: str, basis: str, gi: np.ndarray, si: np.ndarray,
            high: np.ndarray, parts: list[_Part], verdict_cols: np.ndarray, ok: np.ndarray,
-           shift: np.ndarray, per_step: tuple[np.ndarray, float] | None, g: int) -> "_Cells":
+           shift: np.ndarray, per_step: np.ndarray | None, g: int) -> "_Cells":
         """A GPU's cell lies in the first part (kind group) that holds it, at its position
         there; its host's row on the host basis."""
         if len(parts) == 1:
@@ -278,8 +284,7 @@ class _Cells:
                 direction="high" if self.high[c] else "low",
                 implicates=bool(self.implicates[c]), basis=self.basis,
                 step_share=float("nan") if self.per_step is None else float(
-                    (sc_.value_us[r, si] - sc_.median_us[si]) * self.per_step[0][gi]
-                    / self.per_step[1])))
+                    self.per_step[gi])))
         return out
 
 
@@ -403,22 +408,33 @@ def _finite_median(x: np.ndarray) -> float:
 def _signal_step_share(unit: str, value: float, median: float, median_step_us: float,
                        collective: bool) -> float:
     """A signal finding in step-time terms: a per-step time's deviation over the job's healthy
-    step, a share of wall time's deviation as it is; NaN for rates and ratios. The healthy step
-    is the median step, except that in a collective job the slowest rank sets every rank's
-    step: there a rank's excess is taken over the step without it (median step less the
-    excess), so a rank 10% slow reads as +10% of a step whether or not it is the slowest."""
-    if unit == "us" and median_step_us > 0:
-        excess = value - median
-        base = median_step_us - excess if collective and excess > 0 else median_step_us
-        return excess / base if base > 0 else float("nan")
+    step (:func:`_step_shares`), a share of wall time's deviation as it is; NaN for rates and
+    ratios."""
+    if unit == "us":
+        return float(_step_shares(np.array([value]), median, median_step_us, collective)[0])
     if unit == "share":
         return value - median
     return float("nan")
 
 
+def _step_shares(value_us: np.ndarray, median_us: float, median_step_us: float,
+                 collective: bool) -> np.ndarray:
+    """(G,) per-step times' deviations from ``median_us`` over the job's healthy step: the
+    median step, except that in a collective job the slowest rank sets every rank's step, so a
+    rank's excess is taken over the step without it (median step less the excess), and a rank
+    10% slow reads as +10% of a step whether or not it is the slowest. NaN without a step."""
+    excess = np.asarray(value_us, dtype=np.float64) - median_us
+    if not median_step_us > 0:
+        return np.full(excess.shape, np.nan)
+    base = np.where(collective & (excess > 0), median_step_us - excess, median_step_us)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(base > 0, excess / base, np.nan)
+
+
 def _accumulate_theory(job: JobState, cs: CrossSection, groups: list[np.ndarray],
                        quantiles: dict[str, np.ndarray], cfg: ScoringConfig) -> None:
-    """Spike rates (window- and step-based) and the histograms behind E[max]."""
+    """Spike rates (window- and step-based), and the basis API's histograms (the latency CDFs,
+    and E[max] of a job without steps)."""
     rows = cs.rows
     job.basis_api = _choose_basis(cfg, cs.apis, job.basis_api)
     if job.basis_api is not None and job.basis_api in cs.apis:
@@ -454,40 +470,61 @@ def _accumulate_theory(job: JobState, cs: CrossSection, groups: list[np.ndarray]
             above = h.counts_t[max(0, first - h.first):].sum(axis=0, dtype=np.float64)
             job.step_above[rows[has]] += above[has]
             job.step_total[rows[has]] += total[has]
-            if job.step_counts is None:
-                job.step_counts = np.zeros(job.basis_counts.shape, np.float32)
-            _add_rows(job.step_counts, rows, h)
-    if cs.signals is not None and cs.signals.busy is not None:
-        if job.busy_counts is None:
-            job.busy_counts = np.zeros(job.basis_counts.shape, np.float32)
-        # The what-if is about the job as it is now: older epochs fade (half-life one
-        # window), so a rank slow for the last few windows is predicted as slow and not
-        # averaged with the hours it was healthy (docs/design.md).
-        _scale_rows(job.busy_counts, rows, WHATIF_KEEP)
-        job.gpu_wait_us[rows] *= WHATIF_KEEP
-        job.steps_seen[rows] *= WHATIF_KEEP
-        _add_rows(job.busy_counts, rows, cs.signals.busy)
-        job.gpu_wait_us[rows] += cs.signals.gpu_wait_us
-        job.steps_seen[rows] += cs.signals.steps
+
+
+def _accumulate_pace(job: JobState, cs: CrossSection, sig: signals.SignalEpoch,
+                     cfg: ScoringConfig) -> None:
+    """This epoch's part of the what-if (:func:`~hypertrace.analyzer.theory.what_if_step`): per
+    GPU with steps, its steps without spikes, their mean and its own time per step.
+
+    A spike is a step at least ``1 + spike_threshold`` times the slowest rank's own time per
+    step this epoch: longer than any rank needs to reach the step's end, so something stalled
+    (the spike rate counts those, and evicting a slow rank does not remove them). Why not the
+    median step as the spike rate's threshold: where most steps of a large job carry somebody's
+    stall, the median step is a stall. The time of the other steps lies both between their
+    buckets' edges and between the step sum less the spikes at their buckets' edges; the middle
+    of what both allow is taken. Without spikes that is the exact sum; with many spikes of one
+    length (a narrow mode read at its buckets' midpoints would miss by up to 6% of itself) the
+    buckets of the unstalled steps bound it."""
+    h = cs.step_time
+    rows = cs.rows
+    empty = np.zeros(0)
+    if h is None:
+        job.pace_epochs.append((rows[:0], empty, empty, empty))   # older epochs age all the same
+        return
+    n_all, low_all, high_all = h.tail_bounds(np.zeros(cs.size))
+    st = cs.signals
+    exact = ((st.steps > 0) & (st.step_sum_us > 0) if st is not None
+             else np.zeros(cs.size, dtype=bool))
+    total_us = (np.where(exact, st.step_sum_us, (low_all + high_all) / 2.0) if st is not None
+                else (low_all + high_all) / 2.0)
+    own = sig.own_us if sig.own_us.size == cs.size else np.full(cs.size, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(n_all > 0, total_us / n_all, np.nan)
+    base = (float(np.nanmax(own)) if np.isfinite(own).any() else
+            float(np.nanmedian(mean)) if np.isfinite(mean).any() else float("nan"))
+    if not np.isfinite(base) or base <= 0:
+        job.pace_epochs.append((rows[:0], empty, empty, empty))
+        return
+    n_spike, low_spike, high_spike = h.tail_bounds(
+        np.full(cs.size, (1.0 + cfg.spike_threshold) * base))
+    body = n_all - n_spike
+    low = np.maximum(low_all - low_spike, total_us - high_spike)
+    high = np.minimum(high_all - high_spike, total_us - low_spike)
+    # where the two disagree (a sum that holds more than its buckets can), the buckets' bound
+    # nearest to the sum
+    body_us = np.where(low <= high, (low + high) / 2.0,
+                       np.clip(total_us - (low_spike + high_spike) / 2.0,
+                               low_all - low_spike, high_all - high_spike))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pace = body_us / body
+    ok = (body > 0) & np.isfinite(pace) & (pace > 0)
+    own = np.where(np.isfinite(own), own, pace)
+    job.pace_epochs.append((rows[ok].astype(np.int32), body[ok].astype(np.float32),
+                            pace[ok].astype(np.float32), own[ok].astype(np.float32)))
 
 # ---- queries ---------------------------------------------------------------------------
 
-
-
-def launches_per_step(calls: np.ndarray, cs: CrossSection, step_us: np.ndarray
-                      ) -> tuple[np.ndarray, float]:
-    """((G,) launches of one API per step, the job's median step in µs) for launch findings in
-    step-time terms; ``step_us`` is each GPU's step (signals.SignalEpoch.step_us). Launches are
-    counted while the sliced tier was attached and steps all window long, so per step = calls /
-    attached seconds x step seconds. NaN where either is missing."""
-    sig = cs.signals
-    if sig is None or step_us.size != calls.size:
-        return np.full(calls.shape, np.nan), float("nan")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rate = np.where(sig.attached_s > 0, calls / np.maximum(sig.attached_s, 1e-300), np.nan)
-    ok = np.isfinite(step_us)
-    median_step = float(np.median(step_us[ok])) if ok.any() else float("nan")
-    return rate * step_us * 1e-6, median_step
 
 
 def _shift_checks(hists: Hists, parts: list[_Part], gpu_high: np.ndarray, host_high: np.ndarray,
@@ -538,14 +575,6 @@ def _add_rows(acc: np.ndarray, rows: np.ndarray, h: Hists) -> None:
         np.add(view, h.counts_t, out=view, casting="unsafe")
     else:
         acc[h.first:h.first + k, rows] += h.counts_t.astype(np.float32)
-
-
-def _scale_rows(acc: np.ndarray, rows: np.ndarray, factor: float) -> None:
-    """acc[:, rows] *= factor (bucket-major); a slice when rows are 0..G-1."""
-    if rows.size and rows[0] == 0 and rows[-1] == rows.size - 1:
-        acc[:, :rows.size] *= factor
-    else:
-        acc[:, rows] *= factor
 
 
 def _choose_basis(cfg: ScoringConfig, apis: dict, current: str | None) -> str | None:

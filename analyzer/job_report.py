@@ -10,7 +10,7 @@ import numpy as np
 from hypertrace.analyzer import causes, theory
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.jobs import JobState
-from hypertrace.analyzer.persistence import STRAGGLER, SUSPECT, VERDICT_NAMES
+from hypertrace.analyzer.persistence import NO_DATA, STRAGGLER, SUSPECT, VERDICT_NAMES
 from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
 
@@ -18,7 +18,7 @@ from hypertrace.proto import hypertrace_pb2 as pb
 LATE_NODES = 20
 
 #: Sort order of verdicts in reports: worst first.
-_SEVERITY = {"straggler": 0, "suspect": 1, "insufficient_data": 2, "healthy": 3}
+_SEVERITY = {"straggler": 0, "suspect": 1, "no_data": 2, "insufficient_data": 3, "healthy": 4}
 
 
 def job_report(job: JobState, cfg: ScoringConfig, out: pb.JobReport | None = None,
@@ -46,7 +46,7 @@ def job_report(job: JobState, cfg: ScoringConfig, out: pb.JobReport | None = Non
     if not job.index:
         return jr
     job.grow()
-    codes = job.persistence.verdicts()
+    codes = job.persistence.verdicts(no_data_after=cfg.clear_m)
     step_based = job.step_total > 0
     with np.errstate(invalid="ignore", divide="ignore"):
         rates = np.where(step_based, job.step_above / np.maximum(job.step_total, 1e-300),
@@ -62,7 +62,9 @@ def job_report(job: JobState, cfg: ScoringConfig, out: pb.JobReport | None = Non
     flagged = [plan.node for plan in plans if plan.verdict in ("straggler", "suspect")]
     plans.sort(key=lambda plan: (_SEVERITY[plan.verdict], -plan.worst_z, plan.node))
     evicted = [plan.node for plan in plans if plan.verdict == "straggler"]
-    jr.cluster.CopyFrom(_prediction(job, rates, evicted, len(plans), cfg))
+    with_data = [r for r in job.live_rows() if code_of[r] != NO_DATA]
+    jr.cluster.CopyFrom(_prediction(job, rates, evicted, with_data,
+                                    sum(plan.verdict != "no_data" for plan in plans), cfg))
     _add_nodes(jr, job, cfg, plans, code_of, rates)
     history = sorted(job.history, key=lambda h: h[0])
     present = [set(codes.tolist()) for _, _, codes in history]
@@ -107,14 +109,7 @@ def _plan_node(job: JobState, cfg: ScoringConfig, node: str, rows: list[int],
     gpus = [(r, ordered) for _, r, ordered in keyed]
     verdicts = [VERDICT_NAMES[code_of[r]] for r, _ in gpus]
     n_bad = sum(v in ("suspect", "straggler") for v in verdicts)
-    if "straggler" in verdicts:
-        verdict = "straggler"
-    elif "suspect" in verdicts:
-        verdict = "suspect"
-    elif all(v == "insufficient_data" for v in verdicts):
-        verdict = "insufficient_data"
-    else:
-        verdict = "healthy"
+    verdict = _node_verdict(verdicts)
     scope = ""
     if n_bad:
         scope = "host" if len(gpus) >= 2 and n_bad / len(gpus) > cfg.host_fraction else "gpu"
@@ -122,11 +117,26 @@ def _plan_node(job: JobState, cfg: ScoringConfig, node: str, rows: list[int],
     return _NodePlan(node, rows, verdict, scope, worst_z, gpus)
 
 
+def _node_verdict(verdicts: list[str]) -> str:
+    """A node's verdict from its GPUs': the worst of straggler and suspect; else ``no_data``
+    when none of its GPUs has sent a window lately, ``insufficient_data`` when none had enough
+    to judge; else healthy."""
+    if "straggler" in verdicts:
+        return "straggler"
+    if "suspect" in verdicts:
+        return "suspect"
+    if all(v == "no_data" for v in verdicts):
+        return "no_data"
+    if all(v in ("no_data", "insufficient_data") for v in verdicts):
+        return "insufficient_data"
+    return "healthy"
+
+
 def _brief_plan(node: str, rows: list[int], code_of: list[int]) -> _NodePlan:
     """The plan of a node without a flagged GPU in a brief report: its verdict alone (the one
     :func:`_plan_node` gives it; it has no findings, so it sorts where it would)."""
-    insufficient = all(VERDICT_NAMES[code_of[r]] == "insufficient_data" for r in rows)
-    return _NodePlan(node, rows, "insufficient_data" if insufficient else "healthy", "", 0.0, [])
+    return _NodePlan(node, rows, _node_verdict([VERDICT_NAMES[code_of[r]] for r in rows]), "",
+                     0.0, [])
 
 
 def _add_nodes(jr: pb.JobReport, job: JobState, cfg: ScoringConfig, plans: list[_NodePlan],
@@ -142,6 +152,7 @@ def _add_nodes(jr: pb.JobReport, job: JobState, cfg: ScoringConfig, plans: list[
     p50 = [(api, ratios.tolist(), np.isfinite(ratios).tolist())
            for api, ratios in job.p50_ratio.items()]
     intermittent = job.persistence.intermittent.tolist()
+    absent = job.persistence.absent.tolist()
     keys, ranks, kinds = job.keys, job.ranks, job.kinds
     for plan in plans:
         nr = jr.nodes.add(node=plan.node, verdict=plan.verdict, scope=plan.scope)
@@ -165,6 +176,8 @@ def _add_nodes(jr: pb.JobReport, job: JobState, cfg: ScoringConfig, plans: list[
                 for api, ratios, finite in p50:
                     if r < len(ratios) and finite[r]:
                         ratio_of[api] = ratios[r]
+            if code == NO_DATA:
+                gr.probable_cause = causes.no_data_cause(int(absent[r]))
             if code in (SUSPECT, STRAGGLER):
                 gr.probable_cause = causes.gpu_cause(job.nvml[r], job.findings.get(r, []),
                                                      bases[r])
@@ -172,6 +185,8 @@ def _add_nodes(jr: pb.JobReport, job: JobState, cfg: ScoringConfig, plans: list[
                     gr.probable_cause = _intermittent(job, r, cfg) + gr.probable_cause
                 bad.append(gr)
         rows = plan.rows
+        if plan.verdict == "no_data":
+            nr.probable_cause = causes.no_data_cause(min(int(absent[r]) for r in rows))
         if plan.scope == "host":
             nr.probable_cause = causes.host_cause(
                 len(bad), len(rows), [job.nvml[r] for r in rows],
@@ -225,10 +240,11 @@ def _latency_cdfs(job: JobState, by_node: dict[str, list[int]],
     return out
 
 
-def _prediction(job: JobState, rates: np.ndarray, evicted: list[str], n_nodes: int,
-                cfg: ScoringConfig) -> pb.ClusterPrediction:
+def _prediction(job: JobState, rates: np.ndarray, evicted: list[str], rows: list[int],
+                n_nodes: int, cfg: ScoringConfig) -> pb.ClusterPrediction:
     """The cluster prediction: spike probability and the what-if of evicting ``evicted`` (the
-    straggler nodes, worst first) of the job's ``n_nodes`` nodes."""
+    straggler nodes, worst first) of the job's ``n_nodes`` nodes that send data, over the GPUs
+    ``rows`` (those with data: a GPU whose agent stopped is not predicted on)."""
     note = ""
     if evicted and len(evicted) >= n_nodes:
         # a 1-node job, or every node convicted: there is nobody left to compare with
@@ -236,50 +252,52 @@ def _prediction(job: JobState, rates: np.ndarray, evicted: list[str], n_nodes: i
                 "no node of the job")
         evicted = []
     # rows in (node, gpu) order, so float sums do not depend on the order windows arrived in
-    order = np.asarray(sorted(job.live_rows(), key=job.keys.__getitem__), dtype=np.int64)
+    order = np.asarray(sorted(rows, key=job.keys.__getitem__), dtype=np.int64)
     rates = rates[order]
-    use_busy = job.busy_counts is not None and bool(job.busy_counts.sum() > 0)
-    use_steps = use_busy or (job.step_counts is not None and bool(job.step_counts.sum() > 0))
-    counts = (job.busy_counts if use_busy else job.step_counts if use_steps
-              else job.basis_counts)
-    basis = ("step.busy" if use_busy else "step_time" if use_steps else job.basis_api or "")
     spike, spike_basis = _spike_probability(job, rates, cfg)
     pred = pb.ClusterPrediction(spike_probability=spike, spike_basis=spike_basis,
                                 evicted_nodes=evicted)
-    if basis and counts.shape[1] and counts.sum() > 0:
-        evict_set = set(evicted)
-        evict = np.fromiter((job.keys[r][0] in evict_set for r in order), dtype=bool,
-                            count=order.size)
-        shift = None
-        if use_busy:   # a rank's own time to the step's end: busy plus waits on its own GPU
-            shift = np.where(job.steps_seen > 0, 1e3 * job.gpu_wait_us
-                             / np.maximum(job.steps_seen, 1), 0.0)[order]
+    evict_set = set(evicted)
+    evict = np.fromiter((job.keys[r][0] in evict_set for r in order), dtype=bool,
+                        count=order.size)
+    spikes = ("share of steps" if bool(job.step_total.sum() > 0) else
+              "share of scored windows whose p99 is") + f" > {1 + cfg.spike_threshold:g} x " \
+        "the job median"
+    parts = [rows_e for rows_e, _, _, _ in job.pace_epochs if rows_e.size]
+    n = int(np.isin(order, np.concatenate(parts)).sum()) if parts and order.size else 0
+    if n:
+        collective = job.mode == "collective"
+        now, after = theory.what_if_step(job.pace_epochs, order, evict, collective)
+        what = (f"{theory.STEP_BASES[0]}: the job's step measured now (its recent windows, {n} "
+                "ranks), less what the evicted ranks' own time per step (step less the wait for "
+                "peers) adds over the slowest remaining rank's"
+                if collective else
+                f"{theory.STEP_BASES[1]}: the slowest rank's mean step now, and the slowest "
+                f"remaining rank's after ({n} ranks)")
+        pred.basis = (what + f"; steps over {1 + cfg.spike_threshold:g} x the slowest own time "
+                      "left out, older windows fade; spike rate: " + spikes + note)
+    elif job.basis_api and order.size and bool(job.basis_counts[:, order].sum() > 0):
+        counts = job.basis_counts
         # ranks as rows, in float64 as the what-if reads them, and only the buckets the job
         # uses (a few dozen of the 226): one gather along the (contiguous) ranks and one
         # transposing copy, a third of the time of ``counts.T[order]``
         used = np.flatnonzero(counts.any(axis=1))
         lo, hi = int(used[0]), int(used[-1]) + 1
         ranks = np.ascontiguousarray(counts[lo:hi].take(order, axis=1).T, dtype=np.float64)
-        now, after = theory.what_if(ranks, evict, shift, first_bucket=lo)
-        pred.step_time_now_us = now
-        pred.step_time_after_eviction_us = after
-        pred.predicted_gain = now / after - 1.0 if after > 0 else 0.0
-        what = ("own time per step (busy time plus the mean wait on its own GPU: when "
-                "the rank reaches the step's end)" if use_busy else "step time" if use_steps
-                else f"{basis} latency per call")
-        step_spikes = job.step_counts is not None and bool(job.step_counts.sum() > 0)
-        pred.basis = (f"{basis}: E[max over {int((counts.sum(axis=0) > 0).sum())} ranks] of "
-                      f"{what}, from each rank's histogram of recent windows (older ones fade); spike rate: "
-                      + ("share of steps" if step_spikes else "share of scored windows whose p99 is")
-                      + f" > {1 + cfg.spike_threshold:g} x the job median"
-                      + note
-                      + ("" if use_steps or not evicted else
-                         "; no eviction proposal: no step-time basis for the what-if"))
-    elif note:
-        pred.basis = note[2:]
+        now, after = theory.what_if(ranks, evict, first_bucket=lo)
+        n = int((ranks.sum(axis=1) > 0).sum())
+        pred.basis = (f"{job.basis_api}: E[max over {n} ranks] of {job.basis_api} latency per "
+                      "call, from each rank's histogram; spike rate: " + spikes + note
+                      + ("; no eviction proposal: no step-time basis for the what-if"
+                         if evicted else ""))
+    else:
+        if note:
+            pred.basis = note[2:]
+        return pred
+    pred.step_time_now_us = now
+    pred.step_time_after_eviction_us = after
+    pred.predicted_gain = now / after - 1.0 if after > 0 else 0.0
     return pred
-
-
 
 
 def _spike_probability(job: JobState, rates: np.ndarray,

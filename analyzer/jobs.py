@@ -14,7 +14,7 @@ from typing import Iterable
 
 import numpy as np
 
-from hypertrace.analyzer import causes
+from hypertrace.analyzer import causes, theory
 from hypertrace.analyzer.auto_groups import AutoGroups
 from hypertrace.analyzer.cross_section import EpochAccumulator, GpuKey, OrderKey, gpu_label
 from hypertrace.analyzer.imbalance import ImbalanceTracker, peer_classes
@@ -70,12 +70,9 @@ class JobState:
     #: merged histograms per GPU for E[max], bucket-major (NUM_BUCKETS, GPUs) like Hists
     basis_counts: np.ndarray = field(
         default_factory=lambda: np.zeros((buckets.NUM_BUCKETS, 0), np.float32))
-    step_counts: np.ndarray | None = None
-    busy_counts: np.ndarray | None = None
-    #: per GPU, over every scored epoch: time waiting on its own GPU, and steps (for the mean
-    #: own-GPU wait per step the what-if adds to the busy time)
-    gpu_wait_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    steps_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: the what-if's recent epochs, oldest first (theory.what_if_step): per epoch the rows with
+    #: steps, their steps without spikes, their mean such step and their own time per step (µs)
+    pace_epochs: deque = field(default_factory=lambda: deque(maxlen=theory.WHATIF_EPOCHS))
     #: per row: when its GPU's newest window arrived (0: never); a GPU silent for
     #: job_expiry_seconds in a job that goes on has left it, and its row is retired (reused).
     #: Grown by doubling as windows arrive (:meth:`note_arrival`), so it may be longer than the
@@ -171,11 +168,11 @@ class JobState:
             self.findings.pop(r, None)
         idx = np.asarray(rows, dtype=np.int64)
         for arr in (self.spike_hits, self.spike_seen, self.step_above, self.step_total,
-                    self.gpu_wait_us, self.steps_seen, self.row_arrival):
+                    self.row_arrival):
             arr[idx] = 0
-        for mat in (self.basis_counts, self.step_counts, self.busy_counts):
-            if mat is not None:
-                mat[:, idx] = 0
+        self.basis_counts[:, idx] = 0
+        for rows_e, _, pace_e, _ in self.pace_epochs:     # the next GPU there starts afresh
+            pace_e[np.isin(rows_e, idx)] = np.nan
         self.persistence.reset(idx)
         for store in self.p50_ratio.values():
             store[idx[idx < store.size]] = np.nan
@@ -219,14 +216,8 @@ class JobState:
             self.spike_seen = np.concatenate((self.spike_seen, z))
             self.step_above = np.concatenate((self.step_above, z))
             self.step_total = np.concatenate((self.step_total, z))
-            self.gpu_wait_us = np.concatenate((self.gpu_wait_us, z))
-            self.steps_seen = np.concatenate((self.steps_seen, z))
             pad = np.zeros((buckets.NUM_BUCKETS, extra), np.float32)
             self.basis_counts = np.concatenate((self.basis_counts, pad), axis=1)
-            if self.step_counts is not None:
-                self.step_counts = np.concatenate((self.step_counts, pad), axis=1)
-            if self.busy_counts is not None:
-                self.busy_counts = np.concatenate((self.busy_counts, pad), axis=1)
 
     def note_arrival(self, row: int, arrived_ns: int) -> None:
         """Record that a window of ``row``'s GPU arrived at ``arrived_ns``. Called for every

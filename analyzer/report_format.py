@@ -17,8 +17,8 @@ against the job's hosts; the table marks it ``[host]``). A finding's ``unit`` sa
 for a latency or a per-step time in µs, "share" for a fraction of wall time, "hz" for a rate,
 "ratio" for a plain ratio. The table prints each in its unit (shares as %, per-step times in ms).
 ``step_share`` is the finding in step-time terms where the GPU has step data, signed: for a
-launch API the deviation times the GPU's launches per step, over the job's median step (0.055 =
-5.5% of a step); for a per-step signal the deviation over the healthy step (in a collective job
+launch API all the time the GPU's step grew, its own time per step over the healthy step (0.14 =
+14% of a step); for a per-step signal the deviation over the healthy step (in a collective job
 the median step less a positive excess); for a share of wall time the deviation itself.
 Synchronize API findings have none: their wait per step is the ``step.gpu_wait`` signal.
 
@@ -29,12 +29,16 @@ from __future__ import annotations
 from google.protobuf import json_format
 
 from hypertrace.analyzer.causes import duration_text
+from hypertrace.analyzer.theory import STEP_BASES
 from hypertrace.proto import hypertrace_pb2 as pb
 
 EXIT_OK = 0
 EXIT_STRAGGLERS = 3
 #: Non-healthy GPUs shown per job in the table; the JSON always has all of them.
 TABLE_MAX_ROWS = 50
+#: Verdicts a reader must see even when only flagged nodes are listed: the flagged ones, and a
+#: node whose agent stopped sending (its old verdict no longer stands).
+NOTED = ("straggler", "suspect", "no_data")
 
 
 def report_to_json(report: pb.Report) -> str:
@@ -80,7 +84,7 @@ def _cluster_line(c: pb.ClusterPrediction) -> str:
     Says "no change" when nothing would be evicted, so a clean job does not read as a 0% gain of
     an eviction that nobody proposed.
     """
-    per = "step" if c.basis.startswith(("step_time", "step.busy")) else "window"
+    per = "step" if c.basis.startswith(STEP_BASES) else "window"
     how = c.spike_basis.split(":", 1)[0]
     text = (f"  cluster: P(spike in a {per}) {c.spike_probability:.1%}"
             + (f" ({how})" if how else "") + "; expected "
@@ -155,7 +159,7 @@ def _node_rows(job: pb.JobReport, only_flagged: bool) -> tuple[list[tuple[str, .
     evicted = set(job.cluster.evicted_nodes)
     for node in job.nodes:
         flagged = node.verdict in ("straggler", "suspect")
-        if not flagged:
+        if node.verdict not in NOTED:
             if only_flagged or healthy_shown >= TABLE_HEALTHY_NODES:
                 hidden += 1
                 continue
@@ -171,7 +175,7 @@ def _node_rows(job: pb.JobReport, only_flagged: bool) -> tuple[list[tuple[str, .
                      f"{windows}/{seen}",
                      ("~0%" if abs(gain) < 0.005 else f"{gain:+.0%}") if node.node in evicted
                      else "-"))
-        if flagged and node.probable_cause:
+        if node.verdict in NOTED and node.probable_cause:
             causes.append(f"{node.node}: {node.probable_cause}")
     return rows, causes, hidden
 
@@ -180,7 +184,7 @@ def _gpu_rows(job: pb.JobReport, only_flagged: bool) -> list[tuple[str, ...]]:
     rows = []
     for node in job.nodes:
         for g in node.gpus:
-            if only_flagged and g.verdict not in ("straggler", "suspect"):
+            if only_flagged and g.verdict not in NOTED:
                 continue
             f = g.findings[0] if g.findings else None
             rows.append((_short(node.node), g.gpu, str(g.rank), g.verdict,
@@ -192,14 +196,15 @@ def _gpu_rows(job: pb.JobReport, only_flagged: bool) -> list[tuple[str, ...]]:
 
 
 def only_flagged(report: pb.Report) -> pb.Report:
-    """A copy of ``report`` without its healthy nodes and GPUs (``--only-flagged``)."""
+    """A copy of ``report`` without its healthy nodes and GPUs (``--only-flagged``); nodes and
+    GPUs without data stay (:data:`NOTED`)."""
     out = pb.Report()
     out.CopyFrom(report)
     for job in out.jobs:
         keep = []
         for node in job.nodes:
-            gpus = [g for g in node.gpus if g.verdict in ("straggler", "suspect")]
-            if gpus or node.verdict in ("straggler", "suspect"):
+            gpus = [g for g in node.gpus if g.verdict in NOTED]
+            if gpus or node.verdict in NOTED:
                 del node.gpus[:]
                 node.gpus.extend(gpus)
                 keep.append(node)
@@ -222,7 +227,8 @@ def report_to_table(report: pb.Report, verbose: bool = False,
             for g in node.gpus:
                 counts[g.verdict] = counts.get(g.verdict, 0) + 1
         summary = ", ".join(f"{counts[k]} {k}" for k in
-                            ("straggler", "suspect", "insufficient_data", "healthy") if k in counts)
+                            ("straggler", "suspect", "no_data", "insufficient_data", "healthy")
+                            if k in counts)
         mode = f"mode {job.mode}" if job.mode else "mode unknown (no step data)"
         nodes = len(job.nodes) + job.healthy_nodes_omitted
         out.extend(_wrapped(

@@ -185,12 +185,15 @@ def report_to_html(report: pb.Report, title: str = "hypertrace report") -> str:
     for j, job in enumerate(report.jobs):
         verdicts = [g.verdict for n in job.nodes for g in n.gpus]
         flagged = [n.node for n in job.nodes if n.verdict in ("straggler", "suspect")]
+        silent = [n.node for n in job.nodes if n.verdict == "no_data"]
         parts.append(
             f"<section class=job><h2>Job {_esc(job.job_id)}</h2><p class=sub>"
             f"{job.gpus:,} GPUs on {len(job.nodes) + job.healthy_nodes_omitted:,} nodes, "
             f"{job.windows:,} windows scored, mode {_esc(job.mode or 'unknown')}; "
             f"{verdicts.count('straggler')} straggler and {verdicts.count('suspect')} suspect "
-            f"GPUs{': ' + _esc(', '.join(flagged[:10])) if flagged else ''}</p>"
+            f"GPUs{': ' + _esc(', '.join(flagged[:10])) if flagged else ''}"
+            + (f"; no data (agent silent) from {len(silent)} nodes: "
+               f"{_esc(', '.join(silent[:10]))}" if silent else "") + "</p>"
             f"<h2>Nodes x windows: each node's worst ratio (a straggler is a red row)</h2>"
             f"<p class='legend sub'><span style='background:rgb(245,245,240)'></span> 1.00 "
             f"<span style='background:rgb(245,178,173)'></span> 1.10 "

@@ -54,22 +54,20 @@ pass (``|x - median| / gate``, the gate in the value's unit). Signals with diffe
 absolute 5% of wall time, 5% of a step, 5% of the value) are compared by it: the probable cause
 leads with the strongest convicting signal, not with a fixed order.
 
-**Launch latency needs corroboration when the GPU has steps** (:func:`launch_corroboration`).
-Measured on an H200 with 8 independent ranks sharing one GPU: healthy ranks' launch p50 sat
-17-31% above the job's (robust z 4-20) while their steps were exactly the job's; slower launches
-that do not lengthen the step are not a straggler. So where the epoch has step data for a GPU, a
-high launch tail convicts only if the same GPU's own time or busy time per step (either mode) or
-step time (independent mode) is at least ``1 + min_effect`` times the job median. (Busy time too:
-slower launches lengthen the CPU side of a step first, and a GPU-bound step may hide that from the
-job for now; the launch finding then still stands on its own numbers.) Without step data (an
-agent without step inference) launch latency alone convicts, as it always did.
-
-**So does the run-queue share** (:func:`steps_corroborate`, the GPU basis of the same rule).
-Threads that wait for a CPU while the step waits for the GPU anyway cost the job nothing:
-simulated at 16,384 GPUs, a healthy rank with run-queue bursts of 5-7% of wall time in 3 of 5
-windows, and its own time per step under the job's, was convicted by the share alone. A CPU hog
-that matters lengthens the rank's own or busy time per step (on an H200: 1.4-1.9x), and is
-convicted by the share, with CPU contention as its cause.
+**A finding outside the steps convicts only where the steps pay for it**
+(:func:`launch_corroboration`, :func:`steps_corroborate`). The contract is an effect on the step
+of at least ``min_effect``, so where the epoch has step data for a GPU, a high launch tail, a
+high run-queue share and (independent mode) a low launch rate convict only if the same GPU's own
+time per step, or (independent mode) its step time, is at least ``1 + min_effect`` times the job
+median. Measured on an H200 with 8 independent ranks sharing one GPU: healthy ranks' launch p50
+sat 17-31% above the job's (robust z 4-20) while their steps were exactly the job's. Busy time
+does not corroborate: a host 12% slower at launching in a job whose pace the GPU sets does 12%
+more CPU work per step, its steps grow 0-1%, and it is not a straggler. Simulated at 16,384
+GPUs, a healthy rank with run-queue bursts of 5-7% of wall time in 3 of 5 windows, and its own
+time per step under the job's, was convicted by the share alone; a CPU hog that matters
+lengthens the rank's own time per step (on an H200: 1.4-1.9x), and is convicted by the share,
+with CPU contention as its cause. Without step data (an agent without step inference) these
+findings convict alone, as they always did: nothing else can say whether they matter.
 """
 from __future__ import annotations
 
@@ -163,13 +161,13 @@ class SignalEpoch:
     by_name: dict[str, SignalScore] = field(default_factory=dict)
     #: (G,) per GPU, busy time and step time per step (µs): the mean from the step sums where
     #: there are ``min_steps`` steps, else the p50; NaN without step data. For
-    #: :func:`launch_corroboration`.
+    #: :func:`launch_corroboration` (step time) and the findings' step shares.
     busy_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
     step_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
     #: (G,) own time per step (µs): mean step less mean peer wait; NaN without step sums
     own_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
     #: (G,) the GPU's steps moved, or it has none to check (:func:`steps_corroborate`): what a
-    #: run-queue share and a GPU's own launch tail need to convict
+    #: run-queue share, a low launch rate and a GPU's own launch tail need to convict
     steps_moved: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     def evidence(self, i: int) -> dict[str, tuple[float, float]]:
@@ -303,7 +301,7 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
     step_us = np.where(step_ok & np.isfinite(mean_step), mean_step,
                        np.where(step_n >= cfg.min_steps, step_p50, np.nan))
     own_us = np.where(step_ok & np.isfinite(own), own, np.nan)
-    steps_moved = steps_corroborate(_step_measures(mode, own_us, busy_us, step_us), cfg, groups)
+    steps_moved = steps_corroborate(_step_measures(mode, own_us, step_us), cfg, groups)
     for s in scores:
         if s.name == "step.own":
             s.implicating = s.high.copy()
@@ -311,8 +309,8 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
             s.implicating = s.high & steps_moved
         elif s.name == "step.time":
             s.implicating = s.high & (mode == "independent")
-        elif s.name == "launch.rate":
-            s.implicating = s.low & (mode == "independent")
+        elif s.name == "launch.rate":     # fewer launches that the steps do not show: neither
+            s.implicating = s.low & (mode == "independent") & steps_moved
         elif s.name == "gpu.sm_clock":
             s.implicating = s.low.copy()
         # step.busy and step.gpu_wait say which part of a slow rank's step grew; step.peer_wait
@@ -359,8 +357,7 @@ def launch_corroboration(sig: SignalEpoch, cfg: ScoringConfig, groups: list[np.n
                          layouts: list[HostLayout]) -> tuple[np.ndarray, np.ndarray]:
     """((G,) may a GPU's own high launch tail convict it, (G,) may its host's), module docstring.
 
-    The step values tested: own time and busy time per step (either mode) and step time
-    (independent mode),
+    The step values tested: own time per step (either mode) and step time (independent mode),
     each as the GPU's **mean** per step where the step sums give it, else its p50. Why the mean:
     a p50 read back from 12.5%-wide histogram buckets of a tight step distribution moves far less
     than the steps do (measured on the simulator: a 4% longer busy time read as +1%), while the
@@ -369,15 +366,11 @@ def launch_corroboration(sig: SignalEpoch, cfg: ScoringConfig, groups: list[np.n
     GPU basis: True where the epoch has no step data for the GPU, else where one of the values
     is at least ``1 + min_effect`` times its job median. Host basis (a launch finding on the
     host's median GPU, hosts with ``host_min_gpus`` GPUs with steps): the host's median GPU
-    value is above the job median by the host gate
-    (``min_effect`` less :func:`~hypertrace.analyzer.scoring.host_allowance`), or *every* GPU of the host with
-    steps is above the job median (a sign test: by chance 1 in 2^n for n GPUs, 1/256 for 8):
-    the host's steps moved in the direction of its launches. Why not the gate alone: a host 3%
-    slow on every side (launch, work) measures +1-3% busy time after its own jitter (simulated,
-    64 and 512 GPUs), and its launch finding already passed the host gate; slow launches over
-    unmoved steps (what this rule is for) put about half of a host's GPUs on each side."""
+    value is above the job median by the host gate (``min_effect`` less
+    :func:`~hypertrace.analyzer.scoring.host_allowance`, the same allowance for measurement noise
+    the host's launch finding had): the host's steps pay for its launches."""
     n = sig.runq_p50_us.size
-    values = _step_measures(sig.mode, sig.own_us, sig.busy_us, sig.step_us)
+    values = _step_measures(sig.mode, sig.own_us, sig.step_us)
     host_has = np.zeros(n, dtype=bool)
     host_up = np.zeros(n, dtype=bool)
     for v in values:
@@ -395,20 +388,16 @@ def launch_corroboration(sig: SignalEpoch, cfg: ScoringConfig, groups: list[np.n
                 continue
             gate = cfg.min_effect - float(host_allowance(
                 x[:, None], okx, layout, np.array([job_med]), cfg)[0])
-            above = np.bincount(layout.host[okx & (np.nan_to_num(x) > job_med)],
-                                minlength=layout.hosts)
-            up_h = ok_h & ((np.nan_to_num(med_h[:, 0]) >= (1.0 + gate) * job_med)
-                           | (above == n_h))
+            up_h = ok_h & (np.nan_to_num(med_h[:, 0]) >= (1.0 + gate) * job_med)
             host_has[sel] |= ok_h[layout.host]
             host_up[sel] |= up_h[layout.host]
     return sig.steps_moved, ~host_has | host_up
 
 
-def _step_measures(mode: str, own_us: np.ndarray, busy_us: np.ndarray,
-                   step_us: np.ndarray) -> list[np.ndarray]:
-    """The per-step values a finding outside the steps must be backed by: own and busy time
-    per step, and the step itself where it is the rank's own (independent mode)."""
-    return [own_us, busy_us] + ([step_us] if mode == "independent" else [])
+def _step_measures(mode: str, own_us: np.ndarray, step_us: np.ndarray) -> list[np.ndarray]:
+    """The per-step values a finding outside the steps must be backed by: own time per step,
+    and the step itself where it is the rank's own (independent mode)."""
+    return [own_us] + ([step_us] if mode == "independent" else [])
 
 
 def steps_corroborate(values: list[np.ndarray], cfg: ScoringConfig,

@@ -39,7 +39,7 @@ SLOT_NS = SLOT_SECONDS * 10**9
 COLUMNS = ("launch_p50_ms", "launch_p99_ms", "sync_p50_ms", "sync_p99_ms", "step_p50_ms",
            "step_p99_ms")
 #: Verdicts by severity: a slot keeps the worst one its GPU had.
-_SEVERITY = {"healthy": 0, "insufficient_data": 1, "suspect": 2, "straggler": 3}
+_SEVERITY = {"healthy": 0, "no_data": 1, "insufficient_data": 2, "suspect": 3, "straggler": 4}
 _CODE = {name: i for i, name in enumerate(VERDICT_NAMES)}
 _NO_VERDICT = 255
 ZLIB_LEVEL = 6          # once per slot, off the ingest path: the better ratio is worth it

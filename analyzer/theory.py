@@ -1,9 +1,16 @@
-"""The straggler theory, computed from histograms: spike probability and E[max] step time.
+"""The straggler theory, computed from histograms: spike probability, E[max] and the what-if.
 
 Synchronous training waits for its slowest rank every step, so
 
 * ``P(cluster spike) = 1 − Π (1 − p_i)`` over ranks, ``1 − (1 − p)^N`` for N equal ranks;
 * ``E[max_i T_i] = ∫_0^∞ (1 − Π_i F_i(t)) dt`` for independent ranks with CDFs ``F_i``.
+
+The what-if of a job with step data (:func:`what_if_step`) is measured, not integrated: the
+job's step now is what its ranks measured, and evicting ranks takes away their lead over the
+slowest rank that stays. E[max] over ranks of independent per-step draws was biased high: a
+rank's busy time per step spreads wider than its time to the step's end (the split between CPU
+work and GPU waits moves from step to step), and spikes come in racks, not one rank at a time.
+E[max] remains the model of ``hypertrace predict`` and the what-if of a job without steps.
 
 ``F_i`` is the piecewise-linear CDF of a rank's histogram on the wire bucket scheme
 (:func:`hypertrace.proto.buckets.cdf_on_grid`), i.e. the distribution "bucket by its count, uniform
@@ -19,6 +26,7 @@ processed in chunks so memory stays bounded at any job size.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
 
 import numpy as np
 
@@ -192,6 +200,74 @@ def monte_carlo_max_us(counts: np.ndarray, multiplicity: np.ndarray | int, trial
         if k > 0 and row.sum() > 0:
             best = np.maximum(best, sample_histogram_ns(row, (trials, int(k)), rng).max(axis=1))
     return float(best.mean() / 1e3)
+
+
+#: The what-if's ``basis`` when it stands on step data (a ClusterPrediction.basis starts with
+#: one of them): a collective job's own time per step, an independent job's step time.
+STEP_BASES = ("step.own", "step.time")
+#: Weight an epoch keeps in the what-if per later epoch (half-life one window), and how many
+#: epochs it reads (the ninth would weigh 0.4%): the what-if is about the job as it is now, so
+#: a rank slow for the last few windows is predicted as slow, not averaged with the hours it
+#: was healthy (docs/design.md).
+WHATIF_KEEP = 0.5
+WHATIF_EPOCHS = 8
+
+
+def what_if_step(epochs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+                 ranks: np.ndarray, evict: np.ndarray, collective: bool) -> tuple[float, float]:
+    """The job's step (µs) now and after evicting ``ranks[evict]``, from its recent epochs.
+
+    ``epochs``: oldest first, each (job rows, their steps without spikes, their mean such step
+    in µs, their own time per step in µs: the step less the wait for peers, the time the rank
+    takes to reach the step's end); epoch ``k`` of ``n`` weighs ``WHATIF_KEEP ** (n - 1 - k)``.
+    ``ranks``: the job rows to predict on (those with data), ``evict`` (bool) for each.
+
+    * **collective**: every rank times the job's step, so an epoch's step is its ranks' median,
+      and evicting takes away what the slowest evicted rank's own time adds over the slowest
+      remaining rank's in that epoch (nothing when a remaining rank is as slow).
+    * **independent**: ranks that wait for nobody go at their own pace (their mean over the
+      epochs), and the job at its slowest rank's (ranks that meet now and then wait for it
+      there): now the largest pace, after the largest pace of the ranks that stay.
+
+    Spares that replace the evicted ranks behave like the remaining ones, which changes neither
+    maximum. (nan, nan) without a rank with a pace; after is NaN when none would stay."""
+    ranks = np.asarray(ranks, dtype=np.int64)
+    evict = np.asarray(evict, dtype=bool)
+    pos = np.full(int(ranks.max()) + 1 if ranks.size else 0, -1, dtype=np.int64)
+    pos[ranks] = np.arange(ranks.size)
+    n = len(epochs)
+    now = after = weight = 0.0
+    sums = np.zeros(ranks.size)
+    steps = np.zeros(ranks.size)
+    for k, (rows, n_steps, pace, own) in enumerate(epochs):
+        rows = np.asarray(rows, dtype=np.int64)
+        at = np.where(rows < pos.size, pos[np.minimum(rows, pos.size - 1)], -1) \
+            if pos.size else np.full(rows.size, -1)
+        ok = (at >= 0) & np.isfinite(pace) & (n_steps > 0)
+        if not ok.any():
+            continue
+        w = WHATIF_KEEP ** (n - 1 - k)
+        at, p, o = at[ok], np.asarray(pace[ok], np.float64), np.asarray(own[ok], np.float64)
+        o = np.where(np.isfinite(o), o, p)
+        if collective:
+            stay = ~evict[at]
+            step = float(np.median(p))
+            lead = float(o.max() - o[stay].max()) if stay.any() else float("nan")
+            now += w * step
+            after += w * (step - max(lead, 0.0))
+            weight += w
+        else:
+            np.add.at(sums, at, w * n_steps[ok] * p)
+            np.add.at(steps, at, w * n_steps[ok])
+    if collective:
+        return (now / weight, after / weight) if weight > 0 else (float("nan"), float("nan"))
+    has = steps > 0
+    if not has.any():
+        return float("nan"), float("nan")
+    pace = np.where(has, sums / np.where(has, steps, 1.0), np.nan)
+    stay = has & ~evict
+    return (float(np.nanmax(pace)),
+            float(np.nanmax(pace[stay])) if stay.any() else float("nan"))
 
 
 def what_if(counts: np.ndarray, evict: np.ndarray,

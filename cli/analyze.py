@@ -24,7 +24,8 @@ FLAG_SETTINGS = (
     ("min_samples", int, "calls per GPU per API per window needed to score it (default 50)"),
     ("persist_k", int, "flagged windows (of persist_n) that make a straggler (default 3)"),
     ("persist_n", int, "windows remembered for persistence (default 5)"),
-    ("clear_m", int, "clean windows that clear a straggler (default 3)"),
+    ("clear_m", int, "clean windows that clear a straggler, and windows without data after "
+                     "which a GPU is no_data (default 3)"),
     ("intermittent_k", int, "flagged windows (of intermittent_n) that make an intermittent "
                             "straggler: slow in some windows only (default 6)"),
     ("intermittent_n", int, "windows remembered for intermittent slowness (default 20)"),

@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -62,8 +63,9 @@ TRAIN_SEEDS = tuple(range(0, 50))
 #: until groups were found without labels (and intermittent needed two episodes), 4000.. until
 #: collective ranks shared their steps and own time took the mean step, 5000.. until jobs of
 #: few hosts scored them without the Tukey fence, 6000.. until the run-queue share needed the
-#: steps to agree, 7000.. since.
-HELD_OUT_SEEDS = tuple(range(7000, 7050))
+#: steps to agree, 7000.. until verdicts cleared and effects (and the truth) were read in step
+#: terms, 8000.. since.
+HELD_OUT_SEEDS = tuple(range(8000, 8050))
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,16 @@ class RunResult:
     #: pipeline scenarios: whether the final report names the last stage as imbalance (None:
     #: not a pipeline)
     stage_found: bool | None = None
+    #: hypertrace, per injected node: the windows in which some GPU of it was a straggler, and
+    #: its verdict in the final report
+    straggler_windows: dict[str, list[int]] = field(default_factory=dict)
+    final_verdicts: dict[str, str] = field(default_factory=dict)
+    #: hypertrace: the step shares the injected nodes' causes quote ("about +14.3% of a step")
+    quoted_shares: list[float] = field(default_factory=list)
+    #: hypertrace's what-if in the final report when it evicts on a step basis: (predicted
+    #: step now, true step now, predicted step after, true step after), ms
+    #: (:func:`hypertrace.sim.simulate.true_step_ms`); None without one
+    whatif: tuple[float, float, float, float] | None = None
 
     def latency(self, node: str, flagged_at: int) -> int:
         """Windows from ``node``'s first slow window to its conviction, inclusive, counting
@@ -154,7 +166,7 @@ def run_one(scenario: str, gpus: int, windows: int, seed: int,
     """Simulate one job and score it with every method, on the same windows."""
     from hypertrace.sim.baselines import BaselineDetector
     from hypertrace.analyzer.engine import Engine
-    from hypertrace.sim.simulate import generate, true_slowdown
+    from hypertrace.sim.simulate import generate, true_slowdown, true_step_ms
 
     sc = scenarios.get(scenario)
     cfg = sc.config(gpus, gpus_per_node, max(windows, sc.min_windows), seed,
@@ -185,6 +197,10 @@ def run_one(scenario: str, gpus: int, windows: int, seed: int,
             for (node, gpu), v in r.verdicts.items():
                 if v != "straggler":
                     continue
+                if m == "hypertrace" and node in res.truth:
+                    seen = res.straggler_windows.setdefault(node, [])
+                    if not seen or seen[-1] != w_index:
+                        seen.append(w_index)
                 first.setdefault(node, w_index)
                 g = node_index[node] * cfg.gpus_per_node + int(gpu)
                 convicted.add((node, g))
@@ -199,7 +215,29 @@ def run_one(scenario: str, gpus: int, windows: int, seed: int,
             report = d.report(cfg.job_id)
             res.step_effects = _step_effects(report, res.truth)
             res.stage_found = _stage_found(report, cfg)
+            _step_terms(report, cfg, res, true_step_ms)
     return res
+
+
+#: What a cause says a GPU's slowness costs its step (causes._step_effect, causes._api_cause).
+_QUOTED_SHARE = re.compile(r"about ([+-]\d+(?:\.\d+)?)% of a step")
+
+
+def _step_terms(report, cfg, res: RunResult, true_step_ms) -> None:
+    """The injected nodes' final verdicts and quoted step shares, and the what-if against the
+    simulator's true step of the remaining ranks."""
+    from hypertrace.analyzer.theory import STEP_BASES
+    for job in report.jobs:
+        for node in job.nodes:
+            if node.node in res.truth:
+                res.final_verdicts[node.node] = node.verdict
+                res.quoted_shares += [float(x) / 100 for x in
+                                      _QUOTED_SHARE.findall(node.probable_cause)]
+        c = job.cluster
+        if c.evicted_nodes and c.basis.startswith(STEP_BASES):
+            res.whatif = (c.step_time_now_us / 1e3, true_step_ms(cfg),
+                          c.step_time_after_eviction_us / 1e3,
+                          true_step_ms(cfg, c.evicted_nodes))
 
 
 def _stage_found(report, cfg) -> bool | None:
@@ -380,9 +418,10 @@ def acceptance(groups: dict[tuple[str, int], list[RunResult]],
         elif sc.slowdown is not None and sc.slowdown >= 0.05:
             # judged on every held-out run there is: 19 runs alone cannot tell 0.95 from 1.0
             t = pooled or s
+            # a run whose injected node is truly under 5% (fast hardware) has nothing to catch
             out.append((f"{name}: recall >= 0.95 within 12 windows"
                         + (" (table + depth runs)" if pooled else ""),
-                        (t.recall_within_12 or 0) >= 0.95,
+                        t.true_nodes == 0 or (t.recall_within_12 or 0) >= 0.95,
                         f"R@12 {_f(t.recall_within_12)} P {_f(t.precision)} over {t.runs} runs, "
                         f"{t.true_nodes} truly >= 5% slow"
                         + (f" (table alone: R@12 {_f(s.recall_within_12)} over {s.runs})"
@@ -416,6 +455,7 @@ def acceptance(groups: dict[tuple[str, int], list[RunResult]],
                         better or not judged,
                         f"R {_f(s.recall)} vs {_f(b.recall)}, false nodes {s.false_nodes} vs "
                         f"{b.false_nodes}"))
+    out.extend(_step_terms_checks(by_scn))
     if clean_runs:
         s = summarize(clean_runs, "hypertrace")
         out.append((f"all clean and below-gate scenarios: zero false stragglers over >= "
@@ -425,6 +465,65 @@ def acceptance(groups: dict[tuple[str, int], list[RunResult]],
                     f"{s.node_windows:,} node-windows ({s.node_hours:,.0f} node-hours: "
                     f"{s.fp_per_1k_node_h:.2f} per 1,000 node-hours); gray-zone nodes {s.gray}, "
                     f"naturally slow nodes {s.natural}"))
+    return out
+
+
+#: Every injected fault truly at least SLOW_FROM slow is convicted within this many windows of
+#: its onset (the intermittent one, slow 3 windows in 10, has its own bar).
+CONVICT_BY = 6
+#: The what-if's step after eviction is within this share of the remaining ranks' true step.
+WHATIF_TOLERANCE = 0.05
+
+
+def _step_terms_checks(by_scn: dict[str, list[RunResult]]) -> list[tuple[str, bool, str]]:
+    """Checks of verdicts that clear, effects in step terms and the what-if (all held-out
+    runs of the given scenarios)."""
+    from hypertrace.analyzer.config import ScoringConfig
+    out: list[tuple[str, bool, str]] = []
+    clear_m = ScoringConfig().clear_m
+    rs = by_scn.get("recover-hiccup", [])
+    if rs:
+        last = scenarios.RECOVER_FAULT_WINDOWS - 1 + clear_m      # its first healthy window
+        late = [(r.gpus, r.seed, ws) for r in rs for ws in r.straggler_windows.values()
+                if any(w >= last for w in ws)]
+        ended = [v for r in rs for v in r.final_verdicts.values()]
+        out.append(("recover-hiccup: cleared within clear_m windows of its fault's end, not "
+                    "convicted again by its one slow window, healthy at the end",
+                    not late and ended and all(v == "healthy" for v in ended),
+                    f"{len(late)} of {len(rs)} runs convicted at or after window {last}"
+                    + (f" ({late[:3]})" if late else "") + f"; final verdicts {sorted(set(ended))}"))
+    rs = by_scn.get("launch-30-gpu-paced", [])
+    if rs:
+        quoted = [q for r in rs for q in r.quoted_shares]
+        mid = float(np.median(quoted)) if quoted else float("nan")
+        out.append(("launch-30-gpu-paced: the cause quotes its real share of a step (median "
+                    "+10..+20%; the launch calls alone are 0.3%)",
+                    bool(quoted) and 0.10 <= mid <= 0.20,
+                    f"median {mid:+.1%} over {len(quoted)} causes"
+                    + (f", range {min(quoted):+.1%}..{max(quoted):+.1%}" if quoted else "")))
+    runs = [r for name, v in by_scn.items() if scenarios.get(name).group == "straggler"
+            and name != "intermittent" for r in v]
+    if runs:
+        missed = [(r.scenario, r.gpus, r.seed, n) for r in runs
+                  for n in r.judged_truth(scenarios.get(r.scenario).below_gray)
+                  if n not in r.first_flag["hypertrace"]
+                  or r.latency(n, r.first_flag["hypertrace"][n]) > CONVICT_BY]
+        total = sum(len(r.judged_truth(scenarios.get(r.scenario).below_gray)) for r in runs)
+        out.append((f"every injected fault truly >= {SLOW_FROM:.0%} slow convicted within "
+                    f"{CONVICT_BY} windows (intermittent aside)", not missed,
+                    f"{total - len(missed)} of {total}" + (f"; missed or late: {missed[:5]}"
+                                                           if missed else "")))
+    pairs = [(r.scenario, r.gpus, r.seed, r.whatif) for v in by_scn.values() for r in v
+             if r.whatif is not None]
+    if pairs:
+        err = [(abs(w[2] / w[3] - 1.0), name, gpus, seed, w) for name, gpus, seed, w in pairs]
+        worst = max(err)
+        out.append((f"what-if: the step after eviction within {WHATIF_TOLERANCE:.0%} of the "
+                    "remaining ranks' true step (spikes left out) in every run that evicts",
+                    worst[0] <= WHATIF_TOLERANCE,
+                    f"{len(pairs)} runs, median error {float(np.median([e[0] for e in err])):.1%}, "
+                    f"worst {worst[0]:.1%} ({worst[1]}, {worst[2]} GPUs, seed {worst[3]}: "
+                    f"{worst[4][2]:.1f} ms predicted, {worst[4][3]:.1f} ms true)"))
     return out
 
 

@@ -3,17 +3,15 @@
 What is timed: :meth:`Engine.report` of one job, brief (what the evictor reads before it acts,
 and the metrics endpoint every refresh: flagged nodes in full, the others by name and verdict)
 and full (``hypertrace report``), after ``--epochs`` scored epochs. Both carry the cluster
-prediction, whose what-if integrates the step-time distribution of every rank twice (now, and
-with the convicted nodes replaced by average ones): at 131,072 GPUs that integral is most of a
-brief report's time.
+prediction, whose what-if reads every rank's recent steps and own time per step
+(:func:`hypertrace.analyzer.theory.what_if_step`).
 
 The windows are the simulator's (:mod:`hypertrace.sim.simulate`, as ``make bench-scale`` sends
-them): step busy times and waits on the own GPU, so the what-if uses the busy-time histograms
-shifted by each rank's GPU wait, as it does for real agents. One node of each pool of 2,048 is 30%
-slow; above 16,384 GPUs the pool is re-used under new node names.
+them): step sums, busy times and waits on the own GPU, as real agents send. One node of each
+pool of 2,048 is 30% slow; above 16,384 GPUs the pool is re-used under new node names.
 
-It prints, per size, the seconds of each report (wall, and CPU of every thread: the what-if's
-two integrals run side by side) and the prediction itself, so two trees run one after the other
+It prints, per size, the seconds of each report (wall, and CPU of every thread) and the
+prediction itself, so two trees run one after the other
 show that they predict the same. It exits 1 when the convicted nodes are not exactly the slow
 ones or the prediction is not a finite gain.
 """

@@ -93,8 +93,38 @@ def _host(pct: float) -> Builder:
     return lambda c: replace(c, stragglers=(Straggler(_pick(c)[0], 1.0 + pct),))
 
 
+#: A launch-bound job: the CPU issues a step's work in 95 ms, the GPU works 80 ms, so the host's
+#: launches set the pace and a host N% slower at launching is N% slower per step.
+LAUNCH_BOUND = dict(busy_frac=0.95, gpu_frac=0.80)
+
+
 def _launch_only(pct: float) -> Builder:
-    return lambda c: replace(c, stragglers=(Straggler(_pick(c)[0], 1.0 + pct, where="host"),))
+    return lambda c: replace(c, **LAUNCH_BOUND,
+                             stragglers=(Straggler(_pick(c)[0], 1.0 + pct, where="host"),))
+
+
+#: A GPU-paced job whose CPU side is not far behind: the CPU issues a step's work in 80 ms, the
+#: GPU works 90 ms. Launches 12% slower take 90 ms (the steps grow 0-1%), 30% slower 104 ms
+#: (the steps grow 14%).
+GPU_PACED = dict(busy_frac=0.80)
+
+
+def _launch_gpu_paced(pct: float) -> Builder:
+    return lambda c: replace(c, **GPU_PACED,
+                             stragglers=(Straggler(_pick(c)[0], 1.0 + pct, where="host"),))
+
+
+#: recover-hiccup: slow in windows 0..RECOVER_FAULT_WINDOWS - 1, then once more in window
+#: RECOVER_HICCUP_AT, healthy otherwise.
+RECOVER_FAULT_WINDOWS = 5
+RECOVER_HICCUP_AT = 10
+
+
+def _recover_hiccup(c: SimConfig) -> SimConfig:
+    node = _pick(c)[0]
+    return replace(c, stragglers=(
+        Straggler(node, 1.20, flap_on=RECOVER_FAULT_WINDOWS, flap_off=10_000),
+        Straggler(node, 1.20, onset=RECOVER_HICCUP_AT, flap_on=1, flap_off=10_000)))
 
 
 def _single_gpu(c: SimConfig) -> SimConfig:
@@ -192,8 +222,9 @@ _CATALOG: tuple[Scenario, ...] = (
     *(Scenario(f"host-{p}", f"one whole node {p}% slower (launch latency and compute) from the "
                "first window", "straggler", p / 100, _host(p / 100))
       for p in (3, 5, 10, 20, 30)),
-    *(Scenario(f"launch-{p}", f"one node's launch latency {p}% higher, its GPU work normal "
-               "(CPU contention hidden by a deep GPU queue): no help from synchronize waits",
+    *(Scenario(f"launch-{p}", f"one node's launch latency {p}% higher, its GPU work normal, in "
+               "a launch-bound job (the CPU issues a step's work in 95 ms, the GPU works 80): "
+               "its steps are that much slower, no help from synchronize waits",
                "straggler", p / 100, _launch_only(p / 100))
       for p in (3, 5, 10)),
     Scenario("single-gpu", "one GPU of one node 15% slower; the node's other 7 GPUs healthy",
@@ -227,8 +258,9 @@ _CATALOG: tuple[Scenario, ...] = (
              "node 10% slower than its kind (must be scored per kind)", "straggler", 0.10,
              _mixed),
     Scenario("cpu-hog", "one rank shares its core with a CPU hog: run-queue wait 30-50% of "
-             "wall time, busy time per step +40%, launch latency unchanged (collective job)",
-             "straggler", 0.40, _cpu_hog),
+             "wall time, busy time per step +40% (own time per step +9%: the GPU's 90 ms hid "
+             "most of it), launch latency unchanged (collective job)",
+             "straggler", 0.09, _cpu_hog),
     Scenario("gpu-slow", "one rank's GPU does 30% of a step more work: its synchronize wait "
              "per step +30% of a step, step times equal (collective), its peer wait the least",
              "straggler", 0.30, _gpu_slow),
@@ -255,6 +287,22 @@ _STRUCTURE = (
                  0.40, 0.47)))),
 )
 _CATALOG = _CATALOG + _STRUCTURE
+
+#: Scenarios of verdicts that clear and of effects in step terms.
+_STEP_TERMS = (
+    Scenario("recover-hiccup", "one node 20% slower for 5 windows, healthy for 5, slow again for "
+             "one window, then healthy: convicted, cleared within clear_m windows, not convicted "
+             "again by the one slow window", "straggler", 0.20, _recover_hiccup,
+             min_windows=RECOVER_HICCUP_AT + 6),
+    Scenario("launch-12-gpu-paced", "a host 12% slower at launching in a job whose GPU sets "
+             "the pace (the CPU issues a step's work in 80 ms, the GPU works 90): its steps grow "
+             "0-1%, and it must not be convicted", "below-gate", 0.01,
+             _launch_gpu_paced(0.12)),
+    Scenario("launch-30-gpu-paced", "a host 30% slower at launching in the same job: its CPU "
+             "side (104 ms) now sets its pace, its steps grow 14%; convicted, its cause quoting "
+             "that share of a step", "straggler", 0.14, _launch_gpu_paced(0.30)),
+)
+_CATALOG = _CATALOG + _STEP_TERMS
 
 #: name -> Scenario, in catalog order.
 CATALOG: dict[str, Scenario] = {s.name: s for s in _CATALOG}

@@ -435,22 +435,51 @@ def persistent_offsets(cfg: SimConfig) -> Offsets:
     return _offsets(cfg, np.random.default_rng(cfg.seed))
 
 
+def _arrival_ms(cfg: SimConfig, design: bool) -> np.ndarray:
+    """(windows, gpus) each rank's time to reach its step's end (ms) in the step model of the
+    module docstring, without the per-window and per-step noise: the CPU issues the step's work
+    (``busy_frac``, slowed by its host and CPU side), the GPU works (``gpu_frac``, slowed by its
+    GPU side), then the step-ending synchronize. A job without step records has the same
+    structure: its step is taken as 100 ms. ``design``: as in :func:`slowdown_matrix`."""
+    off = persistent_offsets(cfg)
+    ms = cfg.step_ms if cfg.step_ms > 0 else 100.0
+    busy = (ms * cfg.busy_frac * off.host[None, :] * slowdown_matrix(cfg, "host", design)
+            * slowdown_matrix(cfg, "cpu", design))
+    gpu = ms * cfg.gpu_frac * off.compute[None, :] * slowdown_matrix(cfg, "compute", design)
+    return np.maximum(busy, gpu) + cfg.sync_ms
+
+
 def true_slowdown(cfg: SimConfig) -> np.ndarray:
-    """(gpus,) each GPU's true persistent slowdown: how much slower than the job's median GPU it
-    is on its slowest side (host, GPU work, CPU), in the windows where it is slowest, from its
-    persistent offset and any injected straggler. What differs by design (GPU kinds, pipeline
+    """(gpus,) each GPU's true persistent slowdown **in step terms**: how much longer than the
+    job's median GPU it takes to reach the end of a step (its own time per step: what the
+    others wait for in a collective job, its step less its input wait in an independent one),
+    in the windows where it is slowest, from its persistent offsets and any injected straggler.
+    A side that does not pace the step costs nothing: launches 10% slower on a host whose GPU
+    sets the pace leave its steps as they were. What differs by design (GPU kinds, pipeline
     stages) is left out: those GPUs are compared with their own peers. 0.05 = 5% slower.
 
     This is the ground truth a detection benchmark judges against: a healthy GPU may be
-    naturally slow, and an injected straggler on naturally fast hardware may end up below the
-    product's minimum effect."""
-    off = persistent_offsets(cfg)
-    worst = np.zeros(cfg.gpus)
-    for side, base in (("host", off.host), ("compute", off.compute), ("cpu", np.ones(cfg.gpus))):
-        f = base[None, :] * slowdown_matrix(cfg, side, design=False)
-        rel = f / np.median(f, axis=1, keepdims=True)
-        worst = np.maximum(worst, rel.max(axis=0) - 1.0)
-    return worst
+    naturally slow, and an injected straggler on naturally fast hardware, or on a side that does
+    not pace the step, may end up below the product's minimum effect."""
+    arrive = _arrival_ms(cfg, design=False)
+    rel = arrive / np.median(arrive, axis=1, keepdims=True)
+    return np.maximum(rel.max(axis=0) - 1.0, 0.0)
+
+
+def true_step_ms(cfg: SimConfig, evicted: Iterable[str] = (), last: int = 3) -> float:
+    """The job's true step (ms) over its last ``last`` windows without the ranks of the
+    ``evicted`` nodes, spikes left out (they are the spike rate's, and stay after an eviction):
+    in a collective job the slowest remaining rank's arrival plus the collective
+    (``(1 - gpu_frac) x step - sync_ms``), in an independent job the slowest remaining rank's
+    mean step. What a what-if after evicting those nodes must predict."""
+    arrive = _arrival_ms(cfg, design=True)[-last:]
+    ms = cfg.step_ms if cfg.step_ms > 0 else 100.0
+    rest = ms * (1.0 - cfg.gpu_frac) - cfg.sync_ms
+    gone = set(evicted)
+    stay = np.repeat([n not in gone for n in cfg.nodes], cfg.gpus_per_node)
+    if cfg.mode == "collective":
+        return float((arrive[:, stay].max(axis=1) + rest).mean())
+    return float((arrive[:, stay] + rest).mean(axis=0).max())
 
 
 def kind_of_node(cfg: SimConfig, node_index: int) -> str:

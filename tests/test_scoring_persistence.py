@@ -148,3 +148,64 @@ def test_the_long_rule_never_convicts_on_fewer_flags_than_persist_k():
     codes = [int(st.update(np.array([0]), np.array([True]), np.array([True]), strict)[0])
              for _ in range(7)]
     assert STRAGGLER not in codes           # 7 flags: neither 8 of 8 nor (at least 8) of 20
+
+
+def test_one_episode_with_gaps_clears_within_clear_m_of_its_last_flag():
+    """One fault whose flags miss two windows in a row: 6 flags in 20, but one episode (fewer
+    than clear_m clean windows never end an episode). It clears clear_m windows after its last
+    flag instead of being held by the long rule while the flags stay in its 20 windows."""
+    v, st = _run_state([True, True, True, False, False, True, True, True] + [False] * 8)
+    assert v[7] == STRAGGLER
+    assert v[7 + CFG.clear_m] == HEALTHY and not st.intermittent[0]
+    assert all(x == HEALTHY for x in v[7 + CFG.clear_m:])
+
+
+def test_a_recovered_straggler_is_not_convicted_again_by_one_hiccup():
+    """Five slow windows, cleared, then one flagged window while the five are still within its
+    last 20: 6 flags in two episodes, but the old episode's flags were spent when it cleared.
+    The hiccup is a suspect window, then the node is healthy again."""
+    v, st = _run_state([True] * 5 + [False] * 4 + [True] + [False] * 5)
+    assert v[4] == STRAGGLER and v[4 + CFG.clear_m] == HEALTHY
+    assert v[9] == SUSPECT
+    assert STRAGGLER not in v[4 + CFG.clear_m:] and v[-1] == HEALTHY
+    assert int(st.long_history[0]).bit_count() == 6          # the flags are still there
+
+
+def test_a_node_that_comes_back_is_convicted_again_and_held_as_intermittent():
+    """After a cleared episode the node is slow again for three windows: the short rule convicts
+    it, and the two episodes (with healthy windows between them) hold it as intermittent."""
+    v, st = _run_state([True] * 5 + [False] * 4 + [True] * 3 + [False] * 4)
+    assert v[11] == STRAGGLER
+    assert v[-1] == STRAGGLER and bool(st.intermittent[0])
+    # after a cleared episode, six new flags (never three in five) convict it too
+    v, _ = _run_state([True] * 4 + [False] * 4 + [True, False, False] * 6)
+    assert STRAGGLER not in v[4 + CFG.clear_m:4 + CFG.clear_m + 15]
+    assert v[-3] == STRAGGLER
+
+
+def _node_verdicts(cfg, node: str) -> list[set[str]]:
+    """The node's GPU verdicts after each scored epoch (the real Engine on simulated windows)."""
+    from hypertrace.sim import simulate
+    e = Engine(ScoringConfig())
+    for w in simulate.generate(cfg):
+        e.ingest(w)
+    results = sorted(e.flush(now_ns=2**62), key=lambda r: r.epoch)
+    return [{v for (n, _), v in r.verdicts.items() if n == node} for r in results]
+
+
+def test_engine_a_fault_that_ended_clears_within_clear_m_windows_and_a_hiccup_does_not_reconvict():
+    """A node 25% slow for five windows (50 s), then healthy, then one slow window: convicted
+    during the fault, healthy by the clear_m-th clean window after it (30 s at the defaults), and
+    the one slow window later leaves it at most suspect."""
+    from hypertrace.sim.simulate import SimConfig, Straggler
+    node = "node-0006"
+    cfg = SimConfig(gpus=128, windows=18, seed=3, stragglers=(
+        Straggler(node, 1.25, flap_on=5, flap_off=100),
+        Straggler(node, 1.25, onset=11, flap_on=1, flap_off=100)))
+    clear_m = ScoringConfig().clear_m
+    seen = _node_verdicts(cfg, node)
+    assert "straggler" in seen[4]
+    assert seen[4 + clear_m] == {"healthy"}                 # the clear_m-th clean window
+    assert "suspect" in seen[11]                            # the hiccup was seen ...
+    assert all("straggler" not in s for s in seen[4 + clear_m:])   # ... and did not convict
+    assert seen[-1] == {"healthy"}

@@ -345,3 +345,32 @@ def test_collective_ranks_time_the_same_steps_and_wait_for_a_delayed_peer():
     assert own[1] == pytest.approx(own[0], rel=0.03)  # their own time did not move
     paused = [(steps[(1, r)][1] - steps[(1, r)][2]) / steps[(1, r)][3] for r in range(16, 24)]
     assert min(paused) > 1.3 * own[1]                # the paused node's own time holds them
+
+
+def test_true_slowdown_is_in_step_terms_a_side_that_does_not_pace_the_step_costs_nothing():
+    """Launches 12% slower where the GPU sets the pace (CPU 80 ms, GPU 90 ms per step): the
+    rank's time to the step's end barely moves. 30% slower: the CPU side (104 ms) sets it, 15%
+    over the others' 90.5 ms. In a launch-bound job (CPU 95 ms, GPU 80 ms) a 10% slower host is
+    10% slower."""
+    from hypertrace.sim.simulate import true_slowdown
+    node = "node-0003"
+    gpu_paced = SimConfig(gpus=64, windows=2, seed=7, busy_frac=0.8)
+    slow = [true_slowdown(replace(gpu_paced, stragglers=(Straggler(node, f, where="host"),)))
+            [24:32] for f in (1.12, 1.30)]
+    assert np.all(slow[0] < 0.01)
+    assert np.all(np.abs(slow[1] - 0.15) < 0.02)
+    bound = replace(gpu_paced, busy_frac=0.95, gpu_frac=0.8,
+                    stragglers=(Straggler(node, 1.10, where="host"),))
+    assert np.all(np.abs(true_slowdown(bound)[24:32] - 0.10) < 0.02)
+
+
+def test_true_step_without_evicted_nodes_is_the_slowest_remaining_ranks():
+    """Collective: the slowest remaining rank's arrival plus the collective; independent: the
+    slowest remaining rank's step (both 100 ms for the default healthy job)."""
+    from hypertrace.sim.simulate import true_step_ms
+    base = SimConfig(gpus=64, windows=4, seed=7,
+                     stragglers=(Straggler("node-0003", 1.30, where="compute"),))
+    for mode in ("collective", "independent"):
+        cfg = replace(base, mode=mode)
+        assert true_step_ms(cfg) == pytest.approx(0.9 * 130 + 0.5 + 9.5, rel=0.01)
+        assert true_step_ms(cfg, ["node-0003"]) == pytest.approx(100.0, rel=0.01)

@@ -1,8 +1,10 @@
-"""The what-if prediction on step times: evicting a slow node predicts a gain close to its slowdown.
+"""The what-if prediction on step times: evicting a slow node predicts the step the remaining
+ranks run at.
 
-Simulated windows carry per-rank step-time histograms (each rank's own time to reach the step's
-collective), so E[max over ranks] of them is the expected cluster step. These tests run the real
-simulator and the real Engine, and read the report a user would read.
+Simulated windows carry per-rank step statistics (step sums, waits, step-time histograms); the
+simulator knows each rank's true time to the step's end (:func:`~hypertrace.sim.simulate.
+true_step_ms`). These tests run the real simulator and the real Engine, and read the report a
+user would read.
 """
 from __future__ import annotations
 
@@ -57,31 +59,48 @@ def test_evicting_a_10pct_slow_node_predicts_a_gain_close_to_10pct(slow):
     job = slow.jobs[0]
     assert [n.node for n in job.nodes if n.verdict == "straggler"] == ["node-0013"]
     c = job.cluster
-    # busy time (plus own-GPU wait) when the windows carry step statistics, else step times
-    assert c.basis.startswith(("step.busy", "step_time"))
+    # a collective job: the measured step, less what the slow node's own time adds
+    assert c.basis.startswith("step.own")
     assert list(c.evicted_nodes) == ["node-0013"]
     assert c.step_time_after_eviction_us < c.step_time_now_us
-    # the histograms' 12.5% buckets widen every rank's distribution, which lifts E[max] of the
-    # healthy ranks and so understates the gain of a 10% slower node a little
-    assert 0.03 < c.predicted_gain < 0.15
+    assert 0.05 < c.predicted_gain < 0.15
     assert c.predicted_gain == pytest.approx(c.step_time_now_us / c.step_time_after_eviction_us
                                              - 1.0)
     assert 90_000 < c.step_time_after_eviction_us < 125_000          # ~100 ms steps
 
 
+@pytest.mark.parametrize("mode", ["collective", "independent"])
+@pytest.mark.parametrize("scenario,gpus", [("gpu-slow", 64), ("cpu-hog", 256), ("host-10", 256)])
+def test_the_step_after_eviction_is_the_remaining_ranks_true_step(scenario, gpus, mode):
+    """Within 5% of the step the ranks that stay really run at (spikes left out), in both
+    modes, with the catalog's wide noise; E[max] of per-step histograms read 19-31% high on an
+    H200 and several times the step at 512 simulated ranks."""
+    from hypertrace.sim.simulate import true_step_ms
+    cfg = replace(scenarios.get(scenario).config(gpus, 8, 10, seed=31), mode=mode)
+    job = _report(cfg).jobs[0]
+    c = job.cluster
+    assert c.evicted_nodes and job.mode == mode
+    assert c.basis.startswith("step.own" if mode == "collective" else "step.time")
+    now, after = true_step_ms(cfg), true_step_ms(cfg, c.evicted_nodes)
+    assert c.step_time_after_eviction_us / 1e3 == pytest.approx(after, rel=0.05)
+    assert c.step_time_now_us / 1e3 == pytest.approx(now, rel=0.05)
+    assert c.predicted_gain == pytest.approx(now / after - 1.0, abs=0.05)
+
+
 def test_clean_job_predicts_no_gain(clean):
     c = clean.jobs[0].cluster
-    assert c.basis.startswith(("step.busy", "step_time")) and not c.evicted_nodes
+    assert c.basis.startswith("step.own") and not c.evicted_nodes
     assert c.step_time_now_us == c.step_time_after_eviction_us and c.predicted_gain == 0.0
     assert c.spike_probability == 0.0
 
 
-def test_launch_only_straggler_is_flagged_but_eviction_gains_nothing():
-    # a slow host whose GPU work is normal (deep queue) does not lengthen the step
+def test_a_slow_launcher_whose_gpu_sets_the_pace_is_not_convicted_and_gains_nothing():
+    # a slow host whose GPU work is normal (deep queue) does not lengthen the step: not a
+    # straggler under the 5% contract, and evicting it would gain nothing
     cfg = SimConfig(**BASE, stragglers=(Straggler("node-0013", 1.10, where="host"),))
     job = _report(cfg).jobs[0]
-    assert [n.node for n in job.nodes if n.verdict == "straggler"] == ["node-0013"]
-    assert abs(job.cluster.predicted_gain) < 0.01
+    assert [n.node for n in job.nodes if n.verdict == "straggler"] == []
+    assert job.cluster.predicted_gain == 0.0 and not job.cluster.evicted_nodes
 
 
 def test_spike_rates_come_from_steps_and_stragglers_are_not_spikes():
@@ -158,7 +177,7 @@ def test_a_one_node_job_never_gets_an_eviction_prediction():
     from hypertrace.analyzer.engine import Engine
     from hypertrace.sim.simulate import SimConfig, Straggler
     cfg = SimConfig(gpus=8, windows=8, seed=2,
-                    stragglers=(Straggler("node-0000", 1.3, where="cpu", gpus=(5,)),))
+                    stragglers=(Straggler("node-0000", 1.6, where="cpu", gpus=(5,)),))
     e = Engine(ScoringConfig())
     for w in simulate.generate(cfg):
         e.ingest(w)

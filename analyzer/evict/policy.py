@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from hypertrace.analyzer.theory import STEP_BASES
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.settings import ConfigError
 
@@ -136,7 +137,7 @@ def judge(job: pb.JobReport, policy: EvictPolicy) -> list[Verdict]:
     """The policy's rules that need only the report (module docstring); the limits that need
     the history are applied by the caller (:mod:`hypertrace.analyzer.evict.evictor`)."""
     out = []
-    step_basis = job.cluster.basis.startswith(("step.busy", "step_time"))
+    step_basis = job.cluster.basis.startswith(STEP_BASES)
     nodes = len(job.nodes) + job.healthy_nodes_omitted
     for c in candidates(job):
         if not step_basis:
