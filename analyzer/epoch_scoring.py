@@ -375,6 +375,7 @@ def _signal_rows(job: JobState, cs: CrossSection, sig: signals.SignalEpoch) -> l
     for s in sig.scores:
         mean = means.get(s.name)
         mean_median = _finite_median(mean) if mean is not None else float("nan")
+        sign = -1.0 if s.name in signals.SLOW_WHEN_LOW else 1.0   # the deficit is the effect
         for i in np.flatnonzero(s.high | s.low).tolist():
             row = int(cs.rows[i])
             node, gpu_name = job.keys[row]
@@ -387,7 +388,7 @@ def _signal_rows(job: JobState, cs: CrossSection, sig: signals.SignalEpoch) -> l
                 direction="high" if s.high[i] else "low", implicates=imp, basis="gpu",
                 unit=s.unit, evidence=sig.evidence(i) if (imp or s.high[i]) else {},
                 strength=float(s.strength[i]),
-                step_share=_signal_step_share(
+                step_share=sign * _signal_step_share(
                     s.unit, *((float(mean[i]), mean_median) if mean is not None
                               and np.isfinite(mean[i]) and np.isfinite(mean_median)
                               else (float(s.value[i]), float(s.median[i]))), median_step,

@@ -104,7 +104,8 @@ API_WORDS = {"cudaLaunchKernel": "launch", "cuLaunchKernel": "driver launch",
 SIGNAL_WORDS = {"sched.runq": "run-queue wait", "step.own": "own time per step",
                 "step.time": "step time", "step.busy": "busy time per step",
                 "step.gpu_wait": "GPU wait per step", "step.peer_wait": "peer wait per step",
-                "launch.rate": "launch rate", "gpu.sm_clock": "SM clock"}
+                "launch.rate": "launch rate", "gpu.sm_clock": "SM clock",
+                "sync.wait_share": "synchronize time"}
 #: Healthy nodes listed after the flagged ones before the table says "N more".
 TABLE_HEALTHY_NODES = 10
 WIDTH = 100

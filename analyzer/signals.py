@@ -77,6 +77,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hypertrace.analyzer import sync_share
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.cross_section import CrossSection, Hists
 from hypertrace.analyzer.scoring import (HostLayout, host_allowance, host_medians,
@@ -95,6 +96,7 @@ SIGNALS: tuple[tuple[str, str, str], ...] = (
     ("step.busy", "us", "p50"),
     ("launch.rate", "hz", "rate"),
     ("step.peer_wait", "us", "per_step"),
+    (sync_share.SIGNAL, "share", "share"),
 )
 SIGNAL_NAMES = frozenset(name for name, _, _ in SIGNALS)
 
@@ -123,7 +125,14 @@ SIGNAL_MEANINGS: dict[tuple[str, str], str] = {
     ("launch.rate", "high"): "issues launches faster than the job: not a problem by itself",
     ("gpu.sm_clock", "low"): "SM clock lower than the job's: throttled GPU",
     ("gpu.sm_clock", "high"): "SM clock higher than the job's: not a problem by itself",
+    (sync_share.SIGNAL, "low"): "spends less of its time in synchronize calls than the job, its "
+                                "waits shorter across the board: the rank the others wait for "
+                                "(no step data)",
+    (sync_share.SIGNAL, "high"): "spends more of its time in synchronize calls than the job: it "
+                                 "waits on others, or on its own GPU; not convicting by itself",
 }
+#: Signals whose low tail is the slow side: a finding's effect on the step is its deficit.
+SLOW_WHEN_LOW = frozenset({"launch.rate", "gpu.sm_clock", sync_share.SIGNAL})
 
 
 def signal_meaning(name: str, direction: str) -> str:
@@ -171,6 +180,9 @@ class SignalEpoch:
     #: (G,) the GPU's steps moved, or it has none to check (:func:`steps_corroborate`): what a
     #: run-queue share and a GPU's own launch tail need to convict
     steps_moved: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    #: (G,) where the synchronize share was flagged low: how far the GPU's synchronize time
+    #: sits below its peers' across the board (analyzer/sync_share.py); NaN elsewhere
+    sync_shape: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def evidence(self, i: int) -> dict[str, tuple[float, float]]:
         """{signal: (this GPU's value, its job median)} of GPU ``i`` for every scored signal,
@@ -183,6 +195,8 @@ class SignalEpoch:
             out["cpu_contention"] = (1.0 if runq.high[i] else 0.0, float("nan"))
         if np.isfinite(self.runq_p50_us[i]):
             out["runq.p50_us"] = (float(self.runq_p50_us[i]), float("nan"))
+        if self.sync_shape.size and np.isfinite(self.sync_shape[i]):
+            out["sync.shape"] = (float(self.sync_shape[i]), float("nan"))
         return out
 
 
@@ -287,8 +301,18 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
         "launch.rate": (rate, attached & (launch_calls >= cfg.min_samples), None, None),
         "step.peer_wait": (peer_wait, step_ok, None, wait_gate),
     }
+    # without step records, the rank the job waits for shows only in its synchronize time
+    no_steps = (steps < cfg.min_steps) & (step_n < cfg.min_steps)
+    sync_time = None
+    if no_steps.any() and mode != "independent":
+        sync_time = sync_share.measure(cs, cfg)
+        inputs[sync_share.SIGNAL] = (sync_time.share, np.isfinite(sync_time.share)
+                                     & (sync_time.calls >= cfg.min_samples), None,
+                                     cfg.min_effect)
     scores: list[SignalScore] = []
     for name, unit, stat in SIGNALS:
+        if name not in inputs:
+            continue
         value, usable, se, gate = inputs[name]
         if (name in ("step.gpu_wait", "step.peer_wait") and gate is None) or not usable.any():
             continue
@@ -304,6 +328,7 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
                        np.where(step_n >= cfg.min_steps, step_p50, np.nan))
     own_us = np.where(step_ok & np.isfinite(own), own, np.nan)
     steps_moved = steps_corroborate(_step_measures(mode, own_us, busy_us, step_us), cfg, groups)
+    shape = np.full(n, np.nan)
     for s in scores:
         if s.name == "step.own":
             s.implicating = s.high.copy()
@@ -315,6 +340,14 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
             s.implicating = s.low & (mode == "independent")
         elif s.name == "gpu.sm_clock":
             s.implicating = s.low.copy()
+        elif s.name == sync_share.SIGNAL and sync_time is not None:
+            # scored against every GPU with synchronize calls, found only where steps are not
+            for tail in (s.scored, s.high, s.low):
+                tail &= no_steps
+            ok, shape = sync_share.waited_for(
+                sync_time, s.low, s.median - s.value, launch_calls,
+                sig.attached_s if sig is not None else zeros, groups, cfg)
+            s.implicating = s.low & ok
         # step.busy and step.gpu_wait say which part of a slow rank's step grew; step.peer_wait
         # says it arrives last. None of them implicates on its own (module docstring).
     sufficient = np.zeros(n, dtype=bool)
@@ -323,7 +356,7 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
         sufficient |= s.scored
         flagged |= s.implicating
     return SignalEpoch(mode, scores, runq_p50, sufficient, flagged, by_name, busy_us, step_us,
-                       own_us, steps_moved)
+                       own_us, steps_moved, shape)
 
 
 def _score(name: str, unit: str, stat: str, value: np.ndarray, usable: np.ndarray,
