@@ -101,12 +101,17 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     for api, hists in cs.apis.items():
         if cfg.api_kind(api) == "launch":
             launch_calls += hists.total()
-    if (cfg.auto_groups and cs.signals is not None and cs.step_time is not None
-            and not any(job.group_names)):
-        job.auto_groups.update(
-            rows, auto_groups.calls_per_step(launch_calls, cs.signals.attached_s,
-                                             cs.step_time.quantiles_us([0.5])[:, 0]),
-            cfg.min_gpus, cfg.persist_k, len(job.keys))
+    if cfg.auto_groups and cs.signals is not None and not any(job.group_names):
+        if cs.step_time is not None:
+            job.auto_groups.update(
+                rows, auto_groups.calls_per_step(launch_calls, cs.signals.attached_s,
+                                                 cs.step_time.quantiles_us([0.5])[:, 0]),
+                cfg.min_gpus, cfg.persist_k, len(job.keys))
+        elif launch_calls.any():        # no step data: launches per second, stage-shaped
+            job.auto_groups.update(
+                rows, auto_groups.launch_rates(launch_calls, cs.signals.attached_s),
+                cfg.min_gpus, cfg.persist_k, len(job.keys),
+                hosts=np.asarray(job.host_codes, dtype=np.int64)[rows])
     groups, labels = job.peer_groups(rows, cfg.min_gpus)
     sufficient = np.zeros(g, dtype=bool)
     flagged = np.zeros(g, dtype=bool)

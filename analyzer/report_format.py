@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from google.protobuf import json_format
 
+from hypertrace.analyzer.auto_groups import NO_STEP_NAME
 from hypertrace.analyzer.causes import duration_text
 from hypertrace.proto import hypertrace_pb2 as pb
 
@@ -256,10 +257,20 @@ def report_to_table(report: pb.Report, verbose: bool = False,
         for group, ds in by_group.items():
             d = ds[0]
             also = f" (also {', '.join(x.signal for x in ds[1:])})" if ds[1:] else ""
+            numbers = (f"({d.gpus} GPUs) {d.signal} {_fmt_value(d.value, d.unit)} vs "
+                       f"{_fmt_value(d.reference, d.unit)} across groups ({d.ratio - 1:+.1%})"
+                       f"{also}")
+            if NO_STEP_NAME in group:
+                out.extend(_wrapped(
+                    f"possible pipeline: group {group} {numbers}. Without step data the job's "
+                    "ranks form stage-shaped launch groups (whole nodes, this one launching "
+                    "more per second): the job may be a pipeline whose stage does more work. "
+                    "Each group is compared only with itself and none is convicted as a whole; "
+                    "set HYPERTRACE_PIPELINE_STAGES, or enable step data, to read it in step "
+                    "terms"))
+                continue
             out.extend(_wrapped(
-                f"imbalance: group {group} ({d.gpus} GPUs) {d.signal} "
-                f"{_fmt_value(d.value, d.unit)} vs {_fmt_value(d.reference, d.unit)} across "
-                f"groups ({d.ratio - 1:+.1%}){also}: the group does more work; rebalance it, "
+                f"imbalance: group {group} {numbers}: the group does more work; rebalance it, "
                 "evicting its nodes would not help"))
         if job.healthy_nodes_omitted:
             out.extend(_wrapped(f"{job.healthy_nodes_omitted} more healthy nodes not in this "

@@ -103,7 +103,9 @@ The model (all latencies per GPU, per window, per API):
   Independent ranks' steps carry their own. Steps per window: ``round(window / step)``, the
   same on every rank of a collective job. ``gpu_wait_us`` / ``peer_wait_us`` are the model's
   per-step means x steps with a per-window noise (``wait_jitter`` 2%), ``step_sum_us`` the
-  step histogram's sum. In a collective job the time a rank's step was delayed by *others*
+  step histogram's sum. ``peer_spin`` > 0 models a wait for peers that polls (a file
+  handshake): that share of the peer wait is on CPU, so it is measured as busy time. In a
+  collective job the time a rank's step was delayed by *others*
   (the shared step's excess over the model, less the rank's own busy excess) is peer wait:
   it waited for them. ``step_ms = 0`` emits no steps. Draws: streams ``[seed, 11]`` (steps),
   ``[seed, 17]`` (busy), ``[seed, 19]`` (wait noise), so the API histograms never move.
@@ -290,6 +292,8 @@ class SimConfig:
     stage_labels: bool = True           # windows name each rank's stage (ProcessWindow.group)
     stage_calls: float = 0.0            # the last stage launches this much more per step
     probe_cost_ns: float = 3_500.0      # per firing (measured 3-4 us in a torch loop on an H200)
+    peer_spin: float = 0.0              # share of the wait for peers spent polling on CPU
+                                        # (a file handshake): busy time, not idle
     paced_syncs: bool = False           # synchronize (and launch) calls paced by the work
                                         # between synchronizations (module docstring)
 
@@ -352,6 +356,9 @@ class SimConfig:
                 and self.hiccup_nodes >= 1 and self.hiccup_windows >= 1):
             raise ValueError("idle_syncs >= 0, idle_sync_us > 0, hiccup_prob in [0, 1], "
                              "hiccup_nodes and hiccup_windows >= 1")
+        if not 0.0 <= self.peer_spin <= 1.0:
+            raise ValueError(f"peer_spin {self.peer_spin!r}: the share of a peer wait spent "
+                             "polling on CPU must be in [0, 1]")
         if not (isinstance(self.cadence, int) and self.cadence >= 1):
             raise ValueError(f"--cadence {self.cadence!r}: the launch tier is sampled every k-th "
                              "window; k must be an integer >= 1")
@@ -731,8 +738,11 @@ def step_model(cfg: SimConfig, compute: np.ndarray | None = None,
     else:
         step = arrive + rest
     steps = np.maximum(1, np.rint(cfg.window_seconds * 1e3 / step)).astype(np.int64)
-    return StepModel(busy=busy, gpu_wait=arrive - busy, peer_wait=step - arrive, step=step,
-                     steps=steps)
+    peer = step - arrive
+    # a rank that polls for its peers (a file handshake) is on CPU for part of its wait: the
+    # agent counts that part as busy time, not as time the process sat idle
+    return StepModel(busy=busy + cfg.peer_spin * peer, gpu_wait=arrive - busy,
+                     peer_wait=(1.0 - cfg.peer_spin) * peer, step=step, steps=steps)
 
 
 def _step_histograms(cfg: SimConfig, median_ms: np.ndarray, sigma: float, steps: np.ndarray,
