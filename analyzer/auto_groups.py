@@ -86,7 +86,8 @@ def launch_rates(launch_calls: np.ndarray, attached_s: np.ndarray) -> np.ndarray
 def stage_shaped(codes: np.ndarray, rates: np.ndarray, hosts: np.ndarray) -> bool:
     """Is a partition of launch rates (codes per GPU, -1: not read) shaped like pipeline
     stages: every host's read GPUs in one group, and every group but the largest launching more
-    per second (median) than the largest (module docstring)."""
+    per second (median) than the largest (module docstring). Of groups of equal size the one
+    launching most is the largest: a job split in halves is not read as stages."""
     read = codes >= 0
     h, c = hosts[read], codes[read]
     first = np.full(int(h.max()) + 1, -1, dtype=np.int64)
@@ -96,7 +97,7 @@ def stage_shaped(codes: np.ndarray, rates: np.ndarray, hosts: np.ndarray) -> boo
     k = int(c.max()) + 1
     sizes = np.bincount(c, minlength=k)
     medians = np.array([np.median(rates[read][c == i]) for i in range(k)])
-    largest = int(np.argmax(sizes))
+    largest = int(np.lexsort((medians, sizes))[-1])     # of equal sizes, the fastest launching
     return bool(np.all(np.delete(medians, largest) > medians[largest]))
 
 

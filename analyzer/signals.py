@@ -305,7 +305,7 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
     no_steps = (steps < cfg.min_steps) & (step_n < cfg.min_steps)
     sync_time = None
     if no_steps.any() and mode != "independent":
-        sync_time = sync_share.measure(cs, cfg)
+        sync_time = sync_share.measure(cs, cfg, groups)
         inputs[sync_share.SIGNAL] = (sync_time.share, np.isfinite(sync_time.share)
                                      & (sync_time.calls >= cfg.min_samples), None,
                                      cfg.min_effect)

@@ -14,9 +14,10 @@ rule reads two things, both against the rank's peers:
   covered: the whole window for the always tier, the slice for the sliced one). The job's median
   share less the rank's is the time per second the job's ranks wait for it beyond what they wait
   for the median rank: its effect on the step. It must be at least ``min_effect``, like the
-  absolute gates of the other waits. The calls above each GPU's own :data:`KEEP` quantile are left
-  out: a heavy tail (a spike of seconds among thousands of calls) is the rank's own hiccup, and
-  a rank that happened to draw none must not read as the one everybody waits for.
+  absolute gates of the other waits. Spikes are left out (calls from :data:`SPIKE_CUT` times
+  the peers' :data:`BODY_QUANTILE` of synchronize time on): a heavy tail (waits of seconds among
+  thousands of calls) is a rank's own hiccup, and a rank that happened to draw none must not
+  read as the one everybody waits for.
 * **The shape.** Its waits must be shorter across the board, not only fewer: the deciles of its
   *time* in synchronize calls (each call weighted by its duration, so calls that find the stream
   idle weigh nothing) must sit at least ``min_effect`` below its peers' pooled ones
@@ -47,29 +48,35 @@ from hypertrace.proto import buckets
 
 #: The name of the signal (analyzer/signals.py).
 SIGNAL = "sync.wait_share"
-#: Each GPU's calls up to this quantile count toward its share; the rest is its own tail.
-KEEP = 0.95
+#: The peers' synchronize time is read at this quantile for the spike cut: the lower part of
+#: their time lies in the body of their waits even when a heavy tail holds most of it (up to
+#: 90%).
+BODY_QUANTILE = 0.1
+#: Calls from this many times that quantile on are spikes, not the rank's typical wait (about
+#: 6x the median wait of a body as spread as a collective's).
+SPIKE_CUT = 8.0
 
 
 @dataclass
 class SyncTime:
-    """Per GPU (G,): its share of covered wall time in synchronize calls (NaN: unknown), the
-    calls behind it, and the time-weighted histogram of those calls (µs per bucket, the
-    calls above :data:`KEEP` left out), None when the epoch has no synchronize calls."""
+    """Per GPU (G,): its share of covered wall time in synchronize calls below the spike cut
+    (NaN: unknown), its synchronize calls, and the time-weighted histogram of all of them (µs
+    per bucket), None when the epoch has no synchronize calls."""
 
     share: np.ndarray
     calls: np.ndarray
     time: Hists | None
 
 
-def measure(cs: CrossSection, cfg: ScoringConfig) -> SyncTime:
+def measure(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]) -> SyncTime:
     """The synchronize time of every GPU of ``cs`` (module docstring). Each sync API's calls are
     counted over its own covered seconds: ``CrossSection.always_s`` where the agent probed it
-    in the always tier, else the sliced tier's ``attached_s``."""
+    in the always tier, else the sliced tier's ``attached_s``. Calls in buckets from
+    :data:`SPIKE_CUT` times the peers' pooled :data:`BODY_QUANTILE` of synchronize time on are
+    spikes, left out of the share."""
     n = cs.size
-    share = np.zeros(n)
+    parts: list[tuple[Hists, np.ndarray]] = []
     calls = np.zeros(n)
-    known = np.zeros(n, dtype=bool)
     time: Hists | None = None
     attached = cs.signals.attached_s if cs.signals is not None else np.zeros(n)
     for api, h in cs.apis.items():
@@ -77,28 +84,37 @@ def measure(cs: CrossSection, cfg: ScoringConfig) -> SyncTime:
             continue
         always = cs.always_s.get(api)
         covered = np.where(always > 0, always, attached) if always is not None else attached
-        weights = _kept_time(h)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            part = weights.total() / (covered * 1e6)
-        has = (h.total() > 0) & (covered > 0)
-        share += np.where(has, part, 0.0)
-        calls += np.where(has, h.total(), 0.0)
-        known |= has
+        weights = _as_time(h)
+        parts.append((weights, np.where((h.total() > 0) & (covered > 0), covered, np.nan)))
+        calls += np.where(covered > 0, h.total(), 0.0)
         time = weights if time is None else _add(time, weights)
-    return SyncTime(np.where(known, share, np.nan), calls, time)
+    share = np.full(n, np.nan)
+    if time is None:
+        return SyncTime(share, calls, None)
+    cut = np.full(n, buckets.NUM_BUCKETS)
+    for sel in groups:                   # the peers' body: where their time's lower part lies
+        pooled = Hists(time.counts_t[:, sel].sum(axis=1, keepdims=True), time.first)
+        q = float(pooled.quantiles_us([BODY_QUANTILE])[0, 0])
+        if np.isfinite(q):
+            cut[sel] = np.searchsorted(buckets.LOWER_NS, SPIKE_CUT * q * 1e3, side="left")
+    known = np.zeros(n, dtype=bool)
+    total = np.zeros(n)
+    for weights, covered in parts:
+        index = np.arange(weights.first, weights.first + weights.counts_t.shape[0])[:, None]
+        below = np.where(index < cut[None, :], weights.counts_t, 0.0).sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            part = below / (covered * 1e6)
+        ok = np.isfinite(part)
+        total += np.where(ok, part, 0.0)
+        known |= ok
+    share[known] = total[known]
+    return SyncTime(share, calls, time)
 
 
-def _kept_time(h: Hists) -> Hists:
-    """``h`` as time (µs per bucket: calls x bucket midpoint), each GPU's calls above its own
-    :data:`KEEP` quantile left out (a bucket that holds the quantile keeps its share below)."""
-    k = h.counts_t.shape[0]
-    below = h.cumulative() - h.counts_t
-    target = KEEP * h.total()[None, :]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        frac = np.clip((target - below) / h.counts_t, 0.0, 1.0)
-    frac = np.where(h.counts_t > 0, frac, 0.0)
-    mid_us = buckets.MID_NS[h.first:h.first + k][:, None] / 1e3
-    return Hists(h.counts_t * frac * mid_us, h.first)
+def _as_time(h: Hists) -> Hists:
+    """``h`` as time: µs per bucket (calls x the bucket's midpoint)."""
+    mid_us = buckets.MID_NS[h.first:h.first + h.counts_t.shape[0]][:, None] / 1e3
+    return Hists(h.counts_t * mid_us, h.first)
 
 
 def _add(a: Hists, b: Hists) -> Hists:
@@ -159,4 +175,4 @@ def waited_for(time: SyncTime, low: np.ndarray, deficit: np.ndarray, launch_call
     return ok, ratios
 
 
-__all__ = ["KEEP", "SIGNAL", "SyncTime", "measure", "pace_ratios", "shape_ratios", "waited_for"]
+__all__ = ["BODY_QUANTILE", "SPIKE_CUT", "SIGNAL", "SyncTime", "measure", "pace_ratios", "shape_ratios", "waited_for"]
