@@ -40,6 +40,7 @@ class Rank:
     idle: int = 300
     launches: int = 5000
     tail: int = 0                   # waits of 0.1-0.3 s (its own hiccups: a heavy tail)
+    steps: bool = False             # the agent found the steps (50 ms each)
 
 
 def _process(rank: int, r: Rank, rng: np.random.Generator) -> pb.ProcessWindow:
@@ -51,6 +52,14 @@ def _process(rank: int, r: Rank, rng: np.random.Generator) -> pb.ProcessWindow:
                            rng.lognormal(math.log(8e3), 0.2, r.idle),
                            rng.uniform(1e8, 3e8, r.tail)))
     p.apis.append(wire.api_stats_from_ns("cudaStreamSynchronize", sync))
+    if r.steps:
+        step = rng.normal(50e6, 0.5e6, r.waits)
+        p.step_time.CopyFrom(wire.pack_histogram(buckets.histogram_of_ns(step)))
+        p.steps.CopyFrom(pb.StepStats(
+            source="inferred:cudaStreamSynchronize", steps=r.waits,
+            busy_time=wire.pack_histogram(buckets.histogram_of_ns(step - r.wait_ms * 1e6)),
+            gpu_wait_us=r.waits * r.wait_ms * 1e3, peer_wait_us=0.0,
+            step_sum_us=float(step.sum() / 1e3)))
     p.sched.CopyFrom(pb.SchedStats(runq_ns=int(0.002 * WINDOW_S * 1e9), window_s=WINDOW_S,
                                    voluntary_switches=r.waits))
     p.overhead.CopyFrom(pb.Overhead(
@@ -161,12 +170,24 @@ def test_a_rank_without_the_job_s_heavy_tail_is_not_waited_for():
     assert all(v == "healthy" for v in verdicts(engine).values())
 
 
-def test_with_step_data_or_an_independent_job_the_rule_does_not_apply():
+def test_in_an_independent_job_the_rule_does_not_apply():
     """The same pattern read as an independent job (job_mode) is not scored: nobody waits for
     anybody there."""
     def rank_of(e, k, rng):
         return Rank(wait_ms=3.0) if k == SLOW else healthy(rng)
     engine, results = run(windows(5, rank_of, seed=6), ScoringConfig(job_mode="independent"))
+    assert not share_rows(results, SLOW) and verdicts(engine)[SLOW] == "healthy"
+
+
+def test_with_step_data_the_steps_decide_not_the_synchronize_time():
+    """The same waits with step records (equal steps, the slow rank's own time no longer): no
+    synchronize-share finding at all; its shorter waits stay what they were, support."""
+    def rank_of(e, k, rng):
+        r = Rank(wait_ms=3.0) if k == SLOW else healthy(rng)
+        r.steps = True
+        return r
+    engine, results = run(windows(5, rank_of, seed=6))
+    assert engine.report(now_ns=0).jobs[0].mode != ""
     assert not share_rows(results, SLOW) and verdicts(engine)[SLOW] == "healthy"
 
 
@@ -212,3 +233,23 @@ def test_the_always_tier_seconds_survive_a_worker_s_accumulator():
     cs = whole.build()
     assert cs.rows.tolist() == [0, 3]
     assert cs.always_s["cudaStreamSynchronize"].tolist() == [WINDOW_S, WINDOW_S]
+
+
+@pytest.mark.parametrize("slow_has_steps", [True, False])
+def test_in_a_job_where_some_ranks_have_steps_only_those_without_are_judged_so(slow_has_steps):
+    """Ranks 4-7 report steps (their agents found them), 0-3 do not; every rank is compared
+    with the whole job's synchronize time, and only a rank without steps can be convicted by
+    it. Rank 5 (with steps) or rank 2 (without) is the one everybody waits for."""
+    slow = SLOW if slow_has_steps else 2
+
+    def rank_of(e, k, rng):
+        r = Rank(wait_ms=3.0) if k == slow else healthy(rng)
+        r.steps = k >= 4
+        return r
+    engine, results = run(windows(5, rank_of, seed=10))
+    rows = share_rows(results, slow)
+    if slow_has_steps:
+        assert not rows and verdicts(engine)[slow] == "healthy"
+    else:
+        assert rows and all(r.implicates for r in rows)
+        assert verdicts(engine)[slow] == "straggler"
