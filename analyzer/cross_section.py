@@ -303,8 +303,9 @@ class CrossSection:
     step_time: Hists | None
     windows: int = 0
     signals: ProcessSignals | None = None
-    #: per API probed in the always tier: (G,) seconds it was probed (0 where the GPU's
-    #: processes had it in the sliced tier, whose seconds are ``signals.attached_s``)
+    #: per API probed in the always tier by processes without steps: (G,) seconds it was
+    #: probed (0 where the GPU's processes had it in the sliced tier, whose seconds are
+    #: ``signals.attached_s``, or had steps)
     always_s: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -552,6 +553,7 @@ class EpochAccumulator:
                                  inv + sc.voluntary_switches, inv))
             if sc.HasField("runq_latency"):
                 self._runq_hist.add(row, sc.runq_latency)
+        steps = 0
         if has("steps"):
             st = p.steps
             steps = st.steps
@@ -569,8 +571,10 @@ class EpochAccumulator:
             ov = self._overhead
             ov.rows.append(row)
             ov.values.extend((o.attached_s, 1.0 if o.sampled else 0.0))
-            if o.tiers and has("sched"):
-                # an always-tier API is probed for as long as the process was covered
+            if not steps and o.tiers and has("sched"):
+                # a process without steps: its synchronize time is read per second of wall
+                # time (analyzer/sync_share.py), and an always-tier API is probed for as long
+                # as the process was covered
                 covered = p.sched.window_s
                 for t in o.tiers:
                     if t.tier == TIER_ALWAYS:

@@ -301,12 +301,13 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
         "launch.rate": (rate, attached & (launch_calls >= cfg.min_samples), None, None),
         "step.peer_wait": (peer_wait, step_ok, None, wait_gate),
     }
-    # without step records, the rank the job waits for shows only in its synchronize time
-    no_steps = (steps < cfg.min_steps) & (step_n < cfg.min_steps)
+    # without step records, the rank the job waits for shows only in its synchronize time:
+    # GPUs whose processes sent no step are scored by it, among themselves
+    no_steps = (steps <= 0) & (step_n <= 0)
     sync_time = None
-    if no_steps.any() and mode != "independent":
+    if int(no_steps.sum()) >= cfg.min_gpus and mode != "independent":
         sync_time = sync_share.measure(cs, cfg, groups)
-        inputs[sync_share.SIGNAL] = (sync_time.share, np.isfinite(sync_time.share)
+        inputs[sync_share.SIGNAL] = (sync_time.share, no_steps & np.isfinite(sync_time.share)
                                      & (sync_time.calls >= cfg.min_samples), None,
                                      cfg.min_effect)
     scores: list[SignalScore] = []
@@ -341,9 +342,6 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
         elif s.name == "gpu.sm_clock":
             s.implicating = s.low.copy()
         elif s.name == sync_share.SIGNAL and sync_time is not None:
-            # scored against every GPU with synchronize calls, found only where steps are not
-            for tail in (s.scored, s.high, s.low):
-                tail &= no_steps
             ok, shape = sync_share.waited_for(
                 sync_time, s.low, s.median - s.value, launch_calls,
                 sig.attached_s if sig is not None else zeros, groups, cfg)

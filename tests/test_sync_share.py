@@ -237,9 +237,9 @@ def test_the_always_tier_seconds_survive_a_worker_s_accumulator():
 
 @pytest.mark.parametrize("slow_has_steps", [True, False])
 def test_in_a_job_where_some_ranks_have_steps_only_those_without_are_judged_so(slow_has_steps):
-    """Ranks 4-7 report steps (their agents found them), 0-3 do not; every rank is compared
-    with the whole job's synchronize time, and only a rank without steps can be convicted by
-    it. Rank 5 (with steps) or rank 2 (without) is the one everybody waits for."""
+    """Ranks 4-7 report steps (their agents found them), 0-3 do not; the ranks without steps
+    are compared by their synchronize time among themselves, the others are judged by their
+    steps. Rank 5 (with steps) or rank 2 (without) is the one everybody waits for."""
     slow = SLOW if slow_has_steps else 2
 
     def rank_of(e, k, rng):
