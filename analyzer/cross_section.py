@@ -175,16 +175,23 @@ class Hists:
         start at or above ``factor`` x ``base_us``: the share a second mode (a pause) adds to
         the mean. Exactly 0 for a distribution with no such mode, where a midpoint mean less a
         quantile would carry the buckets' rounding. NaN for GPUs with no samples."""
+        count, sum_us = self.tail_from(base_us, factor)
+        total = self.total().astype(np.float64)
+        base = np.nan_to_num(base_us, nan=np.inf)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = np.where(count > 0, sum_us - count * base, 0.0) / total
+        out[total <= 0] = np.nan
+        return out
+
+    def tail_from(self, base_us: np.ndarray, factor: float) -> tuple[np.ndarray, np.ndarray]:
+        """((G,) samples, (G,) their sum in µs from the bucket midpoints) of the buckets that
+        start at or above ``factor`` x ``base_us`` (G,); none where ``base_us`` is NaN."""
         k = self.counts_t.shape[0]
         lower = buckets.LOWER_NS[self.first:self.first + k][:, None] / 1000.0
         mid = buckets.MID_NS[self.first:self.first + k][:, None] / 1000.0
         base = np.nan_to_num(base_us, nan=np.inf)[None, :]
-        excess = np.where(lower >= factor * base, mid - base, 0.0)
-        total = self.total().astype(np.float64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out = (excess * self.counts_t).sum(axis=0) / total
-        out[total <= 0] = np.nan
-        return out
+        tail = np.where(lower >= factor * base, self.counts_t, 0.0)
+        return tail.sum(axis=0), (tail * mid).sum(axis=0)
 
     def dense(self) -> np.ndarray:
         """(G, NUM_BUCKETS) counts, for code that needs the whole scheme (theory, tests)."""

@@ -40,7 +40,10 @@ The model (all latencies per GPU, per window, per API):
   one the rank's own interval, ``sync_base_us + max(CPU side, GPU work)``, its wait the GPU work
   left when the CPU side is done, the CPU side ``busy_frac / gpu_frac`` of ``compute_us`` times
   the host factor) plus ``idle_syncs`` idle ones; the launch calls follow the same pace (a
-  rank with shorter intervals launches more per second). The synchronize API is in the always
+  rank with shorter intervals launches more per second). A window holds as many waiting
+  synchronize calls as intervals, and ``idle_syncs`` idle ones per interval (the expected
+  counts rounded up or down at random, not Poisson or binomial draws: a collective's ranks
+  synchronize equally often). The synchronize API is in the always
   tier when its rate fits the agent's always share, and is then counted over the whole window.
   So its time per second of wall time is what a real rank's would be: the no-step scenarios
   read the rank the job waits for from it.
@@ -655,16 +658,40 @@ def _simulate(cfg: SimConfig) -> tuple[dict[str, np.ndarray], np.ndarray, np.nda
                 api_mix = mix if m.kind == "launch" else None
                 if m.kind == "launch":
                     calls = stage_calls
-            probs = _mixture_bucket_probs(
-                median, m, None if bursts is None else (bursts[0][w], bursts[1][w]), api_mix)
+            burst = None if bursts is None else (bursts[0][w], bursts[1][w])
+            if pace is not None and m.kind == "sync":
+                out[m.api][w] = _paced_sync_counts(cfg, m, rng, median, burst,
+                                                   pace * api_rate_hz(cfg, m) * (
+                                                       cfg.window_seconds * (
+                                                           cfg.duty if m.api in sliced else 1.0)))
+                continue
+            probs = _mixture_bucket_probs(median, m, burst, api_mix)
             if pace is None:
                 n = rng.poisson(m.calls_per_second * calls * cfg.window_seconds * cfg.duty,
                                 cfg.gpus)
-            else:                          # the always tier counts the whole window
-                covered = cfg.window_seconds * (cfg.duty if m.api in sliced else 1.0)
-                n = rng.poisson(api_rate_hz(cfg, m) * calls * pace * covered, cfg.gpus)
+            else:                          # launches at the rank's pace
+                n = rng.poisson(api_rate_hz(cfg, m) * calls * pace * cfg.window_seconds
+                                * (cfg.duty if m.api in sliced else 1.0), cfg.gpus)
             out[m.api][w] = rng.multinomial(n, probs).astype(np.uint64)
     return out, compute_all, host_all
+
+
+def _paced_sync_counts(cfg: SimConfig, m: ApiModel, rng: np.random.Generator,
+                       waits_us: np.ndarray, burst: tuple[np.ndarray, np.ndarray] | None,
+                       intervals: np.ndarray) -> np.ndarray:
+    """(G, NUM_BUCKETS) one window's paced synchronize calls: one waiting call per interval
+    (``intervals`` (G,) counted in the window, rounded up or down at random) around
+    ``waits_us``, and ``idle_syncs`` per interval at ``idle_sync_us``. The counts are the
+    pace's, not Poisson or binomial draws: a loop synchronizes as often as it steps."""
+    def rounded(x: np.ndarray) -> np.ndarray:
+        return np.floor(x + rng.random(x.shape)).astype(np.int64)
+
+    counts = rng.multinomial(rounded(intervals), _mixture_bucket_probs(waits_us, m, burst))
+    idle = rounded(intervals * cfg.idle_syncs)
+    if cfg.idle_syncs > 0:
+        counts += rng.multinomial(idle, _mixture_bucket_probs(
+            np.full(cfg.gpus, cfg.idle_sync_us), m, burst))
+    return counts.astype(np.uint64)
 
 
 def api_rate_hz(cfg: SimConfig, m: ApiModel) -> float:
