@@ -29,9 +29,10 @@ def _stragglers(cfg: SimConfig) -> set[str]:
 
 
 def test_a_node_whose_steps_hiccup_in_three_of_five_windows_is_not_convicted():
-    """12% of node-0003's steps (and calls) 4x slower in windows 1, 2 and 4: its step p50 moves
-    ~8% there; its typical step does not."""
-    hiccup = Burst("node-0003", (1, 2, 4), frac=0.12, scale=4.0)
+    """A fifth of node-0003's steps (and calls) 4x slower in windows 1, 2 and 4: its step p50
+    moves ~14% there (what convicted it when own time was read from the p50); its typical step
+    does not."""
+    hiccup = Burst("node-0003", (1, 2, 4), frac=0.2, scale=4.0)
     assert _stragglers(_jittered(bursts=(hiccup,))) == set()
 
 
