@@ -84,7 +84,7 @@ from hypertrace.analyzer.scoring import (HostLayout, host_allowance, host_median
                                          sampling_se_us, score_values)
 
 #: Share of step-carrying ranks that must agree within ``collective_spread`` for "collective".
-COLLECTIVE_SHARE = 0.95
+COLLECTIVE_SHARE = sync_share.COLLECTIVE_SHARE
 
 #: (name, unit, stat label) of every signal, in the order causes prefer them.
 SIGNALS: tuple[tuple[str, str, str], ...] = (
@@ -335,7 +335,8 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
     sync_time = None
     if int(no_steps.sum()) >= cfg.min_gpus and mode != "independent":
         sync_time = sync_share.measure(cs, cfg, groups)
-        inputs[sync_share.SIGNAL] = (sync_time.share, no_steps & np.isfinite(sync_time.share)
+        sync_time.share[~no_steps] = np.nan
+        inputs[sync_share.SIGNAL] = (sync_time.share, np.isfinite(sync_time.share)
                                      & (sync_time.calls >= cfg.min_samples), None,
                                      cfg.min_effect)
     scores: list[SignalScore] = []
@@ -375,9 +376,7 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
         elif s.name == "gpu.sm_clock":
             s.implicating = s.low.copy()
         elif s.name == sync_share.SIGNAL and sync_time is not None:
-            ok, shape = sync_share.waited_for(
-                sync_time, s.low, s.median - s.value, launch_calls,
-                sig.attached_s if sig is not None else zeros, groups, cfg)
+            ok, shape = sync_share.waited_for(sync_time, s.low, groups, cfg)
             s.implicating = s.low & ok
         # step.busy and step.gpu_wait say which part of a slow rank's step grew; step.peer_wait
         # says it arrives last. None of them implicates on its own (module docstring).

@@ -149,10 +149,10 @@ def test_fewer_waits_of_the_same_length_are_not_a_rank_the_job_waits_for():
 
 
 def test_a_rank_that_runs_ahead_of_the_job_is_fast_not_waited_for():
-    """An independent job without steps: the fast rank waits less but launches 30% more per
-    second (it runs ahead); the waited-for rank of a collective keeps the job's pace."""
+    """Without steps: the fast rank waits less but makes 30% more waiting calls (it runs
+    ahead); the waited-for rank of a collective synchronizes as often as the others."""
     def rank_of(e, k, rng):
-        return Rank(wait_ms=3.0, launches=6500) if k == SLOW else healthy(rng)
+        return Rank(wait_ms=3.0, waits=260, launches=6500) if k == SLOW else healthy(rng)
     engine, results = run(windows(6, rank_of, seed=4))
     rows = share_rows(results, SLOW)
     assert rows and all(r.direction == "low" and not r.implicates for r in rows)
@@ -168,6 +168,19 @@ def test_a_rank_without_the_job_s_heavy_tail_is_not_waited_for():
     engine, results = run(windows(6, rank_of, seed=5))
     assert not any(r.implicates for r in share_rows(results, SLOW))
     assert all(v == "healthy" for v in verdicts(engine).values())
+
+
+def test_ranks_that_do_not_synchronize_in_step_are_not_a_collective():
+    """Each rank makes its own number of synchronize calls (an independent job, its GPUs
+    spread 6%): a shorter wait does not mean anybody waits for it, and nothing is convicted."""
+    def rank_of(e, k, rng):
+        r = Rank(wait_ms=3.0) if k == SLOW else healthy(rng)
+        r.waits = int(200 * (1.0 + 0.03 * (k - 3.5)))
+        return r
+    engine, results = run(windows(5, rank_of, seed=11))
+    rows = share_rows(results, SLOW)
+    assert rows and all(r.direction == "low" and not r.implicates for r in rows)
+    assert verdicts(engine)[SLOW] == "healthy"
 
 
 def test_in_an_independent_job_the_rule_does_not_apply():
