@@ -71,13 +71,13 @@ def _process(rank: int, r: Rank, rng: np.random.Generator) -> pb.ProcessWindow:
     return p
 
 
-def windows(epochs: int, rank_of, seed: int = 0) -> list[pb.NodeWindow]:
+def windows(epochs: int, rank_of, seed: int = 0, ranks: int = RANKS) -> list[pb.NodeWindow]:
     """``rank_of(epoch, rank, rng) -> Rank``; one window per rank per epoch, each its own node."""
     rng = np.random.default_rng(seed)
     out = []
     for e in range(epochs):
         start = int((T0_S + e * WINDOW_S) * 1e9)
-        for k in range(RANKS):
+        for k in range(ranks):
             w = pb.NodeWindow(version=1, agent_id=f"agent-{k}", node=f"node-{k}", seq=e + 1)
             w.start.FromNanoseconds(start)
             w.end.FromNanoseconds(start + int(WINDOW_S * 1e9))
@@ -139,9 +139,10 @@ def test_a_two_percent_slow_rank_is_not_convicted_though_its_waits_are_far_short
 
 
 def test_fewer_waits_of_the_same_length_are_not_a_rank_the_job_waits_for():
-    """Half the waiting calls, each as long as the job's: a low share, an unmoved shape."""
+    """Half the waiting calls, each as long as the job's (and as many calls in all: more of them
+    find the stream idle): a low share, an unmoved shape."""
     def rank_of(e, k, rng):
-        return Rank(waits=100) if k == SLOW else healthy(rng)
+        return Rank(waits=100, idle=400) if k == SLOW else healthy(rng)
     engine, results = run(windows(6, rank_of, seed=3))
     rows = share_rows(results, SLOW)
     assert rows and all(r.direction == "low" and not r.implicates for r in rows)
@@ -149,11 +150,12 @@ def test_fewer_waits_of_the_same_length_are_not_a_rank_the_job_waits_for():
 
 
 def test_a_rank_that_runs_ahead_of_the_job_is_fast_not_waited_for():
-    """Without steps: the fast rank waits less but makes 30% more waiting calls (it runs
-    ahead); the waited-for rank of a collective synchronizes as often as the others."""
+    """Without steps, 24 ranks that synchronize in step but one: the fast rank waits less but
+    makes 30% more waiting calls (it runs ahead); the waited-for rank of a collective
+    synchronizes as often as the others."""
     def rank_of(e, k, rng):
         return Rank(wait_ms=3.0, waits=260, launches=6500) if k == SLOW else healthy(rng)
-    engine, results = run(windows(6, rank_of, seed=4))
+    engine, results = run(windows(6, rank_of, seed=4, ranks=24))
     rows = share_rows(results, SLOW)
     assert rows and all(r.direction == "low" and not r.implicates for r in rows)
     assert verdicts(engine)[SLOW] == "healthy"
