@@ -224,26 +224,37 @@ def infer_mode(step_p50_us: np.ndarray, has_steps: np.ndarray, cfg: ScoringConfi
     return "collective" if agree.mean() >= COLLECTIVE_SHARE else "independent"
 
 
-#: Steps from this many times a rank's median step on are spikes (a hiccup, a stall), left out
-#: of an independent rank's typical step (:func:`_typical_step`).
+#: Steps from this many times the median step of a rank's peers on are spikes (a hiccup, a
+#: stall), left out of an independent rank's typical step (:func:`_typical_step`).
 STEP_SPIKE_CUT = 2.0
 
 
 def _typical_step(step: Hists | None, step_p50: np.ndarray, step_n: np.ndarray,
-                  mean_step: np.ndarray, cfg: ScoringConfig) -> np.ndarray:
+                  mean_step: np.ndarray, groups: list[np.ndarray],
+                  cfg: ScoringConfig) -> np.ndarray:
     """(G,) an independent rank's typical step (µs): its mean step without its spikes, the
-    steps from :data:`STEP_SPIKE_CUT` times its median step on (their sum read from the
-    histogram's midpoints, the rest exact from the step sums); its p50 where the sums are
-    missing. Why not the p50: with steps spread 2-3x (sequence lengths, loader stalls) a p50
-    of a few hundred steps moves 2-5% from window to window, and a rack hiccup that delays a
-    tenth of a rank's steps 3-6x moves it 5-10% (every quantile moves with the share of the
-    second mode): simulated at 2,048 GPUs, healthy ranks of a rack that hiccuped three times
-    in six windows were convicted by it. The mean without the spikes moves about a quarter as
-    much, and less from window to window."""
+    steps from :data:`STEP_SPIKE_CUT` times its peer group's median step p50 on (their sum read
+    from the histogram's midpoints, the rest exact from the step sums); its p50 where the sums
+    are missing.
+
+    Why not the p50: with steps spread 2-3x (sequence lengths, loader stalls) a p50 of a few
+    hundred steps moves 3% from window to window, and a rack hiccup that delays a tenth of a
+    rank's steps 3-6x moves it 5-10% (every quantile moves with the share of a second mode):
+    simulated at 2,048 GPUs, healthy ranks of a rack that hiccuped three times in six windows
+    were convicted by it. Why the peers' median and not the rank's own p50 as the cut's base:
+    a cut that moves with the rank's own noisy p50 moves the mean of what it keeps, 3.4-4.8%
+    from window to window against 2.0-3.0% (steps spread 3x, ~300 a window). A rank much
+    slower than its peers loses more of its tail to the cut and reads somewhat less slow than
+    it is (a rank 30% slower, spread 3x, reads about +19%)."""
     if step is None:
         return np.where(step_n >= cfg.min_steps, step_p50, mean_step)
+    base = np.full(step_p50.shape, np.nan)
+    for sel in groups:
+        ok = (step_n[sel] >= cfg.min_steps) & np.isfinite(step_p50[sel])
+        if ok.any():
+            base[sel] = float(np.median(step_p50[sel][ok]))
     n = step.total().astype(np.float64)
-    cut_n, cut_us = step.tail_from(step_p50, STEP_SPIKE_CUT)
+    cut_n, cut_us = step.tail_from(base, STEP_SPIKE_CUT)
     with np.errstate(invalid="ignore", divide="ignore"):
         kept = (mean_step * n - cut_us) / (n - cut_n)
     return np.where((step_n >= cfg.min_steps) & np.isfinite(kept), kept,
@@ -301,7 +312,7 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
             mean_step = np.where(steps > 0, sig.step_sum_us / per, np.nan)
             # own time per step: the step less the wait for peers, robust to the rank's own
             # rare pauses (GC, a cold read), which must not read as a slow rank
-            typical = _typical_step(cs.step_time, step_p50, step_n, mean_step, cfg)
+            typical = _typical_step(cs.step_time, step_p50, step_n, mean_step, groups, cfg)
             own = _own_per_step(mode, typical, mean_step, peer_wait, sig.busy, busy_p50, busy_n,
                                 cfg)
             rate = np.where(sig.attached_s > 0, launch_calls / np.maximum(sig.attached_s, 1e-300),

@@ -41,7 +41,7 @@ def test_a_gpu_doing_more_work_is_still_convicted_among_3x_spread_steps():
     assert _stragglers(_jittered(stragglers=(slow,))) == {"node-0005"}
 
 
-def test_the_typical_step_is_the_mean_without_the_steps_from_twice_the_median_on():
+def test_the_typical_step_is_the_mean_without_the_steps_from_twice_the_peers_median_on():
     """100 steps of 20 ms and 10 of 100 ms: the mean is 27.3 ms, the typical step 20 ms (the
     cut steps' sum read from the histogram's midpoints: within 10 x a half bucket, 3%)."""
     from hypertrace.proto import buckets, wire
@@ -53,9 +53,10 @@ def test_the_typical_step_is_the_mean_without_the_steps_from_twice_the_median_on
     acc.add_process(0, p)
     h = acc.build().step_time
     mean = np.array([steps_ns.sum() / 1e3 / steps_ns.size])
-    got = _typical_step(h, h.quantiles_us([0.5])[:, 0], h.total(), mean, ScoringConfig())
+    got = _typical_step(h, h.quantiles_us([0.5])[:, 0], h.total(), mean, [np.arange(1)],
+                        ScoringConfig())
     assert STEP_SPIKE_CUT == 2.0
     assert abs(got[0] - 20_000.0) / 20_000.0 < 0.03, got
     # without a histogram: the p50 (here none either, the mean)
-    assert _typical_step(None, np.array([np.nan]), np.array([0.0]), mean,
+    assert _typical_step(None, np.array([np.nan]), np.array([0.0]), mean, [np.arange(1)],
                          ScoringConfig())[0] == mean[0]
