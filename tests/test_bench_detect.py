@@ -113,21 +113,21 @@ def test_launch_tier_is_sampled_in_every_window_at_the_default_cadence():
 
 
 def test_loops_as_they_run_need_recall_within_6_windows_and_no_false_straggler():
-    """The scenarios of BY_WINDOW_6: a truly slow injected node convicted at window 7 fails
-    the bar, and so does a false straggler beside an in-time conviction."""
+    """The scenarios of WITHIN_WINDOWS (jitter-2x: 6): a truly slow injected node convicted at
+    window 7 fails the bar, and so does a false straggler beside an in-time conviction."""
     def run(first, extra=None):
         flags = {"node-0001": first, **(extra or {})}
-        return bd.RunResult("jitter-3x", 64, 0, windows=12, nodes=8, window_seconds=10.0,
+        return bd.RunResult("jitter-2x", 64, 0, windows=12, nodes=8, window_seconds=10.0,
                             truth={"node-0001": 0}, slowdown={"node-0001": 0.15},
                             first_flag={m: flags for m in bd.METHODS})
-    text = ("jitter-3x: recall 1.0 within 6 windows (truly >= 5% slow), no false straggler")
+    text = ("jitter-2x: recall 1.0 within 6 windows (truly >= 5% slow), no false straggler")
     for result, passes in ((run(5), True), (run(6), False), (run(2, {"node-0004": 3}), False)):
-        checks = {t: (ok, f) for t, ok, f in bd.acceptance({("jitter-3x", 64): [result]},
+        checks = {t: (ok, f) for t, ok, f in bd.acceptance({("jitter-2x", 64): [result]},
                                                             min_node_windows=0,
                                                             min_clean_node_windows=0)}
         assert checks[text][0] is passes, checks[text][1]
     assert "recall 1.0 within 3 windows" not in " ".join(
-        t for t, _, _ in bd.acceptance({("jitter-3x", 64): [run(2)]}))
+        t for t, _, _ in bd.acceptance({("jitter-2x", 64): [run(2)]}))
 
 
 def test_an_unlabelled_pipeline_without_steps_must_be_named_a_possible_pipeline():
