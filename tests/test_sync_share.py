@@ -18,16 +18,15 @@ import pytest
 from hypertrace.analyzer import sync_share
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.cross_section import EpochAccumulator
-from hypertrace.analyzer.engine import Engine
 from hypertrace.analyzer.report_format import report_to_table
 from hypertrace.proto import buckets, wire
 from hypertrace.proto import hypertrace_pb2 as pb
+from test_signals import WINDOW_S, run, verdicts
+from test_signals import windows as signals_windows
 
 RANKS = 8
 SLOW = 5
-WINDOW_S = 10.0
 ATTACHED_S = 2.0
-T0_S = 1_700_000_000.0
 
 
 @dataclass
@@ -72,31 +71,8 @@ def _process(rank: int, r: Rank, rng: np.random.Generator) -> pb.ProcessWindow:
 
 
 def windows(epochs: int, rank_of, seed: int = 0, ranks: int = RANKS) -> list[pb.NodeWindow]:
-    """``rank_of(epoch, rank, rng) -> Rank``; one window per rank per epoch, each its own node."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for e in range(epochs):
-        start = int((T0_S + e * WINDOW_S) * 1e9)
-        for k in range(ranks):
-            w = pb.NodeWindow(version=1, agent_id=f"agent-{k}", node=f"node-{k}", seq=e + 1)
-            w.start.FromNanoseconds(start)
-            w.end.FromNanoseconds(start + int(WINDOW_S * 1e9))
-            w.processes.append(_process(k, rank_of(e, k, rng), rng))
-            wire.validate_window(w)
-            out.append(w)
-    return out
-
-
-def run(ws: list[pb.NodeWindow], cfg: ScoringConfig = ScoringConfig()):
-    e = Engine(cfg)
-    for w in ws:
-        e.ingest(w)
-    return e, e.flush(None)
-
-
-def verdicts(engine: Engine) -> dict[int, str]:
-    job = engine.report(now_ns=0).jobs[0]
-    return {g.rank: g.verdict for n in job.nodes for g in n.gpus}
+    """test_signals' windows of this module's processes (the same 10-s window, one node each)."""
+    return signals_windows(epochs, rank_of, seed, ranks, process=_process)
 
 
 def share_rows(results, rank: int) -> list:
