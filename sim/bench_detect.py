@@ -378,8 +378,9 @@ def acceptance(groups: dict[tuple[str, int], list[RunResult]],
             out.append((f"{name}: recall 1.0 within {within} windows (truly >= 5% "
                         "slow), no false straggler", t == 1.0 and s.false_nodes == 0
                         and s.false_gpus == 0,
-                        f"R@{within} {_f(t)} of {s.true_nodes}, R@6 {_f(s.recall_by(6))}, "
-                        "latency median "
+                        f"R@{within} {_f(t)} of {s.true_nodes}, "
+                        + (f"R@6 {_f(s.recall_by(6))}, " if within != 6 else "")
+                        + "latency median "
                         f"{_f(s.lat(50), '{:g}')} max {_f(s.lat(100), '{:g}')} windows; "
                         f"{s.false_nodes} false nodes, {s.false_gpus} false GPUs" + other))
         elif name == "intermittent":
