@@ -312,7 +312,9 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
             mean_step = np.where(steps > 0, sig.step_sum_us / per, np.nan)
             # own time per step: the step less the wait for peers, robust to the rank's own
             # rare pauses (GC, a cold read), which must not read as a slow rank
-            typical = _typical_step(cs.step_time, step_p50, step_n, mean_step, groups, cfg)
+            # an independent rank's step without its spikes (a collective's is read otherwise)
+            typical = (mean_step if mode == "collective" else
+                       _typical_step(cs.step_time, step_p50, step_n, mean_step, groups, cfg))
             own = _own_per_step(mode, typical, mean_step, peer_wait, sig.busy, busy_p50, busy_n,
                                 cfg)
             rate = np.where(sig.attached_s > 0, launch_calls / np.maximum(sig.attached_s, 1e-300),
