@@ -31,6 +31,20 @@ slower) is not found and needs a label; so is one of fewer than ``min_gpus`` GPU
 launch or step data in an epoch keep their last group. A host whose step reading is broken
 (its step p50 off by 15% or more while its peers' is right) would be set apart as a group of its
 own; persistence does not guard against that, the step signals' own checks must.
+
+**Without step data** (no rank of the job reports steps in the epoch) there is no step to count
+launches per. The feature is then **launch calls per attached second** (:func:`launch_rates`),
+and a partition by it is accepted only when it is *stage-shaped* (:func:`stage_shaped`): each
+group is whole hosts, and every group but the largest launches *more* per second than the
+largest. Why both: the stages of a pipeline keep one pace (each waits for its neighbours), so a
+stage with more layers launches more per second; a rate is what being slow does move, but only
+down (a slow rank of an independent job launches less per second; in a collective every rank
+keeps the slowest one's pace), so a group that launches more cannot be made of slow ranks, and
+a slow host never hides as a "stage". The groups are then scored each against itself, and a
+whole group that deviates is reported as imbalance, named a possible pipeline stage: without
+steps nothing says in step terms whether it is imbalance or a slow group, so none is convicted
+as a whole. Failure mode: a stage that launches *fewer* kernels per second and is slower per
+launch is not found (it could be slow hosts), and is scored against the rest of the job.
 """
 from __future__ import annotations
 
@@ -44,6 +58,8 @@ SPLIT_GAP = 0.15
 
 #: Calls per GPU and epoch below which its calls per step are not read.
 MIN_CALLS = 200
+#: What the names of groups found without step data say (a report words their imbalance by it).
+NO_STEP_NAME = "possible pipeline stage"
 
 
 def calls_per_step(launch_calls: np.ndarray, attached_s: np.ndarray,
@@ -56,6 +72,33 @@ def calls_per_step(launch_calls: np.ndarray, attached_s: np.ndarray,
     out = np.full(launch_calls.shape, np.nan)
     out[ok] = launch_calls[ok] / attached_s[ok] * (step_p50_us[ok] / 1e6)
     return out
+
+
+def launch_rates(launch_calls: np.ndarray, attached_s: np.ndarray) -> np.ndarray:
+    """(G,) launch calls per attached second, NaN where a GPU has too few calls or no attached
+    time this epoch: the feature of an epoch without step data (module docstring)."""
+    ok = (launch_calls >= MIN_CALLS) & (attached_s > 0)
+    out = np.full(launch_calls.shape, np.nan)
+    out[ok] = launch_calls[ok] / attached_s[ok]
+    return out
+
+
+def stage_shaped(codes: np.ndarray, rates: np.ndarray, hosts: np.ndarray) -> bool:
+    """Is a partition of launch rates (codes per GPU, -1: not read) shaped like pipeline
+    stages: every host's read GPUs in one group, and every group but the largest launching more
+    per second (median) than the largest (module docstring). Of groups of equal size the one
+    launching most is the largest: a job split in halves is not read as stages."""
+    read = codes >= 0
+    h, c = hosts[read], codes[read]
+    first = np.full(int(h.max()) + 1, -1, dtype=np.int64)
+    first[h] = c                                        # some group of each host
+    if not np.array_equal(first[h], c):
+        return False                                    # a host split between groups
+    k = int(c.max()) + 1
+    sizes = np.bincount(c, minlength=k)
+    medians = np.array([np.median(rates[read][c == i]) for i in range(k)])
+    largest = int(np.lexsort((medians, sizes))[-1])     # of equal sizes, the fastest launching
+    return bool(np.all(np.delete(medians, largest) > medians[largest]))
 
 
 def partition(cps: np.ndarray, min_gpus: int) -> np.ndarray | None:
@@ -92,11 +135,15 @@ class AutoGroups:
     _streak: int = 0
 
     def update(self, rows: np.ndarray, cps: np.ndarray, min_gpus: int, persist_k: int,
-               n_rows: int) -> None:
-        """Read one epoch (``rows``: the job rows of the cross-section's GPUs)."""
+               n_rows: int, hosts: np.ndarray | None = None) -> None:
+        """Read one epoch (``rows``: the job rows of the cross-section's GPUs). ``cps``: launch
+        calls per step; or, with ``hosts`` (the GPUs' host codes), per second in an epoch
+        without step data, whose partition must be :func:`stage_shaped`."""
         if self.codes.size < n_rows:
             self.codes = np.concatenate((self.codes, np.full(n_rows - self.codes.size, -1)))
         found = partition(cps, min_gpus)
+        if found is not None and hosts is not None and not stage_shaped(found, cps, hosts):
+            found = None
         if found is None:
             self._candidate, self._streak = None, 0
             return
@@ -111,8 +158,9 @@ class AutoGroups:
         k = int(found.max()) + 1
         if not same:
             # named once per partition: imbalance persistence is kept per name
+            per = "step" if hosts is None else f"s, {NO_STEP_NAME}"
             self._candidate_names = [
-                f"auto-{i + 1} (~{np.median(cps[found == i]):,.0f} launches/step)"
+                f"auto-{i + 1} (~{np.median(cps[found == i]):,.0f} launches/{per})"
                 for i in range(k)]
         if self._streak >= persist_k:
             if len(self.names) != k or not np.array_equal(self.codes[rows[read]], found[read]):

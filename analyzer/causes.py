@@ -157,6 +157,14 @@ def signal_cause(f: _Finding) -> str:
         v, m = ev[name]
         return (f"steps take {duration_text(v)} vs {duration_text(m)} job median (independent "
                 f"ranks): slow rank{_grown_part(ev)}{_no_contention(ev)}")
+    if name == "sync.wait_share":
+        v, m = ev[name]
+        shape = ev.get("sync.shape", (float("nan"), float("nan")))[0]
+        across = (f", its waits {share_text(1.0 - shape)} shorter across the board"
+                  if math.isfinite(shape) else "")
+        return (f"spends {share_text(v)} of wall time in synchronize calls vs {share_text(m)} "
+                f"job median{across}: the rank the others wait for (no step data; they wait "
+                f"about {share_text(m - v)} of their time for it)")
     if name == "launch.rate":
         v, m = ev[name]
         return (f"issues {v:,.0f} launches/s vs {m:,.0f}/s job median (independent ranks)"
@@ -225,6 +233,7 @@ _BRIEF: dict[str, str] = {
     "step.busy": "own work {v} per step vs {m}",
     "step.own": "own time {v} per step vs {m}",
     "launch.rate": "{v} launches/s vs {m}",
+    "sync.wait_share": "synchronize time {v} of wall time vs {m} (waited for)",
 }
 
 

@@ -29,8 +29,11 @@ import numpy as np
 from hypertrace.analyzer.hist_wire import parse_histograms
 from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.proto.wire import TIERS
 
 GpuKey = tuple[str, str]
+#: ``ApiTier.tier`` of an API probed for the process's whole life ("always").
+TIER_ALWAYS = TIERS[0]
 #: Orders windows deterministically (end time, agent, seq) whatever order they arrived in, so
 #: "the latest NVML context" does not depend on network timing.
 OrderKey = tuple[int, str, int]
@@ -172,12 +175,18 @@ class Hists:
         start at or above ``factor`` x ``base_us``: the share a second mode (a pause) adds to
         the mean. Exactly 0 for a distribution with no such mode, where a midpoint mean less a
         quantile would carry the buckets' rounding. NaN for GPUs with no samples."""
-        count, low, high = self.tail_bounds(factor * np.asarray(base_us, dtype=np.float64))
+        count, sum_us = self.tail_from(base_us, factor)
         total = self.total().astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
-            out = ((low + high) / 2.0 - count * np.nan_to_num(base_us)) / total
+            out = (sum_us - count * np.nan_to_num(base_us)) / total
         out[total <= 0] = np.nan
         return out
+
+    def tail_from(self, base_us: np.ndarray, factor: float) -> tuple[np.ndarray, np.ndarray]:
+        """((G,) samples, (G,) their sum in µs from the bucket midpoints) of the buckets that
+        start at or above ``factor`` x ``base_us`` (G,); none where ``base_us`` is NaN."""
+        count, low, high = self.tail_bounds(factor * np.asarray(base_us, dtype=np.float64))
+        return count, (low + high) / 2.0
 
     def tail_bounds(self, limit_us: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """((G,) samples, (G,) their least and (G,) their greatest possible sum in µs) of the
@@ -309,6 +318,10 @@ class CrossSection:
     step_time: Hists | None
     windows: int = 0
     signals: ProcessSignals | None = None
+    #: per API probed in the always tier by processes without steps: (G,) seconds it was
+    #: probed (0 where the GPU's processes had it in the sliced tier, whose seconds are
+    #: ``signals.attached_s``, or had steps)
+    always_s: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -521,6 +534,8 @@ class EpochAccumulator:
         self._overhead = _Scalars(("attached_s", "sampled"))
         self._clock = _Scalars(("ratio", "order"))
         self._sources: set[str] = set()
+        #: per API of the always tier: the seconds each process had it probed
+        self._always: dict[str, _Scalars] = {}
 
     def rows_present(self) -> np.ndarray:
         """The job rows this epoch holds data of (with repeats)."""
@@ -553,6 +568,7 @@ class EpochAccumulator:
                                  inv + sc.voluntary_switches, inv))
             if sc.HasField("runq_latency"):
                 self._runq_hist.add(row, sc.runq_latency)
+        steps = 0
         if has("steps"):
             st = p.steps
             steps = st.steps
@@ -570,6 +586,18 @@ class EpochAccumulator:
             ov = self._overhead
             ov.rows.append(row)
             ov.values.extend((o.attached_s, 1.0 if o.sampled else 0.0))
+            if not steps and o.tiers and has("sched"):
+                # a process without steps: its synchronize time is read per second of wall
+                # time (analyzer/sync_share.py), and an always-tier API is probed for as long
+                # as the process was covered
+                covered = p.sched.window_s
+                for t in o.tiers:
+                    if t.tier == TIER_ALWAYS:
+                        acc = self._always.get(t.api)
+                        if acc is None:
+                            acc = self._always[t.api] = _Scalars(("seconds",))
+                        acc.rows.append(row)
+                        acc.values.append(covered)
         if has("nvml"):
             nv = p.nvml
             if nv.HasField("sm_clock_mhz") and nv.HasField("max_sm_clock_mhz"):
@@ -597,6 +625,11 @@ class EpochAccumulator:
                                  (self._overhead, other._overhead), (self._clock, other._clock)):
             mine_s.extend(theirs_s, rows)
         self._sources |= other._sources
+        for api, theirs_a in other._always.items():
+            mine_a = self._always.get(api)
+            if mine_a is None:
+                mine_a = self._always[api] = _Scalars(("seconds",))
+            mine_a.extend(theirs_a, rows)
 
     def seal(self) -> None:
         """Decode every histogram added so far (:meth:`_Flat.seal`)."""
@@ -615,8 +648,9 @@ class EpochAccumulator:
         apis = {api: flat.hists(position, n, scratch)
                 for api, flat in sorted(self._apis.items())}
         steps = self._steps.hists_or_none(position, n, scratch)
+        always = {api: acc.sums(position, n)["seconds"] for api, acc in self._always.items()}
         return CrossSection(self.job_id, self.epoch, rows, apis, steps, self.windows,
-                            self._signals(position, n))
+                            self._signals(position, n), always)
 
     def _signals(self, position: np.ndarray, n: int) -> ProcessSignals:
         sched = self._sched.sums(position, n)

@@ -99,12 +99,17 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     for api, hists in cs.apis.items():
         if cfg.api_kind(api) == "launch":
             launch_calls += hists.total()
-    if (cfg.auto_groups and cs.signals is not None and cs.step_time is not None
-            and not any(job.group_names)):
-        job.auto_groups.update(
-            rows, auto_groups.calls_per_step(launch_calls, cs.signals.attached_s,
-                                             cs.step_time.quantiles_us([0.5])[:, 0]),
-            cfg.min_gpus, cfg.persist_k, len(job.keys))
+    if cfg.auto_groups and cs.signals is not None and not any(job.group_names):
+        if cs.step_time is not None:
+            job.auto_groups.update(
+                rows, auto_groups.calls_per_step(launch_calls, cs.signals.attached_s,
+                                                 cs.step_time.quantiles_us([0.5])[:, 0]),
+                cfg.min_gpus, cfg.persist_k, len(job.keys))
+        elif launch_calls.any():        # no step data: launches per second, stage-shaped
+            job.auto_groups.update(
+                rows, auto_groups.launch_rates(launch_calls, cs.signals.attached_s),
+                cfg.min_gpus, cfg.persist_k, len(job.keys),
+                hosts=np.asarray(job.host_codes, dtype=np.int64)[rows])
     groups, labels = job.peer_groups(rows, cfg.min_gpus)
     sufficient = np.zeros(g, dtype=bool)
     flagged = np.zeros(g, dtype=bool)
@@ -380,6 +385,7 @@ def _signal_rows(job: JobState, cs: CrossSection, sig: signals.SignalEpoch) -> l
     for s in sig.scores:
         mean = means.get(s.name)
         mean_median = _finite_median(mean) if mean is not None else float("nan")
+        sign = -1.0 if s.name in signals.SLOW_WHEN_LOW else 1.0   # the deficit is the effect
         for i in np.flatnonzero(s.high | s.low).tolist():
             row = int(cs.rows[i])
             node, gpu_name = job.keys[row]
@@ -392,7 +398,7 @@ def _signal_rows(job: JobState, cs: CrossSection, sig: signals.SignalEpoch) -> l
                 direction="high" if s.high[i] else "low", implicates=imp, basis="gpu",
                 unit=s.unit, evidence=sig.evidence(i) if (imp or s.high[i]) else {},
                 strength=float(s.strength[i]),
-                step_share=_signal_step_share(
+                step_share=sign * _signal_step_share(
                     s.unit, *((float(mean[i]), mean_median) if mean is not None
                               and np.isfinite(mean[i]) and np.isfinite(mean_median)
                               else (float(s.value[i]), float(s.median[i]))), median_step,

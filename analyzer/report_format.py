@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from google.protobuf import json_format
 
+from hypertrace.analyzer.auto_groups import NO_STEP_NAME
 from hypertrace.analyzer.causes import duration_text
 from hypertrace.analyzer.theory import STEP_BASES
 from hypertrace.proto import hypertrace_pb2 as pb
@@ -108,7 +109,8 @@ API_WORDS = {"cudaLaunchKernel": "launch", "cuLaunchKernel": "driver launch",
 SIGNAL_WORDS = {"sched.runq": "run-queue wait", "step.own": "own time per step",
                 "step.time": "step time", "step.busy": "busy time per step",
                 "step.gpu_wait": "GPU wait per step", "step.peer_wait": "peer wait per step",
-                "launch.rate": "launch rate", "gpu.sm_clock": "SM clock"}
+                "launch.rate": "launch rate", "gpu.sm_clock": "SM clock",
+                "sync.wait_share": "synchronize time"}
 #: Healthy nodes listed after the flagged ones before the table says "N more".
 TABLE_HEALTHY_NODES = 10
 WIDTH = 100
@@ -261,10 +263,20 @@ def report_to_table(report: pb.Report, verbose: bool = False,
         for group, ds in by_group.items():
             d = ds[0]
             also = f" (also {', '.join(x.signal for x in ds[1:])})" if ds[1:] else ""
+            numbers = (f"({d.gpus} GPUs) {d.signal} {_fmt_value(d.value, d.unit)} vs "
+                       f"{_fmt_value(d.reference, d.unit)} across groups ({d.ratio - 1:+.1%})"
+                       f"{also}")
+            if NO_STEP_NAME in group:
+                out.extend(_wrapped(
+                    f"possible pipeline: group {group} {numbers}. Without step data the job's "
+                    "ranks form stage-shaped launch groups (whole nodes, this one launching "
+                    "more per second): the job may be a pipeline whose stage does more work. "
+                    "Each group is compared only with itself and none is convicted as a whole; "
+                    "set HYPERTRACE_PIPELINE_STAGES, or enable step data, to read it in step "
+                    "terms"))
+                continue
             out.extend(_wrapped(
-                f"imbalance: group {group} ({d.gpus} GPUs) {d.signal} "
-                f"{_fmt_value(d.value, d.unit)} vs {_fmt_value(d.reference, d.unit)} across "
-                f"groups ({d.ratio - 1:+.1%}){also}: the group does more work; rebalance it, "
+                f"imbalance: group {group} {numbers}: the group does more work; rebalance it, "
                 "evicting its nodes would not help"))
         if job.healthy_nodes_omitted:
             out.extend(_wrapped(f"{job.healthy_nodes_omitted} more healthy nodes not in this "

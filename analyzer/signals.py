@@ -75,13 +75,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hypertrace.analyzer import sync_share
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.cross_section import CrossSection, Hists
 from hypertrace.analyzer.scoring import (HostLayout, host_allowance, host_medians,
                                          sampling_se_us, score_values)
 
 #: Share of step-carrying ranks that must agree within ``collective_spread`` for "collective".
-COLLECTIVE_SHARE = 0.95
+COLLECTIVE_SHARE = sync_share.COLLECTIVE_SHARE
 
 #: (name, unit, stat label) of every signal, in the order causes prefer them.
 SIGNALS: tuple[tuple[str, str, str], ...] = (
@@ -93,6 +94,7 @@ SIGNALS: tuple[tuple[str, str, str], ...] = (
     ("step.busy", "us", "p50"),
     ("launch.rate", "hz", "rate"),
     ("step.peer_wait", "us", "per_step"),
+    (sync_share.SIGNAL, "share", "share"),
 )
 SIGNAL_NAMES = frozenset(name for name, _, _ in SIGNALS)
 
@@ -121,7 +123,14 @@ SIGNAL_MEANINGS: dict[tuple[str, str], str] = {
     ("launch.rate", "high"): "issues launches faster than the job: not a problem by itself",
     ("gpu.sm_clock", "low"): "SM clock lower than the job's: throttled GPU",
     ("gpu.sm_clock", "high"): "SM clock higher than the job's: not a problem by itself",
+    (sync_share.SIGNAL, "low"): "spends less of its time in synchronize calls than the job, its "
+                                "waits shorter across the board: the rank the others wait for "
+                                "(no step data)",
+    (sync_share.SIGNAL, "high"): "spends more of its time in synchronize calls than the job: it "
+                                 "waits on others, or on its own GPU; not convicting by itself",
 }
+#: Signals whose low tail is the slow side: a finding's effect on the step is its deficit.
+SLOW_WHEN_LOW = frozenset({"launch.rate", "gpu.sm_clock", sync_share.SIGNAL})
 
 
 def signal_meaning(name: str, direction: str) -> str:
@@ -169,6 +178,9 @@ class SignalEpoch:
     #: (G,) the GPU's steps moved, or it has none to check (:func:`steps_corroborate`): what a
     #: run-queue share, a low launch rate and a GPU's own launch tail need to convict
     steps_moved: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    #: (G,) where the synchronize share was flagged low: how far the GPU's synchronize time
+    #: sits below its peers' across the board (analyzer/sync_share.py); NaN elsewhere
+    sync_shape: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def evidence(self, i: int) -> dict[str, tuple[float, float]]:
         """{signal: (this GPU's value, its job median)} of GPU ``i`` for every scored signal,
@@ -181,6 +193,8 @@ class SignalEpoch:
             out["cpu_contention"] = (1.0 if runq.high[i] else 0.0, float("nan"))
         if np.isfinite(self.runq_p50_us[i]):
             out["runq.p50_us"] = (float(self.runq_p50_us[i]), float("nan"))
+        if self.sync_shape.size and np.isfinite(self.sync_shape[i]):
+            out["sync.shape"] = (float(self.sync_shape[i]), float("nan"))
         return out
 
 
@@ -208,20 +222,58 @@ def infer_mode(step_p50_us: np.ndarray, has_steps: np.ndarray, cfg: ScoringConfi
     return "collective" if agree.mean() >= COLLECTIVE_SHARE else "independent"
 
 
-def _own_per_step(mode: str, step_p50: np.ndarray, step_n: np.ndarray, mean_step: np.ndarray,
+#: Steps from this many times the median step of a rank's peers on are spikes (a hiccup, a
+#: stall), left out of an independent rank's typical step (:func:`_typical_step`).
+STEP_SPIKE_CUT = 2.0
+
+
+def _typical_step(step: Hists | None, step_p50: np.ndarray, step_n: np.ndarray,
+                  mean_step: np.ndarray, groups: list[np.ndarray],
+                  cfg: ScoringConfig) -> np.ndarray:
+    """(G,) an independent rank's typical step (µs): its mean step without its spikes, the
+    steps from :data:`STEP_SPIKE_CUT` times its peer group's median step p50 on (their sum read
+    from the histogram's midpoints, the rest exact from the step sums); its p50 where the sums
+    are missing.
+
+    Why not the p50: with steps spread 2-3x (sequence lengths, loader stalls) a p50 of a few
+    hundred steps moves 3% from window to window, and a rack hiccup that delays a tenth of a
+    rank's steps 3-6x moves it 5-10% (every quantile moves with the share of a second mode):
+    simulated at 2,048 GPUs, healthy ranks of a rack that hiccuped three times in six windows
+    were convicted by it. Why the peers' median and not the rank's own p50 as the cut's base:
+    a cut that moves with the rank's own noisy p50 moves the mean of what it keeps, 3.4-4.8%
+    from window to window against 2.0-3.0% (steps spread 3x, ~300 a window). A rank much
+    slower than its peers loses more of its tail to the cut and reads somewhat less slow than
+    it is (a rank 30% slower, spread 3x, reads about +19%)."""
+    if step is None:
+        return np.where(step_n >= cfg.min_steps, step_p50, mean_step)
+    base = np.full(step_p50.shape, np.nan)
+    for sel in groups:
+        ok = (step_n[sel] >= cfg.min_steps) & np.isfinite(step_p50[sel])
+        if ok.any():
+            base[sel] = float(np.median(step_p50[sel][ok]))
+    n = step.total().astype(np.float64)
+    cut_n, cut_us = step.tail_from(base, STEP_SPIKE_CUT)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        kept = (mean_step * n - cut_us) / (n - cut_n)
+    return np.where((step_n >= cfg.min_steps) & np.isfinite(kept), kept,
+                    np.where(step_n >= cfg.min_steps, step_p50, mean_step))
+
+
+def _own_per_step(mode: str, typical_step: np.ndarray, mean_step: np.ndarray,
                   peer_wait: np.ndarray, busy: Hists | None, busy_p50: np.ndarray,
                   busy_n: np.ndarray, cfg: ScoringConfig) -> np.ndarray:
     """(G,) a rank's own time per step (µs): its step less its mean wait for peers.
 
-    Independent ranks: the median step less the wait, robust to the rank's own pauses. A
-    collective job's ranks time the same steps, and a step that another rank delayed is peer
-    wait on this one. Once most steps of a large job carry some rank's spike, the median step
-    sits in the spike mode, and the mean wait, which holds the others' spikes, no longer matches
-    it. So collective ranks take the mean step less the mean wait (exact), less the rank's own
-    pauses: what its busy steps longer than ``1 + spike_threshold`` times its median busy step
-    add to its mean (:meth:`Hists.excess_above_us`)."""
+    Independent ranks: the typical step (:func:`_typical_step`: robust to the rank's own
+    pauses) less the wait. A collective job's ranks time the same steps, and a step that another
+    rank delayed is peer wait on this one. Once most steps of a large job carry some rank's
+    spike, the median step sits in the spike mode, and the mean wait, which holds the others'
+    spikes, no longer matches it. So collective ranks take the mean step less the mean wait
+    (exact), less the rank's own pauses: what its busy steps longer than
+    ``1 + spike_threshold`` times its median busy step add to its mean
+    (:meth:`Hists.excess_above_us`)."""
     if mode != "collective":
-        return np.where(step_n >= cfg.min_steps, step_p50, mean_step) - peer_wait
+        return typical_step - peer_wait
     own = mean_step - peer_wait
     if busy is None:
         return own
@@ -258,15 +310,18 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
             mean_step = np.where(steps > 0, sig.step_sum_us / per, np.nan)
             # own time per step: the step less the wait for peers, robust to the rank's own
             # rare pauses (GC, a cold read), which must not read as a slow rank
-            own = _own_per_step(mode, step_p50, step_n, mean_step, peer_wait, sig.busy, busy_p50,
-                                busy_n, cfg)
+            # an independent rank's step without its spikes (a collective's is read otherwise)
+            typical = (mean_step if mode == "collective" else
+                       _typical_step(cs.step_time, step_p50, step_n, mean_step, groups, cfg))
+            own = _own_per_step(mode, typical, mean_step, peer_wait, sig.busy, busy_p50, busy_n,
+                                cfg)
             rate = np.where(sig.attached_s > 0, launch_calls / np.maximum(sig.attached_s, 1e-300),
                             np.nan)
             clock = sig.sm_clock_ratio
             sched_ok = sig.sched_s >= max(cfg.sched_min_seconds, 1e-9)
             attached = sig.attached_s > 0
         else:
-            share = gpu_wait = peer_wait = mean_step = own = rate = clock = nan
+            share = gpu_wait = peer_wait = mean_step = own = rate = clock = typical = nan
             sched_ok = attached = np.zeros(n, dtype=bool)
     step_ok = steps >= cfg.min_steps
     typical_step = np.nanmedian(mean_step[step_ok]) if step_ok.any() else np.nan
@@ -285,8 +340,20 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
         "launch.rate": (rate, attached & (launch_calls >= cfg.min_samples), None, None),
         "step.peer_wait": (peer_wait, step_ok, None, wait_gate),
     }
+    # without step records, the rank the job waits for shows only in its synchronize time:
+    # GPUs whose processes sent no step are scored by it, among themselves
+    no_steps = (steps <= 0) & (step_n <= 0)
+    sync_time = None
+    if int(no_steps.sum()) >= cfg.min_gpus and mode != "independent":
+        sync_time = sync_share.measure(cs, cfg, groups)
+        sync_time.share[~no_steps] = np.nan
+        inputs[sync_share.SIGNAL] = (sync_time.share, np.isfinite(sync_time.share)
+                                     & (sync_time.calls >= cfg.min_samples), None,
+                                     cfg.min_effect)
     scores: list[SignalScore] = []
     for name, unit, stat in SIGNALS:
+        if name not in inputs:
+            continue
         value, usable, se, gate = inputs[name]
         if (name in ("step.gpu_wait", "step.peer_wait") and gate is None) or not usable.any():
             continue
@@ -302,17 +369,26 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
                        np.where(step_n >= cfg.min_steps, step_p50, np.nan))
     own_us = np.where(step_ok & np.isfinite(own), own, np.nan)
     steps_moved = steps_corroborate(_step_measures(mode, own_us, step_us), cfg, groups)
+    shape = np.full(n, np.nan)
     for s in scores:
         if s.name == "step.own":
             s.implicating = s.high.copy()
         elif s.name == "sched.runq":      # CPU wait that the steps do not show is not a straggler
             s.implicating = s.high & steps_moved
         elif s.name == "step.time":
+            # the p50 is reported; the typical step (its spikes left out) must pass the same
+            # gates: the p50 of widely spread steps moves with any second mode
             s.implicating = s.high & (mode == "independent")
+            if s.implicating.any():
+                s.implicating &= _score(s.name, s.unit, s.stat, typical + zeros,
+                                        step_n >= cfg.min_steps, None, None, groups, cfg).high
         elif s.name == "launch.rate":     # fewer launches that the steps do not show: neither
             s.implicating = s.low & (mode == "independent") & steps_moved
         elif s.name == "gpu.sm_clock":
             s.implicating = s.low.copy()
+        elif s.name == sync_share.SIGNAL and sync_time is not None:
+            ok, shape = sync_share.waited_for(sync_time, s.low, groups, cfg)
+            s.implicating = s.low & ok
         # step.busy and step.gpu_wait say which part of a slow rank's step grew; step.peer_wait
         # says it arrives last. None of them implicates on its own (module docstring).
     sufficient = np.zeros(n, dtype=bool)
@@ -321,7 +397,7 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
         sufficient |= s.scored
         flagged |= s.implicating
     return SignalEpoch(mode, scores, runq_p50, sufficient, flagged, by_name, busy_us, step_us,
-                       own_us, steps_moved)
+                       own_us, steps_moved, shape)
 
 
 def _score(name: str, unit: str, stat: str, value: np.ndarray, usable: np.ndarray,

@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from hypertrace.sim import scenarios
+from hypertrace.analyzer.auto_groups import NO_STEP_NAME
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.cli.progress import Progress
 
@@ -63,9 +64,10 @@ TRAIN_SEEDS = tuple(range(0, 50))
 #: until groups were found without labels (and intermittent needed two episodes), 4000.. until
 #: collective ranks shared their steps and own time took the mean step, 5000.. until jobs of
 #: few hosts scored them without the Tukey fence, 6000.. until the run-queue share needed the
-#: steps to agree, 7000.. until verdicts cleared and effects (and the truth) were read in step
-#: terms, 8000.. since.
-HELD_OUT_SEEDS = tuple(range(8000, 8050))
+#: steps to agree, 7000.. until verdicts cleared, effects (and the truth) were read in step
+#: terms, jobs without steps were scored by their synchronize time and independent ranks by their
+#: typical step (two changes drawn on 8000.. each), 9000.. since.
+HELD_OUT_SEEDS = tuple(range(9000, 9050))
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,15 @@ FULL_PLAN = (SizePlan(64, 16, 12), SizePlan(512, 16, 4), SizePlan(2048, 16, 2),
 DEPTH_PLAN = (SizePlan(64, 16, 50), SizePlan(512, 16, 20))
 QUICK_PLAN = (SizePlan(64, 12, 2), SizePlan(512, 12, 1))
 
+
+#: Scenarios of loops as they run (no step records, jittered steps, the collectives one host
+#: can run) and the window by which each truly slow injected node must be convicted (6: 60 s at
+#: 10-s windows), with no false straggler. Steps spread 3x: 12. An independent rank's step
+#: statistic of a window of 200-500 such steps moves 2-3%, so a rank 13% slower reads z 3-6 and
+#: is flagged in most windows, not all: 3 flags in 5 came by window 9 on one training seed in 12
+#: (docs/design.md, "Loops as they run").
+WITHIN_WINDOWS = {"compute-10-nostep": 6, "jitter-1.5x": 6, "jitter-2x": 6, "jitter-3x": 12,
+                  "gpu-slow-15": 6, "gpu-slow-15-handshake": 6}
 
 #: A node or GPU whose true slowdown is below this is healthy: convicting it is a false verdict.
 HEALTHY_BELOW = 0.03
@@ -246,7 +257,10 @@ def _stage_found(report, cfg) -> bool | None:
     if cfg.pipeline_stages <= 1:
         return None
     size = cfg.gpus // cfg.pipeline_stages
-    return any(i.gpus == size and i.ratio > 1.0 for job in report.jobs for i in job.imbalance)
+    # without step data the stage must be named a possible pipeline stage, in the report's words
+    words = NO_STEP_NAME if cfg.step_ms <= 0 else ""
+    return any(i.gpus == size and i.ratio > 1.0 and words in i.group
+               for job in report.jobs for i in job.imbalance)
 
 
 def _step_effects(report, injected: dict[str, int]) -> list[float]:
@@ -290,6 +304,12 @@ class Summary:
 
     def lat(self, q: float) -> float | None:
         return float(np.percentile(self.latency_windows, q)) if self.latency_windows else None
+
+    def recall_by(self, windows: int) -> float | None:
+        """Share of the truly slow injected nodes convicted within ``windows`` windows."""
+        if not self.true_nodes:
+            return None
+        return sum(1 for x in self.latency_windows if x <= windows) / self.true_nodes
 
 
 def summarize(results: list[RunResult], method: str, at_least: float = SLOW_FROM) -> Summary:
@@ -390,6 +410,17 @@ def acceptance(groups: dict[tuple[str, int], list[RunResult]],
                         and s.node_windows >= min_node_windows,
                         f"{s.false_nodes} false nodes, {s.false_gpus} false GPUs over "
                         f"{s.node_windows:,} node-windows" + other))
+        elif name in WITHIN_WINDOWS:
+            within = WITHIN_WINDOWS[name]
+            t = s.recall_by(within)
+            out.append((f"{name}: recall 1.0 within {within} windows (truly >= 5% "
+                        "slow), no false straggler", t == 1.0 and s.false_nodes == 0
+                        and s.false_gpus == 0,
+                        f"R@{within} {_f(t)} of {s.true_nodes}, "
+                        + (f"R@6 {_f(s.recall_by(6))}, " if within != 6 else "")
+                        + "latency median "
+                        f"{_f(s.lat(50), '{:g}')} max {_f(s.lat(100), '{:g}')} windows; "
+                        f"{s.false_nodes} false nodes, {s.false_gpus} false GPUs" + other))
         elif name == "intermittent":
             t20 = s.recall_within_20
             out.append((f"{name}: recall 1.0 within 20 windows, precision >= 0.99",

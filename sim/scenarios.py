@@ -304,6 +304,103 @@ _STEP_TERMS = (
 )
 _CATALOG = _CATALOG + _STEP_TERMS
 
+#: The interval between two waiting synchronizations of a loop without step records, drawn per
+#: seed (µs): a step's worth of GPU work, from a short step to a long one.
+NO_STEP_INTERVAL_US = (20_000.0, 90_000.0)
+#: Step lengths of the jittered loops, drawn per seed (ms): the loops measured on an H200 took
+#: ~22 ms a step; a rank's step statistics of a window need steps to average (docs/signals.md).
+JITTER_STEP_MS = (20.0, 50.0)
+#: A rank's own work per step in a jittered collective job (lognormal sigma): sequence lengths
+#: +-30%, whatever spread the job's steps get from the slowest rank and the loader's stalls.
+JITTER_OWN_SIGMA = 0.17
+
+
+def _no_steps(c: SimConfig) -> SimConfig:
+    """No step records (an agent that found no step), synchronize calls paced by the work
+    between them, that interval drawn from the seed (own stream ``[seed, 43]``)."""
+    interval = float(np.random.default_rng([c.seed, 43]).uniform(*NO_STEP_INTERVAL_US))
+    return replace(c, step_ms=0.0, paced_syncs=True, compute_us=interval)
+
+
+def _compute_one(pct: float) -> Builder:
+    """One GPU's compute ``pct`` slower, no step records: in a collective that synchronizes on
+    the GPU it slows the whole job by about as much, and waits least."""
+    def apply(c: SimConfig) -> SimConfig:
+        node, gpus = _one_rank(c, 5_500)
+        return replace(_no_steps(c), stragglers=(Straggler(node, 1.0 + pct, gpus=gpus,
+                                                           where="compute"),))
+    return apply
+
+
+def _fast_gpu(c: SimConfig) -> SimConfig:
+    # an independent job: the fast GPU's rank waits less in its synchronize calls too, but it
+    # runs ahead (launches more per second), where the waited-for rank keeps the job's pace
+    node, gpus = _one_rank(c, 5_600)
+    return replace(_no_steps(c), mode="independent",
+                   stragglers=(Straggler(node, 0.90, gpus=gpus, where="compute"),))
+
+
+def _jitter(spread: float) -> Builder:
+    """Steps whose p90/p10 is ``spread`` (lognormal), the job's mode and its step length drawn
+    from the seed (stream ``[seed, 47]``), and one rank doing 15% of a step more GPU work. In an
+    independent job a rank's steps are its own, so its own work varies as much; in a collective
+    one the job's step carries the spread and each rank's own work varies by
+    :data:`JITTER_OWN_SIGMA`."""
+    sigma = float(np.log(spread) / (2.0 * 1.2815515655446004))      # p90/p10 of a lognormal
+    def apply(c: SimConfig) -> SimConfig:
+        r = np.random.default_rng([c.seed, 47])
+        mode = "independent" if r.random() < 0.5 else "collective"
+        node, gpus = _one_rank(c, 5_700)
+        return replace(c, mode=mode, step_ms=float(r.uniform(*JITTER_STEP_MS)),
+                       step_sigma=sigma,
+                       busy_sigma=sigma if mode == "independent" else JITTER_OWN_SIGMA,
+                       stragglers=(Straggler(node, 1.0 + 0.15 / c.gpu_frac, gpus=gpus,
+                                             where="compute"),))
+    return apply
+
+
+def _gpu_slow_15(spin: tuple[float, float]) -> Builder:
+    """One rank's GPU does 15% of a step more work, in a collective whose ranks spend a share
+    drawn from ``spin`` of their wait for peers polling on CPU (0: a CPU collective or barrier
+    that blocks; a file handshake polls)."""
+    def apply(c: SimConfig) -> SimConfig:
+        node, gpus = _one_rank(c, 5_800)
+        share = float(np.random.default_rng([c.seed, 53]).uniform(*spin))
+        return replace(c, peer_spin=share, stragglers=(Straggler(
+            node, 1.0 + 0.15 / c.gpu_frac, gpus=gpus, where="compute"),))
+    return apply
+
+
+#: Loops as they run: no step records, jittered steps, the collectives one host can run.
+_LOOPS = (
+    Scenario("compute-10-nostep", "one GPU's compute 10% slower in a collective that "
+             "synchronizes on the GPU (the job 10% slower), no step records: seen only in its "
+             "synchronize time (it waits least)", "straggler", 0.10, _compute_one(0.10)),
+    Scenario("compute-2-nostep", "compute-10-nostep at 2%: its waits are far shorter than the "
+             "job's, but the job waits ~2% of its time for it; must not be convicted",
+             "below-gate", 0.02, _compute_one(0.02)),
+    Scenario("fast-gpu-nostep", "an independent job without step records, one GPU 10% faster: "
+             "it waits less in its synchronize calls, and runs ahead of the job; no straggler",
+             "clean", None, _fast_gpu),
+    Scenario("pipeline-8-unlabeled-nostep", "pipeline-8-unlabeled without step records: the "
+             "stages must be found by launches per second, the last one reported as a possible "
+             "pipeline stage, none convicted", "clean", None,
+             lambda c: _no_steps(replace(c, pipeline_stages=max(
+                 d for d in range(1, 9) if c.n_nodes % d == 0), stage_labels=False,
+                 stage_calls=0.30))),
+    *(Scenario(f"jitter-{label}", f"steps spread {label} (p90/p10), 20-50 ms, the mode drawn "
+               "per seed; one rank does 15% of a step more GPU work", "straggler", 0.15,
+               _jitter(spread))
+      for label, spread in (("1.5x", 1.5), ("2x", 2.0), ("3x", 3.0))),
+    Scenario("gpu-slow-15", "one rank's GPU does 15% of a step more work in a collective that "
+             "waits off CPU (gloo, a blocking barrier)", "straggler", 0.15,
+             _gpu_slow_15((0.0, 0.0))),
+    Scenario("gpu-slow-15-handshake", "gpu-slow-15 in a file handshake: the ranks poll for "
+             "their peers, 0-30% of the wait on CPU (drawn per seed)", "straggler", 0.15,
+             _gpu_slow_15((0.0, 0.3))),
+)
+_CATALOG = _CATALOG + _LOOPS
+
 #: name -> Scenario, in catalog order.
 CATALOG: dict[str, Scenario] = {s.name: s for s in _CATALOG}
 

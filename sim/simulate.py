@@ -32,6 +32,21 @@ The model (all latencies per GPU, per window, per API):
 * **Idle synchronizes.** ``idle_syncs`` per step find the stream already idle and return after
   ``idle_sync_us`` (their own cost): a second, short mode in the synchronize histogram, so the
   call p50 no longer reads the wait (with 1.5 idle calls per step it *is* an idle call).
+* **Paced synchronizes** (``paced_syncs``). By default the synchronize API keeps its fixed
+  ``ApiModel`` rate at the sliced duty, so its waits can add up to more than the window: only
+  their shape across ranks is meaningful. With ``paced_syncs`` the calls are paced by the work
+  between them, as in a real loop: one waiting call per interval (``sync_base_us`` plus
+  ``compute_us`` times the slowest rank's compute factor in a collective job; in an independent
+  one the rank's own interval, ``sync_base_us + max(CPU side, GPU work)``, its wait the GPU work
+  left when the CPU side is done, the CPU side ``busy_frac / gpu_frac`` of ``compute_us`` times
+  the host factor) plus ``idle_syncs`` idle ones; the launch calls follow the same pace (a
+  rank with shorter intervals launches more per second). A window holds as many waiting
+  synchronize calls as intervals, and ``idle_syncs`` idle ones per interval (the expected
+  counts rounded up or down at random, not Poisson or binomial draws: a collective's ranks
+  synchronize equally often). The synchronize API is in the always
+  tier when its rate fits the agent's always share, and is then counted over the whole window.
+  So its time per second of wall time is what a real rank's would be: the no-step scenarios
+  read the rank the job waits for from it.
 * **Clustered hiccups.** With ``hiccup_prob`` > 0 a rack of ``hiccup_nodes`` contiguous nodes (a
   shared switch, a storage server) is hit together for 1..``hiccup_windows`` windows: a share
   of its calls and steps (``hiccup_frac``) delayed by ``hiccup_scale``. Spikes, not stragglers.
@@ -91,7 +106,9 @@ The model (all latencies per GPU, per window, per API):
   Independent ranks' steps carry their own. Steps per window: ``round(window / step)``, the
   same on every rank of a collective job. ``gpu_wait_us`` / ``peer_wait_us`` are the model's
   per-step means x steps with a per-window noise (``wait_jitter`` 2%), ``step_sum_us`` the
-  step histogram's sum. In a collective job the time a rank's step was delayed by *others*
+  step histogram's sum. ``peer_spin`` > 0 models a wait for peers that polls (a file
+  handshake): that share of the peer wait is on CPU, so it is measured as busy time. In a
+  collective job the time a rank's step was delayed by *others*
   (the shared step's excess over the model, less the rank's own busy excess) is peer wait:
   it waited for them. ``step_ms = 0`` emits no steps. Draws: streams ``[seed, 11]`` (steps),
   ``[seed, 17]`` (busy), ``[seed, 19]`` (wait noise), so the API histograms never move.
@@ -278,6 +295,10 @@ class SimConfig:
     stage_labels: bool = True           # windows name each rank's stage (ProcessWindow.group)
     stage_calls: float = 0.0            # the last stage launches this much more per step
     probe_cost_ns: float = 3_500.0      # per firing (measured 3-4 us in a torch loop on an H200)
+    peer_spin: float = 0.0              # share of the wait for peers spent polling on CPU
+                                        # (a file handshake): busy time, not idle
+    paced_syncs: bool = False           # synchronize (and launch) calls paced by the work
+                                        # between synchronizations (module docstring)
 
     def __post_init__(self) -> None:
         if self.gpus <= 0 or self.gpus_per_node <= 0:
@@ -338,6 +359,9 @@ class SimConfig:
                 and self.hiccup_nodes >= 1 and self.hiccup_windows >= 1):
             raise ValueError("idle_syncs >= 0, idle_sync_us > 0, hiccup_prob in [0, 1], "
                              "hiccup_nodes and hiccup_windows >= 1")
+        if not 0.0 <= self.peer_spin <= 1.0:
+            raise ValueError(f"peer_spin {self.peer_spin!r}: the share of a peer wait spent "
+                             "polling on CPU must be in [0, 1]")
         if not (isinstance(self.cadence, int) and self.cadence >= 1):
             raise ValueError(f"--cadence {self.cadence!r}: the launch tier is sampled every k-th "
                              "window; k must be an integer >= 1")
@@ -636,6 +660,7 @@ def _simulate(cfg: SimConfig) -> tuple[dict[str, np.ndarray], np.ndarray, np.nda
            for m in cfg.apis}
     compute_all = np.empty((cfg.windows, cfg.gpus))
     host_all = np.empty((cfg.windows, cfg.gpus))
+    sliced = sliced_apis(cfg)
     stage_calls = np.ones(cfg.gpus)       # a stage with other layers launches other kernels
     if cfg.pipeline_stages > 1:
         stage_calls[cfg.gpus - cfg.gpus // cfg.pipeline_stages:] += cfg.stage_calls
@@ -646,10 +671,12 @@ def _simulate(cfg: SimConfig) -> tuple[dict[str, np.ndarray], np.ndarray, np.nda
                    * np.exp(rng.normal(0.0, cfg.compute_jitter, cfg.gpus)))
         compute_all[w] = compute
         host_all[w] = slowdown
+        pace, waits = _paced(cfg, compute, slowdown) if cfg.paced_syncs else (None, None)
         for m in cfg.apis:
             calls = 1.0
             if m.kind == "sync":
-                median = cfg.sync_base_us + cfg.compute_us * (compute.max() - compute)
+                median = (cfg.sync_base_us + cfg.compute_us * (compute.max() - compute)
+                          if waits is None else waits)
                 api_mix = None
                 if cfg.idle_syncs > 0:     # calls that find the stream already idle
                     calls = 1.0 + cfg.idle_syncs
@@ -660,11 +687,77 @@ def _simulate(cfg: SimConfig) -> tuple[dict[str, np.ndarray], np.ndarray, np.nda
                 api_mix = mix if m.kind == "launch" else None
                 if m.kind == "launch":
                     calls = stage_calls
-            probs = _mixture_bucket_probs(
-                median, m, None if bursts is None else (bursts[0][w], bursts[1][w]), api_mix)
-            n = rng.poisson(m.calls_per_second * calls * cfg.window_seconds * cfg.duty, cfg.gpus)
+            burst = None if bursts is None else (bursts[0][w], bursts[1][w])
+            if pace is not None and m.kind == "sync":
+                out[m.api][w] = _paced_sync_counts(cfg, m, rng, median, burst,
+                                                   pace * api_rate_hz(cfg, m) * (
+                                                       cfg.window_seconds * (
+                                                           cfg.duty if m.api in sliced else 1.0)))
+                continue
+            probs = _mixture_bucket_probs(median, m, burst, api_mix)
+            if pace is None:
+                n = rng.poisson(m.calls_per_second * calls * cfg.window_seconds * cfg.duty,
+                                cfg.gpus)
+            else:                          # launches at the rank's pace
+                n = rng.poisson(api_rate_hz(cfg, m) * calls * pace * cfg.window_seconds
+                                * (cfg.duty if m.api in sliced else 1.0), cfg.gpus)
             out[m.api][w] = rng.multinomial(n, probs).astype(np.uint64)
     return out, compute_all, host_all
+
+
+def _paced_sync_counts(cfg: SimConfig, m: ApiModel, rng: np.random.Generator,
+                       waits_us: np.ndarray, burst: tuple[np.ndarray, np.ndarray] | None,
+                       intervals: np.ndarray) -> np.ndarray:
+    """(G, NUM_BUCKETS) one window's paced synchronize calls: one waiting call per interval
+    (``intervals`` (G,) counted in the window, rounded up or down at random) around
+    ``waits_us``, and ``idle_syncs`` per interval at ``idle_sync_us``. The counts are the
+    pace's, not Poisson or binomial draws: a loop synchronizes as often as it steps."""
+    def rounded(x: np.ndarray) -> np.ndarray:
+        return np.floor(x + rng.random(x.shape)).astype(np.int64)
+
+    counts = rng.multinomial(rounded(intervals), _mixture_bucket_probs(waits_us, m, burst))
+    idle = rounded(intervals * cfg.idle_syncs)
+    if cfg.idle_syncs > 0:
+        counts += rng.multinomial(idle, _mixture_bucket_probs(
+            np.full(cfg.gpus, cfg.idle_sync_us), m, burst))
+    return counts.astype(np.uint64)
+
+
+def api_rate_hz(cfg: SimConfig, m: ApiModel) -> float:
+    """The calls per second of ``m`` the agent's tier rule sees (without idle synchronizes):
+    the model's rate, or with ``paced_syncs`` one waiting synchronize per healthy interval
+    (``sync_base_us + compute_us``)."""
+    if cfg.paced_syncs and m.kind == "sync":
+        return 1e6 / (cfg.sync_base_us + cfg.compute_us)
+    return m.calls_per_second
+
+
+def sliced_apis(cfg: SimConfig) -> set[str]:
+    """The APIs of the sliced tier: those whose rate x probe cost exceeds ``ALWAYS_SHARE`` of
+    the budget (at the default rates every simulated launch and synchronize API)."""
+    cost_s = cfg.probe_cost_ns * 1e-9
+    return {m.api for m in cfg.apis
+            if api_rate_hz(cfg, m) * (1.0 + (cfg.idle_syncs if m.kind == "sync"
+                                             and cfg.paced_syncs else 0.0)) * cost_s
+            > ALWAYS_SHARE * BUDGET}
+
+
+def _paced(cfg: SimConfig, compute: np.ndarray, host: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """((G,) each rank's pace: the healthy interval over its own, (G,) the median wait of its
+    waiting synchronize, µs) for ``paced_syncs`` (module docstring). Collective: every rank
+    leaves the collective when the slowest arrives; independent: the synchronize waits for
+    the GPU work the CPU side has not covered."""
+    base, work = cfg.sync_base_us, cfg.compute_us
+    if cfg.mode == "collective":
+        interval = np.full(compute.shape, base + work * compute.max())
+        waits = base + work * (compute.max() - compute)
+    else:
+        cpu = work * cfg.busy_frac / cfg.gpu_frac * host
+        gpu = work * compute
+        interval = base + np.maximum(cpu, gpu)
+        waits = base + np.maximum(gpu - cpu, 0.0)
+    return (base + work) / interval, waits
 
 
 @dataclass
@@ -701,8 +794,11 @@ def step_model(cfg: SimConfig, compute: np.ndarray | None = None,
     else:
         step = arrive + rest
     steps = np.maximum(1, np.rint(cfg.window_seconds * 1e3 / step)).astype(np.int64)
-    return StepModel(busy=busy, gpu_wait=arrive - busy, peer_wait=step - arrive, step=step,
-                     steps=steps)
+    peer = step - arrive
+    # a rank that polls for its peers (a file handshake) is on CPU for part of its wait: the
+    # agent counts that part as busy time, not as time the process sat idle
+    return StepModel(busy=busy + cfg.peer_spin * peer, gpu_wait=arrive - busy,
+                     peer_wait=(1.0 - cfg.peer_spin) * peer, step=step, steps=steps)
 
 
 def _step_histograms(cfg: SimConfig, median_ms: np.ndarray, sigma: float, steps: np.ndarray,
@@ -869,14 +965,14 @@ def _overheads(cfg: SimConfig, steps_per_s: float) -> tuple[pb.Overhead, pb.Over
     (at the default rates none of the simulated launch or stream-synchronize APIs does); the
     step-ending synchronize (a few calls per second) always is."""
     cost_s = cfg.probe_cost_ns * 1e-9
-    sliced = {m.api for m in cfg.apis if m.calls_per_second * cost_s > ALWAYS_SHARE * BUDGET}
+    sliced = sliced_apis(cfg)
     tiers = [pb.ApiTier(api=m.api, tier="sliced" if m.api in sliced else "always",
-                        rate_hz=m.calls_per_second) for m in cfg.apis]
-    always_rate = sum(m.calls_per_second for m in cfg.apis if m.api not in sliced)
+                        rate_hz=api_rate_hz(cfg, m)) for m in cfg.apis]
+    always_rate = sum(api_rate_hz(cfg, m) for m in cfg.apis if m.api not in sliced)
     if cfg.step_ms > 0:
         tiers.append(pb.ApiTier(api=STEP_API, tier="always", rate_hz=steps_per_s))
         always_rate += steps_per_s
-    sliced_rate = sum(m.calls_per_second for m in cfg.apis if m.api in sliced)
+    sliced_rate = sum(api_rate_hz(cfg, m) for m in cfg.apis if m.api in sliced)
     fixed_s = 0.002                     # one slice's attach and (concurrent) detach
     common = dict(probe_cost_ns=cfg.probe_cost_ns, budget=BUDGET, tiers=tiers)
     on = pb.Overhead(

@@ -145,3 +145,36 @@ def test_a_fault_convicted_after_window_6_or_a_biased_what_if_fails_the_run():
     assert good[by6][0] and good[wi][0]
     late = _checks({("host-10", 64): [run(6, (110.0, 109.0, 106.0, 100.0))]})
     assert not late[by6][0] and not late[wi][0] and "6.0%" in late[wi][1]
+
+
+def test_loops_as_they_run_need_recall_within_6_windows_and_no_false_straggler():
+    """The scenarios of WITHIN_WINDOWS (jitter-2x: 6): a truly slow injected node convicted at
+    window 7 fails the bar, and so does a false straggler beside an in-time conviction."""
+    def run(first, extra=None):
+        flags = {"node-0001": first, **(extra or {})}
+        return bd.RunResult("jitter-2x", 64, 0, windows=12, nodes=8, window_seconds=10.0,
+                            truth={"node-0001": 0}, slowdown={"node-0001": 0.15},
+                            first_flag={m: flags for m in bd.METHODS})
+    text = ("jitter-2x: recall 1.0 within 6 windows (truly >= 5% slow), no false straggler")
+    for result, passes in ((run(5), True), (run(6), False), (run(2, {"node-0004": 3}), False)):
+        checks = {t: (ok, f) for t, ok, f in bd.acceptance({("jitter-2x", 64): [result]},
+                                                            min_node_windows=0,
+                                                            min_clean_node_windows=0)}
+        assert checks[text][0] is passes, checks[text][1]
+    assert "recall 1.0 within 3 windows" not in " ".join(
+        t for t, _, _ in bd.acceptance({("jitter-2x", 64): [run(2)]}))
+
+
+def test_an_unlabelled_pipeline_without_steps_must_be_named_a_possible_pipeline():
+    """_stage_found: without step data the imbalance must name the stage a possible pipeline
+    stage; with step data any imbalance of the stage's size counts."""
+    from hypertrace.analyzer.auto_groups import NO_STEP_NAME
+    from hypertrace.proto import hypertrace_pb2 as pb
+    from hypertrace.sim import scenarios
+    cfg = scenarios.get("pipeline-8-unlabeled-nostep").config(64, 8, 2, 0)
+    plain = pb.Report(jobs=[pb.JobReport(imbalance=[pb.GroupImbalance(
+        group="auto-2 (~1,300 launches/step)", gpus=8, ratio=1.13)])])
+    named = pb.Report(jobs=[pb.JobReport(imbalance=[pb.GroupImbalance(
+        group=f"auto-2 (~1,300 launches/s, {NO_STEP_NAME})", gpus=8, ratio=1.13)])])
+    assert not bd._stage_found(plain, cfg) and bd._stage_found(named, cfg)
+    assert bd._stage_found(plain, replace(cfg, step_ms=100.0))

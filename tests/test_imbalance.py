@@ -154,3 +154,70 @@ def test_an_epoch_is_scored_by_the_partition_it_read_before_the_partition_is_ado
     g.forget(np.array([31]))                                   # a retired row has no group
     assert g.codes[31] == -1 and g.scoring()[0][31] == -1
 
+
+
+@pytest.mark.parametrize("gpus,seed", [(64, 0), (512, 1)])
+def test_an_unnamed_stage_without_step_data_is_a_possible_pipeline_never_convicted(gpus, seed):
+    """No labels and no step records: the stages are found by launches per second (a stage
+    that launches more per step launches more per second at the pipeline's pace); the last
+    stage is reported, in words, as a possible pipeline stage; no GPU is convicted, neither by
+    its launch latency nor by its synchronize time (the heavy stage is the one the job waits
+    for)."""
+    cfg = scenarios.get("pipeline-8-unlabeled-nostep").config(gpus=gpus, seed=seed,
+                                                             windows=8, wide=False)
+    assert cfg.step_ms == 0 and not cfg.stage_labels
+    report = _report(cfg)
+    job = report.jobs[0]
+    assert job.mode == ""
+    assert all(g.verdict != "straggler" for n in job.nodes for g in n.gpus)
+    stage = gpus // 8
+    found = [d for d in job.imbalance if d.gpus == stage]
+    assert found and all("possible pipeline stage" in d.group for d in found), job.imbalance
+    text = report_to_table(report)
+    assert "possible pipeline: group auto-2" in text and "may be a pipeline" in text, text
+    assert "none is convicted as a whole" in text
+
+
+def test_without_step_data_its_last_stage_was_convicted_when_no_groups_are_found():
+    """The same job with automatic grouping off: its last stage is convicted (what the
+    launch-rate groups prevent)."""
+    cfg = scenarios.get("pipeline-8-unlabeled-nostep").config(gpus=64, seed=0, windows=8,
+                                                             wide=False)
+    job = _report(cfg, ScoringConfig(auto_groups=False)).jobs[0]
+    convicted = {n.node for n in job.nodes if n.verdict == "straggler"}
+    assert convicted == {"node-0007"}
+
+
+def test_stage_shaped_groups_are_whole_hosts_that_launch_more_than_the_largest():
+    from hypertrace.analyzer.auto_groups import stage_shaped
+    hosts = np.repeat(np.arange(8), 4)                 # 8 hosts of 4 GPUs
+    rates = np.r_[np.full(28, 1000.0), np.full(4, 1300.0)]
+    codes = np.r_[np.zeros(28, int), np.ones(4, int)]
+    assert stage_shaped(codes, rates, hosts)           # the last host launches more: a stage
+    # a group that launches less than the rest could be slow hosts of an independent job
+    assert not stage_shaped(codes, np.r_[np.full(28, 1000.0), np.full(4, 800.0)], hosts)
+    # a host split between groups is not a stage
+    split = codes.copy()
+    split[26:28] = 1
+    assert not stage_shaped(split, np.r_[np.full(26, 1000.0), np.full(6, 1300.0)], hosts)
+    # halves: the half that launches more is the reference, the other launches less
+    halves = np.r_[np.zeros(16, int), np.ones(16, int)]
+    assert not stage_shaped(halves, np.r_[np.full(16, 1000.0), np.full(16, 1300.0)], hosts)
+    codes[:2] = -1                                     # GPUs not read this epoch are ignored
+    assert stage_shaped(codes, rates, hosts)
+
+
+def test_a_slow_group_of_an_independent_job_without_steps_is_not_a_stage():
+    """Without step data, launch rates split 4 slow hosts off (they launch 30% less per
+    second): not stage-shaped, so no group is made and nothing hides them as imbalance."""
+    from hypertrace.analyzer.auto_groups import AutoGroups, launch_rates
+    rates = launch_rates(np.r_[np.full(28, 2000.0), np.full(4, 1400.0)], np.full(32, 2.0))
+    hosts = np.repeat(np.arange(8), 4)
+    g = AutoGroups()
+    for _ in range(3):
+        g.update(np.arange(32), rates, min_gpus=4, persist_k=3, n_rows=32, hosts=hosts)
+    assert g.scoring() is None and not g.active
+    faster = launch_rates(np.r_[np.full(28, 2000.0), np.full(4, 2600.0)], np.full(32, 2.0))
+    for _ in range(3):
+        g.update(np.arange(32), faster, min_gpus=4, persist_k=3, n_rows=32, hosts=hosts)
+    assert g.active and g.names[1].startswith("auto-2 (~1,300 launches/s, possible pipeline")

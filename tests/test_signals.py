@@ -87,17 +87,21 @@ def _process(rank: int, r: Rank, rng: np.random.Generator) -> pb.ProcessWindow:
     return p
 
 
-def windows(epochs: int, rank_of, seed: int = 0) -> list[pb.NodeWindow]:
-    """``rank_of(epoch, rank, rng) -> Rank``; one window per rank per epoch, each its own node."""
+def windows(epochs: int, rank_of, seed: int = 0, ranks: int = RANKS,
+            process=None) -> list[pb.NodeWindow]:
+    """``rank_of(epoch, rank, rng) -> Rank``; one window per rank per epoch, each its own node.
+    ``process(rank, what rank_of gave, rng) -> ProcessWindow`` builds each (default: this
+    module's)."""
     rng = np.random.default_rng(seed)
+    build = process or _process
     out = []
     for e in range(epochs):
         start = int((T0_S + e * WINDOW_S) * 1e9)
-        for k in range(RANKS):
+        for k in range(ranks):
             w = pb.NodeWindow(version=1, agent_id=f"agent-{k}", node=f"node-{k}", seq=e + 1)
             w.start.FromNanoseconds(start)
             w.end.FromNanoseconds(start + int(WINDOW_S * 1e9))
-            w.processes.append(_process(k, rank_of(e, k, rng), rng))
+            w.processes.append(build(k, rank_of(e, k, rng), rng))
             wire.validate_window(w)
             out.append(w)
     return out

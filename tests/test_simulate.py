@@ -374,3 +374,38 @@ def test_true_step_without_evicted_nodes_is_the_slowest_remaining_ranks():
         cfg = replace(base, mode=mode)
         assert true_step_ms(cfg) == pytest.approx(0.9 * 130 + 0.5 + 9.5, rel=0.01)
         assert true_step_ms(cfg, ["node-0003"]) == pytest.approx(100.0, rel=0.01)
+
+
+def test_paced_synchronizes_take_the_time_their_pace_allows_and_the_always_tier_window():
+    """With paced_syncs the waiting synchronize calls are one per interval (sync_base_us +
+    compute_us x the slowest rank's compute), in the always tier at ~20 calls/s, counted over
+    the whole 10-s window: their time per second is a share of wall time (< 1), and the slowest
+    rank's is the smallest."""
+    cfg = SimConfig(gpus=16, windows=2, seed=3, step_ms=0, paced_syncs=True,
+                    compute_us=50_000.0,
+                    stragglers=(Straggler("node-0001", 1.10, gpus=(2,), where="compute"),))
+    ws = list(generate(cfg))
+    shares = {}
+    for w in ws[:2]:                                  # window 0, both nodes
+        for p in w.processes:
+            sync = next(a for a in p.apis if a.api == "cudaStreamSynchronize")
+            tier = next(t for t in p.overhead.tiers if t.api == "cudaStreamSynchronize")
+            assert tier.tier == "always" and sync.count == pytest.approx(10.0 * 1e6 / 55_150,
+                                                                        rel=0.25)
+            shares[p.rank] = sync.sum_us / 1e6 / cfg.window_seconds
+    assert all(0 < x < 1 for x in shares.values())
+    assert min(shares, key=shares.get) == 10                    # node-0001 GPU 2
+    assert np.median(list(shares.values())) - shares[10] == pytest.approx(0.09, abs=0.02)
+
+
+def test_a_polling_handshake_moves_part_of_the_peer_wait_into_busy_time():
+    """peer_spin: the share of every rank's wait for peers spent polling on CPU is measured as
+    busy time; the parts still add up to the step."""
+    from hypertrace.sim.simulate import step_model
+    base = SimConfig(gpus=16, windows=2, seed=4)
+    plain, spun = step_model(base), step_model(replace(base, peer_spin=0.25))
+    assert np.allclose(spun.peer_wait, 0.75 * plain.peer_wait)
+    assert np.allclose(spun.busy, plain.busy + 0.25 * plain.peer_wait)
+    assert np.allclose(spun.busy + spun.gpu_wait + spun.peer_wait, spun.step)
+    with pytest.raises(ValueError, match="peer_spin"):
+        SimConfig(peer_spin=1.5)
