@@ -138,15 +138,31 @@ def _order_v2(keys: list[tuple[float, ...]]) -> np.ndarray:
     return np.argsort(np.array([k[-1] if k else 0.0 for k in keys], np.float64), kind="stable")
 
 
+#: The fields a block's columns hold, per message type: those up to this field number. A block
+#: is decoded with the plan of the code that reads it, so the plan must not grow when the wire
+#: format does: a field added later (a higher number) stays inside its message's own bytes, and
+#: a block written before it decodes the same (and a message type that only such a field holds is
+#: never reached). Types not listed (other messages than windows) take all their fields.
+COLUMN_FIELDS_UP_TO = {
+    "hypertrace.v1.NodeWindow": 8, "google.protobuf.Timestamp": 2,
+    "hypertrace.v1.ProcessWindow": 15, "hypertrace.v1.ApiStats": 6, "hypertrace.v1.Histogram": 3,
+    "hypertrace.v1.NvmlContext": 10, "hypertrace.v1.Overhead": 13, "hypertrace.v1.ApiTier": 3,
+    "hypertrace.v1.SchedStats": 6, "hypertrace.v1.StepStats": 7,
+}
+
+
 @functools.lru_cache(maxsize=None)
 def _plan(desc: Any) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str, bool], ...],
                               tuple[str, ...], tuple[str, ...]]:
     """A message type's doubles (field, column), integers (field, column, signed), singular
     and repeated messages (field): the numbers taken out are the scalar ones without presence
     (proto3's plain fields, which a zero leaves out of the wire), so putting a number back
-    gives the same bytes."""
+    gives the same bytes. Only the fields of :data:`COLUMN_FIELDS_UP_TO`."""
     dbl, ints, one, many = [], [], [], []
+    last = COLUMN_FIELDS_UP_TO.get(desc.full_name, float("inf"))
     for fd in desc.fields:
+        if fd.number > last:
+            continue
         col = f"{desc.full_name}.{fd.name}"
         if fd.type == FD.TYPE_MESSAGE:
             if fd.is_repeated and fd.message_type.GetOptions().map_entry:

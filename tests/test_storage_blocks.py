@@ -453,3 +453,18 @@ def test_a_negative_zero_is_not_taken_for_a_thousandth():
 
     assert blocks._thousandths(np.array([-0.0, 1.5])) is None
     assert blocks._thousandths(np.array([0.0, 1.5])).tolist() == [0, 1500]
+
+
+def test_fields_added_to_the_wire_later_travel_inside_their_message():
+    """A field the columns were not planned for (a higher field number than COLUMN_FIELDS_UP_TO,
+    and a message type only it holds) stays in its message's bytes: a window carrying one comes
+    back exact, and the columns of older blocks keep their layout."""
+    ws = list(generate(CFG))
+    p = ws[0].processes[0]
+    p.steps.loader_wait_us = 1234.5
+    p.loader.CopyFrom(pb.LoaderStats(workers=4, cpu_s=3.25, runq_s=0.5))
+    items = [(i + 1, w.SerializeToString()) for i, w in enumerate(ws)]
+    assert blocks.decode(blocks.encode(items)) == dict(items)
+    dbl, _, one, _ = blocks._plan(pb.StepStats.DESCRIPTOR)
+    assert "loader_wait_us" not in {f for f, _ in dbl}
+    assert "loader" not in blocks._plan(pb.ProcessWindow.DESCRIPTOR)[2]

@@ -147,7 +147,8 @@ class Recorder:
             raise BuildError("the recorder library does not match this hypertrace version")
         self._api_len = _API_FIELDS + nb
         words = MAX_SLOTS * self._api_len + _TAIL
-        if L.ht_snapshot_size() != words * 8:
+        L.ht_event_size.restype = ctypes.c_size_t
+        if L.ht_snapshot_size() != words * 8 or L.ht_event_size() != EVENT_DTYPE.itemsize:
             raise BuildError("the recorder's snapshot layout does not match native.py")
         self._buf = np.zeros(words, dtype=np.uint64)
         self._events = np.zeros(EVLOG_LEN, dtype=EVENT_DTYPE)

@@ -86,7 +86,9 @@ struct ht_period {                    // one periodic API's boundaries (not clea
 // boundaries of one API, which is what a step's two ends are.
 #define HT_EVLOG_LEN 4096
 #define HT_GAP_SLOT 0xffffffffULL     // an event that is a gap: no step spans it
-struct ht_event { u64 ts_ns, sync_ns, offcpu_ns, api; };
+// The layout of the eBPF program's boundaries (collector/ebpf.py EVENT_DTYPE); loader_ns stays 0:
+// callbacks cannot see who woke a thread.
+struct ht_event { u64 ts_ns, sync_ns, offcpu_ns, loader_ns, api; };
 static struct ht_event evlog[HT_EVLOG_LEN];
 static u64 evhead;
 static struct ht_period period[HT_MAX_SLOTS];
@@ -314,6 +316,7 @@ static void log_event(u64 ts, u64 sync, u64 idle, u64 api) {
     e->ts_ns = ts;
     e->sync_ns = sync;
     e->offcpu_ns = idle;
+    e->loader_ns = 0;
     e->api = api;
     evhead++;
 }
@@ -637,6 +640,7 @@ double ht_time_calls(void *fn, int n) {
 void ht_test_edge(int entry, u64 now) { periodic_edge(entry, now, incall_now(now), 1); }
 
 size_t ht_snapshot_size(void) { return sizeof(struct ht_snapshot); }
+size_t ht_event_size(void) { return sizeof(struct ht_event); }
 int ht_max_slots(void) { return HT_MAX_SLOTS; }
 int ht_num_buckets(void) { return HT_NUM_BUCKETS; }
 
