@@ -9,8 +9,8 @@ Why the spool keeps the OLDEST data when full: the start of an incident is the v
 (when did the node become slow); the newest windows are dropped, with a logged warning and a
 counter, until acks free space.
 
-While the analyzer is unreachable the sender backs off exponentially with full jitter
-(``base * 2**attempt``, capped, times a uniform 0.5..1 factor) so a restarted analyzer is not hit
+While the analyzer is unreachable the sender backs off exponentially with jitter
+(proto/backoff.py: ``base * 2**attempt``, capped, times a uniform 0.5..1 factor) so a restarted analyzer is not hit
 by every agent of the fleet in the same second. After a reconnect it replays the spool in seq
 order. A window the analyzer rejects as INVALID_ARGUMENT, or as ALREADY_EXISTS (its seq is stored
 with other content: a reset spool or a shared agent id), is dropped from the spool with a logged
@@ -38,6 +38,7 @@ from typing import Iterator
 import grpc
 
 from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.proto.backoff import Backoff
 from hypertrace.proto.wire import STREAM_METHOD, WireError, accept_window
 
 log = logging.getLogger(__name__)
@@ -190,17 +191,6 @@ class Spool:
         with self._lock:
             if self._sizes.pop(seq, None) is not None:
                 (self.dir / f"{seq:020d}{_SUFFIX}").unlink(missing_ok=True)
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff with jitter: delay(n) = min(cap, base * 2**n) * U(0.5, 1)."""
-
-    base: float = 0.5
-    cap: float = 30.0
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        return min(self.cap, self.base * (2 ** min(attempt, 30))) * rng.uniform(0.5, 1.0)
 
 
 def channel_options(backoff: Backoff) -> list[tuple[str, int]]:
