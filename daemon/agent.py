@@ -58,7 +58,7 @@ from hypertrace.daemon.config import AgentConfig
 from hypertrace.daemon.inprocess import InProcessHub, NoProbes
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.daemon.metrics_file import AgentMetrics, write as write_metrics_file
-from hypertrace.proto.transport import channel_credentials, tls_files
+from hypertrace.proto.transport import TransportError, channel_credentials, tls_files
 from hypertrace.daemon.systemd import SdNotifier, watchdog_interval
 from hypertrace.daemon.windows import (TIER_ALWAYS, TIER_SLICED, ProcessProbe, ProcessRecord,
                                        WindowOverhead, build_window, probe_hits)
@@ -185,7 +185,10 @@ class Agent:
             files = tls_files(self.cfg.tls_ca, self.cfg.tls_cert, self.cfg.tls_key)
             creds = channel_credentials(files) if files is not None else None
             self.uplink = Uplink(spool, self.cfg.analyzer, credentials=creds,
-                                 idle_close=idle_close_for(self.cfg.window)).start()
+                                 idle_close=idle_close_for(self.cfg.window), tls_files=files,
+                                 on_fatal=lambda _cause: self.request_stop())
+            self.uplink.preflight()      # a TLS configuration error ends the start, exit 2
+            self.uplink.start()
         if self.nvml is None and self.cfg.nvml:
             self.nvml = Nvml()
             if not self.nvml.available:
@@ -728,9 +731,9 @@ class Agent:
         from hypertrace.daemon.uplink import SpoolError
         try:
             self._setup()
-        except SpoolError as e:
-            # spool_dir is configuration: exit 2 so systemd does not restart into the same error
-            # (the unit has RestartPreventExitStatus=2).
+        except (SpoolError, TransportError) as e:
+            # spool_dir and the TLS files are configuration: exit 2 so systemd does not restart
+            # into the same error (the unit has RestartPreventExitStatus=2).
             log.error("agent cannot start: %s", e)
             self._teardown()
             return EXIT_CONFIG
@@ -770,6 +773,10 @@ class Agent:
             win = WindowState(start_ns=start, end_ns=window_end(start, window_ns))
         self.notifier.stopping("flushed the last window")
         self._teardown()
+        fatal = getattr(self.uplink, "fatal", None)
+        if fatal:            # a configuration error the uplink cannot retry away (logged there)
+            log.error("agent stopped after %d windows: %s", self.windows_sent, fatal)
+            return EXIT_CONFIG
         log.info("agent stopped after %d windows", self.windows_sent)
         return EXIT_OK
 
