@@ -52,6 +52,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from hypertrace.analyzer.loop_groups import LoopGroups
 from hypertrace.analyzer.metrics import AnalyzerMetrics, JobCollector, serve as serve_metrics
+from hypertrace.analyzer.nodes import SEED_SPAN_S, NodeTable
 from hypertrace.analyzer.storage import (ConflictingDuplicate, Storage, StorageCorrupt,
                                          StorageError)
 from hypertrace.proto import hypertrace_pb2 as pb
@@ -133,6 +134,8 @@ class Analyzer:
         self.broken = ""                 # why ingest stopped (a corrupt database), once it did
         #: job -> (its convicted GPUs, when the evictor last reviewed it)
         self._reviewed: dict[str, tuple[frozenset, int]] = {}
+        #: each node's newest window (analyzer/nodes.py: `hypertrace nodes`, the last-window series)
+        self.nodes = NodeTable(config.window_seconds)
 
     def _start_engine_process(self) -> Any:
         """The Engine's worker process, or None (with a log line) where it cannot run: the
@@ -157,6 +160,8 @@ class Analyzer:
         epoch (analyzer/replay.py); returns how many were replayed. So the restarted analyzer
         reaches the verdicts the live one reached."""
         from hypertrace.analyzer.replay import replay_stored
+        if hasattr(self.storage, "newest_by_node"):
+            self.nodes.seed(self.storage.newest_by_node(time.time_ns() - int(SEED_SPAN_S * 1e9)))
         with self._lock:
             if self.engine_process is not None:
                 done = self.engine_process.replay(use_snapshot)
@@ -446,6 +451,17 @@ class _QueryServicer(pb_grpc.QueryServicer):
             context.abort(grpc.StatusCode.INTERNAL, f"report failed: {exc}")
         raise AssertionError("unreachable")
 
+    def ListNodes(self, request: pb.ListNodesRequest,
+                  context: grpc.ServicerContext) -> pb.ListNodesResponse:
+        if self._access is not None:
+            self._access.require_reader(context)
+        nodes = getattr(self._a, "nodes", None)
+        if nodes is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server keeps no table of nodes "
+                          "(a cluster edge); ask the analyzer, or watch "
+                          "hypertrace_agent_last_window_timestamp_seconds")
+        return nodes.listing()
+
     def ListJobs(self, request: pb.ListJobsRequest,
                  context: grpc.ServicerContext) -> pb.ListJobsResponse:
         if self._access is not None:
@@ -636,6 +652,8 @@ def _ingest_handler(analyzer: Analyzer, access: Access | None, store_pool: futur
         authorize(w, context, access, max_skew_s)
         return w, raw, dropped
 
+    nodes = getattr(analyzer, "nodes", None)        # analyzer/nodes.py (not on a cluster edge)
+
     async def stream(request_iterator: AsyncIterator[bytes],
                      context: Any) -> AsyncIterator[pb.Ack]:
         loop = asyncio.get_running_loop()
@@ -647,6 +665,8 @@ def _ingest_handler(analyzer: Analyzer, access: Access | None, store_pool: futur
                                                   on_broken))
                 if isinstance(new, _Refused):
                     raise new
+                if nodes is not None:
+                    nodes.seen(w, new)
             except _Refused as refused:
                 analyzer.metrics.reject(refused.reason)
                 await context.abort(refused.code, refused.details)
@@ -803,6 +823,8 @@ class AnalyzerServer:
             if self.options.metrics_listen:
                 m = self.analyzer.metrics
                 m.add_collector(self.analyzer.job_collector())
+                if getattr(self.analyzer, "nodes", None) is not None:
+                    m.add_collector(self.analyzer.nodes.collector())
                 m.watch_files(self.analyzer.storage.files)
                 if self.analyzer.evictor is not None:
                     m.add_collector(self.analyzer.evictor.collector())

@@ -814,6 +814,19 @@ class Storage:
         ends = [int(e) for e in ends if e is not None]
         return min(ends) if ends else None
 
+    def newest_by_node(self, since_end_ns: int) -> list[tuple[str, str, int, int]]:
+        """(node, agent_id, end ns, received ns) of each node's newest window among those
+        that end at or after ``since_end_ns`` (both tables; the end_ns indexes keep it to
+        that span): the analyzer's table of nodes after a restart (analyzer/nodes.py)."""
+        q = ("SELECT node, agent_id, end_ns, received_ns FROM windows WHERE end_ns >= ? "
+             "UNION ALL SELECT node, agent_id, end_ns, received_ns FROM compacted_rows "
+             "WHERE end_ns >= ?")
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT node, agent_id, MAX(end_ns), MAX(received_ns) FROM ({q}) GROUP BY node",
+                (since_end_ns, since_end_ns)).fetchall()
+        return [(r[0], r[1], int(r[2]), int(r[3])) for r in rows]
+
     def count_windows(self) -> int:
         with self._lock:
             return sum(int(self._conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])

@@ -22,7 +22,7 @@ import sys
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 SUBCOMMANDS = ("agent", "analyzer", "analyzer_edge", "analyzer_worker", "report", "jobs",
-               "analyze", "predict", "probe", "cupti", "simulate", "export", "certs", "evict")
+               "nodes", "analyze", "predict", "probe", "cupti", "simulate", "export", "certs", "evict")
 
 EPILOG = """\
 typical use (mutual TLS: `hypertrace certs --help` makes the files; TLS=--tls-ca ca.crt

@@ -161,6 +161,7 @@ class Agent:
         self._ping_every = watchdog_interval()
         self.hub: InProcessHub | None = None
         self.cupti_only = False
+        self._version: str | None = None
 
     # -- control ---------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -604,6 +605,7 @@ class Agent:
             self.cfg.agent_id, self.cfg.node, seq, win.start_ns, end_ns, samples, records,
             WindowOverhead(attached_seconds=win.attached_s, probe_cost_ns=self.probe_cost_ns,
                            budget=self.cfg.overhead_budget), probes)
+        window.agent_version, window.agent_backend, window.probe_mode = self._identity()
         if self.hub is not None:
             # In-process windows of this window; a pid the uprobes cover is counted once (theirs).
             skip = set() if self.cupti_only else set(report)
@@ -671,6 +673,19 @@ class Agent:
             log.warning("cannot write the metrics file %s: %s", self.cfg.metrics_textfile, exc)
         except Exception:                  # a bug here must not cost the window
             log.exception("the metrics file %s was not written", self.cfg.metrics_textfile)
+
+    def _identity(self) -> tuple[str, str, str]:
+        """(version, backend, probe mode) carried by every window, for `hypertrace nodes`."""
+        if self._version is None:
+            from importlib import metadata
+            try:
+                self._version = metadata.version("hypertrace")
+            except metadata.PackageNotFoundError:
+                self._version = ""
+        if self.cupti_only:
+            return self._version, "cupti", ""
+        mode = getattr(self.session, "mechanism", "")
+        return self._version, "ebpf", {"link": "uprobe_multi"}.get(mode, mode)
 
     def _step_cost(self, win: WindowState, pid: int, steps: StepInference, window_s: float,
                    always_cpu: float) -> tuple[float, str]:
