@@ -89,6 +89,8 @@ FEED_BATCH = 512
 SWITCH_INTERVAL_S = 0.0005
 #: A scoring pass longer than this is logged with where its time went (s).
 SLOW_PASS_S = 1.0
+#: How long /healthz waits for the gRPC event loop to answer (s).
+LIVE_TIMEOUT_S = 5.0
 #: How often the evictor re-reviews a job whose convicted GPUs did not change (ns).
 REVIEW_EVERY_NS = 60 * 10**9
 #: Default retention of the raw windows (hours) and of their 5-minute summaries (days): about
@@ -741,6 +743,7 @@ class AnalyzerServer:
         self._store_pool = futures.ThreadPoolExecutor(max_workers=STORE_THREADS,
                                                       thread_name_prefix="hypertrace-store")
         self._stopped = threading.Event()
+        self._serving = threading.Event()     # started: /readyz may say ready
         self._switch_interval_before: float | None = None
         self._checkers: Any = None           # WindowCheckers while serving, if any
 
@@ -830,7 +833,7 @@ class AnalyzerServer:
                     m.add_collector(self.analyzer.evictor.collector())
                 try:
                     self._metrics_server, self.metrics_port = serve_metrics(
-                        m, self.options.metrics_listen)
+                        m, self.options.metrics_listen, self._live, self._ready)
                 except (OSError, ValueError) as exc:
                     raise ServerError(f"cannot serve metrics on {self.options.metrics_listen} "
                                       f"({exc}); pass another --metrics-listen HOST:PORT") from None
@@ -840,12 +843,32 @@ class AnalyzerServer:
             raise
         for service in ("", INGEST_SERVICE, QUERY_SERVICE):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self._serving.set()
         self._thread = threading.Thread(target=self._background, name="hypertrace-flush",
                                         daemon=True)
         self._thread.start()
         if self.options.retention_hours:
             self._start_retention()
         return port
+
+    def _live(self) -> tuple[bool, str]:
+        """``/healthz``: the gRPC event loop answers (it runs every Ingest stream)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return False, "the gRPC event loop is not running"
+        try:
+            asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(LIVE_TIMEOUT_S)
+        except (futures.TimeoutError, RuntimeError):
+            return False, f"the gRPC event loop did not answer within {LIVE_TIMEOUT_S:g} s"
+        return True, "ok"
+
+    def _ready(self) -> tuple[bool, str]:
+        """``/readyz``: serving (started, not stopping) with a usable database."""
+        if self.analyzer.broken:
+            return False, f"not storing windows: {self.analyzer.broken}"
+        if not self._serving.is_set() or self._stop.is_set():
+            return False, "not serving (starting or stopping)"
+        return self._live()
 
     def _start_checkers(self) -> None:
         """The window checkers' processes, where asked for and where they can run."""
