@@ -743,12 +743,14 @@ class Agent:
     # -- main loop -------------------------------------------------------------------------
     def run(self) -> int:
         """Run until stopped; the exit status (0 after a clean stop)."""
+        from hypertrace.collector.ebpf import ProbeUnavailable
         from hypertrace.daemon.uplink import SpoolError
         try:
             self._setup()
-        except (SpoolError, TransportError) as e:
-            # spool_dir and the TLS files are configuration: exit 2 so systemd does not restart
-            # into the same error (the unit has RestartPreventExitStatus=2).
+        except (SpoolError, TransportError, ProbeUnavailable) as e:
+            # spool_dir, the TLS files and the node's eBPF prerequisites (capabilities, tracefs,
+            # headers, bcc) are configuration: exit 2 so systemd does not restart into the same
+            # error (the unit has RestartPreventExitStatus=2).
             log.error("agent cannot start: %s", e)
             self._teardown()
             return EXIT_CONFIG

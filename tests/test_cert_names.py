@@ -56,3 +56,23 @@ def test_every_consumer_reads_the_names_certs_issue_writes(tmp_path):
     assert _tls_names(tomllib.loads(maps["hypertrace-cluster-config", "edge.toml"])) == analyzer
     # the Secret is made from the folder itself, so its keys are the file names
     assert "--from-file=pki/analyzer-main/" in (DEPLOY / "k8s" / "analyzer.yaml").read_text()
+
+
+def test_the_analyzer_toml_example_holds_only_accepted_keys_and_a_dry_run(tmp_path):
+    """deploy/analyzer.toml.example (installed as /etc/hypertrace/analyzer.toml by
+    install-node.sh --analyzer): every key is a flag's, its [evict] table builds an evictor,
+    and that evictor only records (dry run)."""
+    import dataclasses
+
+    from hypertrace.analyzer.config import ScoringConfig, read_analyzer_toml
+    from hypertrace.analyzer.evict.evictor import from_settings
+    from hypertrace.cli.analyzer import SERVER_KEYS
+    values = read_analyzer_toml(str(DEPLOY / "analyzer.toml.example"))
+    evict = values.pop("evict")
+    scoring = {f.name for f in dataclasses.fields(ScoringConfig)}
+    assert set(values) <= set(SERVER_KEYS) | scoring, set(values) - set(SERVER_KEYS) - scoring
+    assert values["db"].startswith("/var/lib/hypertrace-analyzer/")     # the StateDirectory
+    assert "StateDirectory=hypertrace-analyzer" in (DEPLOY / "hypertrace-analyzer.service"
+                                                    ).read_text()
+    evictor = from_settings(evict, str(tmp_path / "a.db"))
+    assert evictor.policy.enforce is False and evictor.policy.backend == "none"
