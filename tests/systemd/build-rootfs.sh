@@ -18,7 +18,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
 ROOT="${1:-$REPO/.cache/systemd-rootfs}"
 SUITE=bookworm
-PACKAGES=systemd,systemd-sysv,dbus,sudo,python3,python3-venv,python3-bpfcc,bpfcc-tools,linux-headers-amd64,gcc,libc6-dev,openssl,iproute2,ca-certificates,procps
+PACKAGES=systemd,systemd-sysv,dbus,sudo,python3,python3-venv,python3-bpfcc,bpfcc-tools,linux-headers-amd64,gcc,libc6-dev,openssl,iproute2,ca-certificates,procps,libnss-myhostname
 WHEELS=/var/cache/hypertrace-wheels
 
 say() { echo "systemd-rootfs: $*"; }
@@ -44,6 +44,10 @@ say "debootstrap $SUITE from $mirror into $new (1-2 minutes)"
 debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$new" "$mirror" >"$new.log" 2>&1 \
     || { tail -n 30 "$new.log"; say "debootstrap failed (log: $new.log)"; exit 1; }
 rm -f "$new"/var/cache/apt/archives/*.deb
+# the host's name is not the node's: nspawn names it after --machine when there is no
+# /etc/hostname, and nss-myhostname resolves it (sudo looks it up)
+rm -f "$new/etc/hostname"
+grep -q myhostname "$new/etc/nsswitch.conf" || sed -i 's/^hosts:.*/& myhostname/' "$new/etc/nsswitch.conf"
 
 # The wheelhouse, with the container's own Python (its version and ABI are the node's).
 reqs="$(sed -n '/^install_requires/,/^#/p' "$REPO/setup.cfg" | sed '1d;/^#/d;s/^ *//;/^$/d' | tr '\n' '\0' | xargs -0 printf '%q ')"
