@@ -438,6 +438,9 @@ class Storage:
                     conn.execute("ROLLBACK")         # a half-done upgrade leaves nothing
                 except sqlite3.Error:
                     pass                             # the first error is the one to report
+            corrupt = _corruption(exc, str(p))      # a damaged file: say so, with the recovery
+            if corrupt is not None:
+                raise corrupt from exc
             raise StorageError(f"cannot open database {p}: {exc}; check that the path is "
                                "writable by this user (or pass another --db)") from exc
         for suffix in ("", "-wal", "-shm"):          # windows name nodes and jobs: owner only
