@@ -25,11 +25,12 @@ SUBCOMMANDS = ("agent", "analyzer", "analyzer_edge", "analyzer_worker", "report"
                "nodes", "analyze", "predict", "probe", "cupti", "simulate", "export", "certs", "evict")
 
 EPILOG = """\
-typical use (mutual TLS: `hypertrace certs --help` makes the files; TLS=--tls-ca ca.crt
---tls-cert ROLE-NAME.crt --tls-key ROLE-NAME.key):
+typical use (mutual TLS: `hypertrace certs --help` makes the files, a folder per certificate;
+TLS=--tls-ca ca.crt --tls-cert ROLE.crt --tls-key ROLE.key of that folder):
   hypertrace analyzer --listen 0.0.0.0:50051 --db /var/lib/hypertrace/analyzer.db TLS
   hypertrace agent --analyzer analyzer-host:50051 TLS      (on every GPU node, as a service)
   hypertrace report --analyzer analyzer-host:50051 --job 1234 TLS
+  hypertrace nodes --analyzer analyzer-host:50051 TLS      (which agents are down)
   hypertrace predict --p 0.01,0.005 --nodes 64,512          (how spikes scale with job size)
 
 exit status: 0 ok / no straggler, 2 bad usage or input, 3 stragglers reported, 1 other error.
