@@ -175,6 +175,10 @@ def deployment(fakecuda, tmp_path_factory):
     why = systemd_container.missing()
     if why:
         missing_prerequisite(why)
+    from hypertrace.collector.prereqs import uprobe_links_supported
+    if not uprobe_links_supported():
+        missing_prerequisite("this kernel has no uprobe-multi BPF links (Linux 6.6+), which the "
+                             "shipped agent unit's capabilities need")
     if not (ROOTFS / ".hypertrace-rootfs").exists():
         missing_prerequisite(f"the root file system {ROOTFS.relative_to(REPO)} is not built "
                              "(bash tests/systemd/build-rootfs.sh, as root; make test runs it)")
