@@ -288,10 +288,12 @@ class Uplink:
     # ---- sender thread -------------------------------------------------------------------------
 
     def preflight(self, timeout: float = 5.0, attempts: int = 3) -> None:
-        """Ask the analyzer's health service once, so that a configuration error (proto/
+        """Ask the analyzer's health service, so that a configuration error (proto/
         transport.py ``diagnose``) ends the agent at its start, with its cause, instead of
         after the first window. Raises TransportError for one; an analyzer that is down is
-        only logged (the spool keeps the windows until it is back)."""
+        only logged (the spool keeps the windows until it is back). Up to ``attempts`` tries:
+        a name with several addresses (localhost: ::1 and 127.0.0.1) reports the error of
+        whichever failed last, which may be a refused one beside a TLS failure."""
         from grpc_health.v1 import health_pb2, health_pb2_grpc
         stub = health_pb2_grpc.HealthStub(self._channel)
         found = None
@@ -301,13 +303,16 @@ class Uplink:
                 self.connected = True
                 return
             except grpc.RpcError as exc:
-                found = diagnose(exc, self.target or "channel", self.tls_files)
-                if not found.config_error:
-                    log.warning("%s; windows are spooled until it answers", found)
-                    return
-            if attempt + 1 < attempts:     # a handshake cut by a restarting analyzer: again
+                seen = diagnose(exc, self.target or "channel", self.tls_files)
+                if found is None or seen.config_error:
+                    found = seen
+                if found.config_error and attempt > 0:
+                    break
+            if attempt + 1 < attempts:
                 time.sleep(self.backoff.delay(attempt, self._rng))
-        raise TransportError(str(found))
+        if found is not None and found.config_error:
+            raise TransportError(str(found))
+        log.warning("%s; windows are spooled until it answers", found)
 
     def _fail(self, cause: str) -> None:
         """A configuration error ends the uplink: the windows stay spooled."""

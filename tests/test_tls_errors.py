@@ -29,7 +29,7 @@ def other_pki(tmp_path_factory) -> Pki:
 @pytest.fixture
 def tls_analyzer(tmp_path, pki):
     server, target = start_server(tmp_path / "a.db", tls=pki.server())
-    yield server, target.replace("127.0.0.1", "localhost")
+    yield server, target
     stop_server(server)
 
 
@@ -95,7 +95,7 @@ def test_a_host_name_the_analyzers_certificate_lacks(tmp_path, pki):
 
 
 def test_an_analyzer_that_is_down_is_not_a_configuration_error(tmp_path, pki, caplog):
-    up = _uplink(tmp_path, "localhost:1", pki.files("agent", "n1"))
+    up = _uplink(tmp_path, "127.0.0.1:1", pki.files("agent", "n1"))
     try:
         up.preflight(timeout=2)                       # logs, does not raise
     finally:
@@ -127,7 +127,7 @@ def test_the_report_cli_names_the_cause_and_exits_2(tls_analyzer, pki, other_pki
     rc = main(["report", "--analyzer", target, "--tls-ca", other_pki.server().ca,
                "--tls-cert", reader.cert, "--tls-key", reader.key])
     assert rc == 2 and "is not signed by tls_ca" in capsys.readouterr().err
-    rc = main(["report", "--analyzer", "localhost:1", *pki.args("reader", "ops")])
+    rc = main(["report", "--analyzer", "127.0.0.1:1", *pki.args("reader", "ops")])
     assert rc == 1 and "unreachable" in capsys.readouterr().err
     assert tls_files(None, None, None) is None
 
