@@ -48,6 +48,9 @@ seconds``
 ``hypertrace_eviction_proposals``          state                         proposals in the audit
                                                                          trail (analyzer/evict)
 ``hypertrace_eviction_breaker_tripped``    (none)                        1 while tripped
+``hypertrace_agent_last_window_timestamp_  node                          when the newest window
+seconds``                                                                of the node's agent
+                                                                         ended (analyzer/nodes.py)
 =========================================  ============================  =======================
 
 **Cardinality bound.** Per job: 9 job series, and GPU series for at most ``max_gpus`` GPUs
@@ -55,7 +58,9 @@ seconds``
 those with a finding. Healthy GPUs without a finding have no series (their ratio is within the
 gates). ``reason`` has the values of :data:`REJECT_REASONS`, ``worker`` those of
 :data:`WORKERS`, ``state`` those of the evictor's audit trail. So a 16,384-GPU job adds at most
-9 + 3 x 64 = 201 series, and Prometheus memory does not grow with the job's size.
+9 + 3 x 64 = 201 series, and Prometheus memory does not grow with the job's size. The
+last-window series is one per node the analyzer heard from (2,048 for a 16,384-GPU fleet of 8-GPU
+nodes): the alert on a silent agent needs every node's.
 
 **Cost.** A job's report is rebuilt for a scrape at most every ``refresh_s`` seconds (15 by
 default), only when windows were scored since, and no sooner than ``1 / REPORT_SHARE`` times
