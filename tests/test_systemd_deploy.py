@@ -201,7 +201,11 @@ def test_the_readme_deploys_both_units_verbatim_and_they_work(deployment):
     d = deployment
     c = d.c
     d.step("analyzer")
-    assert c.run("systemctl is-active hypertrace-analyzer").stdout.strip() == "active"
+    ready = ('python3 -c "import urllib.request as u; '
+             'print(u.urlopen(\'http://127.0.0.1:9464/readyz\', timeout=5).read().decode())"')
+    d.wait("the analyzer ready (/readyz)", lambda: c.run(ready).stdout.strip() == "ok"
+           and c.run("systemctl is-active hypertrace-analyzer").stdout.strip() == "active",
+           timeout=60)
     d.step("node-certificate")
     # a training process of job e2e-job: the stand-in libcudart (launches and synchronizes)
     worker = c.spawn("exec /opt/fakecuda/fakecuda-worker --api step --rate 200 --duration 1800",
