@@ -27,7 +27,9 @@ ebpf-setup: venv
 	@if [ "$$(id -u)" = 0 ]; then bash deploy/install-node.sh --venv $(VENV); \
 	 else echo "ebpf-setup: not root; eBPF prerequisites not installed (eBPF tests will skip)"; fi
 
-# a real Slurm (slurm-wlm, munge) for the eviction tests, when root
+# when root: a real Slurm (slurm-wlm, munge) for the eviction tests, Prometheus, Chromium,
+# nats-server, and systemd-nspawn with the Debian root file system the real-systemd deployment
+# test boots (.cache/systemd-rootfs, built once: 2-4 minutes)
 test-deps:
 	@bash tests/install-test-deps.sh
 

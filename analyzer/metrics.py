@@ -48,6 +48,9 @@ seconds``
 ``hypertrace_eviction_proposals``          state                         proposals in the audit
                                                                          trail (analyzer/evict)
 ``hypertrace_eviction_breaker_tripped``    (none)                        1 while tripped
+``hypertrace_agent_last_window_timestamp_  node                          when the newest window
+seconds``                                                                of the node's agent
+                                                                         ended (analyzer/nodes.py)
 =========================================  ============================  =======================
 
 **Cardinality bound.** Per job: 9 job series, and GPU series for at most ``max_gpus`` GPUs
@@ -55,7 +58,9 @@ seconds``
 those with a finding. Healthy GPUs without a finding have no series (their ratio is within the
 gates). ``reason`` has the values of :data:`REJECT_REASONS`, ``worker`` those of
 :data:`WORKERS`, ``state`` those of the evictor's audit trail. So a 16,384-GPU job adds at most
-9 + 3 x 64 = 201 series, and Prometheus memory does not grow with the job's size.
+9 + 3 x 64 = 201 series, and Prometheus memory does not grow with the job's size. The
+last-window series is one per node the analyzer heard from (2,048 for a 16,384-GPU fleet of 8-GPU
+nodes): the alert on a silent agent needs every node's.
 
 **Cost.** A job's report is rebuilt for a scrape at most every ``refresh_s`` seconds (15 by
 default), only when windows were scored since, and no sooner than ``1 / REPORT_SHARE`` times
@@ -270,12 +275,56 @@ class AnalyzerMetrics:
         self.registry.register(_FileSize(paths))
 
 
-def serve(metrics: AnalyzerMetrics, listen: str):
-    """Serve ``/metrics`` on ``listen`` (HOST:PORT; port 0 picks one). Returns (server, port)."""
-    from prometheus_client import start_http_server
+#: A health check: (healthy, why in a few words).
+HealthCheck = Callable[[], "tuple[bool, str]"]
+
+
+def _app(metrics: AnalyzerMetrics, checks: dict[str, HealthCheck]) -> Callable:
+    """WSGI: ``/healthz`` and ``/readyz`` answer 200 or 503 with the check's words, any other
+    GET the Prometheus metrics (prometheus_client serves them on every path)."""
+    from prometheus_client import make_wsgi_app
+    scrape = make_wsgi_app(metrics.registry)
+
+    def app(environ: dict, start_response: Callable) -> list[bytes]:
+        check = checks.get(environ.get("PATH_INFO", ""))
+        if check is None:
+            return scrape(environ, start_response)
+        try:
+            ok, why = check()
+        except Exception as exc:          # a check that fails says so, never a stack trace
+            ok, why = False, f"check failed: {type(exc).__name__}: {exc}"
+        start_response("200 OK" if ok else "503 Service Unavailable",
+                       [("Content-Type", "text/plain; charset=utf-8")])
+        return [(why + "\n").encode()]
+    return app
+
+
+def serve(metrics: AnalyzerMetrics, listen: str, live: HealthCheck | None = None,
+          ready: HealthCheck | None = None):
+    """Serve ``/metrics`` on ``listen`` (HOST:PORT; port 0 picks one), and ``/healthz`` and
+    ``/readyz`` from ``live`` and ``ready`` where given: plain HTTP, so kubelet's httpGet
+    probes and Prometheus need no client certificate (the gRPC port requires one). Returns
+    (server, port); ``server.shutdown()`` stops it."""
+    import threading
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    class _Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class _Quiet(WSGIRequestHandler):
+        def log_message(self, *_args: object) -> None:     # a scrape per 15 s is not news
+            pass
+
+    checks = {path: check for path, check in (("/healthz", live), ("/readyz", ready))
+              if check is not None}
     host, _, port = listen.rpartition(":")
-    server, _thread = start_http_server(int(port), addr=host.strip("[]") or "0.0.0.0",
-                                        registry=metrics.registry)
+    host = host.strip("[]") or "0.0.0.0"
+    if ":" in host:
+        _Server.address_family = __import__("socket").AF_INET6
+    server = make_server(host, int(port), _app(metrics, checks), _Server, _Quiet)
+    threading.Thread(target=server.serve_forever, name="hypertrace-metrics",
+                     daemon=True).start()
     return server, server.server_port
 
 

@@ -26,6 +26,8 @@ Exit status (all commands that print a report): 0 no straggler, 3 at least one s
 """
 from __future__ import annotations
 
+import math
+
 from google.protobuf import json_format
 
 from hypertrace.analyzer.auto_groups import NO_STEP_NAME
@@ -169,17 +171,32 @@ def _node_rows(job: pb.JobReport, only_flagged: bool) -> tuple[list[tuple[str, .
         f = _lead(node)
         windows = max((x.windows_flagged for x in node.gpus), default=0)
         seen = max((x.windows_seen for x in node.gpus), default=0)
-        gain = job.cluster.predicted_gain
+        effect, basis = node_effect(node)
         rows.append((_short(node.node), node.verdict, node.scope or "-",
                      evidence_words(f) if f is not None and flagged else "-",
                      _ratio_text(f) if f is not None and flagged else "-",
                      f"{f.robust_z:+.0f}" if f is not None and flagged else "-",
                      f"{windows}/{seen}",
-                     ("~0%" if abs(gain) < 0.005 else f"{gain:+.0%}") if node.node in evicted
-                     else "-"))
+                     ("~0%" if effect < 0.005 else f"+{effect:.0%}")
+                     if node.node in evicted and basis == "step_share" else "-"))
         if node.verdict in NOTED and node.probable_cause:
             causes.append(f"{node.node}: {node.probable_cause}")
     return rows, causes, hidden
+
+
+def node_effect(node: pb.NodeReport) -> tuple[float, str]:
+    """(effect, basis) of a node on its job's step: the largest step share of its findings
+    ("step_share": what evicting that node alone saves of a step), or, without step data, the
+    largest ratio - 1 ("ratio"). The table's GAIN column and the evictor's min_effect read it."""
+    effect, basis = 0.0, "ratio"
+    for g in node.gpus:
+        for f in g.findings:
+            if f.HasField("step_share") and math.isfinite(f.step_share):
+                if basis != "step_share" or abs(f.step_share) > effect:
+                    effect, basis = abs(f.step_share), "step_share"
+            elif basis == "ratio":
+                effect = max(effect, abs(f.ratio - 1.0))
+    return effect, basis
 
 
 def _gpu_rows(job: pb.JobReport, only_flagged: bool) -> list[tuple[str, ...]]:

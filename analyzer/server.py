@@ -52,6 +52,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from hypertrace.analyzer.loop_groups import LoopGroups
 from hypertrace.analyzer.metrics import AnalyzerMetrics, JobCollector, serve as serve_metrics
+from hypertrace.analyzer.nodes import SEED_SPAN_S, NodeTable
 from hypertrace.analyzer.storage import (ConflictingDuplicate, Storage, StorageCorrupt,
                                          StorageError)
 from hypertrace.proto import hypertrace_pb2 as pb
@@ -88,6 +89,8 @@ FEED_BATCH = 512
 SWITCH_INTERVAL_S = 0.0005
 #: A scoring pass longer than this is logged with where its time went (s).
 SLOW_PASS_S = 1.0
+#: How long /healthz waits for the gRPC event loop to answer (s).
+LIVE_TIMEOUT_S = 5.0
 #: How often the evictor re-reviews a job whose convicted GPUs did not change (ns).
 REVIEW_EVERY_NS = 60 * 10**9
 #: Default retention of the raw windows (hours) and of their 5-minute summaries (days): about
@@ -133,6 +136,8 @@ class Analyzer:
         self.broken = ""                 # why ingest stopped (a corrupt database), once it did
         #: job -> (its convicted GPUs, when the evictor last reviewed it)
         self._reviewed: dict[str, tuple[frozenset, int]] = {}
+        #: each node's newest window (analyzer/nodes.py: `hypertrace nodes`, the last-window series)
+        self.nodes = NodeTable(config.window_seconds)
 
     def _start_engine_process(self) -> Any:
         """The Engine's worker process, or None (with a log line) where it cannot run: the
@@ -157,6 +162,8 @@ class Analyzer:
         epoch (analyzer/replay.py); returns how many were replayed. So the restarted analyzer
         reaches the verdicts the live one reached."""
         from hypertrace.analyzer.replay import replay_stored
+        if hasattr(self.storage, "newest_by_node"):
+            self.nodes.seed(self.storage.newest_by_node(time.time_ns() - int(SEED_SPAN_S * 1e9)))
         with self._lock:
             if self.engine_process is not None:
                 done = self.engine_process.replay(use_snapshot)
@@ -446,6 +453,17 @@ class _QueryServicer(pb_grpc.QueryServicer):
             context.abort(grpc.StatusCode.INTERNAL, f"report failed: {exc}")
         raise AssertionError("unreachable")
 
+    def ListNodes(self, request: pb.ListNodesRequest,
+                  context: grpc.ServicerContext) -> pb.ListNodesResponse:
+        if self._access is not None:
+            self._access.require_reader(context)
+        nodes = getattr(self._a, "nodes", None)
+        if nodes is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server keeps no table of nodes "
+                          "(a cluster edge); ask the analyzer, or watch "
+                          "hypertrace_agent_last_window_timestamp_seconds")
+        return nodes.listing()
+
     def ListJobs(self, request: pb.ListJobsRequest,
                  context: grpc.ServicerContext) -> pb.ListJobsResponse:
         if self._access is not None:
@@ -636,6 +654,8 @@ def _ingest_handler(analyzer: Analyzer, access: Access | None, store_pool: futur
         authorize(w, context, access, max_skew_s)
         return w, raw, dropped
 
+    nodes = getattr(analyzer, "nodes", None)        # analyzer/nodes.py (not on a cluster edge)
+
     async def stream(request_iterator: AsyncIterator[bytes],
                      context: Any) -> AsyncIterator[pb.Ack]:
         loop = asyncio.get_running_loop()
@@ -647,6 +667,8 @@ def _ingest_handler(analyzer: Analyzer, access: Access | None, store_pool: futur
                                                   on_broken))
                 if isinstance(new, _Refused):
                     raise new
+                if nodes is not None:
+                    nodes.seen(w, new)
             except _Refused as refused:
                 analyzer.metrics.reject(refused.reason)
                 await context.abort(refused.code, refused.details)
@@ -721,6 +743,7 @@ class AnalyzerServer:
         self._store_pool = futures.ThreadPoolExecutor(max_workers=STORE_THREADS,
                                                       thread_name_prefix="hypertrace-store")
         self._stopped = threading.Event()
+        self._serving = threading.Event()     # started: /readyz may say ready
         self._switch_interval_before: float | None = None
         self._checkers: Any = None           # WindowCheckers while serving, if any
 
@@ -803,12 +826,14 @@ class AnalyzerServer:
             if self.options.metrics_listen:
                 m = self.analyzer.metrics
                 m.add_collector(self.analyzer.job_collector())
+                if getattr(self.analyzer, "nodes", None) is not None:
+                    m.add_collector(self.analyzer.nodes.collector())
                 m.watch_files(self.analyzer.storage.files)
                 if self.analyzer.evictor is not None:
                     m.add_collector(self.analyzer.evictor.collector())
                 try:
                     self._metrics_server, self.metrics_port = serve_metrics(
-                        m, self.options.metrics_listen)
+                        m, self.options.metrics_listen, self._live, self._ready)
                 except (OSError, ValueError) as exc:
                     raise ServerError(f"cannot serve metrics on {self.options.metrics_listen} "
                                       f"({exc}); pass another --metrics-listen HOST:PORT") from None
@@ -818,12 +843,32 @@ class AnalyzerServer:
             raise
         for service in ("", INGEST_SERVICE, QUERY_SERVICE):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self._serving.set()
         self._thread = threading.Thread(target=self._background, name="hypertrace-flush",
                                         daemon=True)
         self._thread.start()
         if self.options.retention_hours:
             self._start_retention()
         return port
+
+    def _live(self) -> tuple[bool, str]:
+        """``/healthz``: the gRPC event loop answers (it runs every Ingest stream)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return False, "the gRPC event loop is not running"
+        try:
+            asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(LIVE_TIMEOUT_S)
+        except (futures.TimeoutError, RuntimeError):
+            return False, f"the gRPC event loop did not answer within {LIVE_TIMEOUT_S:g} s"
+        return True, "ok"
+
+    def _ready(self) -> tuple[bool, str]:
+        """``/readyz``: serving (started, not stopping) with a usable database."""
+        if self.analyzer.broken:
+            return False, f"not storing windows: {self.analyzer.broken}"
+        if not self._serving.is_set() or self._stop.is_set():
+            return False, "not serving (starting or stopping)"
+        return self._live()
 
     def _start_checkers(self) -> None:
         """The window checkers' processes, where asked for and where they can run."""

@@ -438,6 +438,9 @@ class Storage:
                     conn.execute("ROLLBACK")         # a half-done upgrade leaves nothing
                 except sqlite3.Error:
                     pass                             # the first error is the one to report
+            corrupt = _corruption(exc, str(p))      # a damaged file: say so, with the recovery
+            if corrupt is not None:
+                raise corrupt from exc
             raise StorageError(f"cannot open database {p}: {exc}; check that the path is "
                                "writable by this user (or pass another --db)") from exc
         for suffix in ("", "-wal", "-shm"):          # windows name nodes and jobs: owner only
@@ -813,6 +816,19 @@ class Storage:
                     for t in ("windows", "compacted")]
         ends = [int(e) for e in ends if e is not None]
         return min(ends) if ends else None
+
+    def newest_by_node(self, since_end_ns: int) -> list[tuple[str, str, int, int]]:
+        """(node, agent_id, end ns, received ns) of each node's newest window among those
+        that end at or after ``since_end_ns`` (both tables; the end_ns indexes keep it to
+        that span): the analyzer's table of nodes after a restart (analyzer/nodes.py)."""
+        q = ("SELECT node, agent_id, end_ns, received_ns FROM windows WHERE end_ns >= ? "
+             "UNION ALL SELECT node, agent_id, end_ns, received_ns FROM compacted_rows "
+             "WHERE end_ns >= ?")
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT node, agent_id, MAX(end_ns), MAX(received_ns) FROM ({q}) GROUP BY node",
+                (since_end_ns, since_end_ns)).fetchall()
+        return [(r[0], r[1], int(r[2]), int(r[3])) for r in rows]
 
     def count_windows(self) -> int:
         with self._lock:

@@ -27,12 +27,23 @@ def spawn(target: Callable[..., None], name: str, args: tuple, what: str) -> tup
     try:
         ctx = multiprocessing.get_context("forkserver")
         mine, theirs = ctx.Pipe()
-        proc = ctx.Process(target=target, name=name, daemon=True, args=(theirs, *args))
+        proc = ctx.Process(target=_without_interrupt, name=name, daemon=True,
+                           args=(target, theirs, *args))
         proc.start()
     except (OSError, ValueError) as exc:
         raise WorkerUnavailable(f"{what} could not start ({exc})") from exc
     theirs.close()
     return proc, mine
+
+
+def _without_interrupt(target: Callable[..., None], *args: Any) -> None:
+    """Run a worker deaf to SIGINT. Why: Ctrl-C in a terminal signals the whole process group,
+    workers included; the analyzer stops them itself (closing their pipes), while a worker
+    killed by the KeyboardInterrupt looked like a crash, which was logged as an ERROR and
+    replaced by a new worker in the middle of the shutdown."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    target(*args)
 
 
 def end(proc: Any, conn: Any, terminate: bool = False) -> None:

@@ -10,12 +10,12 @@ On start it prints ``hypertrace analyzer listening on HOST:PORT`` (with the real
 
 Transport: mutual TLS (``--tls-ca/--tls-cert/--tls-key``). Each agent's certificate names its
 node (``spiffe://hypertrace/agent/NODE``) and may send windows of that node only; reading reports
-needs a ``reader`` or ``admin`` certificate. Make a CA and certificates for a test or small site:
+needs a ``reader`` or ``admin`` certificate. Make a CA and certificates for a test or small site
+(each ``issue`` writes a folder DIR/ROLE-NAME/ with ca.crt, ROLE.crt and ROLE.key):
 
-    hypertrace certs init --dir /etc/hypertrace/pki
-    hypertrace certs issue --dir /etc/hypertrace/pki --role analyzer --name analyzer \
-        --host analyzer.example.org
-    hypertrace certs issue --dir /etc/hypertrace/pki --role agent --name node-0001
+    hypertrace certs init --dir ca
+    hypertrace certs issue --dir ca --role analyzer --name main --host analyzer.example.org
+    hypertrace certs issue --dir ca --role agent --name node-0001
 
 ``--insecure`` listens in plaintext instead, and says so in its log (tests on one machine).
 """

@@ -1,9 +1,15 @@
 """`hypertrace certs`: a CA and certificates for mutual TLS, for a test or a small site.
 
     hypertrace certs init  --dir DIR                       # DIR/ca.crt, DIR/ca.key
-    hypertrace certs issue --dir DIR --role analyzer --name analyzer --host analyzer.example.org
+    hypertrace certs issue --dir DIR --role analyzer --name main --host analyzer.example.org
     hypertrace certs issue --dir DIR --role agent --name node-0001     # one per GPU node
     hypertrace certs issue --dir DIR --role reader --name alice        # report readers
+
+One naming scheme from here to every config, unit and manifest: ``issue`` writes a folder per
+certificate, ``DIR/ROLE-NAME/``, holding ``ca.crt``, ``ROLE.crt`` and ``ROLE.key``. Those three
+files go, under those names, to ``/etc/hypertrace/pki/`` of the machine that uses them (the
+agent's config names ``agent.crt``, the analyzer's unit ``analyzer.crt``), or into the
+Kubernetes Secret (``--from-file=DIR/ROLE-NAME/``).
 
 Each certificate carries one SPIFFE ID, ``spiffe://TRUST_DOMAIN/ROLE/NAME``, as a URI SAN; the
 analyzer authorizes by it (an agent may send windows of node NAME only; ``reader`` and ``admin``
@@ -35,7 +41,8 @@ def register(subparsers) -> None:
     init.add_argument("--dir", required=True, help="where the CA files go (created 0700)")
     init.add_argument("--days", type=int, default=3650, help="CA validity (default 3650)")
     init.set_defaults(func=run_init)
-    issue = sub.add_parser("issue", help="create DIR/ROLE-NAME.crt and .key signed by the CA")
+    issue = sub.add_parser("issue", help="create DIR/ROLE-NAME/ with ca.crt, ROLE.crt and "
+                           "ROLE.key, signed by the CA")
     issue.add_argument("--dir", required=True, help="the directory of `certs init`")
     issue.add_argument("--role", required=True, choices=["agent", "reader", "admin", "analyzer"])
     issue.add_argument("--name", required=True,
@@ -106,8 +113,26 @@ def run_issue(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 return 2
             sans.append(f"DNS:{host}")
-    usage = "serverAuth" if args.role == "analyzer" else "clientAuth"
-    stem = d / f"{args.role}-{args.name}"
+    try:
+        bundle = issue(d, d / f"{args.role}-{args.name}", args.role, args.name, sans,
+                       args.days)
+    except RuntimeError as exc:
+        print(f"hypertrace certs: {exc}", file=sys.stderr)
+        return 1
+    print(f"{bundle}/: ca.crt, {args.role}.crt ({sans[0][4:]}), {args.role}.key; copy the "
+          f"three files to /etc/hypertrace/pki/ where the {args.role} runs "
+          f"({args.role}.key mode 0600)")
+    return 0
+
+
+def issue(ca_dir: Path, bundle: Path, role: str, name: str, sans: list[str],
+          days: int = 365) -> Path:
+    """Sign a certificate for ``role``/``name`` with the CA in ``ca_dir`` and write the bundle
+    ``bundle/{ca.crt, ROLE.crt, ROLE.key}`` (the folder and key 0700/0600). ``sans``: its
+    subjectAltName entries, the SPIFFE URI first. Raises RuntimeError naming what failed."""
+    usage = "serverAuth" if role == "analyzer" else "clientAuth"
+    bundle.mkdir(parents=True, exist_ok=True, mode=0o700)
+    stem = bundle / role
     old = os.umask(0o077)
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -119,15 +144,13 @@ def run_issue(args: argparse.Namespace) -> int:
             csr = Path(tmp) / "req.csr"
             _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
                      "-keyout", f"{stem}.key", "-out", str(csr),
-                     "-subj", f"/CN={args.role}-{args.name}")
-            _openssl("x509", "-req", "-in", str(csr), "-CA", str(d / "ca.crt"),
-                     "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-out", f"{stem}.crt",
-                     "-days", str(args.days), "-extfile", str(ext))
-    except RuntimeError as exc:
-        print(f"hypertrace certs: {exc}", file=sys.stderr)
-        return 1
+                     "-subj", f"/CN={role}-{name}")
+            _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca_dir / "ca.crt"),
+                     "-CAkey", str(ca_dir / "ca.key"), "-CAcreateserial", "-out", f"{stem}.crt",
+                     "-days", str(days), "-extfile", str(ext))
     finally:
         os.umask(old)
+    shutil.copyfile(ca_dir / "ca.crt", bundle / "ca.crt")
+    os.chmod(bundle / "ca.crt", 0o644)
     os.chmod(f"{stem}.crt", 0o644)
-    print(f"{stem}.crt ({sans[0][4:]}) key {stem}.key")
-    return 0
+    return bundle

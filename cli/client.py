@@ -44,13 +44,16 @@ def run_query(args: argparse.Namespace, name: str, method: Callable[[Any], Any])
     the fix). ``name`` is the subcommand, for the messages."""
     import grpc
 
-    from hypertrace.proto.transport import TransportError, tls_files
+    from hypertrace.proto.transport import TransportError, diagnose, tls_files
 
     if args.timeout <= 0:
         print(f"hypertrace {name}: --timeout must be > 0 seconds", file=sys.stderr)
         return 2, None
+    tls = None
     try:
         tls = tls_files(args.tls_ca, args.tls_cert, args.tls_key)
+        if tls is not None:
+            tls.check()
         return 0, call(args.analyzer, method, tls, args.insecure, args.timeout)
     except TransportError as exc:
         print(f"hypertrace {name}: {exc}", file=sys.stderr)
@@ -60,12 +63,14 @@ def run_query(args: argparse.Namespace, name: str, method: Callable[[Any], Any])
         if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
             print(f"hypertrace {name}: {exc.details()}", file=sys.stderr)
             return 2, None
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            print(f"hypertrace {name}: analyzer {args.analyzer} unreachable ({code.name}); check "
-                  f"that `hypertrace analyzer --listen {args.analyzer}` is running and reachable "
-                  "from here (firewall, host name, TLS files), or raise --timeout",
-                  file=sys.stderr)
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            print(f"hypertrace {name}: analyzer {args.analyzer} does not answer this request "
+                  f"(an older version?): {exc.details()}", file=sys.stderr)
             return 1, None
-        print(f"hypertrace {name}: analyzer {args.analyzer} failed: {code.name}: "
-              f"{exc.details()}", file=sys.stderr)
+        found = diagnose(exc, args.analyzer, tls)
+        if found.config_error:
+            print(f"hypertrace {name}: {found}", file=sys.stderr)
+            return 2, None
+        hint = ", or raise --timeout" if code == grpc.StatusCode.DEADLINE_EXCEEDED else ""
+        print(f"hypertrace {name}: {found}{hint}", file=sys.stderr)
         return 1, None

@@ -25,8 +25,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("evict", help="eviction proposals: log, approve, undo, reset",
                               description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--db", default="hypertrace-analyzer.db", help="the analyzer's database")
-    p.add_argument("--config", help="the analyzer's TOML (its [evict] table)")
+    _where(p, argparse.SUPPRESS)
     sub = p.add_subparsers(dest="evict_command", metavar="log|approve|undo|reset")
     log = sub.add_parser("log", help="proposals, states, evidence, decisions")
     log.add_argument("--format", choices=("table", "json"), default="table",
@@ -37,8 +36,21 @@ def register(subparsers) -> None:
     approve.add_argument("id")
     undo = sub.add_parser("undo", help="reverse our last action on a scheduler node")
     undo.add_argument("node")
-    sub.add_parser("reset", help="close a tripped breaker")
-    p.set_defaults(func=run)
+    reset = sub.add_parser("reset", help="close a tripped breaker")
+    for action in (log, approve, undo, reset):      # --db/--config before or after the action
+        _where(action, argparse.SUPPRESS)
+    p.set_defaults(func=run, db=DEFAULT_DB, config=None)
+
+
+#: The analyzer's default --db (relative to where it runs).
+DEFAULT_DB = "hypertrace-analyzer.db"
+
+
+def _where(p: argparse.ArgumentParser, default: object) -> None:
+    """--db and --config on ``p``. On the actions their default is SUPPRESS, so that a value
+    given before the action is not overwritten by the action parser's default."""
+    p.add_argument("--db", default=default, help=f"the analyzer's database (default {DEFAULT_DB})")
+    p.add_argument("--config", default=default, help="the analyzer's TOML (its [evict] table)")
 
 
 def run(args: argparse.Namespace) -> int:

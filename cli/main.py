@@ -22,14 +22,15 @@ import sys
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 SUBCOMMANDS = ("agent", "analyzer", "analyzer_edge", "analyzer_worker", "report", "jobs",
-               "analyze", "predict", "probe", "cupti", "simulate", "export", "certs", "evict")
+               "nodes", "analyze", "predict", "probe", "cupti", "simulate", "export", "certs", "evict")
 
 EPILOG = """\
-typical use (mutual TLS: `hypertrace certs --help` makes the files; TLS=--tls-ca ca.crt
---tls-cert ROLE-NAME.crt --tls-key ROLE-NAME.key):
+typical use (mutual TLS: `hypertrace certs --help` makes the files, a folder per certificate;
+TLS=--tls-ca ca.crt --tls-cert ROLE.crt --tls-key ROLE.key of that folder):
   hypertrace analyzer --listen 0.0.0.0:50051 --db /var/lib/hypertrace/analyzer.db TLS
   hypertrace agent --analyzer analyzer-host:50051 TLS      (on every GPU node, as a service)
   hypertrace report --analyzer analyzer-host:50051 --job 1234 TLS
+  hypertrace nodes --analyzer analyzer-host:50051 TLS      (which agents are down)
   hypertrace predict --p 0.01,0.005 --nodes 64,512          (how spikes scale with job size)
 
 exit status: 0 ok / no straggler, 2 bad usage or input, 3 stragglers reported, 1 other error.
@@ -90,10 +91,37 @@ def requested_command(argv: list[str]) -> str | None:
     return word if word in SUBCOMMANDS else None
 
 
+def unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                 extra: list[str]) -> None:
+    """Exit 2 for arguments no parser took, with the usage of the (sub)command they were given
+    to, not the top level's, and the option meant where one is close (``--fromat``)."""
+    import difflib
+    target = parser
+    while True:
+        sub = next((a for a in target._actions
+                    if isinstance(a, argparse._SubParsersAction)), None)
+        chosen = getattr(args, sub.dest, None) if sub is not None and sub.dest else None
+        if sub is None or chosen not in sub.choices:
+            break
+        target = sub.choices[chosen]
+    options = [o for a in target._actions if a.help != argparse.SUPPRESS
+               for o in a.option_strings if o.startswith("--")]
+    hints = []
+    for word in extra:
+        if word.startswith("-"):
+            close = difflib.get_close_matches(word.split("=", 1)[0], options, n=1, cutoff=0.75)
+            if close:
+                hints.append(f"{word.split('=', 1)[0]}: did you mean {close[0]}?")
+    target.error(f"unrecognized arguments: {' '.join(extra)}"
+                 + (f" ({'; '.join(hints)})" if hints else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(requested_command(argv))
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        unrecognized(parser, args, extra)
     logging.basicConfig(
         level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -61,9 +61,15 @@ def register(subparsers) -> None:
                      "binary length-delimited records (about 200x faster to read back); .gz "
                      "compresses either")
     out.add_argument("--analyzer", metavar="HOST:PORT",
-                     help="stream to a running analyzer, in plaintext: many simulated nodes share "
-                     "one channel, so no node certificate fits; start the analyzer with "
-                     "--insecure for it")
+                     help="stream to a running analyzer as real agents would, one connection "
+                     "per simulated node: with mutual TLS (--pki) or in plaintext (--insecure)")
+    p.add_argument("--pki", metavar="DIR",
+                   help="with --analyzer: the CA folder of `hypertrace certs init`; each "
+                   "simulated node gets an agent certificate of its own from it (in a temporary "
+                   "folder), as the analyzer requires")
+    p.add_argument("--insecure", action="store_true",
+                   help="with --analyzer: plaintext, to an analyzer started with --insecure "
+                   "(tests only)")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="with --analyzer: seconds to wait for every ack (default 120)")
     p.set_defaults(func=run)
@@ -112,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
 
     def counted():
         for w in generate(cfg):
+            if getattr(args, "pki", None) and args.analyzer:
+                w.agent_id = f"{w.node}/sim"     # what an agent/NODE certificate may send
             yield w
             progress.add()
         progress.close()
@@ -141,17 +149,52 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     import tempfile
+    from pathlib import Path
 
     from hypertrace.sim.simulate import stream_windows
 
+    if bool(args.pki) == bool(args.insecure):
+        print("hypertrace simulate: --analyzer needs --pki DIR (mutual TLS, a certificate per "
+              "simulated node from the CA in DIR) or --insecure (an analyzer started with "
+              "--insecure)", file=sys.stderr)
+        return 2
+    if args.pki and not (Path(args.pki) / "ca.key").exists():
+        print(f"hypertrace simulate: no CA in {args.pki}; pass the folder of `hypertrace certs "
+              "init`", file=sys.stderr)
+        return 2
     cfg = dataclasses.replace(cfg, start_ns=live_start_ns(cfg, time.time_ns()))
-    with tempfile.TemporaryDirectory(prefix="hypertrace-sim-spool-") as spool_root:
-        res = stream_windows(counted(), args.analyzer, spool_root, timeout=args.timeout)
-    if res.pending:
-        print(f"hypertrace simulate: {res.pending} of {res.windows} windows not acked by "
-              f"{args.analyzer} within {args.timeout:g}s; is the analyzer running there?",
-              file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="hypertrace-sim-") as tmp:
+        tls_for = _node_certificates(Path(args.pki), Path(tmp) / "pki") if args.pki else None
+        try:
+            res = stream_windows(counted(), args.analyzer, str(Path(tmp) / "spool"),
+                                 timeout=args.timeout, tls_for=tls_for)
+        except RuntimeError as exc:
+            print(f"hypertrace simulate: {exc}", file=sys.stderr)
+            return 1
+    if res.refused or res.rejected or res.pending:
+        why = (res.refused or (f"{res.rejected} refused as invalid (the analyzer's log and "
+                               "this command's say why)" if res.rejected else
+                               "is the analyzer running there?"))
+        print(f"hypertrace simulate: {res.acked} of {res.windows} windows acked by "
+              f"{args.analyzer}; {why}", file=sys.stderr)
         return 1
     print(f"streamed {res.windows} windows from {cfg.n_nodes} simulated agents to "
-          f"{args.analyzer} ({res.duplicates} duplicates)", file=sys.stderr)
+          f"{args.analyzer} ({res.acked} acked, {res.duplicates} duplicates)", file=sys.stderr)
     return 0
+
+
+def _node_certificates(ca_dir, out):
+    """tls_for(node): an agent certificate for each simulated node, issued from the CA in
+    ``ca_dir`` into ``out`` on first use (cli/certs.py)."""
+    from hypertrace.cli.certs import issue
+    from hypertrace.proto.transport import TlsFiles
+    made: dict[str, TlsFiles] = {}
+
+    def tls_for(node: str) -> TlsFiles:
+        if node not in made:
+            bundle = issue(ca_dir, out / f"agent-{node}", "agent", node,
+                           [f"URI:spiffe://hypertrace/agent/{node}"], days=1)
+            made[node] = TlsFiles(str(bundle / "ca.crt"), str(bundle / "agent.crt"),
+                                  str(bundle / "agent.key"))
+        return made[node]
+    return tls_for

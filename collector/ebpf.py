@@ -54,6 +54,7 @@ from typing import Iterable
 import numpy as np
 
 from hypertrace.collector import prereqs
+from hypertrace.collector.prereqs import uprobe_links_supported
 from hypertrace.collector.apis import library_kind
 from hypertrace.collector.steps import BoundaryEvents
 from hypertrace.proto.apis import ENTRY_ONLY_KINDS, PERIODIC_KINDS, PROBED_APIS, ProbedApi
@@ -98,17 +99,6 @@ _BPF_F_UPROBE_MULTI_RETURN = 1
 _BPF_ATTR_SIZE = 144            # enough for link_create.uprobe_multi; the rest stays zero
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
-
-
-def uprobe_links_supported() -> bool:
-    """Whether this kernel has uprobe-multi BPF links (exported since 6.6 with CONFIG_UPROBES)."""
-    if _SYS_BPF is None:
-        return False
-    try:
-        with open("/proc/kallsyms") as f:
-            return any(line.rstrip().endswith(" bpf_uprobe_multi_link_attach") for line in f)
-    except OSError:
-        return False
 
 
 def _uprobe_link(prog_fd: int, path: bytes, offset: int, pid: int, ret: bool) -> int:
@@ -284,15 +274,14 @@ class UprobeSession:
                  exclude_pids: Iterable[int] | None = None, mechanism: str | None = None) -> None:
         """``mechanism``: "link", "perf", or None for $HYPERTRACE_UPROBE_MECHANISM, else "link"
         where the kernel has uprobe-multi links and "perf" elsewhere."""
-        mechanism = mechanism or os.environ.get("HYPERTRACE_UPROBE_MECHANISM") or (
-            "link" if uprobe_links_supported() else "perf")
+        mechanism = mechanism or prereqs.uprobe_mechanism()
         if mechanism not in MECHANISMS:
             raise ValueError(f"unknown uprobe mechanism {mechanism!r}: use one of {MECHANISMS}")
         if mechanism == "link" and not uprobe_links_supported():
             raise ProbeUnavailable("this kernel has no uprobe-multi BPF links (Linux 6.6+); use "
                                    "mechanism \"perf\" (HYPERTRACE_UPROBE_MECHANISM=perf)")
         self.mechanism = mechanism
-        problems = prereqs.check_all()
+        problems = prereqs.check_all(mechanism)
         if problems:
             raise ProbeUnavailable(prereqs.describe(problems))
         import bcc  # imported here: only nodes that probe need it

@@ -52,16 +52,46 @@ def _install_hint() -> str:
     return INSTALL_HINT.format(venv=sys.prefix)
 
 
-def check_privileges(caps: int | None = None) -> Problem | None:
+def uprobe_links_supported() -> bool:
+    """Whether this kernel has uprobe-multi BPF links (exported since 6.6 with CONFIG_UPROBES)."""
+    if platform.machine() not in ("x86_64", "aarch64"):
+        return False
+    try:
+        with open("/proc/kallsyms") as f:
+            return any(line.rstrip().endswith(" bpf_uprobe_multi_link_attach") for line in f)
+    except OSError:
+        return False
+
+
+def uprobe_mechanism() -> str:
+    """How uprobes attach here: $HYPERTRACE_UPROBE_MECHANISM, else "link" (uprobe-multi BPF
+    links) where the kernel has them and "perf" (perf-event uprobes) elsewhere."""
+    return os.environ.get("HYPERTRACE_UPROBE_MECHANISM") or (
+        "link" if uprobe_links_supported() else "perf")
+
+
+def check_privileges(caps: int | None = None, mechanism: str | None = None) -> Problem | None:
     """The effective capabilities, not the uid: root without capabilities (a container, a
     unit with an empty bounding set) cannot load a probe either. Needed: CAP_BPF + CAP_PERFMON
     (kernel >= 5.8; CAP_SYS_ADMIN stands in for both on older kernels), CAP_SYS_PTRACE and
-    CAP_DAC_READ_SEARCH; the problem names every missing one."""
+    CAP_DAC_READ_SEARCH; the problem names every missing one. Perf-event uprobes (``mechanism``
+    "perf": kernels without uprobe-multi links, before 6.6) need CAP_SYS_ADMIN as well: the
+    kernel requires it for the uprobe PMU again since 2025 (commit ba677dbe77af, "perf: Revert
+    to requiring CAP_SYS_ADMIN for uprobes", also in the stable kernels), and CAP_BPF +
+    CAP_PERFMON get EACCES."""
     caps = _effective_caps() if caps is None else caps
     has = lambda bit: bool(caps >> bit & 1)  # noqa: E731
     missing = [name for name, bit in AGENT_CAPS.items() if not has(bit)]
     if has(CAP_SYS_ADMIN):
         missing = [m for m in missing if m not in ("CAP_BPF", "CAP_PERFMON")]
+    elif (mechanism or uprobe_mechanism()) == "perf":
+        return Problem("this kernel has no uprobe-multi BPF links (Linux 6.6+), and its "
+                       "perf-event uprobes need CAP_SYS_ADMIN, which the agent does not hold"
+                       + (f" (nor {', '.join(missing)})" if missing else ""),
+                       "add CAP_SYS_ADMIN to the agent unit's CapabilityBoundingSet= and "
+                       "AmbientCapabilities= in a drop-in (systemctl edit hypertrace-agent), "
+                       "or run a kernel >= 6.6, where the shipped CAP_BPF and CAP_PERFMON are "
+                       "enough")
     if not missing:
         return None
     who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
@@ -107,13 +137,15 @@ def check_bcc() -> Problem | None:
     return None
 
 
-def check_all() -> list[Problem]:
-    """Every missing prerequisite (empty list: the probes can be loaded)."""
+def check_all(mechanism: str | None = None) -> list[Problem]:
+    """Every missing prerequisite (empty list: the probes can be loaded) for uprobes attached
+    by ``mechanism`` (None: :func:`uprobe_mechanism`)."""
     if sys.platform != "linux":
         return [Problem(f"eBPF uprobes need Linux (this is {sys.platform})",
                         "run the agent on the Linux GPU node itself")]
-    checks = (check_privileges, check_tracefs, check_kernel_headers, check_bcc)
-    return [p for p in (c() for c in checks) if p is not None]
+    found = [check_privileges(mechanism=mechanism), check_tracefs(), check_kernel_headers(),
+             check_bcc()]
+    return [p for p in found if p is not None]
 
 
 def describe(problems: list[Problem]) -> str:

@@ -59,7 +59,7 @@ from hypertrace.daemon.config import AgentConfig
 from hypertrace.daemon.inprocess import InProcessHub, NoProbes
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.daemon.metrics_file import AgentMetrics, write as write_metrics_file
-from hypertrace.proto.transport import channel_credentials, tls_files
+from hypertrace.proto.transport import TransportError, channel_credentials, tls_files
 from hypertrace.daemon.systemd import SdNotifier, watchdog_interval
 from hypertrace.daemon.windows import (TIER_ALWAYS, TIER_SLICED, ProcessProbe, ProcessRecord,
                                        WindowOverhead, build_window, probe_hits)
@@ -163,6 +163,7 @@ class Agent:
         self._ping_every = watchdog_interval()
         self.hub: InProcessHub | None = None
         self.cupti_only = False
+        self._version: str | None = None
 
     # -- control ---------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -187,7 +188,10 @@ class Agent:
             files = tls_files(self.cfg.tls_ca, self.cfg.tls_cert, self.cfg.tls_key)
             creds = channel_credentials(files) if files is not None else None
             self.uplink = Uplink(spool, self.cfg.analyzer, credentials=creds,
-                                 idle_close=idle_close_for(self.cfg.window)).start()
+                                 idle_close=idle_close_for(self.cfg.window), tls_files=files,
+                                 on_fatal=lambda _cause: self.request_stop())
+            self.uplink.preflight()      # a TLS configuration error ends the start, exit 2
+            self.uplink.start()
         if self.nvml is None and self.cfg.nvml:
             self.nvml = Nvml()
             if not self.nvml.available:
@@ -635,6 +639,7 @@ class Agent:
             self.cfg.agent_id, self.cfg.node, seq, win.start_ns, end_ns, samples, records,
             WindowOverhead(attached_seconds=win.attached_s, probe_cost_ns=self.probe_cost_ns,
                            budget=self.cfg.overhead_budget), probes)
+        window.agent_version, window.agent_backend, window.probe_mode = self._identity()
         if self.hub is not None:
             # In-process windows of this window; a pid the uprobes cover is counted once (theirs).
             skip = set() if self.cupti_only else set(report)
@@ -703,6 +708,19 @@ class Agent:
         except Exception:                  # a bug here must not cost the window
             log.exception("the metrics file %s was not written", self.cfg.metrics_textfile)
 
+    def _identity(self) -> tuple[str, str, str]:
+        """(version, backend, probe mode) carried by every window, for `hypertrace nodes`."""
+        if self._version is None:
+            from importlib import metadata
+            try:
+                self._version = metadata.version("hypertrace")
+            except metadata.PackageNotFoundError:
+                self._version = ""
+        if self.cupti_only:
+            return self._version, "cupti", ""
+        mode = getattr(self.session, "mechanism", "")
+        return self._version, "ebpf", {"link": "uprobe_multi"}.get(mode, mode)
+
     def _step_cost(self, win: WindowState, pid: int, steps: StepInference, window_s: float,
                    always_cpu: float) -> tuple[float, str]:
         """(share of step time the probes cost the process, basis): measured from the steps
@@ -757,12 +775,14 @@ class Agent:
     # -- main loop -------------------------------------------------------------------------
     def run(self) -> int:
         """Run until stopped; the exit status (0 after a clean stop)."""
+        from hypertrace.collector.ebpf import ProbeUnavailable
         from hypertrace.daemon.uplink import SpoolError
         try:
             self._setup()
-        except SpoolError as e:
-            # spool_dir is configuration: exit 2 so systemd does not restart into the same error
-            # (the unit has RestartPreventExitStatus=2).
+        except (SpoolError, TransportError, ProbeUnavailable) as e:
+            # spool_dir, the TLS files and the node's eBPF prerequisites (capabilities, tracefs,
+            # headers, bcc) are configuration: exit 2 so systemd does not restart into the same
+            # error (the unit has RestartPreventExitStatus=2).
             log.error("agent cannot start: %s", e)
             self._teardown()
             return EXIT_CONFIG
@@ -802,6 +822,10 @@ class Agent:
             win = WindowState(start_ns=start, end_ns=window_end(start, window_ns))
         self.notifier.stopping("flushed the last window")
         self._teardown()
+        fatal = getattr(self.uplink, "fatal", None)
+        if fatal:            # a configuration error the uplink cannot retry away (logged there)
+            log.error("agent stopped after %d windows: %s", self.windows_sent, fatal)
+            return EXIT_CONFIG
         log.info("agent stopped after %d windows", self.windows_sent)
         return EXIT_OK
 

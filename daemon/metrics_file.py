@@ -2,8 +2,9 @@
 
 Why a file and not a port: node_exporter already runs on GPU nodes and already has a place for
 such files (``--collector.textfile.directory``); a second scrape target per node would need its
-own firewall rule, service discovery and TLS. The file is written once per window, to a temporary
-name and then renamed, so node_exporter never reads half of it.
+own firewall rule, service discovery and TLS. The file is written once per window by
+``prometheus_client.write_to_textfile`` (to a temporary name, then renamed), so node_exporter
+never reads half of it.
 
 Series (all carry ``Hostname``, dcgm-exporter's label for the node, to join on):
 
@@ -34,9 +35,13 @@ Series (all carry ``Hostname``, dcgm-exporter's label for the node, to join on):
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest, write_to_textfile
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 
 @dataclass
@@ -63,78 +68,89 @@ class AgentMetrics:
     inprocess_dropped_frames: int = 0       # refused, superseded, or counted by uprobes already
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+#: (name, kind, help, AgentMetrics field) of the one-value series, in the file's order.
+_SERIES = (
+    ("hypertrace_agent_windows_sent", "counter", "Windows handed to the uplink", "windows_sent"),
+    ("hypertrace_agent_windows_acked", "counter", "Windows the analyzer acknowledged",
+     "windows_acked"),
+    ("hypertrace_agent_windows_rejected", "counter", "Windows the analyzer refused",
+     "windows_rejected"),
+    ("hypertrace_agent_spool_windows", "gauge", "Windows not yet acknowledged", "spool_windows"),
+    ("hypertrace_agent_spool_bytes", "gauge", "Bytes of the spooled windows", "spool_bytes"),
+    ("hypertrace_agent_last_ack_timestamp_seconds", "gauge",
+     "Unix time of the last acknowledgement (0: none yet)", "last_ack_s"),
+    ("hypertrace_agent_processes", "gauge", "Training processes probed", "processes"),
+    ("hypertrace_agent_probe_hits", "gauge", "Probe firings in the last window", "probe_hits"),
+    ("hypertrace_agent_overhead_fraction", "gauge",
+     "Estimated probe cost of the most charged process over wall time", "overhead_fraction"),
+    ("hypertrace_agent_budget_fraction", "gauge", "The configured overhead budget",
+     "budget_fraction"),
+    ("hypertrace_agent_duty", "gauge", "Share of the last window the launch tier was attached",
+     "duty"),
+    ("hypertrace_agent_cadence", "gauge", "The launch tier is sampled every k-th window",
+     "cadence"),
+    ("hypertrace_agent_inprocess_connected", "gauge",
+     "Training processes with the in-process CUPTI backend connected", "inprocess_connected"),
+    ("hypertrace_agent_inprocess_late_frames", "counter",
+     "In-process windows that arrived after the agent had sent its window",
+     "inprocess_late_frames"),
+    ("hypertrace_agent_inprocess_dropped_frames", "counter",
+     "In-process windows dropped (superseded, or of a process the uprobes measure)",
+     "inprocess_dropped_frames"),
+)
+
+
+class _Collector(Collector):
+    """One window's :class:`AgentMetrics` as Prometheus metric families."""
+
+    def __init__(self, m: AgentMetrics):
+        self._m = m
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._m
+        for name, kind, help_, attr in _SERIES:
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+                name, help_, labels=["Hostname"])
+            family.add_metric([m.node], float(getattr(m, attr)))
+            yield family
+        backend = GaugeMetricFamily("hypertrace_agent_backend", "1 for the probes this agent runs",
+                                    labels=["Hostname", "backend"])
+        backend.add_metric([m.node, m.backend], 1.0)
+        yield backend
+        if m.tiers:
+            tiers = GaugeMetricFamily("hypertrace_agent_api_tier", "1 per probed API and its tier",
+                                      labels=["Hostname", "api", "tier"])
+            for api, tier in sorted(m.tiers.items()):
+                tiers.add_metric([m.node, api, tier], 1.0)
+            yield tiers
+
+
+def registry(m: AgentMetrics) -> CollectorRegistry:
+    """A registry holding ``m``'s series (what :func:`write` puts in the file)."""
+    r = CollectorRegistry(auto_describe=False)
+    r.register(_Collector(m))
+    return r
 
 
 def render(m: AgentMetrics) -> str:
     """The Prometheus text exposition of ``m``."""
-    host = f'Hostname="{_label(m.node)}"'
-    out: list[str] = []
-
-    def series(name: str, kind: str, help_: str, value: float, extra: str = "") -> None:
-        out.append(f"# HELP {name} {help_}")
-        out.append(f"# TYPE {name} {kind}")
-        out.append(f"{name}{{{host}{extra}}} {float(value)!r}")
-
-    series("hypertrace_agent_windows_sent_total", "counter", "Windows handed to the uplink",
-           m.windows_sent)
-    series("hypertrace_agent_windows_acked_total", "counter",
-           "Windows the analyzer acknowledged", m.windows_acked)
-    series("hypertrace_agent_windows_rejected_total", "counter",
-           "Windows the analyzer refused", m.windows_rejected)
-    series("hypertrace_agent_spool_windows", "gauge", "Windows not yet acknowledged",
-           m.spool_windows)
-    series("hypertrace_agent_spool_bytes", "gauge", "Bytes of the spooled windows",
-           m.spool_bytes)
-    series("hypertrace_agent_last_ack_timestamp_seconds", "gauge",
-           "Unix time of the last acknowledgement (0: none yet)", m.last_ack_s)
-    series("hypertrace_agent_processes", "gauge", "Training processes probed", m.processes)
-    series("hypertrace_agent_probe_hits", "gauge", "Probe firings in the last window",
-           m.probe_hits)
-    series("hypertrace_agent_overhead_fraction", "gauge",
-           "Estimated probe cost of the most charged process over wall time",
-           m.overhead_fraction)
-    series("hypertrace_agent_budget_fraction", "gauge", "The configured overhead budget",
-           m.budget_fraction)
-    series("hypertrace_agent_duty", "gauge",
-           "Share of the last window the launch tier was attached", m.duty)
-    series("hypertrace_agent_cadence", "gauge",
-           "The launch tier is sampled every k-th window", m.cadence)
-    series("hypertrace_agent_backend", "gauge", "1 for the probes this agent runs",
-           1.0, f',backend="{_label(m.backend)}"')
-    series("hypertrace_agent_inprocess_connected", "gauge",
-           "Training processes with the in-process CUPTI backend connected", m.inprocess_connected)
-    series("hypertrace_agent_inprocess_late_frames_total", "counter",
-           "In-process windows that arrived after the agent had sent its window",
-           m.inprocess_late_frames)
-    series("hypertrace_agent_inprocess_dropped_frames_total", "counter",
-           "In-process windows dropped (superseded, or of a process the uprobes measure)",
-           m.inprocess_dropped_frames)
-    if m.tiers:
-        out.append("# HELP hypertrace_agent_api_tier 1 per probed API and its tier")
-        out.append("# TYPE hypertrace_agent_api_tier gauge")
-        for api, tier in sorted(m.tiers.items()):
-            out.append(f'hypertrace_agent_api_tier{{{host},api="{_label(api)}",'
-                       f'tier="{_label(tier)}"}} 1.0')
-    return "\n".join(out) + "\n"
+    return generate_latest(registry(m)).decode("utf-8")
 
 
 def write(path: str | Path, m: AgentMetrics) -> None:
-    """Write the file atomically (a temporary file in the same directory, then a rename)."""
+    """Write the file atomically with ``prometheus_client.write_to_textfile`` (a temporary
+    file, then a rename). Readable by all (0644) whatever the agent's umask: node_exporter runs
+    as its own user. The temporary name does not end in ``.prom``, so node_exporter never reads
+    it."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=".hypertrace-", suffix=".prom.tmp", dir=path.parent)
+    staged = path.with_name(f".{path.name}.staged")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(render(m))
-        os.chmod(tmp, 0o644)                     # node_exporter runs as its own user
-        os.replace(tmp, path)
+        write_to_textfile(str(staged), registry(m))
+        os.chmod(staged, 0o644)
+        os.replace(staged, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        staged.unlink(missing_ok=True)
         raise
 
 
-__all__ = ["AgentMetrics", "render", "write"]
+__all__ = ["AgentMetrics", "registry", "render", "write"]

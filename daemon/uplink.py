@@ -9,12 +9,20 @@ Why the spool keeps the OLDEST data when full: the start of an incident is the v
 (when did the node become slow); the newest windows are dropped, with a logged warning and a
 counter, until acks free space.
 
-While the analyzer is unreachable the sender backs off exponentially with full jitter
-(``base * 2**attempt``, capped, times a uniform 0.5..1 factor) so a restarted analyzer is not hit
+While the analyzer is unreachable the sender backs off exponentially with jitter
+(proto/backoff.py: ``base * 2**attempt``, capped, times a uniform 0.5..1 factor) so a restarted analyzer is not hit
 by every agent of the fleet in the same second. After a reconnect it replays the spool in seq
 order. A window the analyzer rejects as INVALID_ARGUMENT, or as ALREADY_EXISTS (its seq is stored
 with other content: a reset spool or a shared agent id), is dropped from the spool with a logged
 error, so one poison window cannot wedge the agent forever.
+
+What is a configuration error, and ends the uplink (``fatal``, ``on_fatal``) instead of being
+retried: a window refused with PERMISSION_DENIED (the certificate names another node: no retry
+can change that), and a TLS failure (proto/transport.py ``diagnose``: an untrusted CA, a name
+the analyzer's certificate lacks, plaintext against TLS) before the first exchange with the
+analyzer ever succeeded. After one did, the same TLS failure is retried with its cause logged:
+the analyzer's certificate may be in the middle of a rotation. An unreachable analyzer is
+always retried.
 
 One stream carries window after window: it is closed only after ``idle_close`` seconds with
 nothing to send, which by default is longer than a window, so a working agent keeps one stream
@@ -33,11 +41,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import grpc
 
 from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.proto.backoff import Backoff
+from hypertrace.proto.transport import TlsFiles, TransportError, diagnose
 from hypertrace.proto.wire import STREAM_METHOD, WireError, accept_window
 
 log = logging.getLogger(__name__)
@@ -58,11 +68,6 @@ def idle_close_for(window_s: float) -> float:
 class SpoolError(RuntimeError):
     """The spool directory cannot be used; the message names the path and the fix."""
 
-
-#: Under systemd (INVOCATION_ID is set), the shipped unit allows only localhost until the
-#: analyzer's address is allowed in a drop-in: say so with the first failure.
-_UNIT_HINT = ("; under the shipped systemd unit, is the analyzer's address allowed "
-              "(systemctl edit hypertrace-agent: IPAddressAllow=ADDRESS)?")
 
 #: Window seqs stay below 2**63 (the analyzer stores them as SQLite integers); a spool re-seeds
 #: from the clock when its persisted seq comes within SEQ_HEADROOM of that.
@@ -192,17 +197,6 @@ class Spool:
                 (self.dir / f"{seq:020d}{_SUFFIX}").unlink(missing_ok=True)
 
 
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff with jitter: delay(n) = min(cap, base * 2**n) * U(0.5, 1)."""
-
-    base: float = 0.5
-    cap: float = 30.0
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        return min(self.cap, self.base * (2 ** min(attempt, 30))) * rng.uniform(0.5, 1.0)
-
-
 def channel_options(backoff: Backoff) -> list[tuple[str, int]]:
     """Keep grpc's own reconnect backoff (default up to 120 s) within ours, so a returning
     analyzer is reached within ``backoff.cap`` seconds rather than minutes."""
@@ -217,13 +211,16 @@ class Uplink:
     ``target`` is HOST:PORT, reached with mutual TLS when ``credentials`` are given
     (proto/transport.py) and in plaintext otherwise; pass ``channel`` instead to share one
     channel among several uplinks (the simulator runs one uplink per simulated node over one
-    channel).
+    channel). ``tls_files`` (the files ``credentials`` were made of) let failures name their
+    cause; ``on_fatal(cause)`` is called once when a configuration error ends the uplink.
     """
 
     def __init__(self, spool: Spool, target: str | None = None, *,
                  channel: grpc.Channel | None = None, backoff: Backoff = Backoff(),
                  idle_close: float = IDLE_CLOSE_S, seed: int | None = None,
-                 credentials: grpc.ChannelCredentials | None = None):
+                 credentials: grpc.ChannelCredentials | None = None,
+                 tls_files: TlsFiles | None = None,
+                 on_fatal: Callable[[str], None] | None = None):
         if channel is None and not target:
             raise ValueError("Uplink needs an analyzer target HOST:PORT or a channel")
         self.spool = spool
@@ -248,6 +245,10 @@ class Uplink:
         self.rejected = 0
         self.connect_failures = 0
         self.streams_opened = 0        # a working agent keeps one (module docstring)
+        self.tls_files = tls_files
+        self.on_fatal = on_fatal
+        self.connected = False         # an exchange with the analyzer succeeded once
+        self.fatal: str | None = None  # the configuration error that ended the uplink
 
     # ---- producer side -------------------------------------------------------------------------
 
@@ -286,6 +287,40 @@ class Uplink:
 
     # ---- sender thread -------------------------------------------------------------------------
 
+    def preflight(self, timeout: float = 5.0, attempts: int = 3) -> None:
+        """Ask the analyzer's health service, so that a configuration error (proto/
+        transport.py ``diagnose``) ends the agent at its start, with its cause, instead of
+        after the first window. Raises TransportError for one; an analyzer that is down is
+        only logged (the spool keeps the windows until it is back). Up to ``attempts`` tries:
+        a name with several addresses (localhost: ::1 and 127.0.0.1) reports the error of
+        whichever failed last, which may be a refused one beside a TLS failure."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        found = None
+        for attempt in range(attempts):
+            try:
+                stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+                self.connected = True
+                return
+            except grpc.RpcError as exc:
+                seen = diagnose(exc, self.target or "channel", self.tls_files)
+                if found is None or seen.config_error:
+                    found = seen
+                if found.config_error and attempt > 0:
+                    break
+            if attempt + 1 < attempts:
+                time.sleep(self.backoff.delay(attempt, self._rng))
+        if found is not None and found.config_error:
+            raise TransportError(str(found))
+        log.warning("%s; windows are spooled until it answers", found)
+
+    def _fail(self, cause: str) -> None:
+        """A configuration error ends the uplink: the windows stay spooled."""
+        self.fatal = cause
+        log.error("%s", cause)
+        if self.on_fatal is not None:
+            self.on_fatal(cause)
+
     def start(self) -> "Uplink":
         self._thread = threading.Thread(target=self._run, name="hypertrace-uplink", daemon=True)
         self._thread.start()
@@ -293,7 +328,7 @@ class Uplink:
 
     def close(self, drain_timeout: float = 0.0) -> None:
         """Optionally wait for the spool to drain, then stop; unsent windows stay spooled."""
-        if drain_timeout > 0:
+        if drain_timeout > 0 and self.fatal is None:
             self.wait_drained(drain_timeout)
         self._stop.set()
         with self._cv:
@@ -342,6 +377,7 @@ class Uplink:
                     elif ack.seq in in_flight:
                         in_flight.remove(ack.seq)
                     self.spool.remove(int(ack.seq))
+                    self.connected = True
                     self.acked += 1
                     self.last_ack_s = time.time()
                     self.duplicates += int(ack.duplicate)
@@ -368,15 +404,20 @@ class Uplink:
                 if code == grpc.StatusCode.CANCELLED and self._stop.is_set():
                     break
                 self.connect_failures += 1
+                found = diagnose(exc, self.target or "channel", self.tls_files)
+                if code == grpc.StatusCode.PERMISSION_DENIED:
+                    self._fail(f"{found}; fix: set node (and agent_id) in the agent's config "
+                               "to the name its certificate carries, or issue this node a "
+                               "certificate of its own (`hypertrace certs issue --role agent "
+                               "--name NODE`)")
+                    break
+                if found.config_error and not self.connected:
+                    self._fail(str(found))
+                    break
                 delay = self.backoff.delay(attempt, self._rng)
                 attempt += 1
-                detail = (exc.details() if code == grpc.StatusCode.PERMISSION_DENIED
-                          and hasattr(exc, "details") else "")
-                log.warning("analyzer %s unreachable (%s%s); %d windows spooled, retrying in "
-                            "%.1fs%s", self.target or "channel", code.name if code else exc,
-                            f": {detail}" if detail else "", len(self.spool), delay,
-                            _UNIT_HINT if attempt == 1 and os.environ.get("INVOCATION_ID")
-                            else "")
+                log.warning("%s; %d windows spooled, retrying in %.1fs", found,
+                            len(self.spool), delay)
                 self._stop.wait(delay)
             finally:
                 done.set()

@@ -7,22 +7,30 @@
 #   * tracefs mounted at /sys/kernel/tracing;
 #   * optionally (--venv DIR) bcc importable from a virtualenv WITHOUT exposing the rest of
 #     dist-packages (a folder holding only a symlink to the bcc package, added by a .pth file).
-#   * with --agent or --analyzer, hypertrace itself, as the systemd units expect it: this
-#     checkout installed into its own venv /opt/hypertrace/.venv, the unit in /etc/systemd/system,
-#     /etc/hypertrace (and pki/, 0700), and for the agent /etc/hypertrace/agent.toml (from
-#     deploy/agent.toml.example, kept if present) and its spool /var/lib/hypertrace/spool (0700).
-#     The analyzer needs none of the eBPF parts and skips them.
+#   * with --agent or --analyzer, hypertrace itself, as the systemd units expect it: a copy of
+#     this checkout installed into its own venv /opt/hypertrace/.venv (the checkout is not
+#     written to), the unit in /etc/systemd/system, /etc/hypertrace (and pki/, 0700), and for
+#     the agent /etc/hypertrace/agent.toml (from deploy/agent.toml.example, kept if present) and
+#     its spool /var/lib/hypertrace/spool (0700); for the analyzer /etc/hypertrace/analyzer.toml
+#     (from deploy/analyzer.toml.example, kept if present). The analyzer needs none of the eBPF
+#     parts and skips them.
 # Idempotent and fast when already done: every step checks before acting and says what it did.
 #
-# usage: sudo bash deploy/install-node.sh [--agent | --analyzer] [--venv DIR] [--no-apt] [--check]
+# usage: sudo bash deploy/install-node.sh [--agent [--analyzer-address HOST:PORT]
+#            [--metrics-textfile FILE.prom] | --analyzer] [--venv DIR] [--no-apt] [--check]
 #   --agent      the eBPF prerequisites plus the agent (venv, unit, config, spool)
-#   --analyzer   the analyzer (venv, unit, /etc/hypertrace); no eBPF prerequisites
+#   --analyzer-address HOST:PORT   with --agent: set `analyzer` in agent.toml
+#   --metrics-textfile FILE.prom   with --agent: set `metrics_textfile` in agent.toml (its folder
+#                is made if missing: node_exporter's textfile directory)
+#   --analyzer   the analyzer (venv, unit, /etc/hypertrace/analyzer.toml); no eBPF prerequisites
 #   --venv DIR   also make bcc importable from the virtualenv DIR
 #   --no-apt     never call apt-get (air-gapped node: install the packages yourself)
 #   --check      change nothing; report what is present and what is missing (exit 1 if any)
 set -u
 
 VENV=""
+SET_ANALYZER=""
+SET_TEXTFILE=""
 NO_APT=0
 CHECK=0
 ROLE=""
@@ -36,7 +44,11 @@ while [ $# -gt 0 ]; do
         --check) CHECK=1; shift ;;
         --agent) ROLE=agent; shift ;;
         --analyzer) ROLE=analyzer; shift ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        --analyzer-address) SET_ANALYZER="${2:?--analyzer-address needs HOST:PORT}"; shift 2 ;;
+        --analyzer-address=*) SET_ANALYZER="${1#--analyzer-address=}"; shift ;;
+        --metrics-textfile) SET_TEXTFILE="${2:?--metrics-textfile needs a path}"; shift 2 ;;
+        --metrics-textfile=*) SET_TEXTFILE="${1#--metrics-textfile=}"; shift ;;
+        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
         *) echo "install-node.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -110,9 +122,17 @@ install_hypertrace() {
         mkdir -p "$PREFIX" && "$SYS_PY" -m venv "$venv" && did "created the venv $venv" \
             || { missing "venv $venv could not be created"; return; }
     fi
-    if "$venv/bin/pip" install -q --disable-pip-version-check "$REPO" >/tmp/hypertrace-pip.log 2>&1; then
+    # pip builds a local project in its own folder (build/, *.egg-info): build from a copy, so
+    # the checkout stays as it was (it may be read-only, or shared).
+    local src
+    src="$(mktemp -d /tmp/hypertrace-src.XXXXXX)"
+    tar -C "$REPO" --exclude=./.git --exclude=./.venv --exclude=./build --exclude='*.egg-info' \
+        --exclude=./tests/.build --exclude=./.cache -cf - . | tar -C "$src" -xf -
+    if "$venv/bin/pip" install -q --disable-pip-version-check "$src" >/tmp/hypertrace-pip.log 2>&1; then
         did "installed $("$venv/bin/hypertrace" --version 2>/dev/null) into $venv"
+        rm -rf "$src"
     else
+        rm -rf "$src"
         missing "pip install of $REPO into $venv failed (see /tmp/hypertrace-pip.log)"; return
     fi
     install -m 0644 "$REPO/README.md" "$PREFIX/README.md"
@@ -129,8 +149,35 @@ install_hypertrace() {
             did "wrote /etc/hypertrace/agent.toml from deploy/agent.toml.example (set analyzer and the tls_* files)"
         fi
         install -d -m 0700 /var/lib/hypertrace /var/lib/hypertrace/spool
+        if [ -n "$SET_ANALYZER" ]; then
+            set_key analyzer "$SET_ANALYZER"
+        elif grep -q '^analyzer = "analyzer.example.internal:50051"' /etc/hypertrace/agent.toml; then
+            say "note: set the analyzer's HOST:PORT in /etc/hypertrace/agent.toml (or --analyzer-address)"
+        fi
+        if [ -n "$SET_TEXTFILE" ]; then
+            install -d -m 0755 "$(dirname "$SET_TEXTFILE")"
+            set_key metrics_textfile "$SET_TEXTFILE"
+        fi
         VENV="$venv"                  # the venv section below makes bcc importable from it
+    else
+        if [ -e /etc/hypertrace/analyzer.toml ]; then
+            say "/etc/hypertrace/analyzer.toml: present, kept"
+        else
+            install -m 0644 "$REPO/deploy/analyzer.toml.example" /etc/hypertrace/analyzer.toml
+            did "wrote /etc/hypertrace/analyzer.toml from deploy/analyzer.toml.example (eviction: dry run)"
+        fi
     fi
+}
+
+set_key() {   # set_key KEY VALUE: KEY = "VALUE" in /etc/hypertrace/agent.toml
+    local key="$1" value="$2" f=/etc/hypertrace/agent.toml
+    case "$value" in *'"'*|*'\'*|*$'\n'*) missing "$key: no quotes, backslashes or newlines in '$value'"; return ;; esac
+    if grep -q "^$key = " "$f"; then
+        sed -i "s|^$key = .*|$key = \"${value//|/\\|}\"|" "$f"
+    else
+        printf '%s = "%s"\n' "$key" "$value" >> "$f"
+    fi
+    did "set $key = \"$value\" in $f"
 }
 
 if [ "$ROLE" != analyzer ]; then
@@ -223,8 +270,8 @@ if [ ${#MISSING[@]} != 0 ]; then
     exit 1
 fi
 case "$ROLE" in
-    agent) say "ready: the agent is installed. Next: certificates in /etc/hypertrace/pki, the analyzer in /etc/hypertrace/agent.toml, then systemctl daemon-reload && systemctl enable --now hypertrace-agent" ;;
-    analyzer) say "ready: the analyzer is installed. Next: certificates in /etc/hypertrace/pki (the unit names them), then systemctl daemon-reload && systemctl enable --now hypertrace-analyzer" ;;
+    agent) say "ready: the agent is installed. Next: ca.crt, agent.crt and agent.key in /etc/hypertrace/pki, the analyzer in /etc/hypertrace/agent.toml, then systemctl daemon-reload && systemctl enable --now hypertrace-agent" ;;
+    analyzer) say "ready: the analyzer is installed. Next: ca.crt, analyzer.crt and analyzer.key in /etc/hypertrace/pki (the unit names them), then systemctl daemon-reload && systemctl enable --now hypertrace-analyzer" ;;
     *) say "ready: bcc, kernel headers and tracefs are in place" ;;
 esac
 exit 0

@@ -182,7 +182,7 @@ class ProcessWindow(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., pid: _Optional[int] = ..., gpu_kind: _Optional[str] = ..., apis: _Optional[_Iterable[_Union[ApiStats, _Mapping]]] = ..., step_time: _Optional[_Union[Histogram, _Mapping]] = ..., nvml: _Optional[_Union[NvmlContext, _Mapping]] = ..., overhead: _Optional[_Union[Overhead, _Mapping]] = ..., sched: _Optional[_Union[SchedStats, _Mapping]] = ..., steps: _Optional[_Union[StepStats, _Mapping]] = ..., group: _Optional[str] = ..., backend: _Optional[str] = ..., loader: _Optional[_Union[LoaderStats, _Mapping]] = ...) -> None: ...
 
 class NodeWindow(_message.Message):
-    __slots__ = ("version", "agent_id", "node", "seq", "start", "end", "processes", "rejected_processes")
+    __slots__ = ("version", "agent_id", "node", "seq", "start", "end", "processes", "rejected_processes", "agent_version", "agent_backend", "probe_mode")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +191,9 @@ class NodeWindow(_message.Message):
     END_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
     REJECTED_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    PROBE_MODE_FIELD_NUMBER: _ClassVar[int]
     version: int
     agent_id: str
     node: str
@@ -199,7 +202,10 @@ class NodeWindow(_message.Message):
     end: _timestamp_pb2.Timestamp
     processes: _containers.RepeatedCompositeFieldContainer[ProcessWindow]
     rejected_processes: int
-    def __init__(self, version: _Optional[int] = ..., agent_id: _Optional[str] = ..., node: _Optional[str] = ..., seq: _Optional[int] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., processes: _Optional[_Iterable[_Union[ProcessWindow, _Mapping]]] = ..., rejected_processes: _Optional[int] = ...) -> None: ...
+    agent_version: str
+    agent_backend: str
+    probe_mode: str
+    def __init__(self, version: _Optional[int] = ..., agent_id: _Optional[str] = ..., node: _Optional[str] = ..., seq: _Optional[int] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., processes: _Optional[_Iterable[_Union[ProcessWindow, _Mapping]]] = ..., rejected_processes: _Optional[int] = ..., agent_version: _Optional[str] = ..., agent_backend: _Optional[str] = ..., probe_mode: _Optional[str] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("agent_id", "seq", "duplicate", "rejected_processes", "rejected_reason")
@@ -417,6 +423,42 @@ class ListJobsResponse(_message.Message):
     JOBS_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[JobSummary]
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobSummary, _Mapping]]] = ...) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("node", "agent_id", "last_window_end", "last_seen", "agent_version", "agent_backend", "probe_mode", "windows", "down")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_WINDOW_END_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    PROBE_MODE_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    DOWN_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    agent_id: str
+    last_window_end: _timestamp_pb2.Timestamp
+    last_seen: _timestamp_pb2.Timestamp
+    agent_version: str
+    agent_backend: str
+    probe_mode: str
+    windows: int
+    down: bool
+    def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., last_window_end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_seen: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., agent_version: _Optional[str] = ..., agent_backend: _Optional[str] = ..., probe_mode: _Optional[str] = ..., windows: _Optional[int] = ..., down: _Optional[bool] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes", "window_seconds", "down_after_windows")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DOWN_AFTER_WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    window_seconds: float
+    down_after_windows: float
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., window_seconds: _Optional[float] = ..., down_after_windows: _Optional[float] = ...) -> None: ...
 
 class LocalHello(_message.Message):
     __slots__ = ("version", "pid")

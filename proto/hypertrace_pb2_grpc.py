@@ -119,6 +119,11 @@ class QueryStub:
                 request_serializer=hypertrace_dot_proto_dot_hypertrace__pb2.ListJobsRequest.SerializeToString,
                 response_deserializer=hypertrace_dot_proto_dot_hypertrace__pb2.ListJobsResponse.FromString,
                 _registered_method=True)
+        self.ListNodes = channel.unary_unary(
+                '/hypertrace.v1.Query/ListNodes',
+                request_serializer=hypertrace_dot_proto_dot_hypertrace__pb2.ListNodesRequest.SerializeToString,
+                response_deserializer=hypertrace_dot_proto_dot_hypertrace__pb2.ListNodesResponse.FromString,
+                _registered_method=True)
 
 
 class QueryServicer:
@@ -136,6 +141,12 @@ class QueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListNodes(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -148,6 +159,11 @@ def add_QueryServicer_to_server(servicer, server):
                     servicer.ListJobs,
                     request_deserializer=hypertrace_dot_proto_dot_hypertrace__pb2.ListJobsRequest.FromString,
                     response_serializer=hypertrace_dot_proto_dot_hypertrace__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'ListNodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNodes,
+                    request_deserializer=hypertrace_dot_proto_dot_hypertrace__pb2.ListNodesRequest.FromString,
+                    response_serializer=hypertrace_dot_proto_dot_hypertrace__pb2.ListNodesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -204,6 +220,33 @@ class Query:
             '/hypertrace.v1.Query/ListJobs',
             hypertrace_dot_proto_dot_hypertrace__pb2.ListJobsRequest.SerializeToString,
             hypertrace_dot_proto_dot_hypertrace__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypertrace.v1.Query/ListNodes',
+            hypertrace_dot_proto_dot_hypertrace__pb2.ListNodesRequest.SerializeToString,
+            hypertrace_dot_proto_dot_hypertrace__pb2.ListNodesResponse.FromString,
             options,
             channel_credentials,
             insecure,

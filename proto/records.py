@@ -85,13 +85,32 @@ def read_records(fh: IO[bytes], name: str) -> Iterator[tuple[str, bytes]]:
             raise WireError(where, "is empty (0 bytes): not a hypertrace binary records file "
                             "(pass .jsonl or .pb written by `hypertrace simulate` or `export`)")
         if size > MAX_WINDOW_BYTES:
+            if n == 1:
+                raise not_a_windows_file(name, f"its first record would be {size:,} bytes")
             raise WireError(where, f"claims {size:,} bytes, over the {MAX_WINDOW_BYTES:,}-byte "
                             "window limit: not a hypertrace binary records file, or damaged")
         data = fh.read(size)
         if len(data) != size:
+            if n == 1:       # a file that is not ours reads as a record longer than the file
+                raise not_a_windows_file(name, f"its first record would be {size:,} bytes, "
+                                         f"and only {len(data):,} follow")
             raise WireError(where, f"the file ends after {len(data):,} of its {size:,} bytes; "
                             "it was cut short")
+        if n == 1:
+            try:
+                parse_record(data, where)
+            except WireError:
+                raise not_a_windows_file(name, "its first record is not a NodeWindow") from None
         yield where, data
+
+
+def not_a_windows_file(name: str, why: str) -> WireError:
+    """The error for a file that is neither JSON lines nor binary records of windows (a text
+    file in another encoding, a file of another program): what its first bytes look like, not
+    a cut-short record."""
+    return WireError(name, f"is not a hypertrace windows file ({why}): pass JSON lines (.jsonl, "
+                     "first character '{') or binary records (.pb) written by `hypertrace "
+                     "simulate` or `hypertrace export`, gzipped or not")
 
 
 def parse_record(data: bytes, where: str) -> pb.NodeWindow:

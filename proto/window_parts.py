@@ -15,8 +15,10 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, ti
 from hypertrace.proto import hypertrace_pb2 as pb
 
 #: NodeWindow's fields but its process entries: what the analyzer's event loop reads of a
-#: window another process has checked (the store's keys, the clock and identity checks, the ack).
-HEADER_FIELDS = ("version", "agent_id", "node", "seq", "start", "end", "rejected_processes")
+#: window another process has checked (the store's keys, the clock and identity checks, the ack,
+#: the table of nodes).
+HEADER_FIELDS = ("version", "agent_id", "node", "seq", "start", "end", "rejected_processes",
+                 "agent_version", "agent_backend", "probe_mode")
 
 
 def window_part(name: str, fields: tuple[str, ...]) -> Any:

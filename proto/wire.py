@@ -32,6 +32,8 @@ MAX_APIS_PER_PROCESS = 32
 MAX_API_STATS_PER_WINDOW = 1024
 MAX_WINDOW_BYTES = 8 * 1024 * 1024
 MAX_ID_LEN = 256
+#: Longest agent_version, agent_backend and probe_mode (they are only shown).
+MAX_AGENT_INFO_LEN = 64
 #: API names: the probed table (proto/apis.py) plus at most this many other names per window
 #: (a newer agent's), each at most MAX_API_NAME_LEN characters of [A-Za-z0-9_.].
 MAX_EXTRA_APIS = 8
@@ -187,6 +189,11 @@ def validate_header(w: pb.NodeWindow, encoded_size: int | None = None) -> None:
                         f"version {WIRE_VERSION}")
     for name in ("agent_id", "node"):
         _check_id(getattr(w, name), name)
+    for name in ("agent_version", "agent_backend", "probe_mode"):
+        value = getattr(w, name)
+        if len(value) > MAX_AGENT_INFO_LEN:
+            raise WireError(name, f"is {len(value):,} characters, over the limit of "
+                            f"{MAX_AGENT_INFO_LEN} ({quote(value)})")
     if not 1 <= w.seq < 2 ** 63:
         raise WireError("seq", f"is {w.seq}; must be between 1 and 2**63 - 1")
     has_start, has_end = w.HasField("start"), w.HasField("end")

@@ -145,7 +145,7 @@ cases are already expressible.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 from scipy.special import ndtr
@@ -1098,23 +1098,31 @@ class StreamResult:
     acked: int
     duplicates: int
     pending: int
+    rejected: int = 0          # refused by the analyzer (INVALID_ARGUMENT, ALREADY_EXISTS)
+    refused: str = ""          # a configuration error that stopped a node's uplink, if any
 
 
 def stream_windows(windows: Iterable[pb.NodeWindow], target: str, spool_root: str,
-                   timeout: float = 60.0) -> StreamResult:
-    """Send windows like real agents: one Uplink (own spool, own stream) per node, one channel.
+                   timeout: float = 60.0, tls_for: Callable[[str], Any] | None = None
+                   ) -> StreamResult:
+    """Send windows like real agents: one Uplink (own spool, own stream) per node, one channel;
+    with ``tls_for(node)`` (its TlsFiles: mutual TLS, a certificate per node) a channel per
+    node, as real agents have.
 
     Blocks until every window is acked or ``timeout`` passes; ``pending`` > 0 means not all
-    arrived (the analyzer is unreachable or rejected some).
+    arrived (the analyzer is unreachable or refused some; ``rejected`` and ``refused`` say).
     """
     import os
     import time
 
     import grpc
 
-    from hypertrace.daemon.uplink import Backoff, Spool, Uplink, channel_options
+    from hypertrace.daemon.uplink import Spool, Uplink, channel_options
+    from hypertrace.proto.backoff import Backoff
+    from hypertrace.proto.transport import channel_credentials
 
-    channel = grpc.insecure_channel(target, options=channel_options(Backoff()))
+    channel = (grpc.insecure_channel(target, options=channel_options(Backoff()))
+               if tls_for is None else None)
     uplinks: dict[str, Uplink] = {}
     n = 0
     try:
@@ -1122,17 +1130,27 @@ def stream_windows(windows: Iterable[pb.NodeWindow], target: str, spool_root: st
             up = uplinks.get(w.agent_id)
             if up is None:
                 spool = Spool(os.path.join(spool_root, w.agent_id))
-                up = uplinks[w.agent_id] = Uplink(spool, channel=channel, idle_close=1.0,
-                                                  seed=len(uplinks)).start()
+                if tls_for is None:
+                    up = Uplink(spool, target, channel=channel, idle_close=1.0,
+                                seed=len(uplinks))
+                else:
+                    files = tls_for(w.node)
+                    up = Uplink(spool, target, idle_close=1.0, seed=len(uplinks),
+                                credentials=channel_credentials(files), tls_files=files)
+                uplinks[w.agent_id] = up.start()
             up.submit(w)
             n += 1
         deadline = time.monotonic() + timeout
         for up in uplinks.values():
-            up.wait_drained(max(0.0, deadline - time.monotonic()))
+            if up.fatal is None:
+                up.wait_drained(max(0.0, deadline - time.monotonic()))
     finally:
         for up in uplinks.values():
             up.close()
-        channel.close()
+        if channel is not None:
+            channel.close()
     return StreamResult(windows=n, acked=sum(u.acked for u in uplinks.values()),
                         duplicates=sum(u.duplicates for u in uplinks.values()),
-                        pending=sum(u.pending() for u in uplinks.values()))
+                        pending=sum(u.pending() for u in uplinks.values()),
+                        rejected=sum(u.rejected for u in uplinks.values()),
+                        refused=next((u.fatal for u in uplinks.values() if u.fatal), ""))

@@ -138,8 +138,9 @@ class Pki:
             assert self._main(["certs", "issue", "--dir", str(self.dir), "--role", role,
                                "--name", name, *extra]) == 0
             self._issued.add((role, name))
-        stem = self.dir / f"{role}-{name}"
-        return TlsFiles(str(self.dir / "ca.crt"), f"{stem}.crt", f"{stem}.key")
+        bundle = self.dir / f"{role}-{name}"           # `certs issue`'s folder (cli/certs.py)
+        return TlsFiles(str(bundle / "ca.crt"), str(bundle / f"{role}.crt"),
+                        str(bundle / f"{role}.key"))
 
     def args(self, role: str, name: str, *hosts: str) -> list[str]:
         """The --tls-* flags of ``role``/``name``."""

@@ -7,6 +7,9 @@
 #   chromium           a real headless browser for the HTML report (tests/test_html_report.py)
 #   nats-server        a real 3-node NATS JetStream cluster for the cluster mode
 #                      (tests/nats_cluster.py; Debian 12 ships v2.9.10)
+#   systemd-container, debootstrap   a real systemd booted in a Debian root file system
+#                      (tests/test_systemd_deploy.py), which tests/systemd/build-rootfs.sh
+#                      then builds into .cache/systemd-rootfs (once; kept while it is current)
 # Not root: nothing is installed, and the tests that need them skip (or fail under CI=true).
 set -u
 need=()
@@ -17,13 +20,21 @@ command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus-node-exporter >/dev/null 2>&1 || need+=(prometheus-node-exporter)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v nats-server >/dev/null 2>&1 || need+=(nats-server)
-[ ${#need[@]} -eq 0 ] && { echo "test deps: slurm, munge, prometheus, node exporter, chromium and nats-server present"; exit 0; }
+command -v systemd-nspawn >/dev/null 2>&1 || need+=(systemd-container)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 if [ "$(id -u)" != 0 ]; then
-  echo "test deps: not root; ${need[*]} not installed (the tests that need them will skip)"; exit 0
+  [ ${#need[@]} -eq 0 ] || echo "test deps: not root; ${need[*]} not installed (the tests that need them will skip)"
+  exit 0
 fi
-DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1 || echo "test deps: apt-get update failed"
-if DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; then
-  echo "test deps: installed ${need[*]}"
+if [ ${#need[@]} -eq 0 ]; then
+  echo "test deps: slurm, munge, prometheus, node exporter, chromium, nats-server, systemd-nspawn and debootstrap present"
 else
-  echo "test deps: apt-get install ${need[*]} failed (the tests that need them will say so)"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1 || echo "test deps: apt-get update failed"
+  if DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; then
+    echo "test deps: installed ${need[*]}"
+  else
+    echo "test deps: apt-get install ${need[*]} failed (the tests that need them will say so)"
+  fi
 fi
+# the real-systemd test's root file system (its failure is the test's to report, with the log)
+bash "$(dirname "$0")/systemd/build-rootfs.sh" || echo "test deps: the systemd test's root file system was not built (tests/test_systemd_deploy.py will say why)"

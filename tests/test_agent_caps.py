@@ -49,14 +49,24 @@ def test_the_unit_names_the_capabilities_prereqs_checks():
 
 def test_prereqs_names_each_missing_capability():
     full = sum(1 << b for b in prereqs.AGENT_CAPS.values())
-    assert prereqs.check_privileges(full) is None
-    p = prereqs.check_privileges(full & ~(1 << prereqs.CAP_PERFMON))
+    assert prereqs.check_privileges(full, "link") is None
+    p = prereqs.check_privileges(full & ~(1 << prereqs.CAP_PERFMON), "link")
     assert p is not None and "CAP_PERFMON" in p.what and "uprobes cannot be loaded" in p.what
-    p = prereqs.check_privileges(full & ~(1 << prereqs.CAP_SYS_PTRACE))
+    p = prereqs.check_privileges(full & ~(1 << prereqs.CAP_SYS_PTRACE), "link")
     assert p is not None and "CAP_SYS_PTRACE" in p.what and "CAP_BPF" not in p.what
     assert "AmbientCapabilities" in p.fix
-    p = prereqs.check_privileges(0)
+    p = prereqs.check_privileges(0, "link")
     assert p is not None and all(c in p.what for c in prereqs.AGENT_CAPS)
+
+
+def test_perf_event_uprobes_need_cap_sys_admin():
+    """Without uprobe-multi links (kernels before 6.6) the uprobes are perf events, which
+    current kernels allow with CAP_SYS_ADMIN only: the shipped set is refused, by name."""
+    full = sum(1 << b for b in prereqs.AGENT_CAPS.values())
+    p = prereqs.check_privileges(full, "perf")
+    assert p is not None and "CAP_SYS_ADMIN" in p.what and "uprobe-multi" in p.what
+    assert "systemctl edit hypertrace-agent" in p.fix
+    assert prereqs.check_privileges(full | 1 << prereqs.CAP_SYS_ADMIN, "perf") is None
 
 
 def test_the_agent_attaches_under_the_units_capabilities_at_a_long_library_path(
@@ -109,6 +119,27 @@ def test_the_agent_attaches_under_the_units_capabilities_at_a_long_library_path(
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_the_agent_under_the_units_capabilities_names_cap_sys_admin_for_perf_uprobes(tmp_path):
+    """The real agent under the unit's capability set, told to attach perf-event uprobes (what
+    a kernel without uprobe-multi links leaves): it stops at its start with exit 2 and a message
+    naming CAP_SYS_ADMIN, so the unit neither loops nor runs without probes."""
+    require_ebpf()
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        missing_prerequisite("root and setpriv (util-linux) to run the agent under the unit's "
+                             "capability set")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin"), "HYPERTRACE_UPROBE_MECHANISM": "perf"}
+    (tmp_path / "none.toml").write_text("# all settings from flags\n")
+    done = subprocess.run(
+        _setpriv(unit_caps()) + [sys.executable, "-m", "hypertrace.cli.main", "agent",
+                                 "--insecure", "--analyzer", "127.0.0.1:1", "--backend", "ebpf",
+                                 "--spool-dir", str(tmp_path / "spool"), "--no-nvml",
+                                 "--probe-cost-ns", "1000", "--cupti-socket", "",
+                                 "--config", str(tmp_path / "none.toml")],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "CAP_SYS_ADMIN" in done.stderr and "uprobe-multi" in done.stderr
 
 
 @pytest.mark.parametrize("unit,limit", [("hypertrace-agent.service", 4.5),

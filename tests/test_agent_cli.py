@@ -22,10 +22,20 @@ def test_unknown_config_key_exits_2(tmp_path, capsys):
 
 def test_the_metrics_file_is_written_whole_or_not_at_all(tmp_path):
     """node_exporter must never read half a file: it appears by rename, and a failed write
-    leaves the previous file and no temporary one."""
+    leaves the previous file and no temporary one. It is readable by node_exporter's user even
+    under the agent unit's UMask=0077."""
+    import os
+    import stat
+
     from hypertrace.daemon.metrics_file import AgentMetrics, render, write
     path = tmp_path / "hypertrace.prom"
-    write(path, AgentMetrics(node='n"1', windows_sent=3, tiers={"cudaLaunchKernel": "sliced"}))
+    old = os.umask(0o077)
+    try:
+        write(path, AgentMetrics(node='n"1', windows_sent=3,
+                                 tiers={"cudaLaunchKernel": "sliced"}))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
     text = path.read_text()
     assert text == render(AgentMetrics(node='n"1', windows_sent=3,
                                        tiers={"cudaLaunchKernel": "sliced"}))

@@ -289,10 +289,16 @@ def test_progress_says_done_rate_and_eta_only_to_a_terminal_and_only_after_two_s
     p.add(10)
     p.close()
     assert tty.getvalue() == ""                         # a short run prints nothing
-    p = Progress("analyze: read", "windows", 100, after_s=0, every_s=0, stream=tty)
-    p.add(25)
+    now = [0.0]
+    p = Progress("analyze: read", "windows", 100, after_s=0, every_s=0, stream=tty,
+                 clock=lambda: now[0])
+    p.add(1)
+    assert "s left" not in p.line()                     # no ETA before a second of work
+    now[0] = 2.0
+    p.add(24)
     line = p.line()
     assert line.startswith("analyze: read: 25 of 100 windows (25%), ")
     assert "/s, " in line and "s left" in line
     p.close()
-    assert tty.getvalue().startswith("\ranalyze: read: 25 of 100") and tty.getvalue().endswith("\n")
+    assert tty.getvalue().startswith("\ranalyze: read: 1 of 100") and tty.getvalue().endswith("\n")
+    assert "\ranalyze: read: 25 of 100" in tty.getvalue()

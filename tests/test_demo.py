@@ -34,7 +34,7 @@ def test_simulate_streams_to_analyzer_like_agents(tmp_path):
     proc, target = start_analyzer(str(tmp_path / "a.db"))
     try:
         assert main(["simulate", "--gpus", "32", "--windows", "4", "--seed", "9",
-                     "--straggler", "node-0001:1.3", "--analyzer", target]) == 0
+                     "--straggler", "node-0001:1.3", "--analyzer", target, "--insecure"]) == 0
         assert main(["report", "--analyzer", target, "--insecure"]) == 3
     finally:
         stop_process(proc)

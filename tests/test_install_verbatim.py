@@ -27,10 +27,12 @@ done
 rm -rf /opt/hypertrace /etc/hypertrace /etc/systemd/system/hypertrace-*.service \
        /var/lib/hypertrace                       # a fresh node (only in the overlays)
 cd "$REPO"
-bash deploy/install-node.sh --agent
+bash deploy/install-node.sh --agent --analyzer-address analyzer.example.org:50051 \
+    --metrics-textfile /var/lib/prometheus/node-exporter/hypertrace.prom
 bash deploy/install-node.sh --analyzer
 echo "== version: $(/opt/hypertrace/.venv/bin/hypertrace --version)"
-echo "== modes: $(stat -c '%a:%n' /etc/hypertrace/pki /etc/hypertrace/agent.toml /var/lib/hypertrace/spool | tr '\n' ' ')"
+echo "== modes: $(stat -c '%a:%n' /etc/hypertrace/pki /etc/hypertrace/agent.toml /var/lib/hypertrace/spool /etc/hypertrace/analyzer.toml | tr '\n' ' ')"
+echo "== agent.toml: $(grep -E '^(analyzer|metrics_textfile) = ' /etc/hypertrace/agent.toml | tr '\n' ' ')"
 systemd-analyze verify /etc/systemd/system/hypertrace-agent.service \
     /etc/systemd/system/hypertrace-analyzer.service
 echo "== verified"
@@ -49,6 +51,7 @@ def test_install_node_agent_and_analyzer_verbatim_in_a_fresh_root(tmp_path):
             missing_prerequisite("the kernel has no overlay filesystem")
     host_had = {p: Path(p).exists() for p in ("/opt/hypertrace", "/etc/hypertrace/agent.toml",
                                               "/etc/systemd/system/hypertrace-agent.service")}
+    checkout_had = sorted(p.name for p in REPO.iterdir())
     script = tmp_path / "install.sh"
     script.write_text(SCRIPT)
     run = subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", str(script),
@@ -59,7 +62,10 @@ def test_install_node_agent_and_analyzer_verbatim_in_a_fresh_root(tmp_path):
     assert "== version: hypertrace " in out
     modes = out.split("== modes: ")[1].split("\n")[0].split()
     assert modes == ["700:/etc/hypertrace/pki", "640:/etc/hypertrace/agent.toml",
-                     "700:/var/lib/hypertrace/spool"], modes
+                     "700:/var/lib/hypertrace/spool", "644:/etc/hypertrace/analyzer.toml"], modes
+    assert ('analyzer = "analyzer.example.org:50051" metrics_textfile = '
+            '"/var/lib/prometheus/node-exporter/hypertrace.prom"') in out
+    assert sorted(p.name for p in REPO.iterdir()) == checkout_had    # no build/ left behind
     assert "== verified" in out
     assert "/etc/hypertrace/agent.toml: present, kept" in out.split("== verified")[1]
     upper = tmp_path / "root" / "upper"

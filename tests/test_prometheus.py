@@ -48,7 +48,7 @@ def test_prometheus_scrapes_the_straggler_and_every_dashboard_query_has_data(tmp
         sim = subprocess.run(
             hypertrace("simulate", "--gpus", "512", "--windows", "6", "--seed", "3",
                        "--straggler", f"{STRAGGLER}:1.3", "--job", "prom-job",
-                       "--analyzer", f"127.0.0.1:{port}"),
+                       "--analyzer", f"127.0.0.1:{port}", "--insecure"),
             capture_output=True, text=True, timeout=300)
         assert sim.returncode == 0, sim.stderr
 

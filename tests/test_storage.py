@@ -294,6 +294,15 @@ def test_a_corrupt_database_stops_the_analyzer_with_exit_2_and_the_recovery(tmp_
     assert rc == 2 and "is corrupt" in err and ".recover" in err and "Traceback" not in err
 
 
+def test_a_database_whose_header_is_damaged_is_named_corrupt_not_unwritable(tmp_path):
+    db = tmp_path / "a.db"
+    Storage.open(db).close()
+    with open(db, "r+b") as fh:
+        fh.write(b"\xa5" * 4096)
+    with pytest.raises(StorageError, match="is corrupt .*not a database.*\\.recover"):
+        Storage.open(db)
+
+
 def test_the_payload_dictionary_is_frozen():
     """Stored payloads need these exact bytes to decompress: a better dictionary is a new file
     and a new codec number, never an edit of this one."""

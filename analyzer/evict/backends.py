@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from hypertrace.analyzer.evict.audit import Proposal
+from hypertrace.proto.backoff import Backoff
 from hypertrace.proto.settings import ConfigError
 
 REASON_PREFIX = "hypertrace:"
@@ -56,22 +57,31 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class Retry:
+    """A backend call's attempts, timeout and backoff (proto/backoff.py: exponential with
+    jitter, capped at ``cap_s``). Refused is final, never retried."""
+
     attempts: int = 3
     base_s: float = 1.0
     timeout_s: float = 30.0
+    cap_s: float = 60.0
 
     def run(self, action: Callable[[], str], sleep: Callable[[float], None] = time.sleep) -> str:
-        last: Exception | None = None
-        for i in range(self.attempts):
+        def once() -> str:
             try:
                 return action()
             except Refused:
                 raise
             except (BackendError, OSError, subprocess.SubprocessError) as exc:
-                last = exc
-                if i + 1 < self.attempts:
-                    sleep(self.base_s * 2 ** i)
-        raise BackendError(f"failed after {self.attempts} attempts: {last}")
+                raise _Failed(exc) from exc
+        try:
+            return Backoff(self.base_s, self.cap_s).retry(once, max(1, self.attempts),
+                                                          (_Failed,), sleep)
+        except _Failed as exc:
+            raise BackendError(f"failed after {self.attempts} attempts: {exc.args[0]}") from None
+
+
+class _Failed(Exception):
+    """One failed attempt of a backend call (retried)."""
 
 
 def proposal_body(p: Proposal, action: str) -> bytes:

@@ -26,10 +26,10 @@ Limits, in this order (each one refuses with its reason, and is recorded):
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from hypertrace.analyzer.report_format import node_effect
 from hypertrace.analyzer.theory import STEP_BASES
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.settings import ConfigError
@@ -118,16 +118,12 @@ def candidates(job: pb.JobReport) -> list[Candidate]:
     for n in job.nodes:
         if n.verdict != "straggler":
             continue
-        effect, basis, ratios, flagged = 0.0, "ratio", [], 0
+        effect, basis = node_effect(n)
+        ratios, flagged = [], 0
         for g in n.gpus:
             flagged = max(flagged, g.windows_flagged)
             for f in g.findings:
                 ratios.append((g.gpu, f.api, round(f.ratio, 4)))
-                if f.HasField("step_share") and math.isfinite(f.step_share):
-                    if basis != "step_share" or abs(f.step_share) > effect:
-                        effect, basis = abs(f.step_share), "step_share"
-                elif basis == "ratio":
-                    effect = max(effect, abs(f.ratio - 1.0))
         out.append(Candidate(job.job_id, n.node, effect, basis, gain, job.cluster.basis,
                              flagged, tuple(ratios), n.probable_cause))
     return out
