@@ -110,14 +110,18 @@ TABLE_HEALTHY_NODES = 10
 WIDTH = 100
 
 
+def signal_words(api: str, stat: str) -> str:
+    """A signal or an API's statistic in words: ``run-queue wait``, ``launch p50``."""
+    return SIGNAL_WORDS.get(api) or f"{API_WORDS.get(api, api)} {stat}"
+
+
 def evidence_words(f: pb.Finding) -> str:
     """A finding in words: ``launch p50 1.25x job median``, ``run-queue wait 35% vs 0.3%``."""
     where = "host " if f.basis == "host" else ""
     if f.unit == "share":
         return (f"{where}{SIGNAL_WORDS.get(f.api, f.api)} {_fmt_value(f.value_us, 'share')} of "
                 f"time vs {_fmt_value(f.job_median_us, 'share')}")
-    name = SIGNAL_WORDS.get(f.api) or f"{API_WORDS.get(f.api, f.api)} {f.stat}"
-    return f"{where}{name} {f.ratio:.2f}x job median"
+    return f"{where}{signal_words(f.api, f.stat)} {f.ratio:.2f}x job median"
 
 
 def _ratio_text(f: pb.Finding) -> str:

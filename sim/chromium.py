@@ -4,7 +4,8 @@ report's browser test (tests/test_html_report.py), its benchmark (sim/bench_html
 
 Why these flags: ``--no-sandbox`` because tests and ``make`` targets often run as root in a
 container, and the rest keep the browser from reaching out (no background networking, no
-component updates, no first-run page), so a page that loads proves it needs nothing external.
+component updates, no sync, no QUIC, no first-run page), so a page that loads proves it needs
+nothing external. Each run gets a fresh ``--user-data-dir``.
 ``--enable-logging=stderr --v=0`` puts the page's console messages on stderr, where a test can
 read them.
 """
@@ -17,9 +18,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--enable-logging=stderr", "--v=0")
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--enable-logging=stderr",
+                  "--v=0")
 
 
 def find_chromium() -> str | None:
