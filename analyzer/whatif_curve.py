@@ -19,7 +19,7 @@ from hypertrace.analyzer import theory
 from hypertrace.proto import buckets
 
 #: Groups the remaining ranks are pooled into (the evicted ranks: :data:`EVICTED_CLASSES`).
-CLASSES = 64
+CLASSES = 128
 EVICTED_CLASSES = 8
 #: The curve reaches this many times the job's ranks.
 REACH = 4
