@@ -66,11 +66,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated job sizes in GPUs, 8 per node (default 2048,16384)")
     ap.add_argument("--windows", type=int, default=60)
     args = ap.parse_args(argv)
-    from hypertrace.sim.chromium import find_chromium
-    chromium = find_chromium()
+    from hypertrace.sim.chromium import chromium_or_say
+    chromium = chromium_or_say("bench-html")
     if chromium is None:
-        print("bench-html: chromium is not installed (Debian package `chromium`; "
-              "tests/install-test-deps.sh installs it)", file=sys.stderr)
         return 2
     from hypertrace.analyzer.report_html import report_to_html
     from hypertrace.sim.cdp import Browser

@@ -96,12 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--windows", type=int, default=WINDOWS)
     args = ap.parse_args(argv)
     from hypertrace.sim.cdp import Browser
-    from hypertrace.sim.chromium import find_chromium
+    from hypertrace.sim.chromium import chromium_or_say
 
-    chromium = find_chromium()
+    chromium = chromium_or_say("report-png")
     if chromium is None:
-        print("report-png: chromium is not installed (Debian package `chromium`; "
-              "tests/install-test-deps.sh installs it)", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

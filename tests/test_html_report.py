@@ -56,6 +56,13 @@ def browser():
         yield b
 
 
+def _loaded(page: Path, browser: Browser):
+    """A new tab with ``page`` loaded and painted."""
+    tab = browser.open(1300, 1000)
+    tab.goto(page.as_uri())
+    return tab
+
+
 def _clock(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%H:%M:%S")
 
@@ -68,8 +75,7 @@ def _box(tab, selector: str) -> dict:
 
 def test_the_slow_node_heads_the_heatmap_and_its_cell_says_what_it_is(job, browser, tmp_path):
     page, data = job
-    tab = browser.open(1300, 1000)
-    tab.goto(page.as_uri())
+    tab = _loaded(page, browser)
     assert tab.eval("document.body.dataset.drawn") == "1"
     # the slow node's name is the first row label of the heatmap, marked a straggler
     labels = tab.eval("Array.from(document.querySelectorAll('.heatmap')[0]"
@@ -113,8 +119,7 @@ def test_the_slow_node_heads_the_heatmap_and_its_cell_says_what_it_is(job, brows
 
 def test_the_what_if_has_two_curves_and_the_measured_step(job, browser):
     page, data = job
-    tab = browser.open(1300, 1000)
-    tab.goto(page.as_uri())
+    tab = _loaded(page, browser)
     curves = tab.eval("Array.from(document.querySelectorAll('svg.whatif path.line'))"
                       ".map(p => p.dataset.series)")
     assert curves == ["now", f"after evicting {SLOW}"]
@@ -146,8 +151,7 @@ def test_the_what_if_has_two_curves_and_the_measured_step(job, browser):
 
 def test_the_page_has_a_summary_panels_and_one_evidence_row_per_signal(job, browser):
     page, data = job
-    tab = browser.open(1300, 1000)
-    tab.goto(page.as_uri())
+    tab = _loaded(page, browser)
     summary = tab.eval("Object.fromEntries(Array.from(document.querySelectorAll("
                        "'[data-role=summary] span')).map(s => [s.dataset.key, s.textContent]))")
     assert summary["stragglers"] == f"stragglers {SLOW}"
