@@ -202,7 +202,8 @@ def _summary(job: pb.JobReport) -> str:
     else:
         gain = "none"
         action = "none" if not stragglers else "no eviction proposed"
-        action_note = "" if not stragglers else f" ({c.basis.split('; ')[-1]})" if c.basis else ""
+        why = c.basis.split("; ")[-1]
+        action_note = f" ({why})" if stragglers and why.startswith("no eviction") else ""
     items = [("mode", job.mode or "unknown (no step data)", ""),
              ("GPUs", f"{job.gpus:,} on {_plural(nodes, 'node')}", ""),
              ("windows", f"{job.windows:,} scored{span}", ""),
@@ -246,11 +247,16 @@ def _band(label: str, nodes: Sequence[pb.NodeReport], cols: int) -> _Row:
     return _Row(label, values, "band", detail=detail)
 
 
+def _lead_series(n: pb.NodeReport) -> pb.SignalSeries | None:
+    """The series of the node's leading finding (its worst GPU's first), if the report has it."""
+    lead = next((f for g in n.gpus for f in g.findings), None)
+    return next((s for s in n.series if lead is not None and s.signal == lead.api
+                 and s.stat == lead.stat), None)
+
+
 def _lead_detail(n: pb.NodeReport, cols: int) -> list[str] | None:
     """Per window: the node's leading signal against the job median (from its series)."""
-    lead = next((f for g in n.gpus for f in g.findings), None)
-    s = next((s for s in n.series if lead is not None and s.signal == lead.api
-              and s.stat == lead.stat), None)
+    s = _lead_series(n)
     if s is None or len(s.node) != cols:
         return None
     words = signal_words(s.signal, s.stat)
@@ -323,7 +329,7 @@ def _heatmap_svg(rows: list[_Row], starts: list[int], label: str, axis: bool = T
         out.append(f'<text class="axis-title" x="{left + cell * cols / 2:.0f}" y="{y + 38}" '
                    f'text-anchor="middle">window start (UTC, {_date(starts[0])})</text></g>')
     windows = "|".join(f"{_clock(t)}–{_clock(t + _window_ns(starts))} UTC" for t in starts)
-    return (f'<svg class="heatmap" role="img" aria-label="{esc(label)}" width="{width}" '
+    return (f'<svg class="heatmap" role="figure" aria-label="{esc(label)}" width="{width}" '
             f'height="{height}" viewBox="0 0 {width} {height}" data-windows="{windows}" '
             f'data-rows="{len(rows)}"><title>{esc(label)}</title>'
             f'<g role="list">{"".join(out)}</g></svg>')
@@ -441,9 +447,7 @@ def _panels(job: pb.JobReport) -> str:
     out = ['<div class="panels">']
     for n in convicted[:PANELS]:
         bad = [g for g in n.gpus if g.verdict in ("straggler", "suspect")]
-        lead = next((f for g in n.gpus for f in g.findings), None)
-        s = next((s for s in n.series if lead is not None and s.signal == lead.api
-                  and s.stat == lead.stat), None)
+        s = _lead_series(n)
         chart = (_series_chart(s, n.node, starts) if s is not None and starts else
                  '<p class="note">No per-window record of its signal.</p>')
         scope = {"host": "the whole host", "gpu": "single GPUs"}.get(n.scope, n.scope or "-")
@@ -462,7 +466,7 @@ def _panels(job: pb.JobReport) -> str:
 # ---- what-if and spikes --------------------------------------------------------------------
 
 
-def _pow2(v: float) -> str:
+def _count(v: float) -> str:
     return f"{v:,.0f}"
 
 
@@ -493,7 +497,7 @@ def _whatif(job: pb.JobReport) -> str:
         markers.append(Marker("measured step", ranks, c.measured_step_us / div, INK,
                               f"measured step at {ranks:,} ranks: "
                               f"{value_text(c.measured_step_us, 'us')}"))
-    chart = Chart(Axis(ns[0], ns[-1], "ranks (N)", fmt=_pow2, log=True),
+    chart = Chart(Axis(ns[0], ns[-1], "ranks (N)", fmt=_count, log=True),
                   Axis(lo, hi, f"expected {what} ({unit})", fmt=lambda v: f"{v:,.4g}"),
                   f"what-if: expected {what} against the number of ranks, now"
                   + (f" and after evicting {evicted}" if evicted else "")
@@ -550,7 +554,7 @@ def _spikes(job: pb.JobReport) -> str:
     markers = [Marker("this job", job.gpus, c.spike_probability, INK,
                       f"this job: {job.gpus:,} ranks, P(spike in a {per}) "
                       f"{c.spike_probability:.2%}\n{c.spike_basis}", "circle")]
-    chart = Chart(Axis(1, ns[-1], "ranks (N)", fmt=_pow2, log=True),
+    chart = Chart(Axis(1, ns[-1], "ranks (N)", fmt=_count, log=True),
                   Axis(0, 1, f"P(some rank spikes in a {per})",
                        fmt=lambda v: f"{100 * v:.0f}%", ticks=[0, 0.25, 0.5, 0.75, 1.0]),
                   f"cluster P(spike) = 1 - (1 - p)^N against the number of ranks, beside the "

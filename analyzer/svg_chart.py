@@ -1,6 +1,7 @@
 """SVG charts for the HTML report, written as text: axes with ticks and titles, lines, bands,
 markers, bars and reference rules. Every label is an SVG ``<text>`` (selectable, testable, read
-by screen readers); every chart is ``role="img"`` with an ``aria-label``; every data point that
+by screen readers); every chart is ``role="figure"`` with an ``aria-label`` (a figure, not an
+image, so a screen reader reaches its labels too); every data point that
 has something to say carries it in ``data-tip``, which the page's script shows on hover.
 
 Why hand-written SVG and not a charting library: the report's charts are a heatmap and a few
@@ -152,7 +153,7 @@ def axes(c: Chart) -> tuple[list[str], Callable[[float], float], Callable[[float
     x0, x1, y0, y1 = LEFT, c.width - RIGHT, c.height - BOTTOM, TOP
     px = lambda v: c.x.pos(v, x0, x1)                     # noqa: E731
     py = lambda v: c.y.pos(v, y0, y1)                     # noqa: E731
-    out = [f'<g class="axis y-axis" aria-hidden="false">']
+    out = ['<g class="axis y-axis">']
     for t in c.y.tick_values():
         y = py(t)
         out.append(f'<line class="grid" x1="{x0}" x2="{x1}" y1="{num(y)}" y2="{num(y)}"/>'
@@ -212,7 +213,7 @@ def render(c: Chart) -> str:
                  f'L{num(x - 7)},{num(y)}Z"')
         out.append(f'{shape} class="marker" data-series="{esc(m.name)}" fill="{m.color}" '
                    f'stroke="#fff" stroke-width="1.5" data-tip="{esc(m.tip)}"/>')
-    svg = (f'<svg class="chart {esc(c.cls)}" role="img" aria-label="{esc(c.label)}" '
+    svg = (f'<svg class="chart {esc(c.cls)}" role="figure" aria-label="{esc(c.label)}" '
            f'width="{c.width}" height="{c.height}" viewBox="0 0 {c.width} {c.height}">'
            f'<title>{esc(c.label)}</title>' + "".join(out) + "</svg>")
     items = ([(b.name, b.color, "band") for b in c.bands]
@@ -252,7 +253,7 @@ def bar_chart(categories: Sequence[str], values: Sequence[float], colors: Sequen
                    f'text-anchor="middle">{v:,.0f}</text>'
                    f'<text class="x-tick" x="{num(x + slot * 0.35)}" y="{num(py(0) + 18)}" '
                    f'text-anchor="middle">{esc(name)}</text>')
-    return (f'<svg class="chart {esc(cls)}" role="img" aria-label="{esc(label)}" '
+    return (f'<svg class="chart {esc(cls)}" role="figure" aria-label="{esc(label)}" '
             f'width="{width}" height="{height}" viewBox="0 0 {width} {height}">'
             f'<title>{esc(label)}</title>' + "".join(out) + "</svg>")
 

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             if page.returncode not in (0, 3):
                 print(f"demo: the HTML report was not written\n{page.stderr}", file=sys.stderr)
                 return 1
-            print(f"\n== HTML report (open it in a browser; it works offline): "
+            print("\n== HTML report (open it in a browser; it works offline):\n"
                   f"{os.path.abspath(args.html)}")
             return 0
         print(f"\n== FAILED: expected exactly [{args.slow_node}] as straggler, got {found}",

@@ -66,7 +66,7 @@ def test_the_page_fetches_nothing_and_labels_are_text():
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert "<canvas" not in page
     for svg in re.findall(r"<svg[^>]*>", page):
-        assert 'role="img"' in svg and "aria-label=" in svg, svg
+        assert 'role="figure"' in svg and "aria-label=" in svg, svg
     assert re.search(r"<text class=\"x-tick\"[^>]*>\d\d:\d\d:\d\d</text>", page)  # 10 s steps
     assert "worst ratio per window (× job median)" in page                 # legend with units
 
