@@ -346,8 +346,10 @@ def _heatmap(job: pb.JobReport) -> str:
              f'to right,{stops})"></div><div class="ticks"><span>1.00</span><span>1.10</span>'
              f'<span>1.20</span><span>≥{HOT:.2f}</span></div></div><span class="nodata">'
              f'</span><span>no window from the node</span></div>')
-    out = [_heatmap_svg(rows, starts, f"nodes by window: each node's worst ratio over the job "
-                        f"median, worst first; {n_healthy:,} healthy nodes in one band"), scale,
+    folded_note = (f"; {n_healthy:,} healthy nodes in one band" if folded else
+                   f"; {n_healthy:,} healthy nodes not in this report" if n_healthy else "")
+    out = [_heatmap_svg(rows, starts, "nodes by window: each node's worst ratio over the job "
+                        f"median, worst first{folded_note}"), scale,
            '<p class="note">A node\'s ratio in a window is its strongest finding over the job '
            'median (1.00: nothing flagged). Rows: the flagged nodes, worst first, then every '
            'healthy node folded into one band that shows the largest ratio among them.</p>']

@@ -71,7 +71,7 @@ class Browser:
         self._lock = threading.Condition()
         self._replies: dict[int, dict] = {}
         self._events: list[dict] = []
-        self._handlers: dict[str, Any] = {}
+        self._pages: dict[str, Page] = {}          # by session: their events go to them
         self._closed = False
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -102,9 +102,9 @@ class Browser:
             while b"\0" in buf:
                 raw, buf = buf.split(b"\0", 1)
                 msg = json.loads(raw)
-                handler = self._handlers.get(msg.get("method", ""))
-                if handler is not None:
-                    handler(msg)
+                page = self._pages.get(msg.get("sessionId", ""))
+                if page is not None and "method" in msg:
+                    page.on_event(msg)
                 with self._lock:
                     if "id" in msg:
                         self._replies[msg["id"]] = msg
@@ -193,9 +193,7 @@ class Page:
     def __init__(self, browser: Browser, session: str, width: int, height: int):
         self.b, self.session, self.log = browser, session, PageLog()
         self.document = ""
-        browser._handlers["Fetch.requestPaused"] = self._paused
-        browser._handlers["Runtime.consoleAPICalled"] = self._console
-        browser._handlers["Runtime.exceptionThrown"] = self._exception
+        browser._pages[session] = self
         for domain in ("Page", "Runtime"):
             self.call(f"{domain}.enable")
         self.call("Fetch.enable", {"patterns": [{"urlPattern": "*"}]})
@@ -204,6 +202,15 @@ class Page:
 
     def call(self, method: str, params: dict | None = None, timeout: float | None = None) -> dict:
         return self.b.call(method, params, self.session, timeout)
+
+    def on_event(self, msg: dict) -> None:
+        """An event of this tab (on the browser's reading thread: answers are posted, never
+        waited for there)."""
+        handler = {"Fetch.requestPaused": self._paused,
+                   "Runtime.consoleAPICalled": self._console,
+                   "Runtime.exceptionThrown": self._exception}.get(msg["method"])
+        if handler is not None:
+            handler(msg)
 
     def _paused(self, msg: dict) -> None:
         p = msg["params"]
