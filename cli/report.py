@@ -37,7 +37,7 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of "
                    "to stdout")
     p.add_argument("--only-flagged", action="store_true",
-                   help="leave out healthy nodes and GPUs (table and JSON)")
+                   help="leave out healthy nodes and GPUs (every format)")
 
 
 def fetch_report(target: str, job: str = "", timeout: float = 10.0,
