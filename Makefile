@@ -1,16 +1,18 @@
 # hypertrace — every target does its own setup, so each works on a fresh clone.
-#   make demo    analyzer + simulated 16x8-GPU job over real gRPC, prints the report
+#   make demo    analyzer + simulated 16x8-GPU job over real gRPC, prints the report and writes
+#                demo-report.html (the HTML report)
 #   make test    installs what the tests need (venv; bcc + kernel headers when root) and runs them
 #   make bench   scoring time per window at 2k/16k/131k GPUs
 #   make bench-agent  the agent's coverage and cost on this machine's CPUs (stand-in ranks)
 #   make dashboard-png  docs/img/grafana-dashboard.png: the Grafana dashboard from real queries
+#   make report-png     docs/img/html-report-*.png: the HTML report at 16 and 2,048 nodes
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 HT     := $(VENV)/bin/hypertrace
 STAMP  := $(VENV)/.installed
 
-.PHONY: all venv ebpf-setup test-deps test demo bench bench-report bench-html bench-detect bench-scale bench-agent bench-sched bench-restart bench-cluster bench-storage fuzz dashboard-png proto clean
+.PHONY: all venv ebpf-setup test-deps test demo bench bench-report bench-html bench-detect bench-scale bench-agent bench-sched bench-restart bench-cluster bench-storage fuzz dashboard-png report-png proto clean
 
 all: venv
 
@@ -47,7 +49,8 @@ bench: venv
 bench-report: venv
 	$(PY) -m hypertrace.sim.bench_report $(ARGS)
 
-# the HTML report of a 16,384-GPU job: size and a headless Chromium's load time (~1 min)
+# the HTML report at 2,048 and 16,384 GPUs x 60 windows against the canvas page it replaced:
+# size (<= 2 MB) and a headless Chromium's time to render (<= 2 s) (~10 min; ARGS="--gpus 2048": ~1 min)
 bench-html: venv
 	$(PY) -m hypertrace.sim.bench_html $(ARGS)
 
@@ -95,6 +98,11 @@ bench-agent: venv ebpf-setup
 # needs prometheus, prometheus-node-exporter and chromium: tests/install-test-deps.sh)
 dashboard-png: venv
 	$(PY) -m hypertrace.sim.dashboard_preview -o docs/img/grafana-dashboard.png $(ARGS)
+
+# the HTML report's screenshots at 16 and 2,048 nodes for the README, and their structural digest,
+# which tests/test_html_report_scale.py compares with the page built now (~4 min; needs chromium)
+report-png: venv
+	$(PY) -m hypertrace.sim.report_screenshots $(ARGS)
 
 proto: venv
 	$(PY) proto/generate.py

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hypertrace.analyzer import auto_groups, signals
+from hypertrace.analyzer import auto_groups, signals, window_series
 from hypertrace.analyzer.config import KNOWN_STATS, ScoringConfig
 from hypertrace.analyzer.cross_section import CrossSection, GpuKey, Hists
 from hypertrace.analyzer.imbalance import group_deviations
@@ -207,6 +207,8 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     # a GPU's findings are those of the latest epoch that implicated it (what convicted it)
     job.findings.update({r: fs for r, fs in by_row.items() if any(f.implicates for f in fs)})
     _remember_window(job, cs.epoch, rows, found)
+    window_series.remember(job, rows, codes, quantiles, cs.apis, sig, cfg.stats,
+                           cfg.min_samples, cs.epoch)
     _accumulate_theory(job, cs, groups, quantiles, cfg)
     _accumulate_pace(job, cs, sig, cfg)
     _find_imbalance(job, groups, labels, sig, quantiles, cfg)

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hypertrace.analyzer import causes, theory
+from hypertrace.analyzer import causes, theory, whatif_curve, window_series
+from hypertrace.analyzer import signals
 from hypertrace.analyzer.config import ScoringConfig
 from hypertrace.analyzer.jobs import JobState
 from hypertrace.analyzer.persistence import NO_DATA, STRAGGLER, SUSPECT, VERDICT_NAMES
@@ -77,7 +78,45 @@ def job_report(job: JobState, cfg: ScoringConfig, out: pb.JobReport | None = Non
     jr.history_windows.extend(epoch * cfg.window_ns for epoch, _, _ in history)
     jr.latency_cdfs.extend(_latency_cdfs(job, by_node, flagged))
     jr.imbalance.extend(job.imbalance.persistent(cfg.persist_k))
+    _add_series(jr, job, [epoch for epoch, _, _ in history])
+    _spike_rates(jr.spike_rates, rates)
     return jr
+
+
+#: Per-GPU spike rates' histogram bounds (SpikeRates.upper): 0.5% is the field's target.
+SPIKE_RATE_UPPER = (0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def _spike_rates(out: pb.SpikeRates, rates: np.ndarray) -> None:
+    """How many GPUs have each spike rate (the GPUs with one), and their mean."""
+    ok = rates[np.isfinite(rates)]
+    upper = np.asarray(SPIKE_RATE_UPPER)
+    out.upper.extend(SPIKE_RATE_UPPER)
+    out.gpus.extend(np.bincount(np.searchsorted(upper, ok, side="left"),
+                                minlength=upper.size)[:upper.size].tolist())
+    out.mean = float(ok.mean()) if ok.size else 0.0
+
+
+def _add_series(jr: pb.JobReport, job: JobState, epochs: list[int]) -> None:
+    """Each flagged node's leading signal and the context signals over the history windows
+    (NodeReport.series; analyzer/window_series.py), for the first SERIES_NODES flagged nodes."""
+    records = list(job.window_series)
+    units = dict((name, unit) for name, unit, _ in signals.SIGNALS)
+    shown = 0
+    for nr in jr.nodes:
+        if nr.verdict not in ("straggler", "suspect") or shown >= window_series.SERIES_NODES:
+            continue
+        shown += 1
+        lead = next((f for g in nr.gpus for f in g.findings), None)
+        keys = [] if lead is None else [(lead.api, lead.stat, lead.unit)]
+        keys += [(name, stat, units.get(name, "")) for name, stat in
+                 window_series.CONTEXT_SIGNALS if lead is None or name != lead.api]
+        for name, stat, unit in keys:
+            found = window_series.node_series(epochs, records, nr.node, (name, stat))
+            if found is not None:
+                mine, med, p10, p90 = found
+                nr.series.add(signal=name, stat=stat, unit=unit, node=mine, job_median=med,
+                              job_p10=p10, job_p90=p90)
 
 
 @dataclass
@@ -179,6 +218,8 @@ def _add_nodes(jr: pb.JobReport, job: JobState, cfg: ScoringConfig, plans: list[
             if code == NO_DATA:
                 gr.probable_cause = causes.no_data_cause(int(absent[r]))
             if code in (SUSPECT, STRAGGLER):
+                if job.nvml[r] is not None:
+                    gr.nvml.CopyFrom(job.nvml[r])
                 gr.probable_cause = causes.gpu_cause(job.nvml[r], job.findings.get(r, []),
                                                      bases[r])
                 if code == STRAGGLER and intermittent[r]:
@@ -242,9 +283,10 @@ def _latency_cdfs(job: JobState, by_node: dict[str, list[int]],
 
 def _prediction(job: JobState, rates: np.ndarray, evicted: list[str], rows: list[int],
                 n_nodes: int, cfg: ScoringConfig) -> pb.ClusterPrediction:
-    """The cluster prediction: spike probability and the what-if of evicting ``evicted`` (the
+    """The cluster prediction: spike probability, the what-if of evicting ``evicted`` (the
     straggler nodes, worst first) of the job's ``n_nodes`` nodes that send data, over the GPUs
-    ``rows`` (those with data: a GPU whose agent stopped is not predicted on)."""
+    ``rows`` (those with data: a GPU whose agent stopped is not predicted on), over job sizes
+    too, and the measured step."""
     note = ""
     if evicted and len(evicted) >= n_nodes:
         # a 1-node job, or every node convicted: there is nobody left to compare with
@@ -268,6 +310,9 @@ def _prediction(job: JobState, rates: np.ndarray, evicted: list[str], rows: list
     if n:
         collective = job.mode == "collective"
         now, after = theory.what_if_step(job.pace_epochs, order, evict, collective)
+        curve = whatif_curve.step_curve(job.pace_epochs, order, evict, collective, now, after)
+        pred.measured_step_us = window_series.measured_step_us(list(job.window_series),
+                                                               theory.WHATIF_KEEP)
         what = (f"{theory.STEP_BASES[0]}: the job's step measured now (its recent windows, {n} "
                 "ranks), less what the evicted ranks' own time per step (step less the wait for "
                 "peers) adds over the slowest remaining rank's"
@@ -285,6 +330,7 @@ def _prediction(job: JobState, rates: np.ndarray, evicted: list[str], rows: list
         lo, hi = int(used[0]), int(used[-1]) + 1
         ranks = np.ascontiguousarray(counts[lo:hi].take(order, axis=1).T, dtype=np.float64)
         now, after = theory.what_if(ranks, evict, first_bucket=lo)
+        curve = whatif_curve.what_if_curve(ranks, evict, None, lo)
         n = int((ranks.sum(axis=1) > 0).sum())
         pred.basis = (f"{job.basis_api}: E[max over {n} ranks] of {job.basis_api} latency per "
                       "call, from each rank's histogram; spike rate: " + spikes + note
@@ -297,6 +343,7 @@ def _prediction(job: JobState, rates: np.ndarray, evicted: list[str], rows: list
     pred.step_time_now_us = now
     pred.step_time_after_eviction_us = after
     pred.predicted_gain = now / after - 1.0 if after > 0 else 0.0
+    pred.curve.extend(pb.WhatIfPoint(ranks=k, now_us=a, after_us=b) for k, a, b in curve)
     return pred
 
 

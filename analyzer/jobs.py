@@ -87,6 +87,9 @@ class JobState:
     #: the recent scored epochs, oldest first: (epoch, node -> its worst implicating ratio,
     #: the host codes present); for the report's node x window heatmap (NodeReport.window_ratios)
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
+    #: the same windows' median step and flagged nodes' signals against the job's spread, for
+    #: the report's node panels and measured step (analyzer/window_series.py)
+    window_series: deque = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
     #: per latency API, per row: the p50 over the peer group's median in the latest window that
     #: scored the GPU (NaN: never); GpuReport.p50_ratio
     p50_ratio: dict[str, np.ndarray] = field(default_factory=dict)

@@ -5,13 +5,19 @@ even when it has its default value, so consumers never have to guess whether a m
 ``{"version", "generated", "jobs": [{"job_id", "windows", "gpus", "nodes": [{"node", "verdict",
 "scope", "probable_cause", "gpus": [{"gpu", "rank", "verdict", "windows_flagged", "windows_seen",
 "spike_rate", "findings": [{"api", "stat", "value_us", "job_median_us", "ratio", "robust_z",
-"direction", "meaning", "basis", "unit", "step_share"?}], "probable_cause", "gpu_kind"}]}],
-"cluster":
+"direction", "meaning", "basis", "unit", "step_share"?}], "probable_cause", "gpu_kind",
+"p50_ratio", "nvml"?}], "window_ratios", "series": [{"signal", "stat", "unit", "node",
+"job_median", "job_p10", "job_p90"}]}], "cluster":
 {"spike_probability", "spike_basis", "basis", "step_time_now_us", "step_time_after_eviction_us",
-"predicted_gain", "evicted_nodes"}, "windows_sampled", "mode", "late_windows", "late_nodes":
-[{"node", "windows"}], "healthy_nodes_omitted", "imbalance": [{"group", "gpus",
-"signal", "unit", "value", "reference", "ratio"}]}]}``. Nodes and GPUs come worst
-first. A finding's ``basis`` is "gpu" (the GPU's own value) or "host" (the median GPU of its host
+"predicted_gain", "evicted_nodes", "curve": [{"ranks", "now_us", "after_us"}],
+"measured_step_us"}, "windows_sampled", "mode", "late_windows", "late_nodes":
+[{"node", "windows"}], "healthy_nodes_omitted", "history_windows", "latency_cdfs", "imbalance":
+[{"group", "gpus", "signal", "unit", "value", "reference", "ratio"}], "spike_rates": {"upper",
+"gpus", "mean"}}]}``. Nodes and GPUs come worst first. A flagged GPU's ``nvml`` is its latest
+NVML context; a flagged node's ``series`` hold its leading signal and its run-queue share and
+waits per step over ``history_windows`` against the job's median and p10-p90 (the HTML
+report's node panels); ``curve`` is the what-if over job sizes and ``spike_rates`` a histogram
+of every GPU's spike rate (the HTML report's what-if and spikes). A finding's ``basis`` is "gpu" (the GPU's own value) or "host" (the median GPU of its host
 against the job's hosts; the table marks it ``[host]``). A finding's ``unit`` says what
 ``value_us`` and ``job_median_us`` hold (named for latencies, the first findings): "" or "us"
 for a latency or a per-step time in µs, "share" for a fraction of wall time, "hz" for a rate,
@@ -118,14 +124,18 @@ TABLE_HEALTHY_NODES = 10
 WIDTH = 100
 
 
+def signal_words(api: str, stat: str) -> str:
+    """A signal or an API's statistic in words: ``run-queue wait``, ``launch p50``."""
+    return SIGNAL_WORDS.get(api) or f"{API_WORDS.get(api, api)} {stat}"
+
+
 def evidence_words(f: pb.Finding) -> str:
     """A finding in words: ``launch p50 1.25x job median``, ``run-queue wait 35% vs 0.3%``."""
     where = "host " if f.basis == "host" else ""
     if f.unit == "share":
         return (f"{where}{SIGNAL_WORDS.get(f.api, f.api)} {_fmt_value(f.value_us, 'share')} of "
                 f"time vs {_fmt_value(f.job_median_us, 'share')}")
-    name = SIGNAL_WORDS.get(f.api) or f"{API_WORDS.get(f.api, f.api)} {f.stat}"
-    return f"{where}{name} {f.ratio:.2f}x job median"
+    return f"{where}{signal_words(f.api, f.stat)} {f.ratio:.2f}x job median"
 
 
 def _ratio_text(f: pb.Finding) -> str:

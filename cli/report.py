@@ -23,7 +23,8 @@ def register(subparsers) -> None:
     p.add_argument("--job", default="", help="only this job (default: every job)")
     add_output_flags(p)
     p.add_argument("--all-nodes", action="store_true",
-                   help="list every healthy node too (default: at most 100 per job)")
+                   help="list every healthy node too (default: at most 100 per job; "
+                   "--format html always asks for every node)")
     p.set_defaults(func=run)
 
 
@@ -31,12 +32,12 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
     """--format, -o and --only-flagged: the same for every command that prints a report."""
     p.add_argument("--format", choices=("table", "json", "html"), default="table",
                    help="table: one row per node, at most 100 columns (-v: one row per GPU); "
-                   "json: the full report; html: one offline file with a node x window heatmap "
-                   "(use -o)")
+                   "json: the full report; html: one offline page (heatmap of nodes x time, "
+                   "a panel per convicted node, the what-if, spikes, the evidence; use -o)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report here instead of "
                    "to stdout")
     p.add_argument("--only-flagged", action="store_true",
-                   help="leave out healthy nodes and GPUs (table and JSON)")
+                   help="leave out healthy nodes and GPUs (every format)")
 
 
 def fetch_report(target: str, job: str = "", timeout: float = 10.0,
@@ -53,7 +54,10 @@ def fetch_report(target: str, job: str = "", timeout: float = 10.0,
 def run(args: argparse.Namespace) -> int:
     from hypertrace.proto import hypertrace_pb2 as pb
 
-    request = pb.ReportRequest(job_id=args.job, all_nodes=args.all_nodes)
+    # the page folds the healthy nodes into a band itself, and needs them all to draw it as
+    # `analyze --format html` does
+    request = pb.ReportRequest(job_id=args.job,
+                               all_nodes=args.all_nodes or args.format == "html")
     rc, report = run_query(args, "report",
                            lambda stub: stub.GetReport(request, timeout=args.timeout))
     if rc:

@@ -248,7 +248,7 @@ class Finding(_message.Message):
     def __init__(self, api: _Optional[str] = ..., stat: _Optional[str] = ..., value_us: _Optional[float] = ..., job_median_us: _Optional[float] = ..., ratio: _Optional[float] = ..., robust_z: _Optional[float] = ..., direction: _Optional[str] = ..., meaning: _Optional[str] = ..., basis: _Optional[str] = ..., unit: _Optional[str] = ..., step_share: _Optional[float] = ...) -> None: ...
 
 class GpuReport(_message.Message):
-    __slots__ = ("gpu", "rank", "verdict", "windows_flagged", "windows_seen", "spike_rate", "findings", "probable_cause", "gpu_kind", "p50_ratio")
+    __slots__ = ("gpu", "rank", "verdict", "windows_flagged", "windows_seen", "spike_rate", "findings", "probable_cause", "gpu_kind", "p50_ratio", "nvml")
     class P50RatioEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -266,6 +266,7 @@ class GpuReport(_message.Message):
     PROBABLE_CAUSE_FIELD_NUMBER: _ClassVar[int]
     GPU_KIND_FIELD_NUMBER: _ClassVar[int]
     P50_RATIO_FIELD_NUMBER: _ClassVar[int]
+    NVML_FIELD_NUMBER: _ClassVar[int]
     gpu: str
     rank: int
     verdict: str
@@ -276,7 +277,8 @@ class GpuReport(_message.Message):
     probable_cause: str
     gpu_kind: str
     p50_ratio: _containers.ScalarMap[str, float]
-    def __init__(self, gpu: _Optional[str] = ..., rank: _Optional[int] = ..., verdict: _Optional[str] = ..., windows_flagged: _Optional[int] = ..., windows_seen: _Optional[int] = ..., spike_rate: _Optional[float] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., probable_cause: _Optional[str] = ..., gpu_kind: _Optional[str] = ..., p50_ratio: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    nvml: NvmlContext
+    def __init__(self, gpu: _Optional[str] = ..., rank: _Optional[int] = ..., verdict: _Optional[str] = ..., windows_flagged: _Optional[int] = ..., windows_seen: _Optional[int] = ..., spike_rate: _Optional[float] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., probable_cause: _Optional[str] = ..., gpu_kind: _Optional[str] = ..., p50_ratio: _Optional[_Mapping[str, float]] = ..., nvml: _Optional[_Union[NvmlContext, _Mapping]] = ...) -> None: ...
 
 class LatencyCdf(_message.Message):
     __slots__ = ("node", "api", "upper_us", "job", "node_cdf")
@@ -293,23 +295,63 @@ class LatencyCdf(_message.Message):
     def __init__(self, node: _Optional[str] = ..., api: _Optional[str] = ..., upper_us: _Optional[_Iterable[float]] = ..., job: _Optional[_Iterable[float]] = ..., node_cdf: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class NodeReport(_message.Message):
-    __slots__ = ("node", "verdict", "scope", "probable_cause", "gpus", "window_ratios")
+    __slots__ = ("node", "verdict", "scope", "probable_cause", "gpus", "window_ratios", "series")
     NODE_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     PROBABLE_CAUSE_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_RATIOS_FIELD_NUMBER: _ClassVar[int]
+    SERIES_FIELD_NUMBER: _ClassVar[int]
     node: str
     verdict: str
     scope: str
     probable_cause: str
     gpus: _containers.RepeatedCompositeFieldContainer[GpuReport]
     window_ratios: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, node: _Optional[str] = ..., verdict: _Optional[str] = ..., scope: _Optional[str] = ..., probable_cause: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuReport, _Mapping]]] = ..., window_ratios: _Optional[_Iterable[float]] = ...) -> None: ...
+    series: _containers.RepeatedCompositeFieldContainer[SignalSeries]
+    def __init__(self, node: _Optional[str] = ..., verdict: _Optional[str] = ..., scope: _Optional[str] = ..., probable_cause: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuReport, _Mapping]]] = ..., window_ratios: _Optional[_Iterable[float]] = ..., series: _Optional[_Iterable[_Union[SignalSeries, _Mapping]]] = ...) -> None: ...
+
+class SignalSeries(_message.Message):
+    __slots__ = ("signal", "stat", "unit", "node", "job_median", "job_p10", "job_p90")
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    STAT_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    JOB_MEDIAN_FIELD_NUMBER: _ClassVar[int]
+    JOB_P10_FIELD_NUMBER: _ClassVar[int]
+    JOB_P90_FIELD_NUMBER: _ClassVar[int]
+    signal: str
+    stat: str
+    unit: str
+    node: _containers.RepeatedScalarFieldContainer[float]
+    job_median: _containers.RepeatedScalarFieldContainer[float]
+    job_p10: _containers.RepeatedScalarFieldContainer[float]
+    job_p90: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, signal: _Optional[str] = ..., stat: _Optional[str] = ..., unit: _Optional[str] = ..., node: _Optional[_Iterable[float]] = ..., job_median: _Optional[_Iterable[float]] = ..., job_p10: _Optional[_Iterable[float]] = ..., job_p90: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class WhatIfPoint(_message.Message):
+    __slots__ = ("ranks", "now_us", "after_us")
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    NOW_US_FIELD_NUMBER: _ClassVar[int]
+    AFTER_US_FIELD_NUMBER: _ClassVar[int]
+    ranks: int
+    now_us: float
+    after_us: float
+    def __init__(self, ranks: _Optional[int] = ..., now_us: _Optional[float] = ..., after_us: _Optional[float] = ...) -> None: ...
+
+class SpikeRates(_message.Message):
+    __slots__ = ("upper", "gpus", "mean")
+    UPPER_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_FIELD_NUMBER: _ClassVar[int]
+    upper: _containers.RepeatedScalarFieldContainer[float]
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    mean: float
+    def __init__(self, upper: _Optional[_Iterable[float]] = ..., gpus: _Optional[_Iterable[int]] = ..., mean: _Optional[float] = ...) -> None: ...
 
 class ClusterPrediction(_message.Message):
-    __slots__ = ("spike_probability", "basis", "step_time_now_us", "step_time_after_eviction_us", "predicted_gain", "evicted_nodes", "spike_basis")
+    __slots__ = ("spike_probability", "basis", "step_time_now_us", "step_time_after_eviction_us", "predicted_gain", "evicted_nodes", "spike_basis", "curve", "measured_step_us")
     SPIKE_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
     BASIS_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_NOW_US_FIELD_NUMBER: _ClassVar[int]
@@ -317,6 +359,8 @@ class ClusterPrediction(_message.Message):
     PREDICTED_GAIN_FIELD_NUMBER: _ClassVar[int]
     EVICTED_NODES_FIELD_NUMBER: _ClassVar[int]
     SPIKE_BASIS_FIELD_NUMBER: _ClassVar[int]
+    CURVE_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_STEP_US_FIELD_NUMBER: _ClassVar[int]
     spike_probability: float
     basis: str
     step_time_now_us: float
@@ -324,10 +368,12 @@ class ClusterPrediction(_message.Message):
     predicted_gain: float
     evicted_nodes: _containers.RepeatedScalarFieldContainer[str]
     spike_basis: str
-    def __init__(self, spike_probability: _Optional[float] = ..., basis: _Optional[str] = ..., step_time_now_us: _Optional[float] = ..., step_time_after_eviction_us: _Optional[float] = ..., predicted_gain: _Optional[float] = ..., evicted_nodes: _Optional[_Iterable[str]] = ..., spike_basis: _Optional[str] = ...) -> None: ...
+    curve: _containers.RepeatedCompositeFieldContainer[WhatIfPoint]
+    measured_step_us: float
+    def __init__(self, spike_probability: _Optional[float] = ..., basis: _Optional[str] = ..., step_time_now_us: _Optional[float] = ..., step_time_after_eviction_us: _Optional[float] = ..., predicted_gain: _Optional[float] = ..., evicted_nodes: _Optional[_Iterable[str]] = ..., spike_basis: _Optional[str] = ..., curve: _Optional[_Iterable[_Union[WhatIfPoint, _Mapping]]] = ..., measured_step_us: _Optional[float] = ...) -> None: ...
 
 class JobReport(_message.Message):
-    __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster", "windows_sampled", "mode", "imbalance", "late_windows", "late_nodes", "healthy_nodes_omitted", "history_windows", "latency_cdfs")
+    __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster", "windows_sampled", "mode", "imbalance", "late_windows", "late_nodes", "healthy_nodes_omitted", "history_windows", "latency_cdfs", "spike_rates")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -341,6 +387,7 @@ class JobReport(_message.Message):
     HEALTHY_NODES_OMITTED_FIELD_NUMBER: _ClassVar[int]
     HISTORY_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     LATENCY_CDFS_FIELD_NUMBER: _ClassVar[int]
+    SPIKE_RATES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     windows: int
     gpus: int
@@ -354,7 +401,8 @@ class JobReport(_message.Message):
     healthy_nodes_omitted: int
     history_windows: _containers.RepeatedScalarFieldContainer[int]
     latency_cdfs: _containers.RepeatedCompositeFieldContainer[LatencyCdf]
-    def __init__(self, job_id: _Optional[str] = ..., windows: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeReport, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterPrediction, _Mapping]] = ..., windows_sampled: _Optional[int] = ..., mode: _Optional[str] = ..., imbalance: _Optional[_Iterable[_Union[GroupImbalance, _Mapping]]] = ..., late_windows: _Optional[int] = ..., late_nodes: _Optional[_Iterable[_Union[LateNode, _Mapping]]] = ..., healthy_nodes_omitted: _Optional[int] = ..., history_windows: _Optional[_Iterable[int]] = ..., latency_cdfs: _Optional[_Iterable[_Union[LatencyCdf, _Mapping]]] = ...) -> None: ...
+    spike_rates: SpikeRates
+    def __init__(self, job_id: _Optional[str] = ..., windows: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeReport, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterPrediction, _Mapping]] = ..., windows_sampled: _Optional[int] = ..., mode: _Optional[str] = ..., imbalance: _Optional[_Iterable[_Union[GroupImbalance, _Mapping]]] = ..., late_windows: _Optional[int] = ..., late_nodes: _Optional[_Iterable[_Union[LateNode, _Mapping]]] = ..., healthy_nodes_omitted: _Optional[int] = ..., history_windows: _Optional[_Iterable[int]] = ..., latency_cdfs: _Optional[_Iterable[_Union[LatencyCdf, _Mapping]]] = ..., spike_rates: _Optional[_Union[SpikeRates, _Mapping]] = ...) -> None: ...
 
 class LateNode(_message.Message):
     __slots__ = ("node", "windows")

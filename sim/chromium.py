@@ -1,10 +1,12 @@
 """Headless Debian ``chromium``, the one way pages are loaded and screenshotted here: the HTML
-report's browser test (tests/test_html_report.py), its benchmark (sim/bench_html.py) and the dashboard preview
-(:mod:`hypertrace.sim.dashboard_preview`).
+report's browser tests (tests/test_html_report.py), its benchmark (sim/bench_html.py) and its
+screenshots (sim/report_screenshots.py), all three through the DevTools pipe of sim/cdp.py, and
+the dashboard preview (:mod:`hypertrace.sim.dashboard_preview`).
 
 Why these flags: ``--no-sandbox`` because tests and ``make`` targets often run as root in a
 container, and the rest keep the browser from reaching out (no background networking, no
-component updates, no first-run page), so a page that loads proves it needs nothing external.
+component updates, no sync, no QUIC, no first-run page), so a page that loads proves it needs
+nothing external. Each run gets a fresh ``--user-data-dir``.
 ``--enable-logging=stderr --v=0`` puts the page's console messages on stderr, where a test can
 read them.
 """
@@ -17,14 +19,25 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--enable-logging=stderr", "--v=0")
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--enable-logging=stderr",
+                  "--v=0")
 
 
 def find_chromium() -> str | None:
     """The chromium executable (Debian's ``chromium``, or ``chromium-browser``), None if absent."""
     return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def chromium_or_say(command: str) -> str | None:
+    """:func:`find_chromium`, or None after telling stderr how to get it (for make targets)."""
+    exe = find_chromium()
+    if exe is None:
+        import sys
+        print(f"{command}: chromium is not installed (Debian package `chromium`; "
+              "tests/install-test-deps.sh installs it)", file=sys.stderr)
+    return exe
 
 
 def screenshot(chromium: str, page: Path, png: Path, width: int, height: int,

@@ -5,7 +5,9 @@
    which one node launches 30% slower;
 3. once every window is acked, run ``hypertrace report`` and print it;
 4. check that the report names exactly the slow node (exit 1 if not);
-5. stop everything it started, also on errors and Ctrl-C.
+5. write the HTML report (``hypertrace report --format html``) to ``demo-report.html`` (``--html``)
+   and print its path;
+6. stop everything it started, also on errors and Ctrl-C.
 
 The analyzer runs with ``--flush-interval 0``: the simulated windows all arrive within a second,
 and scoring only when the report is asked for guarantees that every node's window of an epoch is
@@ -77,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--factor", type=float, default=1.30)
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--seed", type=int, default=2024)
+    ap.add_argument("--html", default="demo-report.html", metavar="FILE",
+                    help="where the HTML report goes (default: demo-report.html here)")
     args = ap.parse_args(argv)
 
     tmp = tempfile.mkdtemp(prefix="hypertrace-demo-")
@@ -115,6 +119,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"demo: no dry-run proposal for {args.slow_node}\n{log.stderr}",
                       file=sys.stderr)
                 return 1
+            page = subprocess.run(CLI + ["report", "--analyzer", target, "--insecure",
+                                         "--format", "html", "-o", args.html],
+                                  text=True, capture_output=True, timeout=60)
+            if page.returncode not in (0, 3):
+                print(f"demo: the HTML report was not written\n{page.stderr}", file=sys.stderr)
+                return 1
+            print("\n== HTML report (open it in a browser; it works offline):\n"
+                  f"{os.path.abspath(args.html)}")
             return 0
         print(f"\n== FAILED: expected exactly [{args.slow_node}] as straggler, got {found}",
               file=sys.stderr)

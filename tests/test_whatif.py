@@ -188,3 +188,21 @@ def test_a_one_node_job_never_gets_an_eviction_prediction():
     assert list(c.evicted_nodes) == []
     assert c.predicted_gain == 0.0 and c.step_time_after_eviction_us == c.step_time_now_us > 0
     assert "no eviction predicted" in c.basis
+
+
+def test_the_step_curve_passes_through_the_measured_what_if_and_grows_with_the_job():
+    """analyzer/whatif_curve.step_curve: at the job's own size it is the measured what-if (now,
+    after); more ranks draw a slower maximum from the ranks' own times, fewer a faster one; and
+    after evicting the slow rank the curve lies below the one with it."""
+    from hypertrace.analyzer import whatif_curve
+    rows = np.arange(8)
+    own = np.array([100.0, 101, 99, 102, 100, 98, 130, 101])
+    epochs = [(rows, np.full(8, 50), np.full(8, 131.0), own)]
+    evict = rows == 6
+    curve = whatif_curve.step_curve(epochs, rows, evict, True, 131.0, 103.0)
+    at = {n: (a, b) for n, a, b in curve}
+    assert at[8] == pytest.approx((131.0, 103.0))
+    sizes = sorted(at)
+    assert all(at[m][0] >= at[n][0] for n, m in zip(sizes, sizes[1:]))
+    assert all(a >= b for a, b in at.values())
+    assert at[1][0] < at[8][0]
