@@ -44,7 +44,7 @@ def add_scoring_flags(p: argparse.ArgumentParser) -> None:
 
 def scoring_config_from_args(args: argparse.Namespace):
     """ScoringConfig from --config plus flag overrides (flags win)."""
-    from hypertrace.analyzer.config import ScoringConfig, load_scoring_config
+    from hypertrace.analyzer.score.config import ScoringConfig, load_scoring_config
 
     overrides = {name: getattr(args, name) for name, _, _ in FLAG_SETTINGS
                  if getattr(args, name, None) is not None}
@@ -77,19 +77,20 @@ def register(subparsers) -> None:
 
 #: The module of the Engine's half of ingest that the workers run (``prepare_windows``): their
 #: fork server imports it, named here so that it starts before this process imports it.
-PREPARE_MODULE = "hypertrace.analyzer.engine"
+PREPARE_MODULE = "hypertrace.analyzer.score.engine"
 
 
 def run(args: argparse.Namespace) -> int:
-    from hypertrace.proto import worker_start
+    from hypertrace.analyzer.scale import worker_start
 
     workers = worker_start.default_workers() if args.workers is None else max(args.workers, 0)
     # the workers' fork server imports their modules on another core while this one does
     worker_start.start_early(args.file, workers, PREPARE_MODULE)
-    from hypertrace.analyzer.config import ConfigError
-    from hypertrace.analyzer.engine import Engine, UnknownJobError, prepare_windows
+    from hypertrace.analyzer.score.config import ConfigError
+    from hypertrace.analyzer.score.engine import Engine, UnknownJobError, prepare_windows
     from hypertrace.cli.report import emit
-    from hypertrace.proto import validate_ahead, wire
+    from hypertrace.analyzer.scale import validate_ahead
+    from hypertrace.proto import wire
 
     try:
         cfg = scoring_config_from_args(args)

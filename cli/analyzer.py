@@ -3,7 +3,7 @@
 Settings come from flags, an optional TOML file (``--config``; keys are the flag names with
 underscores, e.g. ``retention_hours = 72`` or ``z_threshold = 4.0``) and built-in defaults, in
 that order of precedence. Every field of ``ScoringConfig`` is a flag (``--window-seconds``,
-``--min-effect``, ...); see ``hypertrace.analyzer.config`` for what each means.
+``--min-effect``, ...); see ``hypertrace.analyzer.score.config`` for what each means.
 
 On start it prints ``hypertrace analyzer listening on HOST:PORT`` (with the real port when
 ``--listen HOST:0`` asked for any free one) and serves until SIGTERM/SIGINT, then stops cleanly.
@@ -39,7 +39,7 @@ SERVER_KEYS = {"listen": str, "db": str, "retention_hours": float,
 
 
 def _scoring_fields() -> list[dataclasses.Field]:
-    from hypertrace.analyzer.config import ScoringConfig
+    from hypertrace.analyzer.score.config import ScoringConfig
     return list(dataclasses.fields(ScoringConfig))
 
 
@@ -100,7 +100,7 @@ def register(subparsers) -> None:
                    "analyzer's clock (a node with a broken clock; default 300)")
     p.add_argument("--metrics-listen", metavar="HOST:PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off; "
-                   "series and labels: hypertrace.analyzer.metrics, README 'Monitoring')")
+                   "series and labels: hypertrace.analyzer.report.metrics, README 'Monitoring')")
     tls = p.add_argument_group(
         "transport security (mutual TLS; make test files with `hypertrace certs init`)")
     tls.add_argument("--tls-ca", help="PEM of the CA that signs agent and reader certificates")
@@ -118,7 +118,7 @@ def register(subparsers) -> None:
 
 def add_scoring_flags(p: argparse.ArgumentParser) -> None:
     """One flag per ScoringConfig field (the analyzer and the cluster's scoring workers)."""
-    scoring = p.add_argument_group("scoring (see hypertrace.analyzer.config)")
+    scoring = p.add_argument_group("scoring (see hypertrace.analyzer.score.config)")
     for f in _scoring_fields():
         flag = "--" + f.name.replace("_", "-")
         if isinstance(f.default, tuple) or f.default is dataclasses.MISSING:
@@ -131,7 +131,7 @@ def add_scoring_flags(p: argparse.ArgumentParser) -> None:
 def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """(server settings, scoring settings) from defaults < TOML < flags; ValueError on bad keys."""
     scoring_names = [f.name for f in _scoring_fields()]
-    from hypertrace.analyzer.config import read_analyzer_toml
+    from hypertrace.analyzer.score.config import read_analyzer_toml
     file_values = read_analyzer_toml(args.config) if getattr(args, "config", None) else {}
     evict = file_values.pop("evict", {})
     if not isinstance(evict, dict):
@@ -195,9 +195,9 @@ def _check_server_settings(server: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hypertrace.analyzer.config import ConfigError, ScoringConfig
-    from hypertrace.analyzer.server import Analyzer, AnalyzerServer, ServerOptions
-    from hypertrace.analyzer.storage import Storage, StorageError
+    from hypertrace.analyzer.score.config import ConfigError, ScoringConfig
+    from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerOptions
+    from hypertrace.analyzer.store.storage import Storage, StorageError
 
     try:
         server_cfg, scoring_cfg = resolve_settings(args)

@@ -57,10 +57,10 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
-    from hypertrace.analyzer.cluster.jetstream import ClusterError
-    from hypertrace.analyzer.cluster.worker import Worker, WorkerMetrics, WorkerOptions
-    from hypertrace.analyzer.config import ConfigError, ScoringConfig
-    from hypertrace.analyzer.metrics import serve
+    from hypertrace.analyzer.scale.cluster.jetstream import ClusterError
+    from hypertrace.analyzer.scale.cluster.worker import Worker, WorkerMetrics, WorkerOptions
+    from hypertrace.analyzer.score.config import ConfigError, ScoringConfig
+    from hypertrace.analyzer.report.metrics import serve
 
     try:
         values, scoring = resolve(args, {**WORKER_KEYS, **CLUSTER_KEYS},
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         if values["flush_interval"] < 0:
             raise ValueError(f"flush_interval must be >= 0 seconds, got {values['flush_interval']}")
         worker_id = values["worker_id"] or f"{socket.gethostname()}-{os.getpid()}"
-        from hypertrace.analyzer.cluster.subjects import member_key
+        from hypertrace.analyzer.scale.cluster.subjects import member_key
         if not all(c.isalnum() or c in "-_" for c in worker_id):
             raise ValueError(f"worker_id {worker_id!r}: use letters, digits, '-' and '_' (it "
                              f"becomes the key {member_key('ID')!r})")

@@ -67,7 +67,7 @@ def resolve(args: argparse.Namespace, keys: dict[str, Key],
     unknown key."""
     file_values: dict[str, Any] = {}
     if getattr(args, "config", None):
-        from hypertrace.analyzer.config import read_analyzer_toml
+        from hypertrace.analyzer.score.config import read_analyzer_toml
         file_values = read_analyzer_toml(args.config)
     out, scoring = layer(file_values, args, {n: k.default for n, k in keys.items()},
                          scoring_names or [], getattr(args, "config", None))
@@ -89,7 +89,7 @@ def _typed(name: str, value: Any, kind: type) -> Any:
 
 
 def cluster_settings(values: dict[str, Any]) -> Any:
-    from hypertrace.analyzer.cluster.jetstream import ClusterSettings
+    from hypertrace.analyzer.scale.cluster.jetstream import ClusterSettings
     return ClusterSettings(servers=values["nats_servers"], partitions=values["partitions"],
                            replicas=values["replicas"],
                            retention_hours=values["retention_hours"],
@@ -120,7 +120,7 @@ def serve_until_signal(server: Any, command: str, detail: str, close: Callable[[
     ``detail``: what the listening line adds in parentheses."""
     import time
 
-    from hypertrace.analyzer.server import ServerError
+    from hypertrace.analyzer.ingest.server import ServerError
     try:
         port = server.start()
     except ServerError as exc:

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
-    from hypertrace.analyzer.storage import Storage, StorageError
+    from hypertrace.analyzer.store.storage import Storage, StorageError
     from hypertrace.proto import hypertrace_pb2 as pb
     from hypertrace.proto.records import is_binary_name, open_for_write, write_windows
 

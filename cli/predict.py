@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 def _spike_table(ps: list[float], nodes: list[int]) -> list[dict]:
     import numpy as np
 
-    from hypertrace.analyzer.theory import cluster_spike_probability
+    from hypertrace.analyzer.score.theory import cluster_spike_probability
 
     grid = cluster_spike_probability(np.asarray(ps)[:, None], np.asarray(nodes)[None, :])
     return [{"p": p, "n": n, "p_cluster": float(grid[i, j])}
@@ -107,8 +107,8 @@ def _spike_table(ps: list[float], nodes: list[int]) -> list[dict]:
 def _histogram_prediction(args: argparse.Namespace, nodes: list[int]) -> dict:
     import numpy as np
 
-    from hypertrace.analyzer.config import ScoringConfig
-    from hypertrace.analyzer.theory import cluster_spike_probability, expected_max_us
+    from hypertrace.analyzer.score.config import ScoringConfig
+    from hypertrace.analyzer.score.theory import cluster_spike_probability, expected_max_us
     from hypertrace.proto import buckets, wire
     from hypertrace.proto.records import read_windows
 

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 def emit(report, args: argparse.Namespace, command: str) -> int:
     """Write the rendered report to ``--output`` or stdout; the report's exit status, or 2 when
     the file cannot be written."""
-    from hypertrace.analyzer.report_format import exit_status
+    from hypertrace.analyzer.report.report_format import exit_status
     out = render(report, args)
     if not out.endswith("\n"):
         out += "\n"
@@ -89,11 +89,11 @@ def emit(report, args: argparse.Namespace, command: str) -> int:
 def render(report, args: argparse.Namespace) -> str:
     """The report in ``--format``, with ``--only-flagged`` and ``-v`` applied (report and
     analyze share it)."""
-    from hypertrace.analyzer.report_format import only_flagged, report_to_json, report_to_table
+    from hypertrace.analyzer.report.report_format import only_flagged, report_to_json, report_to_table
     if args.format == "json":
         return report_to_json(only_flagged(report) if args.only_flagged else report)
     if args.format == "html":
-        from hypertrace.analyzer.report_html import report_to_html
+        from hypertrace.analyzer.report.report_html import report_to_html
         return report_to_html(only_flagged(report) if args.only_flagged else report)
     return report_to_table(report, verbose=getattr(args, "verbose", 0) > 0,
                            flagged_only=args.only_flagged)

@@ -2,14 +2,14 @@
 
 Why: a detector's numbers mean little without the obvious alternatives run on the very same
 windows. Both baselines consume the same ``NodeWindow`` messages as :class:`Engine`, build the
-same per-epoch cross-section (:mod:`hypertrace.analyzer.cross_section`), and get the same
+same per-epoch cross-section (:mod:`hypertrace.analyzer.score.cross_section`), and get the same
 treatment everywhere except the per-epoch rule, so differences in the benchmark come from the rule
 alone:
 
 * same epoch alignment, same ``min_samples`` / ``min_gpus`` ("insufficient data" is not scored),
 * same per-kind grouping (GPUs are compared only with GPUs of their kind),
 * same persistence (``persist_k`` of ``persist_n`` to convict, ``clear_m`` clean to clear), via
-  :class:`~hypertrace.analyzer.persistence.PersistenceState`.
+  :class:`~hypertrace.analyzer.score.persistence.PersistenceState`.
 
 The rules, per API and epoch, across the GPUs of one job and kind:
 
@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.cross_section import EpochAccumulator, GpuKey, Hists, gpu_label
-from hypertrace.analyzer.engine import EpochResult
-from hypertrace.analyzer.persistence import VERDICT_NAMES, PersistenceState
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.cross_section import EpochAccumulator, GpuKey, Hists, gpu_label
+from hypertrace.analyzer.score.engine import EpochResult
+from hypertrace.analyzer.score.persistence import VERDICT_NAMES, PersistenceState
 from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
 
@@ -87,7 +87,7 @@ def flag_rule(rule: str, values: np.ndarray, kind: str) -> np.ndarray:
 
 
 class BaselineDetector:
-    """Same ``ingest`` / ``flush`` contract as :class:`~hypertrace.analyzer.engine.Engine`
+    """Same ``ingest`` / ``flush`` contract as :class:`~hypertrace.analyzer.score.engine.Engine`
     (offline flush only), with a baseline rule in place of hypertrace's scoring."""
 
     def __init__(self, rule: str, config: ScoringConfig = ScoringConfig()):

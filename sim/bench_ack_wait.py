@@ -5,7 +5,7 @@ stored windows to the Engine (every second, seconds of Python after a 16,384-age
 scores them. An event loop that comes back from its sockets must get the GIL back each time; with
 Python's default 5 ms switch interval a CPU-bound thread holds it that long at every turn, so
 acks can queue behind the feed. The analyzer hands the GIL over every ``FEED_YIELD_EVERY``
-windows of the feed and runs with a 0.5 ms switch interval (analyzer/server.py).
+windows of the feed and runs with a 0.5 ms switch interval (analyzer/ingest/server.py).
 
 What runs: an analyzer server **subprocess** (real gRPC, real SQLite, no scoring) whose Engine
 queue is refilled with ``--feed`` windows every ``--every`` seconds (what a burst leaves to feed);
@@ -34,8 +34,8 @@ SETTINGS = {"analyzer": (None, None), "python defaults": (10**9, 0.005)}
 def serve(db: str, yield_every: int | None, switch_s: float | None, feed: int,
           every: float) -> None:
     """The server side: an AnalyzerServer whose Engine queue is refilled periodically."""
-    from hypertrace.analyzer import server as srv
-    from hypertrace.analyzer.storage import Storage
+    from hypertrace.analyzer.ingest import server as srv
+    from hypertrace.analyzer.store.storage import Storage
 
     if yield_every is not None:
         srv.FEED_YIELD_EVERY = yield_every

@@ -4,7 +4,7 @@ another source tree.
 
 Why: ``bench_ingest`` measures each phase's CPU in one process; ``analyze`` reads a large
 ``.pb`` file with worker processes that validate and accumulate its windows while the reader
-registers GPUs and scores (proto/validate_ahead.py). Its time depends on how the work divides
+registers GPUs and scores (analyzer/scale/validate_ahead.py). Its time depends on how the work divides
 between them and on free cores, so this reports the reader's and the workers' CPU beside the
 wall time (on a busy machine the wall time also holds the wait for a core).
 
@@ -38,7 +38,7 @@ class _ChunkClock:
     without importing the Engine before ``analyze`` does (its import is part of the start):
     the method is wrapped as the module is first imported, in whichever tree is measured."""
 
-    MODULE = "hypertrace.analyzer.engine"
+    MODULE = "hypertrace.analyzer.score.engine"
 
     def __init__(self, t0: float):
         self.t0 = t0

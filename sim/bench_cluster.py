@@ -47,8 +47,8 @@ def cpu_s(pid: int) -> float:
 
 def in_process() -> list[tuple[str, float, float, float]]:
     """(APIs, worker µs per window, ms per scored epoch, replay seconds per hour) at 16k GPUs."""
-    from hypertrace.analyzer.cluster.partition import PartitionScorer
-    from hypertrace.analyzer.config import ScoringConfig
+    from hypertrace.analyzer.scale.cluster.partition import PartitionScorer
+    from hypertrace.analyzer.score.config import ScoringConfig
     from hypertrace.proto import hypertrace_pb2 as pb
     from hypertrace.sim.synthetic import job_windows
     out = []

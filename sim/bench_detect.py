@@ -53,8 +53,8 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from hypertrace.sim import scenarios
-from hypertrace.analyzer.auto_groups import NO_STEP_NAME
-from hypertrace.analyzer.config import ScoringConfig
+from hypertrace.analyzer.score.auto_groups import NO_STEP_NAME
+from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.cli.progress import Progress
 
 METHODS = ("hypertrace", "mean3sigma", "nvrx")
@@ -176,7 +176,7 @@ def run_one(scenario: str, gpus: int, windows: int, seed: int,
             methods: tuple[str, ...] = METHODS) -> RunResult:
     """Simulate one job and score it with every method, on the same windows."""
     from hypertrace.sim.baselines import BaselineDetector
-    from hypertrace.analyzer.engine import Engine
+    from hypertrace.analyzer.score.engine import Engine
     from hypertrace.sim.simulate import generate, true_slowdown, true_step_ms
 
     sc = scenarios.get(scenario)
@@ -237,7 +237,7 @@ _QUOTED_SHARE = re.compile(r"about ([+-]\d+(?:\.\d+)?)% of a step")
 def _step_terms(report, cfg, res: RunResult, true_step_ms) -> None:
     """The injected nodes' final verdicts and quoted step shares, and the what-if against the
     simulator's true step of the remaining ranks."""
-    from hypertrace.analyzer.theory import STEP_BASES
+    from hypertrace.analyzer.score.theory import STEP_BASES
     for job in report.jobs:
         for node in job.nodes:
             if node.node in res.truth:
@@ -509,7 +509,7 @@ WHATIF_TOLERANCE = 0.05
 def _step_terms_checks(by_scn: dict[str, list[RunResult]]) -> list[tuple[str, bool, str]]:
     """Checks of verdicts that clear, effects in step terms and the what-if (all held-out
     runs of the given scenarios)."""
-    from hypertrace.analyzer.config import ScoringConfig
+    from hypertrace.analyzer.score.config import ScoringConfig
     out: list[tuple[str, bool, str]] = []
     clear_m = ScoringConfig().clear_m
     rs = by_scn.get("recover-hiccup", [])

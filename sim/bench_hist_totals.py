@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from hypertrace.analyzer.hist_wire import parse_histograms
+from hypertrace.analyzer.score.hist_wire import parse_histograms
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import records
 

@@ -35,7 +35,7 @@ def scored_report(gpus: int, windows: int, seed: int = 1):
     each epoch scored as soon as its nodes are in."""
     import dataclasses
 
-    from hypertrace.analyzer.engine import Engine
+    from hypertrace.analyzer.score.engine import Engine
     from hypertrace.sim.simulate import SimConfig, Straggler, generate
 
     first = SimConfig(gpus=gpus, windows=min(windows, CHUNK), seed=seed,
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     chromium = chromium_or_say("bench-html")
     if chromium is None:
         return 2
-    from hypertrace.analyzer.report_html import report_to_html
+    from hypertrace.analyzer.report.report_html import report_to_html
     from hypertrace.sim.cdp import Browser
     from hypertrace.sim.machine import cpu_model
     from hypertrace.sim.report_html_v1 import report_to_html as v1_html

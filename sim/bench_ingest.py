@@ -30,8 +30,8 @@ PHASES = ("parse", "validate", "ingest", "score", "report")
 
 def phases(path: str) -> dict:
     """CPU seconds of each phase over ``path``, and a digest of the report (this process)."""
-    from hypertrace.analyzer.engine import Engine
-    from hypertrace.analyzer.report_format import report_to_table
+    from hypertrace.analyzer.score.engine import Engine
+    from hypertrace.analyzer.report.report_format import report_to_table
     from hypertrace.proto import records, wire
 
     clock = time.process_time

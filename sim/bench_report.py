@@ -4,7 +4,7 @@ What is timed: :meth:`Engine.report` of one job, brief (what the evictor reads b
 and the metrics endpoint every refresh: flagged nodes in full, the others by name and verdict)
 and full (``hypertrace report``), after ``--epochs`` scored epochs. Both carry the cluster
 prediction, whose what-if reads every rank's recent steps and own time per step
-(:func:`hypertrace.analyzer.theory.what_if_step`).
+(:func:`hypertrace.analyzer.score.theory.what_if_step`).
 
 The windows are the simulator's (:mod:`hypertrace.sim.simulate`, as ``make bench-scale`` sends
 them): step sums, busy times and waits on the own GPU, as real agents send. One node of each
@@ -28,8 +28,8 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
-from hypertrace.analyzer.config import ScoringConfig  # noqa: E402
-from hypertrace.analyzer.engine import Engine  # noqa: E402
+from hypertrace.analyzer.score.config import ScoringConfig  # noqa: E402
+from hypertrace.analyzer.score.engine import Engine  # noqa: E402
 from hypertrace.sim.bench_scoring import machine_info  # noqa: E402
 from hypertrace.sim.scale_load import node_name  # noqa: E402
 from hypertrace.sim.simulate import SimConfig, Straggler, generate  # noqa: E402

@@ -97,8 +97,8 @@ def _older_history(db: Path, cfg, older: int) -> tuple[int, float]:
     written, seconds)."""
     import dataclasses
     import sqlite3
-    from hypertrace.analyzer import blocks
-    from hypertrace.analyzer.storage import Storage, window_digest
+    from hypertrace.analyzer.store import blocks
+    from hypertrace.analyzer.store.storage import Storage, window_digest
     from hypertrace.sim.simulate import generate
     t0 = time.monotonic()
     win_ns = int(round(cfg.window_seconds * 1e9))
@@ -162,8 +162,8 @@ def _restart(db: Path, now_ns: int, use_snapshot: bool, out) -> None:
     import logging
     logging.getLogger("hypertrace").setLevel(logging.ERROR)
     t0 = time.monotonic()
-    from hypertrace.analyzer.server import Analyzer
-    from hypertrace.analyzer.storage import Storage
+    from hypertrace.analyzer.ingest.server import Analyzer
+    from hypertrace.analyzer.store.storage import Storage
     storage = Storage.open(db, synchronous="NORMAL")
     a = Analyzer(storage)
     n = a.resume(use_snapshot=use_snapshot)
@@ -218,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     import logging
     logging.getLogger("hypertrace").setLevel(logging.ERROR)
 
-    from hypertrace.analyzer.server import Analyzer
-    from hypertrace.analyzer.storage import COMPACT_AFTER_S, Storage
+    from hypertrace.analyzer.ingest.server import Analyzer
+    from hypertrace.analyzer.store.storage import COMPACT_AFTER_S, Storage
     from hypertrace.sim import scenarios
 
     cfg = scenarios.get("host-10").config(args.gpus, windows=args.windows, seed=args.seed)

@@ -49,10 +49,10 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from hypertrace.analyzer.config import KNOWN_STATS, ScoringConfig  # noqa: E402
-from hypertrace.analyzer.cross_section import CrossSection  # noqa: E402
-from hypertrace.analyzer.engine import Engine  # noqa: E402
-from hypertrace.analyzer.scoring import (HostLayout, sampling_se_us, score_hosts,  # noqa: E402
+from hypertrace.analyzer.score.config import KNOWN_STATS, ScoringConfig  # noqa: E402
+from hypertrace.analyzer.score.cross_section import CrossSection  # noqa: E402
+from hypertrace.analyzer.score.engine import Engine  # noqa: E402
+from hypertrace.analyzer.score.scoring import (HostLayout, sampling_se_us, score_hosts,  # noqa: E402
                                          score_values)
 from hypertrace.sim.machine import cpu_model  # noqa: E402
 from hypertrace.sim.scoring_floor import floor_flags  # noqa: E402

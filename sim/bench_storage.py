@@ -93,7 +93,7 @@ CREATE INDEX windows_end ON windows (end_ns);
 
 def _schema3_copy(src: Path, dst: Path) -> None:
     """The windows of ``src`` as schema 3 stored them: same rows, plain zlib-1 payloads."""
-    from hypertrace.analyzer.storage import decode_payload
+    from hypertrace.analyzer.store.storage import decode_payload
     conn = sqlite3.connect(dst, isolation_level=None)
     conn.execute("PRAGMA page_size = 4096")
     conn.execute("PRAGMA journal_mode = WAL")
@@ -125,7 +125,7 @@ def _histograms(p):
 def _codecs(windows: list) -> list[tuple[str, float, float]]:
     """(codec, mean bytes per window, µs per window) for the same windows: what the stored
     payload could be, down to the floor of its histogram counts compressed alone."""
-    from hypertrace.analyzer.storage import encode_payload
+    from hypertrace.analyzer.store.storage import encode_payload
     from hypertrace.proto import hypertrace_pb2 as pb
     raws = [w.SerializeToString() for w in windows]
     rest, counts = [], []
@@ -140,7 +140,7 @@ def _codecs(windows: list) -> list[tuple[str, float, float]]:
         rest.append(m.SerializeToString())
         counts.append(pb.Histogram(counts=c).SerializeToString())
     out = []
-    from hypertrace.analyzer import blocks
+    from hypertrace.analyzer.store import blocks
     by_end: dict[int, list[tuple[int, bytes]]] = {}
     for i, (w, raw) in enumerate(zip(windows, raws)):
         by_end.setdefault(w.end.ToNanoseconds(), []).append((i, raw))
@@ -148,7 +148,7 @@ def _codecs(windows: list) -> list[tuple[str, float, float]]:
     blobs = [blocks.encode(g) for g in by_end.values()]
     block_s = time.perf_counter() - t
     block_b = sum(len(b) for b in blobs)
-    # the block's streams (analyzer/blocks.py, "Layout"): their lengths follow the magic
+    # the block's streams (analyzer/store/blocks.py, "Layout"): their lengths follow the magic
     streams = [sum(x) for x in zip(*(struct.unpack_from("<4I", b, 3) for b in blobs))]
     for name, fn, data in (
             ("wire bytes", lambda b: b, raws),
@@ -183,7 +183,7 @@ def _compare_blocks(windows: list, tree: str, rounds: int) -> list[tuple[str, fl
     """Side by side on the same epochs, alternating base and head ``rounds`` times: (side, bytes
     per window, encode ms per window, decode ms per window) of the epoch blocks, each block
     decoded by its own side's code and checked to give back its windows' exact bytes."""
-    from hypertrace.analyzer import blocks
+    from hypertrace.analyzer.store import blocks
     sides = {"base": _load_blocks(tree), "head": blocks}
     by_end: dict[int, list[tuple[int, bytes]]] = {}
     for i, w in enumerate(windows):
@@ -227,10 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     import logging
     logging.getLogger("hypertrace").setLevel(logging.ERROR)
 
-    from hypertrace.analyzer import summaries
-    from hypertrace.analyzer.server import Analyzer
-    from hypertrace.analyzer.server import RETENTION_EVERY_S
-    from hypertrace.analyzer.storage import COMPACT_AFTER_S, Storage
+    from hypertrace.analyzer.store import summaries
+    from hypertrace.analyzer.ingest.server import Analyzer
+    from hypertrace.analyzer.ingest.server import RETENTION_EVERY_S
+    from hypertrace.analyzer.store.storage import COMPACT_AFTER_S, Storage
     from hypertrace.sim import scenarios
     from hypertrace.sim.simulate import generate
 

@@ -9,7 +9,7 @@ Whether that pays enough to rewrite the analyzer's server on it is measured here
 of a window's work held equal, before anyone rewrites it.
 
 Each side is a server **subprocess** whose Ingest handler parses the window, stores it durably in
-a real :class:`~hypertrace.analyzer.storage.Storage` (SQLite, ``synchronous=FULL``, group commit,
+a real :class:`~hypertrace.analyzer.store.storage.Storage` (SQLite, ``synchronous=FULL``, group commit,
 payload compression) and acks it after the commit, so exactly-once holds on both:
 
 * ``sync``: ``grpc.server`` with a thread pool, a worker thread per stream (the analyzer's
@@ -41,7 +41,7 @@ from typing import AsyncIterator, Iterator
 
 import numpy as np
 
-from hypertrace.analyzer.storage import Storage
+from hypertrace.analyzer.store.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import INGEST_SERVICE
 from hypertrace.sim.bench_scale import ScaleConfig, machine_info, make_pool, read_proc
@@ -82,10 +82,10 @@ def serve_sync(db: str, workers: int) -> None:
 
 def serve_aio(db: str, workers: int) -> None:
     """One event loop for every stream; accepted windows stored in groups by the analyzer's own
-    store queue (analyzer/server.py: one hop to the store's thread per group)."""
+    store queue (analyzer/ingest/server.py: one hop to the store's thread per group)."""
     import grpc
 
-    from hypertrace.analyzer.server import Analyzer, _Refused, _StoreQueue
+    from hypertrace.analyzer.ingest.server import Analyzer, _Refused, _StoreQueue
 
     storage = Storage.open(db)
     pool = futures.ThreadPoolExecutor(max_workers=1)     # one group at a time

@@ -92,8 +92,8 @@ def fuzz_ingest(n: int, rng: np.random.Generator, seeds: list[bytes],
     """(status name -> count, unexpected, report still served)."""
     import grpc
 
-    from hypertrace.analyzer.server import Analyzer, AnalyzerServer, ServerOptions
-    from hypertrace.analyzer.storage import Storage
+    from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerOptions
+    from hypertrace.analyzer.store.storage import Storage
     from hypertrace.proto import hypertrace_pb2 as pb
     from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc
     from hypertrace.proto.wire import STREAM_METHOD

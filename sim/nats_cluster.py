@@ -4,7 +4,7 @@ tests/install-test-deps.sh).
 
 Each node's config carries the subject mapping the cluster mode needs (deterministic
 partitioning of ``ht.w.<job>`` into ``ht.p.<n>.<job>``), written by the product's own
-:func:`hypertrace.analyzer.cluster.subjects.server_mapping` so the test runs what the docs
+:func:`hypertrace.analyzer.scale.cluster.subjects.server_mapping` so the test runs what the docs
 tell operators to write. Nodes are stopped by their pids (never by name).
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ class NatsCluster:
         return [f"nats://127.0.0.1:{p}" for p in self.client_ports.values()]
 
     def _conf(self, name: str) -> Path:
-        from hypertrace.analyzer.cluster.subjects import server_mapping
+        from hypertrace.analyzer.scale.cluster.subjects import server_mapping
         routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in self.route_ports.values())
         conf = self.dir / f"{name}.conf"
         conf.write_text(

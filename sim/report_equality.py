@@ -27,8 +27,8 @@ CHUNK = 64
 
 def digests(paths: list[str]) -> dict[str, list[str]]:
     """``{"FILE (mode)": [digest per part]}`` with this process's code."""
-    from hypertrace.analyzer import engine as engine_module
-    from hypertrace.analyzer.report_format import report_to_json, report_to_table
+    from hypertrace.analyzer.score import engine as engine_module
+    from hypertrace.analyzer.report.report_format import report_to_json, report_to_table
     from hypertrace.proto import records
 
     modes = ["window by window"]

@@ -1,4 +1,4 @@
-"""The HTML report as it was before the SVG page (analyzer/report_html.py): the report's JSON
+"""The HTML report as it was before the SVG page (analyzer/report/report_html.py): the report's JSON
 drawn on ``<canvas>`` by an inline script. Kept, unchanged but for this docstring, as the
 baseline ``make bench-html`` measures the page against (size and time to render); nothing else
 uses it.
@@ -133,7 +133,7 @@ def _what_if(job: pb.JobReport) -> str:
 
 
 def _evidence(job: pb.JobReport) -> str:
-    from hypertrace.analyzer.report_format import evidence_words
+    from hypertrace.analyzer.report.report_format import evidence_words
     rows = []
     for n in job.nodes:
         for g in n.gpus:

@@ -73,7 +73,7 @@ def digest(page: str) -> str:
 
 def page(nodes: int, windows: int = WINDOWS) -> str:
     """The report page of the simulated ``nodes``-node job (module docstring)."""
-    from hypertrace.analyzer.report_html import report_to_html
+    from hypertrace.analyzer.report.report_html import report_to_html
     from hypertrace.sim.bench_html import scored_report
 
     report = scored_report(nodes * 8, windows)

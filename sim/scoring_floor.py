@@ -2,7 +2,7 @@
 
 Why: "fast" needs a reference that is not the code itself. This is the same core statistics the
 analyzer computes, done the simplest fast way in numpy on the same ingested data (the
-epoch's :class:`~hypertrace.analyzer.cross_section.EpochAccumulator`, read by :func:`raw_histograms`),
+epoch's :class:`~hypertrace.analyzer.score.cross_section.EpochAccumulator`, read by :func:`raw_histograms`),
 with nothing else:
 
 * per API, the dense bucket-major (K, G) count matrix of the buckets that hold data, built from
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hypertrace.analyzer.config import KNOWN_STATS, ScoringConfig
-from hypertrace.analyzer.cross_section import EpochAccumulator
+from hypertrace.analyzer.score.config import KNOWN_STATS, ScoringConfig
+from hypertrace.analyzer.score.cross_section import EpochAccumulator
 from hypertrace.proto import buckets
 
 

@@ -65,7 +65,7 @@ The model (all latencies per GPU, per window, per API):
   stages; the last one does ``stage_load`` more work on the host and GPU side by design, and the
   windows name each rank's stage (``ProcessWindow.group``) unless ``stage_labels`` is False. The
   last stage also launches ``stage_calls`` more kernels per step (other layers: the loss head);
-  that is what lets the analyzer find unlabeled stages (analyzer/auto_groups.py).
+  that is what lets the analyzer find unlabeled stages (analyzer/score/auto_groups.py).
 * **Second modes (spikes that are not stragglers).** ``Burst`` adds, in given windows of given
   nodes, a share ``frac`` of calls drawn from the same lognormal at ``scale`` x the median (a GC
   pause, a cold storage read). :func:`burst_matrices` turns periodic GC (``gc_period`` windows, each

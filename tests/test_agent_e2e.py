@@ -382,7 +382,7 @@ SLICE_LINE = re.compile(r"slice in window (\d+) at \+([\d.]+) s \(planned \+([\d
 
 def _stored_windows(db: Path, agent_id: str) -> list:
     """The NodeWindows the analyzer stored for one agent, in seq order (read-only)."""
-    from hypertrace.analyzer.storage import Storage
+    from hypertrace.analyzer.store.storage import Storage
 
     storage = Storage.open_read_only(db)
     try:

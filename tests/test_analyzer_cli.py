@@ -28,7 +28,7 @@ def test_bad_toml_value_type_exits_2(tmp_path, capsys):
 
 def test_one_toml_serves_analyzer_and_analyze(tmp_path, capsys):
     """Scoring keys in a [scoring] table and server keys at the top level: both commands read it."""
-    from hypertrace.analyzer.config import load_scoring_config
+    from hypertrace.analyzer.score.config import load_scoring_config
     from hypertrace.cli.analyzer import resolve_settings
     from hypertrace.cli.main import build_parser
     cfg = tmp_path / "analyzer.toml"

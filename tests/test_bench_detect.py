@@ -168,7 +168,7 @@ def test_loops_as_they_run_need_recall_within_6_windows_and_no_false_straggler()
 def test_an_unlabelled_pipeline_without_steps_must_be_named_a_possible_pipeline():
     """_stage_found: without step data the imbalance must name the stage a possible pipeline
     stage; with step data any imbalance of the stage's size counts."""
-    from hypertrace.analyzer.auto_groups import NO_STEP_NAME
+    from hypertrace.analyzer.score.auto_groups import NO_STEP_NAME
     from hypertrace.proto import hypertrace_pb2 as pb
     from hypertrace.sim import scenarios
     cfg = scenarios.get("pipeline-8-unlabeled-nostep").config(64, 8, 2, 0)

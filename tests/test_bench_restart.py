@@ -17,7 +17,7 @@ def test_an_older_history_written_as_blocks_restarts_to_the_live_verdicts(capsys
 
 
 def test_the_older_history_has_the_rows_and_ids_of_stored_windows(tmp_path):
-    from hypertrace.analyzer.storage import Storage
+    from hypertrace.analyzer.store.storage import Storage
     from hypertrace.sim import scenarios
     cfg = scenarios.get("host-10").config(64, windows=3, seed=7)
     db = tmp_path / "h.db"

@@ -169,7 +169,7 @@ def test_windows_moved_into_blocks_still_count_as_stored(tmp_path):
 
     import numpy as np
 
-    from hypertrace.analyzer.storage import Storage
+    from hypertrace.analyzer.store.storage import Storage
     from hypertrace.sim.bench_scale import _compacted_rows
     from hypertrace.sim.simulate import SimConfig, generate
 

@@ -6,10 +6,10 @@ evictor's policy judges it the same and the metrics' series are the same.
 """
 from __future__ import annotations
 
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.engine import Engine
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.engine import Engine
 from hypertrace.analyzer.evict.policy import EvictPolicy, judge
-from hypertrace.analyzer.metrics import gpu_series
+from hypertrace.analyzer.report.metrics import gpu_series
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
 

@@ -1,4 +1,4 @@
-"""Window checks in worker processes (analyzer/check_process.py), over real localhost gRPC.
+"""Window checks in worker processes (analyzer/scale/check_process.py), over real localhost gRPC.
 
 A server whose windows are checked by checker processes answers every input (valid windows,
 windows with a bad process entry, junk bytes, oversize messages, an unknown version, a clock far
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import grpc
 
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.server import Analyzer, AnalyzerServer, ServerOptions
-from hypertrace.analyzer.storage import Storage
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerOptions
+from hypertrace.analyzer.store.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import MAX_WINDOW_BYTES
 from hypertrace.sim.simulate import SimConfig, generate

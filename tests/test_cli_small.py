@@ -147,7 +147,7 @@ def test_a_budget_can_be_written_as_a_percentage(tmp_path):
 
 
 def test_counts_are_singular_when_one():
-    from hypertrace.analyzer.report_format import plural
+    from hypertrace.analyzer.report.report_format import plural
     assert plural(1, "node") == "1 node" and plural(2, "node") == "2 nodes"
     assert plural(16384, "GPU") == "16,384 GPUs"
 

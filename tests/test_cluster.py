@@ -115,7 +115,7 @@ def _nats(cluster, fn):
     while leaders move after a server's loss."""
     import nats
 
-    from hypertrace.analyzer.cluster.jetstream import retry
+    from hypertrace.analyzer.scale.cluster.jetstream import retry
 
     async def go():
         nc = await nats.connect(servers=cluster.urls, max_reconnect_attempts=-1,
@@ -142,7 +142,7 @@ def _owners(cluster) -> dict[int, str]:
 
 def _results(cluster) -> tuple[dict[tuple[str, int], dict], int, int]:
     """((job, epoch) -> verdicts), and the results stream's message count and last sequence."""
-    from hypertrace.analyzer.cluster.records import StoredResult
+    from hypertrace.analyzer.scale.cluster.records import StoredResult
 
     async def read(js):
         kv = await js.key_value("ht-results")
@@ -166,10 +166,10 @@ def _report(edge: str) -> dict:
 def _single_process(by_epoch, tmp_path: Path):
     """The single-process analyzer (real SQLite storage) fed the same windows, scoring after
     phase 1 and at the end; returns ((job, epoch) -> verdicts, its final report)."""
-    from hypertrace.analyzer.config import ScoringConfig
-    from hypertrace.analyzer.engine import Engine
-    from hypertrace.analyzer.server import Analyzer
-    from hypertrace.analyzer.storage import Storage
+    from hypertrace.analyzer.score.config import ScoringConfig
+    from hypertrace.analyzer.score.engine import Engine
+    from hypertrace.analyzer.ingest.server import Analyzer
+    from hypertrace.analyzer.store.storage import Storage
 
     scored: dict[tuple[str, int], dict] = {}
 
@@ -190,7 +190,7 @@ def _single_process(by_epoch, tmp_path: Path):
                 for w in by_epoch[e]:
                     analyzer.ingest(w, w.SerializeToString())
             analyzer.flush(time.time_ns())
-        from hypertrace.analyzer.report_format import report_to_json
+        from hypertrace.analyzer.report.report_format import report_to_json
         report = json.loads(report_to_json(analyzer.report()))
     finally:
         storage.close()

@@ -13,13 +13,13 @@ import sys
 
 import pytest
 
-from hypertrace.analyzer.cluster import subjects
-from hypertrace.analyzer.cluster.dedupe import SeqRuns, SeenWindows
-from hypertrace.analyzer.cluster.edge import split_by_job
-from hypertrace.analyzer.cluster.partition import PartitionScorer
-from hypertrace.analyzer.cluster.records import StoredResult
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.engine import Engine
+from hypertrace.analyzer.scale.cluster import subjects
+from hypertrace.analyzer.scale.cluster.dedupe import SeqRuns, SeenWindows
+from hypertrace.analyzer.scale.cluster.edge import split_by_job
+from hypertrace.analyzer.scale.cluster.partition import PartitionScorer
+from hypertrace.analyzer.scale.cluster.records import StoredResult
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.engine import Engine
 from hypertrace.sim.synthetic import job_windows
 
 CLI = [sys.executable, "-m", "hypertrace.cli.main"]

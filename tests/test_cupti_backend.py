@@ -433,7 +433,7 @@ def _state(path: Path) -> dict:
 
 
 def _stored(db: Path) -> list[pb.NodeWindow]:
-    from hypertrace.analyzer.storage import Storage
+    from hypertrace.analyzer.store.storage import Storage
     st = Storage.open(db)
     try:
         return [s.message() for s in st.iter_windows()]

@@ -1,4 +1,4 @@
-"""The Engine in a worker process of its own (analyzer/engine_process.py), on real SQLite files.
+"""The Engine in a worker process of its own (analyzer/scale/engine_process.py), on real SQLite files.
 
 Scored in the worker, windows give the same results, reports, job lists, late marks and
 snapshots as with the Engine in the analyzer's process; a worker killed mid-run (with windows
@@ -16,10 +16,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.engine_process import EngineProcess, WorkerUnavailable
-from hypertrace.analyzer.server import Analyzer, AnalyzerServer, ServerOptions
-from hypertrace.analyzer.storage import Storage
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.scale.engine_process import EngineProcess, WorkerUnavailable
+from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerOptions
+from hypertrace.analyzer.store.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc
 from hypertrace.sim.simulate import SimConfig, Straggler, generate

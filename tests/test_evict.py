@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.engine import Engine
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.engine import Engine
 from hypertrace.analyzer.evict.audit import Audit
 from hypertrace.analyzer.evict.backends import ExecBackend, NoBackend, Retry
 from hypertrace.analyzer.evict.evictor import Evictor, NodeMap
@@ -274,7 +274,7 @@ def test_slurm_dry_run_drain_undo_and_a_node_drained_by_hand(tmp_path, slurm, on
                                                            monkeypatch, capsys):
     from hypertrace.analyzer.evict.evictor import from_settings
     from hypertrace.cli.main import main
-    from hypertrace.analyzer.config import read_analyzer_toml
+    from hypertrace.analyzer.score.config import read_analyzer_toml
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     db = str(tmp_path / "a.db")
     # dry-run: proposed for n2, nothing changed in sinfo

@@ -6,9 +6,9 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.server import Analyzer, AnalyzerServer, ServerOptions
-from hypertrace.analyzer.storage import Storage
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerOptions
+from hypertrace.analyzer.store.storage import Storage
 
 
 def _get(port: int, path: str) -> tuple[int, str]:

@@ -1,4 +1,4 @@
-"""analyzer/hist_wire.py decodes serialized Histogram messages exactly as the protobuf runtime
+"""analyzer/score/hist_wire.py decodes serialized Histogram messages exactly as the protobuf runtime
 reads them: first buckets, lengths and every count, including counts that take several varint
 bytes, empty histograms, a zero first bucket, and messages carrying fields it does not know."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ from array import array
 
 import numpy as np
 
-from hypertrace.analyzer.cross_section import _Flat
-from hypertrace.analyzer.hist_wire import parse_histograms
+from hypertrace.analyzer.score.cross_section import _Flat
+from hypertrace.analyzer.score.hist_wire import parse_histograms
 from hypertrace.proto import hypertrace_pb2 as pb
 
 

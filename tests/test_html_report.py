@@ -17,7 +17,7 @@ import pytest
 from conftest import missing_prerequisite
 from png_pixels import Image, close, hex_rgb
 
-from hypertrace.analyzer import report_html
+from hypertrace.analyzer.report import report_html
 from hypertrace.cli.main import main
 from hypertrace.proto.wire import write_jsonl
 from hypertrace.sim.cdp import Browser

@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from hypertrace.analyzer import report_html
+from hypertrace.analyzer.report import report_html
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.sim import report_screenshots
 

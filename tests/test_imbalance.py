@@ -1,4 +1,4 @@
-"""Workload groups: peer classes and whole-group deviations (analyzer/imbalance.py), and the
+"""Workload groups: peer classes and whole-group deviations (analyzer/score/imbalance.py), and the
 engine end to end on a simulated pipeline job."""
 from dataclasses import replace
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from hypertrace.sim import scenarios, simulate
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.engine import Engine
-from hypertrace.analyzer.imbalance import ImbalanceTracker, group_deviations, peer_classes
-from hypertrace.analyzer.report_format import exit_status, report_to_table
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.engine import Engine
+from hypertrace.analyzer.score.imbalance import ImbalanceTracker, group_deviations, peer_classes
+from hypertrace.analyzer.report.report_format import exit_status, report_to_table
 
 
 def test_peer_classes_split_by_kind_and_group_and_fold_small_groups():
@@ -101,7 +101,7 @@ def test_an_unnamed_stage_that_launches_other_kernels_is_found_and_reported_as_i
 
 
 def test_launches_per_step_split_only_where_programs_differ():
-    from hypertrace.analyzer.auto_groups import SPLIT_GAP, calls_per_step, partition
+    from hypertrace.analyzer.score.auto_groups import SPLIT_GAP, calls_per_step, partition
     # calls per step = calls per attached second x the typical step
     cps = calls_per_step(np.array([1000.0, 100.0, 1000.0]), np.array([1.0, 1.0, 0.0]),
                          np.array([100_000.0, 100_000.0, 100_000.0]))
@@ -119,7 +119,7 @@ def test_launches_per_step_split_only_where_programs_differ():
 
 
 def test_found_groups_are_adopted_only_after_persist_k_epochs_and_keep_their_names():
-    from hypertrace.analyzer.auto_groups import AutoGroups
+    from hypertrace.analyzer.score.auto_groups import AutoGroups
     cps = np.r_[np.full(24, 1000.0), np.full(8, 1400.0)]
     rows = np.arange(32)
     g = AutoGroups()
@@ -137,7 +137,7 @@ def test_found_groups_are_adopted_only_after_persist_k_epochs_and_keep_their_nam
 def test_an_epoch_is_scored_by_the_partition_it_read_before_the_partition_is_adopted():
     """The stage's GPUs must never be compared with the whole job, not even in the epochs
     before the partition persisted (they convicted healthy last-stage GPUs there)."""
-    from hypertrace.analyzer.auto_groups import AutoGroups
+    from hypertrace.analyzer.score.auto_groups import AutoGroups
     cps = np.r_[np.full(24, 1000.0), np.full(8, 1400.0)]
     rows = np.arange(32)
     g = AutoGroups()
@@ -189,7 +189,7 @@ def test_without_step_data_its_last_stage_was_convicted_when_no_groups_are_found
 
 
 def test_stage_shaped_groups_are_whole_hosts_that_launch_more_than_the_largest():
-    from hypertrace.analyzer.auto_groups import stage_shaped
+    from hypertrace.analyzer.score.auto_groups import stage_shaped
     hosts = np.repeat(np.arange(8), 4)                 # 8 hosts of 4 GPUs
     rates = np.r_[np.full(28, 1000.0), np.full(4, 1300.0)]
     codes = np.r_[np.zeros(28, int), np.ones(4, int)]
@@ -210,7 +210,7 @@ def test_stage_shaped_groups_are_whole_hosts_that_launch_more_than_the_largest()
 def test_a_slow_group_of_an_independent_job_without_steps_is_not_a_stage():
     """Without step data, launch rates split 4 slow hosts off (they launch 30% less per
     second): not stage-shaped, so no group is made and nothing hides them as imbalance."""
-    from hypertrace.analyzer.auto_groups import AutoGroups, launch_rates
+    from hypertrace.analyzer.score.auto_groups import AutoGroups, launch_rates
     rates = launch_rates(np.r_[np.full(28, 2000.0), np.full(4, 1400.0)], np.full(32, 2.0))
     hosts = np.repeat(np.arange(8), 4)
     g = AutoGroups()

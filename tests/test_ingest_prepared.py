@@ -13,10 +13,11 @@ import pickle
 import numpy as np
 import pytest
 
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.engine import Engine, PreparedWindows, prepare_windows
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.engine import Engine, PreparedWindows, prepare_windows
 from hypertrace.proto import hypertrace_pb2 as pb
-from hypertrace.proto import records, validate_ahead
+from hypertrace.proto import records
+from hypertrace.analyzer.scale import validate_ahead
 from hypertrace.sim.simulate import SimConfig, generate
 
 CFG = ScoringConfig()
@@ -169,7 +170,7 @@ def test_a_reader_that_stops_early_leaves_no_handoff_files(tmp_path, monkeypatch
 def test_histograms_come_out_in_the_order_added_decoded_ahead_or_not():
     """An accumulator fed window by window and by decoded chunks in turn gives its histograms
     back in the order they came (what merges several windows of a GPU rely on)."""
-    from hypertrace.analyzer.cross_section import _Flat
+    from hypertrace.analyzer.score.cross_section import _Flat
     hist = lambda first, *counts: pb.Histogram(first_bucket=first, counts=counts)  # noqa: E731
     mine, theirs = _Flat(), _Flat()
     mine.add(0, hist(3, 1, 2))

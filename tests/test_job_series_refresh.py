@@ -1,10 +1,10 @@
 """The job series' reports are rebuilt under a share of the scoring process's time: a job
 whose report is costly refreshes less often than ``refresh_s``, a cheap one every ``refresh_s``
-(analyzer/metrics.py, "Cost"). The clock is the collector's own, stepped by the test: the
+(analyzer/report/metrics.py, "Cost"). The clock is the collector's own, stepped by the test: the
 rule is about the seconds a report took, so the test sets them."""
 from __future__ import annotations
 
-from hypertrace.analyzer.metrics import REPORT_SHARE, JobCollector
+from hypertrace.analyzer.report.metrics import REPORT_SHARE, JobCollector
 from hypertrace.proto import hypertrace_pb2 as pb
 
 

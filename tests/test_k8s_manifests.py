@@ -111,7 +111,7 @@ def test_the_cluster_mode_manifests_validate_and_agree_with_the_commands_and_nat
     """deploy/k8s/cluster: valid Kubernetes; the edge's and workers' TOML hold only keys their
     commands accept, agree on the cluster settings, and name the NATS pods of nats.yaml; the
     NATS config maps ht.w.* into exactly `partitions` partitions."""
-    from hypertrace.analyzer.cluster.subjects import server_mapping
+    from hypertrace.analyzer.scale.cluster.subjects import server_mapping
     from hypertrace.cli import analyzer_edge, analyzer_worker
     from hypertrace.cli.cluster_settings import CLUSTER_KEYS
     docs = _cluster_docs()

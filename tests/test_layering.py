@@ -30,12 +30,12 @@ def test_the_agent_and_the_cli_do_not_import_the_simulators():
 
 def test_the_default_analyzer_and_the_cli_need_no_nats_client():
     """nats-py is the cluster mode's dependency only (the `cluster` extra): building the CLI
-    and running the single-process analyzer import neither it nor hypertrace.analyzer.cluster."""
+    and running the single-process analyzer import neither it nor hypertrace.analyzer.scale.cluster."""
     code = ("import sys\n"
-            "import hypertrace.cli.main, hypertrace.analyzer.server\n"
+            "import hypertrace.cli.main, hypertrace.analyzer.ingest.server\n"
             "hypertrace.cli.main.build_parser()\n"
             + "".join(f"import hypertrace.analyzer.{m}\n" for m in RUNTIME_ANALYZER)
             + "print(','.join(sorted(m for m in sys.modules if m == 'nats' or "
-              "m.startswith(('nats.', 'hypertrace.analyzer.cluster')))))\n")
+              "m.startswith(('nats.', 'hypertrace.analyzer.scale.cluster')))))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"the default path imports the cluster mode: {out.stdout}"

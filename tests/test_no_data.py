@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.engine import Engine
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.engine import Engine
 from hypertrace.analyzer.evict.policy import EvictPolicy, judge
-from hypertrace.analyzer.report_format import EXIT_OK, exit_status, report_to_table
+from hypertrace.analyzer.report.report_format import EXIT_OK, exit_status, report_to_table
 from hypertrace.sim.simulate import Dropout, SimConfig, Straggler, generate
 
 SLOW = "node-0005"

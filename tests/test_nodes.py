@@ -11,10 +11,10 @@ import urllib.request
 
 import grpc
 
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.nodes import NodeTable
-from hypertrace.analyzer.server import Analyzer, AnalyzerServer, ServerOptions
-from hypertrace.analyzer.storage import Storage
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.ingest.nodes import NodeTable
+from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerOptions
+from hypertrace.analyzer.store.storage import Storage
 from hypertrace.cli.main import main
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from hypertrace.analyzer import theory
+from hypertrace.analyzer.score import theory
 from hypertrace.sim.synthetic import job_windows
 from hypertrace.cli.main import main
 from hypertrace.proto import wire

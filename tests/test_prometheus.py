@@ -21,7 +21,7 @@ from conftest import missing_prerequisite
 from test_agent_e2e import hypertrace
 from test_agent_e2e import procs  # noqa: F401  (the fixture: started processes, stopped after)
 
-from hypertrace.analyzer.metrics import GPU_LABELS
+from hypertrace.analyzer.report.metrics import GPU_LABELS
 from hypertrace.sim import prom_stack
 from hypertrace.sim.prom_stack import query as _query
 

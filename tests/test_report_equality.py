@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypertrace.analyzer import report_format
+from hypertrace.analyzer.report import report_format
 from hypertrace.proto import records
 from hypertrace.sim import report_equality
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
@@ -31,7 +31,7 @@ def test_the_same_code_gives_the_same_reports_and_a_changed_table_is_caught(tmp_
     out = capsys.readouterr().out
     assert "w.pb (window by window): the same" in out and "w.pb (prepared chunks): the same" in out
     changed = _tree(tmp_path, "changed", (
-        "from hypertrace.analyzer import report_format as _rf\n"
+        "from hypertrace.analyzer.report import report_format as _rf\n"
         "_table = _rf.report_to_table\n"
         "_rf.report_to_table = lambda *a, **k: _table(*a, **k) + ' '\n"))
     assert report_equality.main([str(path), "--compare-with", changed]) == 1

@@ -1,5 +1,5 @@
 """What the report carries for its pictures: a flagged node's signals per window against the
-job's spread (analyzer/window_series.py), the what-if over job sizes (analyzer/whatif_curve.py),
+job's spread (analyzer/score/window_series.py), the what-if over job sizes (analyzer/report/whatif_curve.py),
 the measured step, the per-GPU spike rates and the flagged GPUs' NVML context. Real windows
 (the simulator) scored by the Engine."""
 from __future__ import annotations
@@ -9,8 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from hypertrace.analyzer import theory, whatif_curve, window_series
-from hypertrace.analyzer.engine import Engine
+from hypertrace.analyzer.score import theory, window_series
+from hypertrace.analyzer.report import whatif_curve
+from hypertrace.analyzer.score.engine import Engine
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
 
@@ -125,7 +126,7 @@ def test_a_flagged_gpu_carries_its_nvml_context():
                for g in slow.gpus if g.verdict == "straggler")
     assert not any(g.HasField("nvml") for n in job.nodes if n.verdict == "healthy"
                    for g in n.gpus)
-    from hypertrace.analyzer.report_html import report_to_html
+    from hypertrace.analyzer.report.report_html import report_to_html
     rep = pb.Report()
     rep.jobs.append(job)
     page = report_to_html(rep)

@@ -80,7 +80,7 @@ def test_replay_holds_a_few_epochs_not_the_history(tmp_path):
 def test_a_database_of_the_previous_schema_is_upgraded_in_place(tmp_path):
     import sqlite3
 
-    from hypertrace.analyzer.storage import SCHEMA_VERSION, Storage
+    from hypertrace.analyzer.store.storage import SCHEMA_VERSION, Storage
     db = tmp_path / "old.db"
     conn = sqlite3.connect(db)
     conn.executescript(
@@ -109,7 +109,7 @@ def test_a_database_of_the_previous_schema_is_upgraded_in_place(tmp_path):
 def test_a_schema_2_database_keeps_its_verdicts_as_a_change_log(tmp_path):
     import sqlite3
 
-    from hypertrace.analyzer.storage import SCHEMA_VERSION, Storage
+    from hypertrace.analyzer.store.storage import SCHEMA_VERSION, Storage
     db = tmp_path / "v2.db"
     conn = sqlite3.connect(db)
     conn.executescript(
@@ -142,8 +142,8 @@ def test_a_schema_2_database_keeps_its_verdicts_as_a_change_log(tmp_path):
 
 
 def test_a_finished_job_is_forgotten_after_job_expiry_seconds():
-    from hypertrace.analyzer.config import ScoringConfig
-    from hypertrace.analyzer.engine import Engine, UnknownJobError
+    from hypertrace.analyzer.score.config import ScoringConfig
+    from hypertrace.analyzer.score.engine import Engine, UnknownJobError
     import pytest
     e = Engine(ScoringConfig(job_expiry_seconds=600))
     ws = list(generate(SimConfig(gpus=16, gpus_per_node=8, windows=3, seed=1)))
@@ -173,8 +173,8 @@ def test_a_gpu_that_left_a_running_job_is_retired_and_its_row_reused():
     report and their rows (state reset) go to the next new GPUs, so memory does not grow."""
     from dataclasses import replace
 
-    from hypertrace.analyzer.config import ScoringConfig
-    from hypertrace.analyzer.engine import Engine
+    from hypertrace.analyzer.score.config import ScoringConfig
+    from hypertrace.analyzer.score.engine import Engine
     e = Engine(ScoringConfig(job_expiry_seconds=60))
     base = SimConfig(gpus=64, gpus_per_node=8, windows=20, seed=5,
                      stragglers=(Straggler("node-0007", 1.3),))
@@ -204,7 +204,7 @@ def test_a_schema_3_database_moves_its_windows_into_the_rowid_table(tmp_path):
     moves them, in replay order, into the rowid table, keeping every column and the dedup."""
     import sqlite3
 
-    from hypertrace.analyzer.storage import CODEC_ZLIB, SCHEMA_VERSION, Storage
+    from hypertrace.analyzer.store.storage import CODEC_ZLIB, SCHEMA_VERSION, Storage
     import zlib
     db = tmp_path / "v3.db"
     conn = sqlite3.connect(db)

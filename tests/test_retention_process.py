@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from hypertrace.analyzer import summaries
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.epoch_scoring import EpochResult
-from hypertrace.analyzer.retention_process import PassFailed, RetentionPlan, RetentionProcess
-from hypertrace.analyzer.server import Analyzer, AnalyzerServer, ServerOptions
-from hypertrace.analyzer.storage import Storage
+from hypertrace.analyzer.store import summaries
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.epoch_scoring import EpochResult
+from hypertrace.analyzer.scale.retention_process import PassFailed, RetentionPlan, RetentionProcess
+from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerOptions
+from hypertrace.analyzer.store.storage import Storage
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
 
 WIN_NS = 10 * 10**9
@@ -149,7 +149,7 @@ def test_with_the_option_off_the_pass_runs_in_this_process(tmp_path):
 
 def test_an_in_memory_database_falls_back_to_the_thread_with_a_warning(caplog):
     st, a = _history(":memory:")
-    with caplog.at_level(logging.WARNING, logger="hypertrace.analyzer.server"):
+    with caplog.at_level(logging.WARNING, logger="hypertrace.analyzer.ingest.server"):
         server = _server(a)
         try:
             assert _wait(lambda: _compacted_and_summarised(st))

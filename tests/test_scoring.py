@@ -8,10 +8,10 @@ import warnings
 import numpy as np
 import pytest
 
-from hypertrace.analyzer.config import ConfigError, ScoringConfig, load_scoring_config
-from hypertrace.analyzer.cross_section import Hists
-from hypertrace.analyzer.engine import Engine
-from hypertrace.analyzer.scoring import (HOST_FENCE_MIN, MAX_HOST_ALLOWANCE, HostLayout, host_allowance,
+from hypertrace.analyzer.score.config import ConfigError, ScoringConfig, load_scoring_config
+from hypertrace.analyzer.score.cross_section import Hists
+from hypertrace.analyzer.score.engine import Engine
+from hypertrace.analyzer.score.scoring import (HOST_FENCE_MIN, MAX_HOST_ALLOWANCE, HostLayout, host_allowance,
                                          host_medians, implicates, sampling_se_us, score_hosts,
                                          score_values)
 from hypertrace.sim.synthetic import job_windows
@@ -342,7 +342,7 @@ def test_a_host_whose_p99_spikes_gets_no_allowance():
 def test_absolute_gate_replaces_the_relative_effect_for_shares_near_zero():
     """A run-queue share of 3% against a 0.2% median is 15x "slower" but under a 5%-of-wall-time
     gate; 40% passes it. The relative gate alone would flag both."""
-    from hypertrace.analyzer.scoring import score_values
+    from hypertrace.analyzer.score.scoring import score_values
 
     cfg = ScoringConfig()
     base = np.array([0.002, 0.0021, 0.0019, 0.002, 0.0022, 0.0018, 0.002])
@@ -369,7 +369,7 @@ def test_a_quarter_of_the_gpus_slow_does_not_hide_behind_the_fence():
 def test_sorted_percentiles_and_median_are_numpys_bit_for_bit():
     """The one-sort quantiles the scorer reads equal np.percentile / np.median exactly, for
     every sample size (odd, even, one value) and with ties (quantized histogram reads)."""
-    from hypertrace.analyzer.scoring import sorted_median, sorted_percentiles
+    from hypertrace.analyzer.score.scoring import sorted_median, sorted_percentiles
     rng = np.random.default_rng(3)
     for n in list(range(1, 40)) + [255, 256, 2048, 16383]:
         for tied in (False, True):
@@ -387,7 +387,7 @@ def test_sorted_percentiles_and_median_are_numpys_bit_for_bit():
 def test_quantile_bucket_search_counts_the_buckets_below_the_target():
     """The binary search behind Hists.quantiles_us finds, per column, how many cumulative
     counts lie below the target (capped at K - 1), as a full comparison would."""
-    from hypertrace.analyzer.cross_section import _first_reaching
+    from hypertrace.analyzer.score.cross_section import _first_reaching
     rng = np.random.default_rng(5)
     for k in (1, 2, 3, 7, 8, 9, 38, 64, 226):
         counts = rng.integers(0, 3, (k, 500)).astype(np.float64)
@@ -403,7 +403,7 @@ def test_quantile_bucket_search_counts_the_buckets_below_the_target():
 def test_far_count_equals_counting_every_robust_z():
     """The binary-search count of values beyond the z cut (behind the fence re-read) equals
     the full count, at ties, at the cut and with most values beyond it."""
-    from hypertrace.analyzer.scoring import _far_count
+    from hypertrace.analyzer.score.scoring import _far_count
     rng = np.random.default_rng(9)
     for n in (1, 2, 5, 32, 1000):
         for spread in (0.0, 0.01, 1.0, 30.0):
@@ -434,7 +434,7 @@ def test_sampling_se_from_the_quantiles_buckets_equals_the_full_search():
 def test_quantile_bucket_search_outside_the_sampled_bracket():
     """Columns whose quantile lies outside the buckets the sampled columns bracket (a slow
     GPU, an empty one, between the sampled ones) get the same bucket as a full comparison."""
-    from hypertrace.analyzer.cross_section import BRACKET_SAMPLE, _first_reaching
+    from hypertrace.analyzer.score.cross_section import BRACKET_SAMPLE, _first_reaching
     rng = np.random.default_rng(6)
     g, k = 50 * BRACKET_SAMPLE, 40
     counts = np.zeros((k, g))
@@ -486,7 +486,7 @@ def test_quantiles_into_scratch_with_bucket_totals_equal_the_plain_read():
 def test_scale_reads_a_missing_sampling_error_as_zero():
     """The z scale is max(MAD, 0.6745 x SE) with NaN SE as 0 and an infinite SE as the
     largest float, as ``np.nan_to_num`` has it."""
-    from hypertrace.analyzer.scoring import _scale
+    from hypertrace.analyzer.score.scoring import _scale
     mad = np.array([0.5, 2.0])
     for extra in (np.nan, np.inf):
         se = np.array([[0.1, 4.0], [np.nan, 1.0], [3.0, extra]])

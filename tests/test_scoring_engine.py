@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.engine import Engine, UnknownJobError
-from hypertrace.analyzer.scoring import meaning
-from hypertrace.analyzer.report_format import (exit_status, report_to_json, report_to_table)
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.engine import Engine, UnknownJobError
+from hypertrace.analyzer.score.scoring import meaning
+from hypertrace.analyzer.report.report_format import (exit_status, report_to_json, report_to_table)
 from hypertrace.sim.synthetic import job_windows
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import wire
@@ -208,7 +208,7 @@ def test_an_epoch_keeps_every_implicated_gpus_rows_and_the_strongest_others():
     by |z|, and the report (built from the implicated GPUs' findings) is the same either way."""
     import numpy as np
 
-    from hypertrace.analyzer import epoch_scoring
+    from hypertrace.analyzer.score import epoch_scoring
     from hypertrace.sim import scenarios
     from hypertrace.sim.simulate import generate
     cfg = scenarios.get("host-10").config(1024, windows=4, seed=7)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.engine import Engine
-from hypertrace.analyzer.report_format import report_to_json
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.engine import Engine
+from hypertrace.analyzer.report.report_format import report_to_json
 from hypertrace.sim import scenarios
 from hypertrace.sim.simulate import generate
 from hypertrace.sim.synthetic import job_windows, node_name

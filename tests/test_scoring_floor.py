@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.engine import Engine
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.engine import Engine
 from hypertrace.sim.bench_scoring import bench_size
 from hypertrace.sim.scoring_floor import floor_flags, raw_histograms
 from hypertrace.sim.synthetic import job_windows, node_name

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.engine import Engine
-from hypertrace.analyzer.persistence import (HEALTHY, INSUFFICIENT, STRAGGLER, SUSPECT,
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.engine import Engine
+from hypertrace.analyzer.score.persistence import (HEALTHY, INSUFFICIENT, STRAGGLER, SUSPECT,
                                              PersistenceState)
 from hypertrace.sim.synthetic import job_windows
 
@@ -111,7 +111,7 @@ def test_one_slow_episode_that_ended_clears_like_a_straggler_not_held_as_intermi
 def test_intermittent_settings_are_checked():
     import pytest
 
-    from hypertrace.analyzer.config import ConfigError
+    from hypertrace.analyzer.score.config import ConfigError
     with pytest.raises(ConfigError, match="intermittent_n"):
         ScoringConfig(intermittent_n=4)                 # below persist_n
     with pytest.raises(ConfigError, match="intermittent_k"):

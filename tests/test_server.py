@@ -15,10 +15,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.server import Analyzer, AnalyzerServer, ServerError, ServerOptions
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerError, ServerOptions
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
-from hypertrace.analyzer.storage import Storage
+from hypertrace.analyzer.store.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import grpc
 from grpc import aio
 
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.server import Analyzer, AnalyzerServer, ServerOptions
-from hypertrace.analyzer.storage import Storage
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerOptions
+from hypertrace.analyzer.store.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import STREAM_METHOD
 from hypertrace.sim.simulate import SimConfig, generate

@@ -1,14 +1,14 @@
-"""One quantile never convicts alone: the whole-distribution shift (analyzer/shift.py)."""
+"""One quantile never convicts alone: the whole-distribution shift (analyzer/score/shift.py)."""
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from hypertrace.sim import scenarios, simulate
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.cross_section import Hists
-from hypertrace.analyzer.engine import Engine
-from hypertrace.analyzer.shift import pooled_deciles, shift_ratios
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.cross_section import Hists
+from hypertrace.analyzer.score.engine import Engine
+from hypertrace.analyzer.score.shift import pooled_deciles, shift_ratios
 from hypertrace.sim.simulate import SimConfig, Straggler
 
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from hypertrace.analyzer import signals
-from hypertrace.analyzer.config import ConfigError, ScoringConfig
-from hypertrace.analyzer.engine import Engine
-from hypertrace.analyzer.report_format import report_to_json, report_to_table
+from hypertrace.analyzer.score import signals
+from hypertrace.analyzer.score.config import ConfigError, ScoringConfig
+from hypertrace.analyzer.score.engine import Engine
+from hypertrace.analyzer.report.report_format import report_to_json, report_to_table
 from hypertrace.proto import buckets, wire
 from hypertrace.proto import hypertrace_pb2 as pb
 
@@ -532,7 +532,7 @@ def test_refused_step_inference_gives_no_step_values_and_sched_still_scores():
     assert all(k == "sched.runq" or not k.startswith("step.")
                for r in rows for k in r.evidence)
     # the epoch's step values for that GPU are NaN, the others' finite
-    from hypertrace.analyzer.cross_section import EpochAccumulator
+    from hypertrace.analyzer.score.cross_section import EpochAccumulator
     acc = EpochAccumulator("job", 0)
     for k, w in enumerate(ws[:RANKS]):
         acc.add_process(k, w.processes[0], w.end.ToNanoseconds())

@@ -109,8 +109,8 @@ def test_simulate_cli_writes_jsonl(tmp_path, capsys):
 
 @pytest.mark.parametrize("seed", [7, 8])
 def test_engine_flags_exactly_the_injected_node_and_nothing_in_a_clean_job(seed):
-    from hypertrace.analyzer.config import ScoringConfig
-    from hypertrace.analyzer.engine import Engine
+    from hypertrace.analyzer.score.config import ScoringConfig
+    from hypertrace.analyzer.score.engine import Engine
 
     def stragglers(cfg):
         engine = Engine(ScoringConfig())

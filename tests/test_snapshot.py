@@ -12,10 +12,10 @@ import zlib
 
 import pytest
 
-from hypertrace.analyzer import snapshot
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.engine import Engine
-from hypertrace.analyzer.storage import StoredSnapshot
+from hypertrace.analyzer.store import snapshot
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.engine import Engine
+from hypertrace.analyzer.store.storage import StoredSnapshot
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.sim import scenarios
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
@@ -119,7 +119,7 @@ def test_an_unusable_snapshot_falls_back_to_the_full_replay(tmp_path, caplog, da
 
 
 def test_a_later_scoring_pass_does_not_replace_a_newer_snapshot_with_an_older_one(tmp_path):
-    from hypertrace.analyzer.storage import Storage
+    from hypertrace.analyzer.store.storage import Storage
     st = Storage.open(tmp_path / "a.db")
     newer = StoredSnapshot("v", 20, 2, b"new")
     st.add_results([_result()], snapshot=newer)
@@ -129,7 +129,7 @@ def test_a_later_scoring_pass_does_not_replace_a_newer_snapshot_with_an_older_on
 
 
 def _result():
-    from hypertrace.analyzer.epoch_scoring import EpochResult
+    from hypertrace.analyzer.score.epoch_scoring import EpochResult
     return EpochResult("j", 1, [], {("n", "0"): "healthy"})
 
 

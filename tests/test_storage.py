@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.engine import Engine
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.engine import Engine
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
-from hypertrace.analyzer.storage import (CODEC_RAW, CODEC_ZLIB, CODEC_ZLIB_DICT1,
+from hypertrace.analyzer.store.storage import (CODEC_RAW, CODEC_ZLIB, CODEC_ZLIB_DICT1,
                                          ConflictingDuplicate, Storage, StorageError)
 from hypertrace.proto import hypertrace_pb2 as pb
 
@@ -49,7 +49,7 @@ def test_windows_survive_reopen_in_replay_order(tmp_path):
 
 
 def test_replay_pages_through_every_window_exactly_once(tmp_path, monkeypatch):
-    import hypertrace.analyzer.storage as storage_mod
+    import hypertrace.analyzer.store.storage as storage_mod
     monkeypatch.setattr(storage_mod, "REPLAY_PAGE", 3)   # 16 windows -> 6 pages
     ws = list(generate(CFG))
     st = Storage.open(tmp_path / "a.db")
@@ -119,7 +119,7 @@ def test_retention_prunes_old_windows_and_results(tmp_path):
 
 def _one_epoch(engine: Engine):
     """An EpochResult with every GPU's current verdict (what the next scoring pass stores)."""
-    from hypertrace.analyzer.epoch_scoring import EpochResult
+    from hypertrace.analyzer.score.epoch_scoring import EpochResult
     job = engine.report(now_ns=0).jobs[0]
     return EpochResult(job.job_id, 1, [], {(n.node, g.gpu): g.verdict for n in job.nodes
                                           for g in n.gpus})
@@ -206,7 +206,7 @@ def test_a_damaged_raw_payload_is_healed_by_the_replay_and_a_different_window_co
 
 
 def test_a_prune_keeps_each_gpus_current_verdict_while_its_job_is_scored(tmp_path):
-    from hypertrace.analyzer.epoch_scoring import EpochResult
+    from hypertrace.analyzer.score.epoch_scoring import EpochResult
     st = Storage.open(tmp_path / "a.db")
     old, recent, cutoff_age = 1_000 * 10**9, 5_000 * 10**9, 2_000
     k = ("node-0001", "0")
@@ -226,7 +226,7 @@ def test_a_prune_keeps_each_gpus_current_verdict_while_its_job_is_scored(tmp_pat
 
 def test_verdicts_stored_out_of_epoch_order_keep_every_change(tmp_path):
     """Two scoring passes may store their epochs in either order; no change may be skipped."""
-    from hypertrace.analyzer.epoch_scoring import EpochResult
+    from hypertrace.analyzer.score.epoch_scoring import EpochResult
     st = Storage.open(tmp_path / "a.db")
     k = ("node-0001", "0")
     for epoch, v in ((5, "healthy"), (7, "straggler"), (6, "healthy"), (8, "healthy")):

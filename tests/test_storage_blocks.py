@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hypertrace.analyzer import blocks
-from hypertrace.analyzer.storage import (CODEC_ZLIB_DICT1, SCHEMA_VERSION,
+from hypertrace.analyzer.store import blocks
+from hypertrace.analyzer.store.storage import (CODEC_ZLIB_DICT1, SCHEMA_VERSION,
                                          ConflictingDuplicate, Storage, StorageError,
                                          encode_payload)
 from hypertrace.proto import hypertrace_pb2 as pb
@@ -331,7 +331,7 @@ def test_a_schema_5_file_with_compacted_windows_is_read_and_upgraded(tmp_path):
     """Schema 6 keeps a compacted window's agent and node once per agent: a schema-5 file's
     rows are read as they are by a read-only reader, then upgraded in place, and every reader,
     dedup, the late flag and retention work on them as before."""
-    from hypertrace.analyzer.storage import window_digest
+    from hypertrace.analyzer.store.storage import window_digest
     db = tmp_path / "v5.db"
     conn = sqlite3.connect(db)
     conn.execute("PRAGMA page_size = 16384")
@@ -387,7 +387,7 @@ def test_a_restart_from_blocks_reaches_the_live_verdicts(tmp_path):
 
 def test_a_reader_paging_through_a_compaction_reads_every_window_once(tmp_path, monkeypatch):
     """The retention pass may compact while another reader (an export) pages through."""
-    import hypertrace.analyzer.storage as storage_mod
+    import hypertrace.analyzer.store.storage as storage_mod
     monkeypatch.setattr(storage_mod, "REPLAY_PAGE", 7)
     st = Storage.open(tmp_path / "a.db")
     ws = list(generate(CFG))
@@ -429,9 +429,9 @@ def test_a_read_only_reader_sees_compacted_windows_and_leaves_an_old_file_as_it_
 
 
 def test_the_retention_pass_compacts_what_ended_two_minutes_ago_and_no_more(tmp_path):
-    from hypertrace.analyzer import summaries
-    from hypertrace.analyzer.config import ScoringConfig
-    from hypertrace.analyzer.storage import COMPACT_AFTER_S
+    from hypertrace.analyzer.store import summaries
+    from hypertrace.analyzer.score.config import ScoringConfig
+    from hypertrace.analyzer.store.storage import COMPACT_AFTER_S
     st = Storage.open(tmp_path / "a.db")
     ws = list(generate(CFG))
     for w in ws:

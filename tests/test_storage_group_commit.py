@@ -9,7 +9,7 @@ import time
 import pytest
 
 from hypertrace.sim.simulate import SimConfig, generate
-from hypertrace.analyzer.storage import Storage
+from hypertrace.analyzer.store.storage import Storage
 
 CFG = SimConfig(gpus=64, gpus_per_node=8, windows=2, seed=3)
 
@@ -89,7 +89,7 @@ def test_a_failed_commit_raises_in_every_caller_and_storage_keeps_working(tmp_pa
 
 
 def test_add_windows_commits_a_group_once_and_answers_per_window(tmp_path):
-    from hypertrace.analyzer.storage import ConflictingDuplicate
+    from hypertrace.analyzer.store.storage import ConflictingDuplicate
 
     st = Storage.open(tmp_path / "m.db")
     ws = list(generate(CFG))

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hypertrace.analyzer import summaries
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.server import Analyzer
-from hypertrace.analyzer.storage import Storage
-from hypertrace.analyzer.summaries import SLOT_NS, SlotSummary
+from hypertrace.analyzer.store import summaries
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.ingest.server import Analyzer
+from hypertrace.analyzer.store.storage import Storage
+from hypertrace.analyzer.store.summaries import SLOT_NS, SlotSummary
 from hypertrace.proto import buckets
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
 

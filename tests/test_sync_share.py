@@ -3,7 +3,7 @@ real Engine, on hand-built windows of 8 ranks (one per node) that carry launch a
 latencies, scheduler evidence and probe tiers, and no step records (an agent that found no
 step). The synchronize API is in the always tier, so its calls count over the whole window.
 
-The rule (analyzer/sync_share.py): the job's median share of wall time in synchronize calls
+The rule (analyzer/score/sync_share.py): the job's median share of wall time in synchronize calls
 less the rank's is at least ``min_effect``, its waits are shorter across the board (the deciles
 of its synchronize time), and it keeps the job's launch pace.
 """
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from hypertrace.analyzer import sync_share
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.cross_section import EpochAccumulator
-from hypertrace.analyzer.report_format import report_to_table
+from hypertrace.analyzer.score import sync_share
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.cross_section import EpochAccumulator
+from hypertrace.analyzer.report.report_format import report_to_table
 from hypertrace.proto import buckets, wire
 from hypertrace.proto import hypertrace_pb2 as pb
 from test_signals import WINDOW_S, run, verdicts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hypertrace.analyzer import theory
+from hypertrace.analyzer.score import theory
 from hypertrace.proto import buckets
 
 

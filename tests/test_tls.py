@@ -11,7 +11,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from hypertrace.analyzer.server import ServerError
+from hypertrace.analyzer.ingest.server import ServerError
 from hypertrace.cli.main import main
 from hypertrace.daemon.config import ConfigError, load_config, require_transport
 from hypertrace.daemon.uplink import Backoff, Spool, Uplink
@@ -132,8 +132,8 @@ def test_the_report_cli_over_tls(tls_analyzer, pki, capsys):
 
 
 def test_plaintext_needs_an_explicit_insecure(tmp_path, capsys):
-    from hypertrace.analyzer.server import Analyzer, AnalyzerServer, ServerOptions
-    from hypertrace.analyzer.storage import Storage
+    from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerOptions
+    from hypertrace.analyzer.store.storage import Storage
     storage = Storage.open(tmp_path / "a.db")
     try:
         with pytest.raises(ServerError, match="--insecure"):

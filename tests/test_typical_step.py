@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 import numpy as np
 
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.cross_section import EpochAccumulator
-from hypertrace.analyzer.engine import Engine
-from hypertrace.analyzer.signals import STEP_SPIKE_CUT, _typical_step
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.cross_section import EpochAccumulator
+from hypertrace.analyzer.score.engine import Engine
+from hypertrace.analyzer.score.signals import STEP_SPIKE_CUT, _typical_step
 from hypertrace.sim.simulate import Burst, SimConfig, Straggler, generate
 
 SIGMA_3X = math.log(3.0) / (2 * 1.2815515655446004)      # lognormal p90/p10 = 3

@@ -1,4 +1,4 @@
-"""Windows validated in worker processes ahead of the reader (proto/validate_ahead.py) come out
+"""Windows validated in worker processes ahead of the reader (analyzer/scale/validate_ahead.py) come out
 exactly as validating them in the reader does: the same windows in the same order, the same
 verdict (error field and text) on each, and the same error for a damaged file. Real files of
 simulated windows, real worker processes."""
@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from hypertrace.proto import records, validate_ahead, wire
+from hypertrace.proto import records, wire
+from hypertrace.analyzer.scale import validate_ahead
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.sim.simulate import SimConfig, generate
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from hypertrace.sim import scenarios
-from hypertrace.analyzer.config import ScoringConfig
-from hypertrace.analyzer.engine import Engine
-from hypertrace.analyzer.report_format import report_to_table
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.engine import Engine
+from hypertrace.analyzer.report.report_format import report_to_table
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
 from hypertrace.cli.main import main
 from hypertrace.proto import hypertrace_pb2 as pb
@@ -173,8 +173,8 @@ def test_predict_uses_step_times_of_simulated_windows(tmp_path, capsys):
 def test_a_one_node_job_never_gets_an_eviction_prediction():
     """Evicting the only node leaves no job to predict a step time for (it used to say NaN)."""
     from hypertrace.sim import simulate
-    from hypertrace.analyzer.config import ScoringConfig
-    from hypertrace.analyzer.engine import Engine
+    from hypertrace.analyzer.score.config import ScoringConfig
+    from hypertrace.analyzer.score.engine import Engine
     from hypertrace.sim.simulate import SimConfig, Straggler
     cfg = SimConfig(gpus=8, windows=8, seed=2,
                     stragglers=(Straggler("node-0000", 1.6, where="cpu", gpus=(5,)),))
@@ -194,7 +194,7 @@ def test_the_step_curve_passes_through_the_measured_what_if_and_grows_with_the_j
     """analyzer/whatif_curve.step_curve: at the job's own size it is the measured what-if (now,
     after); more ranks draw a slower maximum from the ranks' own times, fewer a faster one; and
     after evicting the slow rank the curve lies below the one with it."""
-    from hypertrace.analyzer import whatif_curve
+    from hypertrace.analyzer.report import whatif_curve
     rows = np.arange(8)
     own = np.array([100.0, 101, 99, 102, 100, 98, 130, 101])
     epochs = [(rows, np.full(8, 50), np.full(8, 131.0), own)]

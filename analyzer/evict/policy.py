@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from hypertrace.analyzer.report_format import node_effect
-from hypertrace.analyzer.theory import STEP_BASES
+from hypertrace.analyzer.report.report_format import node_effect
+from hypertrace.analyzer.score.theory import STEP_BASES
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.settings import ConfigError
 

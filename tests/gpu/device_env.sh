@@ -53,7 +53,7 @@ import os
 mods = ["grpc", "grpc_health.v1.health", "google.protobuf", "numpy", "scipy", "pynvml",
         "prometheus_client", "hypertrace.collector.cupti"] + (
         [] if os.environ.get("HT_BACKEND") == "cupti" else ["bcc"]) + [
-        "hypertrace.proto.hypertrace_pb2_grpc", "hypertrace.analyzer.server",
+        "hypertrace.proto.hypertrace_pb2_grpc", "hypertrace.analyzer.ingest.server",
         "hypertrace.cli.main", "hypertrace.daemon.agent", "hypertrace.sim.simulate"]
 missing = []
 for m in mods:

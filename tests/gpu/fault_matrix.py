@@ -382,7 +382,7 @@ class Poller(threading.Thread):
     def __init__(self, h: Harness, target: str, path: Path):
         super().__init__(daemon=True, name="poller")
         # imported here, in the caller's thread: a missing module fails the run at once
-        from hypertrace.analyzer.report_format import report_to_json
+        from hypertrace.analyzer.report.report_format import report_to_json
         from hypertrace.cli.report import fetch_report
         self.fetch, self.to_json = fetch_report, report_to_json
         self.h, self.target, self.path = h, target, path

@@ -13,7 +13,7 @@
 #                           generated it (1.85.1); the image's version is not pinned
 #   protobuf                proto/hypertrace_pb2.py refuses a runtime older than its gencode
 #                           (7.35.1); the image's version is not pinned
-#   prometheus-client       the analyzer's /metrics (analyzer/metrics.py); pure Python
+#   prometheus-client       the analyzer's /metrics (analyzer/report/metrics.py); pure Python
 # Versions are the ones the dev venv runs (tests pass with them); one version of each, or the
 # install on the box stops.
 set -euo pipefail

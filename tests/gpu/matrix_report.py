@@ -121,7 +121,7 @@ def extract_windows(db_path: str | Path) -> list[dict]:
     """
     import numpy as np
 
-    from hypertrace.analyzer.storage import Storage
+    from hypertrace.analyzer.store.storage import Storage
     from hypertrace.collector.apis import api_by_name
     from hypertrace.proto import buckets
     from hypertrace.proto import hypertrace_pb2 as pb

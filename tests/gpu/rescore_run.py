@@ -8,9 +8,9 @@ phase's start, the phase, the job mode, the what-if gain and the convicted nodes
 """
 import gzip, json, shutil, sys
 from pathlib import Path
-from hypertrace.analyzer.storage import Storage
-from hypertrace.analyzer.engine import Engine
-from hypertrace.analyzer.config import ScoringConfig
+from hypertrace.analyzer.store.storage import Storage
+from hypertrace.analyzer.score.engine import Engine
+from hypertrace.analyzer.score.config import ScoringConfig
 
 run = sys.argv[1]
 import tempfile

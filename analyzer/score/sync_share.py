@@ -1,0 +1,195 @@
+"""Without step data: the rank the job waits for, read from the time its synchronize calls take.
+
+Why: a collective that synchronizes on the GPU (NCCL) ends when its last rank arrives, so every
+other rank waits inside its synchronize call for that one, and the rank everybody waits for
+waits least. With step records the own time per step convicts it (analyzer/score/signals.py). Without
+them (a loop whose step the agent cannot find) the synchronize calls are all there is, and a
+shorter p50 alone is no verdict: a rank 2% slow waits 0.8x the job's median (its wait shrinks
+many times faster than its work grows), and healthy ranks sharing one GPU had p50s at 0.44-0.48
+of the job's (an H200, synchronize calls that find the stream idle reweighting the p50). So the
+rule reads two things, both against the rank's peers:
+
+* **The time, in step terms.** The share of wall time a GPU spends in synchronize calls
+  (:func:`measure`: the calls' time, read from the histograms, over the seconds its probes
+  covered: the whole window for the always tier, the slice for the sliced one). The job's median
+  share less the rank's is the time per second the job's ranks wait for it beyond what they wait
+  for the median rank: its effect on the step. It must be at least ``min_effect``, like the
+  absolute gates of the other waits. Spikes are left out (calls from :data:`SPIKE_CUT` times
+  the peers' :data:`BODY_QUANTILE` of synchronize time on): a heavy tail (waits of seconds among
+  thousands of calls) is a rank's own hiccup, and a rank that happened to draw none must not
+  read as the one everybody waits for.
+* **The shape.** Its waits must be shorter across the board, not only fewer: the deciles of its
+  *time* in synchronize calls (each call weighted by its duration, so calls that find the stream
+  idle weigh nothing) must sit at least ``min_effect`` below its peers' pooled ones
+  (:func:`shape_ratios`, the estimator of analyzer/score/shift.py on those weights, spikes cut off).
+  A rank that makes fewer waiting calls of the same length has a low share and an unmoved shape.
+
+And the ranks must step together (:func:`keeps_pace`). Only in a collective does a shorter
+wait mean that the others wait for this rank; in an independent job a faster GPU waits less
+too, and so does a GPU-bound rank whose CPU side is slower (it issues later, its GPU finishes
+sooner after), while nobody waits for anybody. A collective's ranks make as many synchronize
+calls per second as each other (one step each, and the same calls per step); independent ranks
+make as many as their own pace allows. So the rule applies where at least
+:data:`COLLECTIVE_SHARE` of the group's GPUs synchronize as often as its median GPU (within
+``collective_spread``, or two calls), and only to a GPU that does too (a rank that runs ahead
+is fast, not waited for). Simulated at 16,384 GPUs, an independent GPU-bound rank with a host 3%
+slower and a GPU 2.5% faster read a 5.1% deficit and was convicted under a guard on the launch
+rate (its pace 2.6% ahead, within that guard's noise). A job read (or set) as independent is not
+scored by this rule at all.
+
+Failure modes: a CPU-side collective (gloo) waits outside the synchronize calls, so its slow GPU
+waits *longer* in them and is not seen here (the rule never convicts a high share: in a GPU-side
+collective that is a rank waiting for others). A job whose sliced synchronize API got fewer than
+``min_samples`` calls in a window is not scored in it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.cross_section import CrossSection, Hists
+from hypertrace.analyzer.score.shift import pooled_deciles, shift_ratios
+from hypertrace.proto import buckets
+
+#: The name of the signal (analyzer/score/signals.py).
+SIGNAL = "sync.wait_share"
+#: Share of a group's GPUs that must synchronize as often as its median one for the group to
+#: be read as stepping together (the step-based mode inference's share, analyzer/score/signals.py).
+COLLECTIVE_SHARE = 0.95
+#: The peers' synchronize time is read at this quantile for the spike cut: the lower part of
+#: their time lies in the body of their waits even when a heavy tail holds most of it (up to
+#: 90%).
+BODY_QUANTILE = 0.1
+#: Calls from this many times that quantile on are spikes, not the rank's typical wait (about
+#: 6x the median wait of a body as spread as a collective's).
+SPIKE_CUT = 8.0
+
+
+@dataclass
+class SyncTime:
+    """Per GPU (G,): its share of covered wall time in synchronize calls below the spike cut
+    (NaN: unknown), its synchronize calls, and the time-weighted histogram of all of them (µs
+    per bucket), None when the epoch has no synchronize calls."""
+
+    share: np.ndarray
+    calls: np.ndarray
+    time: Hists | None
+    #: (G,) synchronize calls per covered second (NaN: unknown)
+    rate: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+def measure(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]) -> SyncTime:
+    """The synchronize time of every GPU of ``cs`` (module docstring). Each sync API's calls are
+    counted over its own covered seconds: ``CrossSection.always_s`` where the agent probed it
+    in the always tier, else the sliced tier's ``attached_s``. Calls in buckets from
+    :data:`SPIKE_CUT` times the peers' pooled :data:`BODY_QUANTILE` of synchronize time on are
+    spikes, left out of the share."""
+    n = cs.size
+    parts: list[tuple[Hists, np.ndarray]] = []
+    calls = np.zeros(n)
+    rate = np.zeros(n)
+    time: Hists | None = None
+    attached = cs.signals.attached_s if cs.signals is not None else np.zeros(n)
+    for api, h in cs.apis.items():
+        if cfg.api_kind(api) != "sync":
+            continue
+        always = cs.always_s.get(api)
+        covered = np.where(always > 0, always, attached) if always is not None else attached
+        weights = _as_time(h)
+        parts.append((weights, np.where((h.total() > 0) & (covered > 0), covered, np.nan)))
+        calls += np.where(covered > 0, h.total(), 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate += np.where(covered > 0, h.total() / covered, 0.0)
+        time = weights if time is None else _add(time, weights)
+    share = np.full(n, np.nan)
+    if time is None:
+        return SyncTime(share, calls, None, share.copy())
+    cut = np.full(n, buckets.NUM_BUCKETS)
+    for sel in groups:                   # the peers' body: where their time's lower part lies
+        pooled = Hists(time.counts_t[:, sel].sum(axis=1, keepdims=True), time.first)
+        q = float(pooled.quantiles_us([BODY_QUANTILE])[0, 0])
+        if np.isfinite(q):
+            cut[sel] = np.searchsorted(buckets.LOWER_NS, SPIKE_CUT * q * 1e3, side="left")
+    known = np.zeros(n, dtype=bool)
+    total = np.zeros(n)
+    for weights, covered in parts:
+        index = np.arange(weights.first, weights.first + weights.counts_t.shape[0])[:, None]
+        below = np.where(index < cut[None, :], weights.counts_t, 0.0).sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            part = below / (covered * 1e6)
+        ok = np.isfinite(part)
+        total += np.where(ok, part, 0.0)
+        known |= ok
+    share[known] = total[known]
+    return SyncTime(share, calls, time, np.where(known, rate, np.nan))
+
+
+def _as_time(h: Hists) -> Hists:
+    """``h`` as time: µs per bucket (calls x the bucket's midpoint)."""
+    mid_us = buckets.MID_NS[h.first:h.first + h.counts_t.shape[0]][:, None] / 1e3
+    return Hists(h.counts_t * mid_us, h.first)
+
+
+def _add(a: Hists, b: Hists) -> Hists:
+    """The bucket-wise sum of two histograms of the same GPUs."""
+    lo = min(a.first, b.first)
+    hi = max(a.first + a.counts_t.shape[0], b.first + b.counts_t.shape[0])
+    out = np.zeros((hi - lo, a.size))
+    for h in (a, b):
+        out[h.first - lo:h.first - lo + h.counts_t.shape[0]] += h.counts_t
+    return Hists(out, lo)
+
+
+def shape_ratios(time: Hists, cols: np.ndarray, peers: np.ndarray) -> np.ndarray:
+    """(len(cols),) how far the time-weighted deciles of each GPU in ``cols`` sit from its
+    ``peers``' pooled ones (analyzer/score/shift.py): 0.6 = its waits are 40% shorter across the
+    board. NaN for a GPU without calls."""
+    if cols.size == 0:
+        return np.zeros(0)
+    return shift_ratios(time, cols, pooled_deciles(time, peers))
+
+
+def keeps_pace(time: SyncTime, peers: np.ndarray, cfg: ScoringConfig) -> np.ndarray:
+    """(G,) which GPUs synchronize as often per covered second as their ``peers``' median one,
+    within ``collective_spread`` (or two calls, for a GPU with few): the ranks of a collective
+    step together, so they make as many synchronize calls; a rank that runs ahead makes more.
+    False where unknown or where fewer than ``min_gpus`` peers have a rate."""
+    rate = time.rate
+    ref = rate[peers]
+    ref = ref[np.isfinite(ref)]
+    if ref.size < cfg.min_gpus or not np.median(ref) > 0:
+        return np.zeros(rate.shape, dtype=bool)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        room = np.maximum(cfg.collective_spread, 2.0 / time.calls)
+        return np.abs(rate / float(np.median(ref)) - 1.0) <= room
+
+
+def waited_for(time: SyncTime, low: np.ndarray, groups: list[np.ndarray], cfg: ScoringConfig
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """((G,) which of the GPUs whose share was flagged ``low`` the job waits for, (G,) their
+    shape ratios, NaN elsewhere): the group synchronizes in step (at least
+    :data:`COLLECTIVE_SHARE` of its GPUs keep its pace), the GPU keeps that pace, and its shape
+    is at least ``min_effect`` below the peers' (module docstring)."""
+    n = low.size
+    ok = np.zeros(n, dtype=bool)
+    ratios = np.full(n, np.nan)
+    if time.time is None or not low.any():
+        return ok, ratios
+    for sel in groups:
+        cand = sel[low[sel]]
+        if cand.size == 0:
+            continue
+        peers = sel[np.isfinite(time.share[sel])]
+        pace = keeps_pace(time, peers, cfg)
+        if pace[peers].mean() < COLLECTIVE_SHARE:
+            continue                     # the ranks do not synchronize in step: no collective
+        r = shape_ratios(time.time, cand, peers)
+        ratios[cand] = r
+        ok[cand] = (r <= 1.0 - cfg.min_effect) & pace[cand]
+    return ok, ratios
+
+
+__all__ = ["BODY_QUANTILE", "COLLECTIVE_SHARE", "SIGNAL", "SPIKE_CUT", "SyncTime", "keeps_pace",
+           "measure", "shape_ratios", "waited_for"]
