@@ -12,6 +12,7 @@ import functools
 import sys
 
 from hypertrace.cli.report import add_output_flags
+from hypertrace.analyzer.report.job_report import build_report
 
 #: Scoring settings exposed as flags (the rest via --config); names match ScoringConfig fields.
 FLAG_SETTINGS = (
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     engine.flush(None)
     try:
-        report = engine.report(args.job)
+        report = build_report(engine, args.job)
     except UnknownJobError as exc:
         print(f"hypertrace analyze: {exc}", file=sys.stderr)
         return 2

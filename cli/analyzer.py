@@ -196,7 +196,7 @@ def _check_server_settings(server: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hypertrace.analyzer.score.config import ConfigError, ScoringConfig
-    from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerOptions
+    from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions, make_analyzer
     from hypertrace.analyzer.store.storage import Storage, StorageError
 
     try:
@@ -224,9 +224,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"hypertrace analyzer: {exc}", file=sys.stderr)
         storage.close()
         return 2
-    analyzer = Analyzer(storage, config, evictor=evictor,
-                        snapshot_seconds=float(server_cfg["snapshot_seconds"]),
-                        engine_process=bool(server_cfg["engine_process"]))
+    analyzer = make_analyzer(storage, config, evictor=evictor,
+                             snapshot_seconds=float(server_cfg["snapshot_seconds"]),
+                             engine_process=bool(server_cfg["engine_process"]))
 
     def close() -> None:
         analyzer.close()

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from hypertrace.analyzer.scale.cluster.edge import ClusterEdge, EdgeOptions
     from hypertrace.analyzer.scale.cluster.jetstream import ClusterError
     from hypertrace.analyzer.score.config import ConfigError
-    from hypertrace.analyzer.ingest.server import AnalyzerServer, ServerOptions
+    from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions
     from hypertrace.cli.cluster_settings import serve_until_signal
     from hypertrace.proto.transport import tls_files
 

@@ -56,6 +56,7 @@ from hypertrace.sim import scenarios
 from hypertrace.analyzer.score.auto_groups import NO_STEP_NAME
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.cli.progress import Progress
+from hypertrace.analyzer.report.job_report import build_report
 
 METHODS = ("hypertrace", "mean3sigma", "nvrx")
 TRAIN_SEEDS = tuple(range(0, 50))
@@ -223,7 +224,7 @@ def run_one(scenario: str, gpus: int, windows: int, seed: int,
             if per_gpu[g] < HEALTHY_BELOW and per_node[node] < HEALTHY_BELOW
             and (below_gray or node not in res.truth))
         if m == "hypertrace":
-            report = d.report(cfg.job_id)
+            report = build_report(d, cfg.job_id)
             res.step_effects = _step_effects(report, res.truth)
             res.stage_found = _stage_found(report, cfg)
             _step_terms(report, cfg, res, true_step_ms)

@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import time
+from hypertrace.analyzer.report.job_report import build_report
 from pathlib import Path
 
 MAX_BYTES = 2 * 1024 * 1024
@@ -50,7 +51,7 @@ def scored_report(gpus: int, windows: int, seed: int = 1):
             if i % cfg.n_nodes == 0:              # an epoch complete: scored now, not kept
                 engine.flush(None)
     engine.flush(None)
-    return engine.report()
+    return build_report(engine)
 
 
 def render_ms(page, path: Path) -> float:

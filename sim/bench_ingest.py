@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
+from hypertrace.analyzer.report.job_report import build_report
 
 PHASES = ("parse", "validate", "ingest", "score", "report")
 
@@ -51,7 +52,7 @@ def phases(path: str) -> dict:
     out["ingest"], t = clock() - t, clock()
     engine.flush(None)
     out["score"], t = clock() - t, clock()
-    report = engine.report()
+    report = build_report(engine)
     report_to_table(report)
     out["report"] = clock() - t
     report.ClearField("generated")

@@ -57,6 +57,7 @@ from hypertrace.analyzer.score.scoring import (HostLayout, sampling_se_us, score
 from hypertrace.sim.machine import cpu_model  # noqa: E402
 from hypertrace.sim.scoring_floor import floor_flags  # noqa: E402
 from hypertrace.sim.synthetic import job_windows, node_name  # noqa: E402
+from hypertrace.analyzer.report.job_report import build_report
 
 GPUS_PER_NODE = 8
 POOL_NODES = 2048
@@ -144,10 +145,10 @@ def bench_size(gpus: int, epochs: int, seed: int, all_apis: bool = True,
             rules_s.append(rules_seconds(
                 cs, np.asarray(job.host_codes, dtype=np.int64)[cs.rows], cfg))
     t = time.perf_counter()
-    report = engine.report()
+    report = build_report(engine)
     report_s = time.perf_counter() - t
     t = time.perf_counter()
-    engine.report(brief=True)            # what the evictor and the metrics read
+    build_report(engine, brief=True)            # what the evictor and the metrics read
     brief_s = time.perf_counter() - t
     stragglers = sorted({n.node for j in report.jobs for n in j.nodes if n.verdict == "straggler"})
     slow = sorted(node_name(SLOW_NODE + k * pool_nodes) for k in range(reps)

@@ -85,7 +85,8 @@ def serve_aio(db: str, workers: int) -> None:
     store queue (analyzer/ingest/server.py: one hop to the store's thread per group)."""
     import grpc
 
-    from hypertrace.analyzer.ingest.server import Analyzer, _Refused, _StoreQueue
+    from hypertrace.analyzer.ingest.checks import Refused
+    from hypertrace.analyzer.ingest.server import Analyzer, _StoreQueue
 
     storage = Storage.open(db)
     pool = futures.ThreadPoolExecutor(max_workers=1)     # one group at a time
@@ -95,7 +96,7 @@ def serve_aio(db: str, workers: int) -> None:
         async for raw in requests:
             w = pb.NodeWindow.FromString(raw)
             new = await store.store(w, raw)
-            if isinstance(new, _Refused):
+            if isinstance(new, Refused):
                 await context.abort(new.code, new.details)
                 return
             yield _ack(w, new)

@@ -92,7 +92,8 @@ def fuzz_ingest(n: int, rng: np.random.Generator, seeds: list[bytes],
     """(status name -> count, unexpected, report still served)."""
     import grpc
 
-    from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerOptions
+    from hypertrace.analyzer.ingest.server import Analyzer
+    from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions
     from hypertrace.analyzer.store.storage import Storage
     from hypertrace.proto import hypertrace_pb2 as pb
     from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc

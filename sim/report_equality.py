@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+from hypertrace.analyzer.report.job_report import build_report
 
 #: What is compared, in the order of each digest list.
 PARTS = ("report bytes", "table", "-v table", "--only-flagged table", "JSON", "per-job reports")
@@ -47,8 +48,8 @@ def digests(paths: list[str]) -> dict[str, list[str]]:
                     engine.ingest_prepared(engine_module.prepare_windows(
                         windows[i:i + CHUNK], engine.config.window_ns))
             engine.flush(None)
-            report = engine.report(now_ns=1)
-            jobs = b"".join(engine.report(job, now_ns=1).SerializeToString(deterministic=True)
+            report = build_report(engine, now_ns=1)
+            jobs = b"".join(build_report(engine, job, now_ns=1).SerializeToString(deterministic=True)
                             for job in engine.job_ids())
             parts = [report.SerializeToString(deterministic=True),
                      report_to_table(report).encode(),

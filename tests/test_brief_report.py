@@ -12,6 +12,7 @@ from hypertrace.analyzer.evict.policy import EvictPolicy, judge
 from hypertrace.analyzer.report.metrics import gpu_series
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
+from hypertrace.analyzer.report.job_report import build_report
 
 CFG = SimConfig(gpus=96, gpus_per_node=8, windows=12, seed=21,
                 stragglers=(Straggler("node-0003", 1.4), Straggler("node-0007", 1.25)))
@@ -22,8 +23,8 @@ def _reports() -> tuple[pb.JobReport, pb.JobReport]:
     for w in generate(CFG):
         e.ingest(w)
     e.flush(None)
-    full = e.report("sim-job", now_ns=1).jobs[0]
-    brief = e.report("sim-job", now_ns=1, brief=True).jobs[0]
+    full = build_report(e, "sim-job", now_ns=1).jobs[0]
+    brief = build_report(e, "sim-job", now_ns=1, brief=True).jobs[0]
     return full, brief
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import grpc
 
 from hypertrace.analyzer.score.config import ScoringConfig
-from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerOptions
+from hypertrace.analyzer.ingest.server import Analyzer
+from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions, make_analyzer
 from hypertrace.analyzer.store.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import MAX_WINDOW_BYTES
@@ -64,7 +65,7 @@ def _inputs() -> list[bytes]:
 def _server(db: Path, checkers: int, engine_process: bool = False
             ) -> tuple[AnalyzerServer, str]:
     st = Storage.open(db, synchronous="NORMAL")
-    a = Analyzer(st, ScoringConfig(), engine_process=engine_process)
+    a = make_analyzer(st, ScoringConfig(), engine_process=engine_process)
     server = AnalyzerServer(a, ServerOptions(listen="127.0.0.1:0", flush_interval=0.0,
                                              shutdown_grace_s=0.5, insecure=True,
                                              retention_hours=0, checker_processes=checkers))

@@ -167,13 +167,13 @@ def _single_process(by_epoch, tmp_path: Path):
     """The single-process analyzer (real SQLite storage) fed the same windows, scoring after
     phase 1 and at the end; returns ((job, epoch) -> verdicts, its final report)."""
     from hypertrace.analyzer.score.config import ScoringConfig
-    from hypertrace.analyzer.score.engine import Engine
+    from hypertrace.analyzer.ingest.engines import LocalEngine
     from hypertrace.analyzer.ingest.server import Analyzer
     from hypertrace.analyzer.store.storage import Storage
 
     scored: dict[tuple[str, int], dict] = {}
 
-    class RecordingEngine(Engine):
+    class RecordingEngine(LocalEngine):
         """The real Engine; keeps what each flush scored for the comparison."""
 
         def flush(self, now_ns=None, expire=False):
@@ -184,7 +184,8 @@ def _single_process(by_epoch, tmp_path: Path):
 
     storage = Storage.open(tmp_path / "single.db")
     try:
-        analyzer = Analyzer(storage, ScoringConfig(), engine_factory=RecordingEngine)
+        analyzer = Analyzer(storage, ScoringConfig(),
+                            engine=RecordingEngine(ScoringConfig(), storage))
         for phase in ((0, 1, 2), (3, 4, 5, 6)):
             for e in phase:
                 for w in by_epoch[e]:

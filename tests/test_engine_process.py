@@ -18,7 +18,8 @@ import pytest
 
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.scale.engine_process import EngineProcess, WorkerUnavailable
-from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerOptions
+from hypertrace.analyzer.ingest.server import Analyzer
+from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions, make_analyzer
 from hypertrace.analyzer.store.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc
@@ -54,9 +55,9 @@ def _run(db: Path, engine_process: bool, kill_before_epoch: int | None = None) -
     (late); with ``kill_before_epoch`` the worker is SIGKILLed after that epoch's windows were
     stored and queued, before they reach it."""
     st = Storage.open(db, synchronous="NORMAL")
-    a = Analyzer(st, ScoringConfig(), engine_process=engine_process)
+    a = make_analyzer(st, ScoringConfig(), engine_process=engine_process)
     try:
-        assert (a.engine_process is not None) == engine_process
+        assert isinstance(a.engine, EngineProcess) == engine_process
         a.resume()
         epochs = _epochs()
         held = epochs[1].pop()
@@ -64,14 +65,14 @@ def _run(db: Path, engine_process: bool, kill_before_epoch: int | None = None) -
             for w in epoch:
                 a.ingest(w)
             if k == kill_before_epoch:
-                os.kill(a.engine_process.pid, signal.SIGKILL)
+                os.kill(a.engine.pid, signal.SIGKILL)
             a.flush(_due(epoch))
             if k == 1:
                 a.ingest(held)              # its epoch is scored: late
                 a.drain()
         return {"report": _plain(a.report()), "jobs": a.list_jobs().SerializeToString(),
                 "late": sorted((sw.agent_id, sw.seq) for sw in st.iter_windows() if sw.late),
-                "restarts": a.engine_process.restarts if a.engine_process else 0,
+                "restarts": a.engine.restarts if isinstance(a.engine, EngineProcess) else 0,
                 "counted": a.metrics.registry.get_sample_value(
                     "hypertrace_worker_restarts_total", {"worker": "engine"})}
     finally:
@@ -131,12 +132,12 @@ def test_a_snapshot_made_in_the_worker_resumes_an_engine_here(tmp_path):
 
 def test_an_error_in_the_worker_comes_back_as_itself(tmp_path):
     st = Storage.open(tmp_path / "a.db", synchronous="NORMAL")
-    a = Analyzer(st, ScoringConfig(), engine_process=True)
+    a = make_analyzer(st, ScoringConfig(), engine_process=True)
     try:
         with pytest.raises(KeyError, match="unknown job 'nope'"):
             a.report("nope")
         assert a.list_jobs().jobs == []          # the worker goes on
-        assert a.engine_process.restarts == 0
+        assert a.engine.restarts == 0
     finally:
         a.close()
         st.close()
@@ -151,12 +152,12 @@ def test_over_grpc_the_server_acks_and_reports_as_with_the_engine_here(tmp_path)
     reports = {}
     for mode in (False, True):
         st = Storage.open(tmp_path / f"{mode}.db", synchronous="NORMAL")
-        a = Analyzer(st, ScoringConfig(), engine_process=mode)
+        a = make_analyzer(st, ScoringConfig(), engine_process=mode)
         a.resume()
         server = AnalyzerServer(a, ServerOptions(listen="127.0.0.1:0", flush_interval=0.0,
                                                  shutdown_grace_s=0.5, insecure=True))
         port = server.start()
-        pid = a.engine_process.pid if mode else None
+        pid = a.engine.pid if mode else None
         try:
             windows = [w for epoch in _epochs() for w in epoch]
             with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
@@ -186,7 +187,7 @@ def test_over_grpc_a_worker_killed_between_streams_is_replaced_and_reports_the_s
     reports, restarts = {}, {}
     for kill in (False, True):
         st = Storage.open(tmp_path / f"{kill}.db", synchronous="NORMAL")
-        a = Analyzer(st, ScoringConfig(), engine_process=True)
+        a = make_analyzer(st, ScoringConfig(), engine_process=True)
         a.resume()
         server = AnalyzerServer(a, ServerOptions(listen="127.0.0.1:0", flush_interval=0.0,
                                                  shutdown_grace_s=0.5, insecure=True,
@@ -199,14 +200,14 @@ def test_over_grpc_a_worker_killed_between_streams_is_replaced_and_reports_the_s
                 query.GetReport(pb.ReportRequest(), timeout=60)        # epochs 0-3 scored
                 acks += list(ingest.Stream(iter(rest), timeout=60))
                 if kill:
-                    old = a.engine_process.pid
+                    old = a.engine.pid
                     os.kill(old, signal.SIGKILL)
                     assert _ends(old)
                 reports[kill] = _plain(query.GetReport(pb.ReportRequest(all_nodes=True),
                                                        timeout=60))
                 assert [(k.seq, k.duplicate) for k in acks] == [(w.seq, False)
                                                                 for w in first + rest]
-            restarts[kill] = a.engine_process.restarts
+            restarts[kill] = a.engine.restarts
         finally:
             server.stop()
             a.close()

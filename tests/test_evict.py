@@ -16,6 +16,7 @@ from hypertrace.analyzer.evict.evictor import Evictor, NodeMap
 from hypertrace.analyzer.evict.policy import EvictPolicy, judge
 from hypertrace.proto.settings import ConfigError
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
+from hypertrace.analyzer.report.job_report import build_report
 
 NOW = 1_800_000_000 * 10**9
 
@@ -27,7 +28,7 @@ def _job(*slow: str, gpus: int = 256, factor: float = 1.3):
     for w in generate(cfg):
         e.ingest(w)
     e.flush()
-    return e.report("sim-job").jobs[0]
+    return build_report(e, "sim-job").jobs[0]
 
 
 @pytest.fixture(scope="module")
@@ -490,7 +491,7 @@ def test_the_report_says_when_no_step_time_basis_allows_a_proposal():
     for w in generate(cfg):
         e.ingest(w)
     e.flush()
-    job = e.report("sim-job").jobs[0]
+    job = build_report(e, "sim-job").jobs[0]
     assert "node-0013" in {n.node for n in job.nodes if n.verdict == "straggler"}
     assert "no eviction proposal: no step-time basis" in job.cluster.basis
     assert all(not v.propose for v in judge(job, EvictPolicy()))

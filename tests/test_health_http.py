@@ -7,7 +7,8 @@ import urllib.error
 import urllib.request
 
 from hypertrace.analyzer.score.config import ScoringConfig
-from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerOptions
+from hypertrace.analyzer.ingest.server import Analyzer
+from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions
 from hypertrace.analyzer.store.storage import Storage
 
 

@@ -10,6 +10,7 @@ from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.engine import Engine
 from hypertrace.analyzer.score.imbalance import ImbalanceTracker, group_deviations, peer_classes
 from hypertrace.analyzer.report.report_format import exit_status, report_to_table
+from hypertrace.analyzer.report.job_report import build_report
 
 
 def test_peer_classes_split_by_kind_and_group_and_fold_small_groups():
@@ -57,7 +58,7 @@ def _report(cfg, scoring: ScoringConfig = ScoringConfig()):
     for w in simulate.generate(cfg):
         e.ingest(w)
     e.flush(now_ns=2**62)
-    return e.report()
+    return build_report(e)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

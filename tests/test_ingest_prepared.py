@@ -19,6 +19,7 @@ from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import records
 from hypertrace.analyzer.scale import validate_ahead
 from hypertrace.sim.simulate import SimConfig, generate
+from hypertrace.analyzer.report.job_report import build_report
 
 CFG = ScoringConfig()
 
@@ -74,7 +75,7 @@ def _plain(value):
 
 def _report(engine: Engine) -> bytes:
     engine.flush(None)
-    return engine.report(now_ns=1).SerializeToString(deterministic=True)
+    return build_report(engine, now_ns=1).SerializeToString(deterministic=True)
 
 
 def test_prepared_chunks_give_the_state_of_windows_ingested_one_by_one(windows):

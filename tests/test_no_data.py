@@ -10,6 +10,7 @@ from hypertrace.analyzer.score.engine import Engine
 from hypertrace.analyzer.evict.policy import EvictPolicy, judge
 from hypertrace.analyzer.report.report_format import EXIT_OK, exit_status, report_to_table
 from hypertrace.sim.simulate import Dropout, SimConfig, Straggler, generate
+from hypertrace.analyzer.report.job_report import build_report
 
 SLOW = "node-0005"
 
@@ -40,7 +41,7 @@ def test_a_stopped_agents_node_is_no_data_after_clear_m_scored_windows(stopped):
 
 def test_the_report_shows_it_as_no_data_and_keeps_it_out_of_the_what_if(stopped):
     e, _ = stopped
-    job = e.report().jobs[0]
+    job = build_report(e).jobs[0]
     node = next(n for n in job.nodes if n.node == SLOW)
     assert node.verdict == "no_data" and {g.verdict for g in node.gpus} == {"no_data"}
     assert node.probable_cause.startswith("no data")
@@ -49,9 +50,9 @@ def test_the_report_shows_it_as_no_data_and_keeps_it_out_of_the_what_if(stopped)
     assert SLOW not in c.evicted_nodes and not c.evicted_nodes
     assert c.predicted_gain == 0.0 and c.step_time_now_us == c.step_time_after_eviction_us
     assert " 120 ranks" in c.basis                            # 16 nodes less the silent one
-    assert exit_status(e.report()) == EXIT_OK
+    assert exit_status(build_report(e)) == EXIT_OK
     assert not any(v.propose for v in judge(job, EvictPolicy()))
-    table = report_to_table(e.report(), flagged_only=True)
+    table = report_to_table(build_report(e), flagged_only=True)
     assert SLOW in table and "no_data" in table and "no data: no window from its agent" in table
 
 
@@ -62,7 +63,7 @@ def test_its_verdict_comes_back_with_its_windows():
     e, results = _engine(cfg)
     mine = [{v for (n, _), v in r.verdicts.items() if n == SLOW} for r in results]
     assert mine[9] == {"no_data"} and mine[10] == {"straggler"}
-    assert [n.verdict for n in e.report().jobs[0].nodes if n.node == SLOW] == ["straggler"]
+    assert [n.verdict for n in build_report(e).jobs[0].nodes if n.node == SLOW] == ["straggler"]
 
 
 def test_a_registered_gpu_not_yet_scored_is_not_no_data():
@@ -70,4 +71,4 @@ def test_a_registered_gpu_not_yet_scored_is_not_no_data():
     e = Engine(ScoringConfig())
     for w in generate(SimConfig(gpus=64, windows=1, seed=2)):
         e.ingest(w)
-    assert {g.verdict for n in e.report().jobs[0].nodes for g in n.gpus} == {"insufficient_data"}
+    assert {g.verdict for n in build_report(e).jobs[0].nodes for g in n.gpus} == {"insufficient_data"}

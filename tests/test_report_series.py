@@ -14,6 +14,7 @@ from hypertrace.analyzer.report import whatif_curve
 from hypertrace.analyzer.score.engine import Engine
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
+from hypertrace.analyzer.report.job_report import build_report
 
 SLOW = "node-0011"
 
@@ -25,7 +26,7 @@ def _report(cfg: SimConfig, touch=None) -> pb.JobReport:
             touch(w)
         e.ingest(w)
     e.flush(None)
-    return e.report().jobs[0]
+    return build_report(e).jobs[0]
 
 
 @pytest.fixture(scope="module")

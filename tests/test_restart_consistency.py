@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
+from hypertrace.analyzer.report.job_report import build_report
 
 from test_server import send, start_server, stop_server
 
@@ -155,7 +156,7 @@ def test_a_finished_job_is_forgotten_after_job_expiry_seconds():
     e.flush(last_end + 601 * 10**9, expire=True)     # ten minutes without a window: forgotten
     assert e.job_ids() == [] and e.expired_jobs == 1
     with pytest.raises(UnknownJobError, match="job_expiry_seconds"):
-        e.report("sim-job")
+        build_report(e, "sim-job")
     keep = Engine(ScoringConfig(job_expiry_seconds=0))
     for w in ws:
         keep.ingest(w)
@@ -191,7 +192,7 @@ def test_a_gpu_that_left_a_running_job_is_retired_and_its_row_reused():
         e.flush(end, expire=True)
     job = e._jobs["sim-job"]
     rows_before = len(job.keys)
-    report = e.report("sim-job")
+    report = build_report(e, "sim-job")
     nodes = {n.node for n in report.jobs[0].nodes}
     assert "node-0007" not in nodes and "node-0006" not in nodes and "node-0008" in nodes
     assert report.jobs[0].gpus == 56 and e.retired_gpus == 16

@@ -20,7 +20,8 @@ from hypertrace.analyzer.store import summaries
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.epoch_scoring import EpochResult
 from hypertrace.analyzer.scale.retention_process import PassFailed, RetentionPlan, RetentionProcess
-from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerOptions
+from hypertrace.analyzer.ingest.server import Analyzer
+from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions
 from hypertrace.analyzer.store.storage import Storage
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
 

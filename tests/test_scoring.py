@@ -17,6 +17,7 @@ from hypertrace.analyzer.score.scoring import (HOST_FENCE_MIN, MAX_HOST_ALLOWANC
 from hypertrace.sim.synthetic import job_windows
 from hypertrace.proto import buckets, wire
 from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.analyzer.report.job_report import build_report
 
 CFG = ScoringConfig()
 ENOUGH = np.full(1, 1000)
@@ -250,7 +251,7 @@ def _engine_with(windows: list[pb.NodeWindow], cfg: ScoringConfig = CFG) -> Engi
 
 
 def _verdicts(e: Engine, job: str) -> dict[tuple[str, str], str]:
-    rep = e.report(job, now_ns=0)
+    rep = build_report(e, job, now_ns=0)
     return {(n.node, g.gpu): g.verdict for n in rep.jobs[0].nodes for g in n.gpus}
 
 
@@ -282,7 +283,7 @@ def test_insufficient_samples_give_insufficient_data():
     v = _verdicts(e, "job-1")
     assert {x for k, x in v.items() if k[0] == "node-0005"} == {"insufficient_data"}
     assert {x for k, x in v.items() if k[0] != "node-0005"} <= {"healthy", "suspect"}
-    rep = e.report("job-1", now_ns=0)
+    rep = build_report(e, "job-1", now_ns=0)
     node = next(n for n in rep.jobs[0].nodes if n.node == "node-0005")
     assert node.verdict == "insufficient_data" and node.scope == ""
 

@@ -14,6 +14,7 @@ from hypertrace.analyzer.report.report_format import (exit_status, report_to_jso
 from hypertrace.sim.synthetic import job_windows
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import wire
+from hypertrace.analyzer.report.job_report import build_report
 
 W_NS = 10_000_000_000
 
@@ -29,12 +30,12 @@ def _run(windows, cfg=ScoringConfig()) -> Engine:
 @pytest.fixture(scope="module")
 def slow_job() -> pb.Report:
     ws = job_windows(256, 8, 8, slow={"node-0042": 1.10}, seed=7)
-    return _run(ws).report(now_ns=0)
+    return build_report(_run(ws), now_ns=0)
 
 
 @pytest.fixture(scope="module")
 def clean_job() -> pb.Report:
-    return _run(job_windows(256, 8, 8, seed=8)).report(now_ns=0)
+    return build_report(_run(job_windows(256, 8, 8, seed=8)), now_ns=0)
 
 
 def test_2048_gpus_one_node_10pct_slower_is_the_only_straggler(slow_job):
@@ -115,8 +116,8 @@ def test_report_is_a_deterministic_function_of_the_windows():
     ws = job_windows(16, 4, 5, slow={"node-0003": 1.2}, seed=5)
     shuffled = list(ws)
     random.Random(1).shuffle(shuffled)
-    a = report_to_json(_run(ws).report(now_ns=1))
-    b = report_to_json(_run(shuffled).report(now_ns=1))
+    a = report_to_json(build_report(_run(ws), now_ns=1))
+    b = report_to_json(build_report(_run(shuffled), now_ns=1))
     assert a == b
 
 
@@ -129,7 +130,7 @@ def test_one_throttled_gpu_is_gpu_level_with_nvml_cause():
             w.processes[2].nvml.clock_event_reasons = 0x40      # HW thermal slowdown
             w.processes[2].nvml.sm_clock_mhz = 1100
             w.processes[2].nvml.max_sm_clock_mhz = 1980
-    rep = _run(ws).report(now_ns=0)
+    rep = build_report(_run(ws), now_ns=0)
     node = rep.jobs[0].nodes[0]
     assert node.node == "node-0005" and node.verdict == "straggler" and node.scope == "gpu"
     gpu = node.gpus[0]
@@ -156,7 +157,7 @@ def test_sync_tails_never_convict_alone_low_is_reported_as_support():
     for w in ws:
         e.ingest(w)
     results = e.flush(None)
-    rep = e.report(now_ns=0)
+    rep = build_report(e, now_ns=0)
     assert {n.verdict for n in rep.jobs[0].nodes} == {"healthy"}
     low = [r for res in results for r in res.rows if r.node == "node-0002" and r.stat == "p50"]
     assert low and {r.direction for r in low} == {"low"}
@@ -167,7 +168,7 @@ def test_sync_tails_never_convict_alone_low_is_reported_as_support():
 def test_unknown_job_and_list_jobs():
     e = _run(job_windows(4, 4, 1, seed=1))
     with pytest.raises(UnknownJobError, match="unknown job 'nope'; known jobs: job-1"):
-        e.report("nope")
+        build_report(e, "nope")
     jobs = e.list_jobs().jobs
     assert [(j.job_id, j.gpus, j.nodes, j.windows) for j in jobs] == [("job-1", 16, 4, 4)]
     assert jobs[0].last_window.seconds > 0
@@ -179,7 +180,7 @@ def test_windows_from_the_wire_round_trip_score_the_same(tmp_path):
     with open(path, "w") as fh:
         wire.write_jsonl(ws, fh)
     again = list(wire.read_jsonl(path))
-    assert report_to_json(_run(ws).report(now_ns=1)) == report_to_json(_run(again).report(now_ns=1))
+    assert report_to_json(build_report(_run(ws), now_ns=1)) == report_to_json(build_report(_run(again), now_ns=1))
 
 
 def test_a_slow_host_measured_under_5pct_is_convicted_through_its_host_median():
@@ -193,12 +194,12 @@ def test_a_slow_host_measured_under_5pct_is_convicted_through_its_host_median():
 
     base = scenarios.get("clean").config(64, 8, 16, 3, wide=False)
     cfg = replace(base, step_ms=0.0, stragglers=(Straggler("node-0003", 1.047, where="host"),))
-    rep = _run(generate(cfg)).report(now_ns=0)
+    rep = build_report(_run(generate(cfg)), now_ns=0)
     bad = {n.node: n for n in rep.jobs[0].nodes if n.verdict == "straggler"}
     assert list(bad) == ["node-0003"] and bad["node-0003"].scope == "host"
     findings = [f for g in bad["node-0003"].gpus for f in g.findings if f.basis == "host"]
     assert findings and all(1.0 < f.ratio < 1.05 for f in findings)   # under min_effect
-    plain = _run(generate(cfg), ScoringConfig(host_effect_sigmas=0.0)).report(now_ns=0)
+    plain = build_report(_run(generate(cfg), ScoringConfig(host_effect_sigmas=0.0)), now_ns=0)
     assert not [n for n in plain.jobs[0].nodes if n.verdict == "straggler" and n.scope == "host"]
 
 
@@ -221,7 +222,7 @@ def test_an_epoch_keeps_every_implicated_gpus_rows_and_the_strongest_others():
             e = Engine(ScoringConfig())
             for w in ws:
                 e.ingest(w)
-            return e.flush(None), report_to_json(e.report(now_ns=0))
+            return e.flush(None), report_to_json(build_report(e, now_ns=0))
         finally:
             epoch_scoring.OTHER_ROWS_KEPT = old
     full, full_report = run(10**9)

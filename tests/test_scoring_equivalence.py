@@ -24,6 +24,7 @@ from hypertrace.analyzer.report.report_format import report_to_json
 from hypertrace.sim import scenarios
 from hypertrace.sim.simulate import generate
 from hypertrace.sim.synthetic import job_windows, node_name
+from hypertrace.analyzer.report.job_report import build_report
 
 GOLDEN = Path(__file__).parent / "data" / "scoring_golden.json.gz"
 
@@ -66,7 +67,7 @@ def snapshot(case: str) -> dict:
                 "rows": [{k: (sorted([e, list(v)] for e, v in val.items())
                               if k == "evidence" else val)
                           for k, val in dataclasses.asdict(row).items()} for row in r.rows]})
-    return {"epochs": epochs, "report": json.loads(report_to_json(engine.report(now_ns=0)))}
+    return {"epochs": epochs, "report": json.loads(report_to_json(build_report(engine, now_ns=0)))}
 
 
 def _same(a, b, path: str = "") -> None:

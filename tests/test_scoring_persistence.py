@@ -8,6 +8,7 @@ from hypertrace.analyzer.score.engine import Engine
 from hypertrace.analyzer.score.persistence import (HEALTHY, INSUFFICIENT, STRAGGLER, SUSPECT,
                                              PersistenceState)
 from hypertrace.sim.synthetic import job_windows
+from hypertrace.analyzer.report.job_report import build_report
 
 CFG = ScoringConfig(persist_k=3, persist_n=5, clear_m=3)
 
@@ -137,7 +138,7 @@ def test_a_node_slow_in_a_third_of_the_windows_is_convicted_as_intermittent():
     assert convicted and convicted[0] < 20
     assert not any(v == "straggler" for r in results for (n, _), v in r.verdicts.items()
                    if n != "node-0003")
-    node = next(n for n in e.report().jobs[0].nodes if n.node == "node-0003")
+    node = next(n for n in build_report(e).jobs[0].nodes if n.node == "node-0003")
     assert node.verdict == "straggler" and node.probable_cause.startswith("intermittent")
 
 

@@ -16,7 +16,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hypertrace.analyzer.score.config import ScoringConfig
-from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerError, ServerOptions
+from hypertrace.analyzer.ingest.server import Analyzer, ServerError
+from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
 from hypertrace.analyzer.store.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb

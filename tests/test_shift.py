@@ -10,6 +10,7 @@ from hypertrace.analyzer.score.cross_section import Hists
 from hypertrace.analyzer.score.engine import Engine
 from hypertrace.analyzer.score.shift import pooled_deciles, shift_ratios
 from hypertrace.sim.simulate import SimConfig, Straggler
+from hypertrace.analyzer.report.job_report import build_report
 
 
 def _hists(cfg: SimConfig, api: str = "cudaLaunchKernel") -> Hists:
@@ -68,7 +69,7 @@ def _stragglers(cfg: SimConfig) -> set[str]:
     for w in simulate.generate(cfg):
         e.ingest(w)
     e.flush(now_ns=2**62)
-    return {n.node for n in e.report().jobs[0].nodes if n.verdict == "straggler"}
+    return {n.node for n in build_report(e).jobs[0].nodes if n.verdict == "straggler"}
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -98,7 +99,7 @@ def test_a_launch_finding_quotes_all_the_time_its_host_adds_to_a_step():
     for w in simulate.generate(cfg):
         e.ingest(w)
     e.flush(now_ns=2**62)
-    node = next(n for n in e.report().jobs[0].nodes if n.node == "node-0005")
+    node = next(n for n in build_report(e).jobs[0].nodes if n.node == "node-0005")
     assert node.verdict == "straggler"
     f = next(f for f in node.gpus[0].findings if f.api == "cudaLaunchKernel" and f.stat == "p50")
     assert f.HasField("step_share") and 0.11 <= f.step_share <= 0.17, f
@@ -108,7 +109,7 @@ def test_a_launch_finding_quotes_all_the_time_its_host_adds_to_a_step():
     for w in simulate.generate(replace(cfg, step_ms=0)):
         bare.ingest(w)
     bare.flush(now_ns=2**62)
-    node = next(n for n in bare.report().jobs[0].nodes if n.node == "node-0005")
+    node = next(n for n in build_report(bare).jobs[0].nodes if n.node == "node-0005")
     assert not any(f.HasField("step_share") for f in node.gpus[0].findings)
     assert "of a step" not in node.probable_cause
     assert _stragglers(replace(cfg, stragglers=(Straggler("node-0005", 1.12,

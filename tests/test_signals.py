@@ -21,6 +21,7 @@ from hypertrace.analyzer.score.engine import Engine
 from hypertrace.analyzer.report.report_format import report_to_json, report_to_table
 from hypertrace.proto import buckets, wire
 from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.analyzer.report.job_report import build_report
 
 RANKS = 8
 SLOW = 5
@@ -115,12 +116,12 @@ def run(ws: list[pb.NodeWindow], cfg: ScoringConfig = ScoringConfig()) -> tuple[
 
 
 def verdicts(engine: Engine) -> dict[int, str]:
-    job = engine.report(now_ns=0).jobs[0]
+    job = build_report(engine, now_ns=0).jobs[0]
     return {g.rank: g.verdict for n in job.nodes for g in n.gpus}
 
 
 def gpu(engine: Engine, rank: int) -> pb.GpuReport:
-    job = engine.report(now_ns=0).jobs[0]
+    job = build_report(engine, now_ns=0).jobs[0]
     return next(g for n in job.nodes for g in n.gpus if g.rank == rank)
 
 
@@ -152,7 +153,7 @@ def test_cpu_hog_is_convicted_by_run_queue_share_with_the_cpu_contention_cause()
     assert re.match(r"run-queue wait 40% of wall time vs 0\.[23]% job median \(p50 latency "
                     r"(2\.9|3\.0) ms\): CPU contention", cause), cause
     assert "arrives last at the collective" in cause
-    rep = engine.report(now_ns=0).jobs[0]
+    rep = build_report(engine, now_ns=0).jobs[0]
     assert rep.mode == "collective" and rep.windows_sampled == 8
 
 
@@ -173,7 +174,7 @@ def test_gpu_side_straggler_in_collective_mode_waits_longest_on_its_gpu(factor):
     assert v[SLOW] == "straggler"
     assert all(v[k] == "healthy" for k in range(RANKS) if k != SLOW)
     assert convicted(results) == {SLOW}
-    rep = engine.report(now_ns=0).jobs[0]
+    rep = build_report(engine, now_ns=0).jobs[0]
     assert rep.mode == "collective"
     cause = gpu(engine, SLOW).probable_cause
     assert re.match(rf"waits {20 * factor:.1f} ms per step on its own GPU vs (19\.9|20\.0|20\.1) "
@@ -203,7 +204,7 @@ def test_slow_rank_in_independent_mode_is_convicted_by_its_step_time():
         return Rank(step_ms=100.0 * f, busy_ms=70.0 * f, peer_wait_ms=0.0,
                     launches=int(5000 / f), runq_share=rng.uniform(0.001, 0.003))
     engine, results = run(windows(6, rank_of, seed=3))
-    rep = engine.report(now_ns=0).jobs[0]
+    rep = build_report(engine, now_ns=0).jobs[0]
     assert rep.mode == "independent"
     v = verdicts(engine)
     assert v[SLOW] == "straggler"
@@ -223,7 +224,7 @@ def test_equal_step_times_are_not_convicted_in_collective_mode():
         return Rank(step_ms=130.0 if k == SLOW else 100.0, peer_wait_ms=30.0 if k == SLOW else 0.0,
                     launches=5000)
     engine, results = run(windows(6, rank_of, seed=4), ScoringConfig(job_mode="collective"))
-    assert engine.report(now_ns=0).jobs[0].mode == "collective"
+    assert build_report(engine, now_ns=0).jobs[0].mode == "collective"
     assert verdicts(engine)[SLOW] == "healthy"
     assert any(r.api == "step.time" and not r.implicates for res in results for r in res.rows)
 
@@ -296,7 +297,7 @@ def test_too_few_steps_are_not_scored():
     engine, results = run(windows(5, rank_of, seed=8))
     assert not [r for res in results for r in res.rows if r.api.startswith("step.")]
     assert verdicts(engine)[SLOW] != "straggler"
-    assert engine.report(now_ns=0).jobs[0].mode == ""
+    assert build_report(engine, now_ns=0).jobs[0].mode == ""
 
 
 def test_sched_evidence_covering_too_little_time_is_not_scored():
@@ -349,7 +350,7 @@ def test_report_table_and_json_show_mode_sampling_and_units():
         return Rank(runq_share=0.4 if k == SLOW else 0.002, runq_p50_us=2900.0,
                     peer_wait_ms=0.5 if k == SLOW else 10.0)
     engine, _ = run(windows(5, rank_of, seed=11))
-    rep = engine.report(now_ns=0)
+    rep = build_report(engine, now_ns=0)
     text = report_to_table(rep)
     assert "windows scored (5 with a full launch cross-section), mode collective" in text
     row = next(x for x in text.splitlines() if x.startswith(f"node-{SLOW}"))
@@ -375,7 +376,7 @@ def test_what_if_predicts_the_measured_step_less_the_slow_ranks_lead():
                     spread=0.02, steps=200, step_ms=step_ms,
                     peer_wait_ms=step_ms - b - wait_ms)
     engine, _ = run(windows(8, rank_of, seed=12))
-    c = engine.report(now_ns=0).jobs[0].cluster
+    c = build_report(engine, now_ns=0).jobs[0].cluster
     assert c.basis.startswith("step.own: the job's step measured now")
     assert list(c.evicted_nodes) == [f"node-{SLOW}"]
     assert c.step_time_now_us == pytest.approx(step_ms * 1e3, rel=0.01)
@@ -410,7 +411,7 @@ def test_slow_launches_that_do_not_lengthen_the_step_do_not_convict():
     0.44-0.48x as long in cudaDeviceSynchronize, with the job's step time: healthy."""
     rank_of = _independent({1: 1.25, 2: 1.3}, sync_low={1: 0.45, 2: 0.45})
     engine, results = run(windows(6, rank_of, seed=21))
-    assert engine.report(now_ns=0).jobs[0].mode == "independent"
+    assert build_report(engine, now_ns=0).jobs[0].mode == "independent"
     assert set(verdicts(engine).values()) == {"healthy"}
     assert convicted(results) == set()
     rows = [r for res in results for r in res.rows if r.rank in (1, 2)]
@@ -435,7 +436,7 @@ def test_without_step_data_launch_latency_alone_still_convicts():
     quotes the launch numbers."""
     rank_of = _independent({SLOW: 1.25}, refused=True)
     engine, results = run(windows(6, rank_of, seed=23))
-    assert engine.report(now_ns=0).jobs[0].mode == ""
+    assert build_report(engine, now_ns=0).jobs[0].mode == ""
     assert verdicts(engine)[SLOW] == "straggler" and convicted(results) == {SLOW}
     cause = gpu(engine, SLOW).probable_cause
     assert cause.startswith("slow cudaLaunchKernel (cudaLaunchKernel p50 10."), cause

@@ -12,6 +12,7 @@ from hypertrace.sim.simulate import (SimConfig, Straggler, generate, live_start_
                                           parse_straggler, simulate_counts)
 from hypertrace.proto import buckets
 from hypertrace.proto.wire import read_jsonl, validate_window, write_jsonl
+from hypertrace.analyzer.report.job_report import build_report
 
 CFG = SimConfig(gpus=64, gpus_per_node=8, windows=3, seed=7,
                 stragglers=(Straggler("node-0003", 1.10),))
@@ -117,7 +118,7 @@ def test_engine_flags_exactly_the_injected_node_and_nothing_in_a_clean_job(seed)
         for w in generate(cfg):
             engine.ingest(w)
         engine.flush(None)
-        return sorted(n.node for j in engine.report().jobs for n in j.nodes
+        return sorted(n.node for j in build_report(engine).jobs for n in j.nodes
                       if n.verdict == "straggler")
 
     base = dict(gpus=256, gpus_per_node=8, windows=6, seed=seed)

@@ -19,6 +19,7 @@ from hypertrace.analyzer.store.storage import StoredSnapshot
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.sim import scenarios
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
+from hypertrace.analyzer.report.job_report import build_report
 
 from test_server import send, start_server, stop_server
 
@@ -158,4 +159,4 @@ def test_every_scenarios_engine_state_goes_through_a_snapshot_unchanged(name):
         for w in windows[cut:]:
             e.ingest(w)
         e.flush()
-    assert restored.report(now_ns=0) == live.report(now_ns=0)
+    assert build_report(restored, now_ns=0) == build_report(live, now_ns=0)

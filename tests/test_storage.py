@@ -14,6 +14,7 @@ from hypertrace.sim.simulate import SimConfig, Straggler, generate
 from hypertrace.analyzer.store.storage import (CODEC_RAW, CODEC_ZLIB, CODEC_ZLIB_DICT1,
                                          ConflictingDuplicate, Storage, StorageError)
 from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.analyzer.report.job_report import build_report
 
 CFG = SimConfig(gpus=32, gpus_per_node=8, windows=4, seed=5,
                 stragglers=(Straggler("node-0001", 1.3),))
@@ -120,7 +121,7 @@ def test_retention_prunes_old_windows_and_results(tmp_path):
 def _one_epoch(engine: Engine):
     """An EpochResult with every GPU's current verdict (what the next scoring pass stores)."""
     from hypertrace.analyzer.score.epoch_scoring import EpochResult
-    job = engine.report(now_ns=0).jobs[0]
+    job = build_report(engine, now_ns=0).jobs[0]
     return EpochResult(job.job_id, 1, [], {(n.node, g.gpu): g.verdict for n in job.nodes
                                           for g in n.gpus})
 

@@ -21,6 +21,7 @@ from hypertrace.analyzer.score.cross_section import EpochAccumulator
 from hypertrace.analyzer.report.report_format import report_to_table
 from hypertrace.proto import buckets, wire
 from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.analyzer.report.job_report import build_report
 from test_signals import WINDOW_S, run, verdicts
 from test_signals import windows as signals_windows
 
@@ -90,18 +91,18 @@ def test_the_rank_everybody_waits_for_is_convicted_by_its_synchronize_time():
     def rank_of(e, k, rng):
         return Rank(wait_ms=3.0) if k == SLOW else healthy(rng)
     engine, results = run(windows(5, rank_of, seed=1))
-    assert engine.report(now_ns=0).jobs[0].mode == ""              # no step data
+    assert build_report(engine, now_ns=0).jobs[0].mode == ""              # no step data
     v = verdicts(engine)
     assert v[SLOW] == "straggler" and all(v[k] == "healthy" for k in v if k != SLOW), v
     rows = share_rows(results, SLOW)
     assert rows and all(r.direction == "low" and r.implicates for r in rows)
     # its effect in step terms: the time per second the job waits for it
     assert all(0.12 <= r.step_share <= 0.16 for r in rows), [r.step_share for r in rows]
-    job = engine.report(now_ns=0).jobs[0]
+    job = build_report(engine, now_ns=0).jobs[0]
     cause = next(g for n in job.nodes for g in n.gpus if g.rank == SLOW).probable_cause
     assert cause.startswith("spends 6.") and "the rank the others wait for" in cause, cause
     assert "shorter across the board" in cause and "no step data" in cause, cause
-    assert "synchronize time" in report_to_table(engine.report(now_ns=0))
+    assert "synchronize time" in report_to_table(build_report(engine, now_ns=0))
 
 
 def test_a_two_percent_slow_rank_is_not_convicted_though_its_waits_are_far_shorter():
@@ -178,7 +179,7 @@ def test_with_step_data_the_steps_decide_not_the_synchronize_time():
         r.steps = True
         return r
     engine, results = run(windows(5, rank_of, seed=6))
-    assert engine.report(now_ns=0).jobs[0].mode != ""
+    assert build_report(engine, now_ns=0).jobs[0].mode != ""
     assert not share_rows(results, SLOW) and verdicts(engine)[SLOW] == "healthy"
 
 

@@ -132,7 +132,8 @@ def test_the_report_cli_over_tls(tls_analyzer, pki, capsys):
 
 
 def test_plaintext_needs_an_explicit_insecure(tmp_path, capsys):
-    from hypertrace.analyzer.ingest.server import Analyzer, AnalyzerServer, ServerOptions
+    from hypertrace.analyzer.ingest.server import Analyzer
+    from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions
     from hypertrace.analyzer.store.storage import Storage
     storage = Storage.open(tmp_path / "a.db")
     try:

@@ -22,6 +22,7 @@ from hypertrace.sim.simulate import SimConfig, Straggler, generate
 from hypertrace.cli.main import main
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import write_jsonl
+from hypertrace.analyzer.report.job_report import build_report
 
 BASE = dict(gpus=256, gpus_per_node=8, windows=6, seed=5)
 
@@ -31,7 +32,7 @@ def _report(cfg: SimConfig, **scoring) -> pb.Report:
     for w in generate(cfg):
         engine.ingest(w)
     engine.flush(None)
-    return engine.report(now_ns=0)
+    return build_report(engine, now_ns=0)
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +183,7 @@ def test_a_one_node_job_never_gets_an_eviction_prediction():
     for w in simulate.generate(cfg):
         e.ingest(w)
     e.flush(now_ns=2**62)
-    job = e.report().jobs[0]
+    job = build_report(e).jobs[0]
     assert job.nodes[0].verdict == "straggler"          # the slow GPU is still named
     c = job.cluster
     assert list(c.evicted_nodes) == []

@@ -3,7 +3,9 @@ workload imbalance, and the cluster prediction (spike probability, the what-if o
 stragglers: analyzer/score/theory.py)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
@@ -11,6 +13,7 @@ from hypertrace.analyzer.report import causes, whatif_curve
 from hypertrace.analyzer.score import theory, window_series
 from hypertrace.analyzer.score import signals
 from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.engine import Engine
 from hypertrace.analyzer.score.jobs import JobState
 from hypertrace.analyzer.score.persistence import NO_DATA, STRAGGLER, SUSPECT, VERDICT_NAMES
 from hypertrace.proto import buckets
@@ -21,6 +24,36 @@ LATE_NODES = 20
 
 #: Sort order of verdicts in reports: worst first.
 _SEVERITY = {"straggler": 0, "suspect": 1, "no_data": 2, "insufficient_data": 3, "healthy": 4}
+
+
+def build_report(engine: Engine, job_id: str | None = None, now_ns: int | None = None,
+                 brief: bool = False) -> pb.Report:
+    """The report of one job (``job_id``) or of every job the Engine holds; raises
+    :class:`~hypertrace.analyzer.score.jobs.UnknownJobError`. ``brief``: nodes without a flagged
+    GPU by name and verdict alone (:func:`job_report`)."""
+    ids = [engine.job(job_id).job_id] if job_id else engine.job_ids()
+    rep = pb.Report(version=1)
+    rep.generated.FromNanoseconds(time.time_ns() if now_ns is None else now_ns)
+    for jid in ids:
+        job_report(engine.job(jid), engine.config, rep.jobs.add(), brief)
+    return rep
+
+
+def replay_bases(job: JobState, rows: Iterable[int] | None = None) -> dict[int, float | None]:
+    """Per GPU of ``rows`` (default: every row), what its PCIe replay counter must exceed to
+    be named in a cause (:func:`~hypertrace.analyzer.report.causes.replay_baseline`): the lower
+    of its previous reading and the job's median counter (over the GPUs that report one). A
+    report asks only for the GPUs whose cause it writes (a few of a 16k-GPU job)."""
+    counts = [c.pcie_replay_count for c in job.nvml
+              if c is not None and c.HasField("pcie_replay_count")]
+    median = [float(np.median(counts))] if len(counts) >= 2 else []
+    out: dict[int, float | None] = {}
+    for row in range(len(job.nvml_prev)) if rows is None else rows:
+        prev = job.nvml_prev[row]
+        before = (prev.pcie_replay_count if prev is not None
+                  and prev.HasField("pcie_replay_count") else None)
+        out[row] = causes.replay_baseline(before, median)
+    return out
 
 
 def job_report(job: JobState, cfg: ScoringConfig, out: pb.JobReport | None = None,
@@ -182,8 +215,8 @@ def _brief_plan(node: str, rows: list[int], code_of: list[int]) -> _NodePlan:
 def _add_nodes(jr: pb.JobReport, job: JobState, cfg: ScoringConfig, plans: list[_NodePlan],
                code_of: list[int], rates: np.ndarray) -> None:
     """A NodeReport per plan, in the plans' order, each with its GPUs, findings and causes."""
-    bases = job.replay_bases(r for plan in plans if plan.scope for r, _ in plan.gpus
-                             if plan.scope == "host" or code_of[r] in (SUSPECT, STRAGGLER))
+    bases = replay_bases(job, (r for plan in plans if plan.scope for r, _ in plan.gpus
+                               if plan.scope == "host" or code_of[r] in (SUSPECT, STRAGGLER)))
     # per-row numbers as Python lists, read once: indexing a numpy array per GPU (and
     # np.isfinite on one number) was most of the cost of a 16k-GPU report's GPU entries
     flagged_n = job.persistence.windows_flagged.tolist()
@@ -392,4 +425,4 @@ def _gpu_sort_key(verdict: str, findings: list, rank: int, gpu: str) -> tuple:
             rank, gpu)
 
 
-__all__ = ["Engine", "EpochResult", "ScoreRow", "UnknownJobError"]
+__all__ = ["build_report", "job_report", "replay_bases"]

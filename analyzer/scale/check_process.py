@@ -13,7 +13,7 @@ per worker): the windows read in one turn of the loop go in one message, so a bu
 pipe round trip per group, not per window. Each window's answer is the bytes to store (the
 window re-encoded when bad process entries were dropped) and why each dropped entry was
 dropped, or the refusal that ends its stream: the same answers, with the same messages, as
-checking it on the loop (``analyzer.server.check_content``).
+checking it on the loop (``analyzer.ingest.checks.check_content``).
 
 A worker that dies (killed, out of memory) is started again and its group checked once more
 there; a group that fails twice is refused with UNAVAILABLE, which agents retry. The workers are
@@ -153,13 +153,13 @@ class WindowCheckers:
 
 
 def check_bytes(raws: list[bytes]) -> list[Answer]:
-    """Each window's answer, as ``analyzer.server.check_content`` decides it."""
-    from hypertrace.analyzer.ingest.server import _Refused, check_content
+    """Each window's answer, as ``analyzer.ingest.checks.check_content`` decides it."""
+    from hypertrace.analyzer.ingest.checks import Refused, check_content
     out: list[Answer] = []
     for raw in raws:
         try:
             _, stored, dropped = check_content(raw)
-        except _Refused as refused:
+        except Refused as refused:
             out.append(("refused", refused.code.name, refused.reason, refused.details))
             continue
         out.append(("ok", None if stored is raw else stored, [str(d) for d in dropped]))

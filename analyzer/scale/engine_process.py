@@ -9,9 +9,10 @@ bytes, in batches, and the worker parses them again (a few microseconds each) an
 Scoring, reports and snapshots run in the worker while the analyzer's threads wait for the answer
 without the lock.
 
-:class:`EngineProcess` stands in for an Engine in :class:`~hypertrace.analyzer.ingest.server.Analyzer`:
-the same calls, each answered by the worker over a pipe, one at a time (the Analyzer's lock
-orders them). Windows go in by :meth:`EngineProcess.ingest_batch` only.
+:class:`EngineProcess` is the :class:`~hypertrace.analyzer.ingest.engines.Engine` of an
+:class:`~hypertrace.analyzer.ingest.server.Analyzer` whose scoring runs here: each call is
+answered by the worker's :class:`~hypertrace.analyzer.ingest.engines.LocalEngine` over a pipe,
+one at a time (the Analyzer's lock orders them); windows go as their stored bytes.
 
 A worker that dies (killed, out of memory) loses only memory: every window it held is stored.
 The next call starts a new worker, which loads the stored snapshot and replays the windows stored
@@ -30,26 +31,32 @@ import threading
 import traceback
 from typing import Any, Callable
 
+from hypertrace.analyzer.ingest.engines import Engine, LocalEngine, Queued
 from hypertrace.analyzer.scale.worker_process import START_TIMEOUT_S, WorkerUnavailable, end, spawn
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.cross_section import GpuKey
+from hypertrace.analyzer.score.epoch_scoring import EpochResult
+from hypertrace.analyzer.store import snapshot
+from hypertrace.analyzer.store.replay import Replayed
+from hypertrace.analyzer.store.storage import Storage
+from hypertrace.proto import hypertrace_pb2 as pb
 
 log = logging.getLogger(__name__)
-
-#: Engine calls the worker answers by name (what the Analyzer and its metrics read).
-CALLS = frozenset({"pending_epochs", "report", "list_jobs", "scored_windows", "gpu_uuids",
-                   "late_windows", "job_ids"})
-
 
 class WorkerFailed(RuntimeError):
     """The call raised in the worker, with an exception that does not pickle: its traceback."""
 
 
 class EngineProcess:
-    """An Engine in a worker process (module docstring). Not thread-safe: the Analyzer calls it
-    under its lock. ``newest_id`` returns the id of the newest stored window (the cut a
+    """An :class:`~hypertrace.analyzer.ingest.engines.Engine` in a worker process (module
+    docstring). Not thread-safe: the Analyzer calls it under its lock. ``newest_id`` returns the id of the newest stored window (the cut a
     replacement worker replays up to); ``on_restart`` is called for each worker started after
     one died."""
 
-    def __init__(self, config: Any, path: str, newest_id: Callable[[], int],
+    needs_whole_windows = False
+    captures_compressed = True
+
+    def __init__(self, config: ScoringConfig, path: str, newest_id: Callable[[], int],
                  on_restart: Callable[[], None] | None = None):
         if path in ("", ":memory:") or path.startswith("file::memory:"):
             raise WorkerUnavailable("the database is in memory, another process cannot open it")
@@ -68,27 +75,39 @@ class EngineProcess:
 
     # ---- the Engine's calls ---------------------------------------------------------------
 
-    def ingest_batch(self, items: list[tuple[int, bytes, int]]) -> list[int]:
-        """Feed stored windows ``(id, bytes, arrived_ns)`` in store order; returns the indexes
-        (in ``items``) of those that were late for some job. Windows a replacement worker
-        already replayed are left out (never late)."""
+    def feed(self, items: list[Queued]) -> list[int]:
+        """Feed stored windows in store order, as their bytes; returns the indexes (in
+        ``items``) of those that were late for some job. Windows a replacement worker already
+        replayed are left out (never late)."""
         def send() -> list[int]:
-            keep = [i for i, it in enumerate(items) if it[0] > self.skip_upto]
+            keep = [i for i, it in enumerate(items) if it[2] > self.skip_upto]
             if not keep:
                 return []
-            late = self._call("ingest", [items[i][1:] for i in keep])
+            late = self._call("feed", [(items[i][1], items[i][3]) for i in keep])
             return [keep[j] for j in late]
         return self._retrying(send)
 
-    def flush(self, now_ns: int | None = None, expire: bool = False) -> list:
+    def flush(self, now_ns: int | None = None, expire: bool = False) -> list[EpochResult]:
         return self._retrying(lambda: self._call("flush", now_ns, expire))
+
+    def report(self, job_id: str | None = None, brief: bool = False) -> pb.Report:
+        return self._retrying(lambda: self._call("report", job_id, brief))
+
+    def list_jobs(self) -> pb.ListJobsResponse:
+        return self._retrying(lambda: self._call("list_jobs"))
+
+    def scored_windows(self) -> list[tuple[str, int]]:
+        return self._retrying(lambda: self._call("scored_windows"))
+
+    def gpu_uuids(self, job_id: str) -> dict[GpuKey, str]:
+        return self._retrying(lambda: self._call("gpu_uuids", job_id))
 
     def capture(self) -> bytes:
         """The Engine's state pickled and compressed (analyzer/store/snapshot.py ``capture``, then
         ``compress``), made in the worker."""
         return self._retrying(lambda: self._call("capture"))
 
-    def replay(self, use_snapshot: bool = True) -> Any:
+    def replay(self, use_snapshot: bool = True) -> Replayed:
         """:func:`~hypertrace.analyzer.store.replay.replay_stored` in the (fresh) worker, up to the
         newest stored window; later windows come through :meth:`ingest_batch`."""
         return self._retrying(lambda: self._replay(use_snapshot), replay=False)
@@ -99,15 +118,9 @@ class EngineProcess:
         if self._on_restart is not None:
             self._on_restart()
 
-    def _replay(self, use_snapshot: bool) -> Any:
+    def _replay(self, use_snapshot: bool) -> Replayed:
         self.skip_upto = upto = self._newest_id()
         return self._call("replay", use_snapshot, upto)
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        if name not in CALLS:
-            raise AttributeError(name)
-        return lambda *args, **kwargs: self._retrying(
-            lambda: self._call("call", name, args, kwargs))
 
     # ---- the worker ------------------------------------------------------------------------
 
@@ -193,13 +206,12 @@ class EngineProcess:
         self._reap()
 
 
-def _serve(conn: Any, config: Any, path: str, log_level: int = logging.WARNING) -> None:
-    """The worker: one Engine, one request at a time until the pipe closes. An exception in a
-    call is sent back (pickled, else as its traceback) and the worker waits for the next."""
+def _serve(conn: Any, config: ScoringConfig, path: str, log_level: int = logging.WARNING) -> None:
+    """The worker: one LocalEngine, one request at a time until the pipe closes. An exception
+    in a call is sent back (pickled, else as its traceback) and the worker waits for the next."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s "
                         "[engine process]: %(message)s")
-    from hypertrace.analyzer.score.engine import Engine
-    engine = Engine(config)
+    engine = LocalEngine(config)
     conn.send(("ready", None))
     while True:
         try:
@@ -218,41 +230,31 @@ def _serve(conn: Any, config: Any, path: str, log_level: int = logging.WARNING) 
             conn.send(("error", traceback.format_exception_only(type(exc), exc)[-1]))
 
 
-def _do(engine: Any, path: str, op: str, args: tuple) -> Any:
-    if op == "ingest":
-        return _ingest(engine, args[0])
+def _do(engine: LocalEngine, path: str, op: str, args: tuple) -> Any:
+    """One request of :class:`EngineProcess`, answered by the worker's LocalEngine."""
+    if op == "feed":
+        return engine.feed([(pb.NodeWindow.FromString(data), data, 0, arrived)
+                            for data, arrived in args[0]])
     if op == "flush":
         return engine.flush(*args)
-    if op == "call" and args[0] in CALLS:
-        name, call_args, call_kwargs = args
-        return getattr(engine, name)(*call_args, **call_kwargs)
+    if op == "report":
+        return engine.report(*args)
+    if op == "list_jobs":
+        return engine.list_jobs()
+    if op == "scored_windows":
+        return engine.scored_windows()
+    if op == "gpu_uuids":
+        return engine.gpu_uuids(*args)
     if op == "capture":
-        from hypertrace.analyzer.store import snapshot
-        return snapshot.compress(snapshot.capture(engine))
+        return snapshot.compress(engine.capture())
     if op == "replay":
-        from hypertrace.analyzer.store.replay import replay_stored
-        from hypertrace.analyzer.store.storage import Storage
-        storage = Storage.open_read_only(path)
+        engine.storage = Storage.open_read_only(path)
         try:
-            return replay_stored(engine, storage, *args)
+            return engine.replay(*args)
         finally:
-            storage.close()
+            engine.storage.close()
+            engine.storage = None
     raise ValueError(f"unknown request {op!r}")
-
-
-def _ingest(engine: Any, items: list[tuple[bytes, int]]) -> list[int]:
-    """Ingest stored windows; the indexes of the late ones. A window the Engine fails on is
-    logged and skipped (it is stored; an Engine bug must not stop the others)."""
-    from hypertrace.proto import hypertrace_pb2 as pb
-    late = []
-    for i, (data, arrived_ns) in enumerate(items):
-        try:
-            w = pb.NodeWindow.FromString(data)
-            if engine.ingest(w, arrived_ns=arrived_ns):
-                late.append(i)
-        except Exception:
-            log.exception("engine failed on a stored window (stored, not scored)")
-    return late
 
 
 def _portable(exc: BaseException) -> Any:
@@ -264,4 +266,20 @@ def _portable(exc: BaseException) -> Any:
         return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
-__all__ = ["CALLS", "EngineProcess", "WorkerFailed", "WorkerUnavailable"]
+__all__ = ["EngineProcess", "WorkerFailed", "WorkerUnavailable", "engine_for"]
+
+
+def engine_for(config: ScoringConfig, storage: Storage, in_worker: bool,
+               on_restart: Callable[[], None] | None = None) -> Engine:
+    """The Engine of an analyzer over ``storage``: in a worker process of its own where asked
+    and where one can run, else in this process (logged: a sandbox without /dev/shm, an
+    in-memory database)."""
+    if in_worker:
+        def newest_id() -> int:
+            with storage.commits_held() as upto:
+                return upto
+        try:
+            return EngineProcess(config, str(storage.path), newest_id, on_restart)
+        except WorkerUnavailable as exc:
+            log.warning("the Engine runs in this process: %s", exc)
+    return LocalEngine(config, storage)

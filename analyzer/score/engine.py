@@ -19,9 +19,8 @@ Life of a window:
 3. Scoring (:mod:`~hypertrace.analyzer.score.epoch_scoring`), per job and peer class: quantiles,
    robust rules on every GPU and host, the shift check, the signals read in the job's mode,
    persistence, imbalance, and the sums behind the what-if and the spike rates.
-4. :meth:`Engine.report` builds a ``hypertrace.v1.Report`` (:mod:`~hypertrace.analyzer.report.job_report`):
-   node and GPU verdicts, findings with their meaning, probable causes, imbalance and the cluster
-   prediction (:mod:`~hypertrace.analyzer.score.theory`).
+4. Reports are read from the job states by :func:`hypertrace.analyzer.report.job_report.build_report`
+   (the report code is not part of scoring).
 
 What is remembered per job between epochs is a :class:`~hypertrace.analyzer.score.jobs.JobState`.
 
@@ -30,7 +29,6 @@ Not thread-safe: the server serializes calls.
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +36,6 @@ import numpy as np
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.cross_section import EpochAccumulator
 from hypertrace.analyzer.score.epoch_scoring import EpochResult, ScoreRow, score_epoch
-from hypertrace.analyzer.report.job_report import job_report
 from hypertrace.analyzer.score.jobs import JobState, UnknownJobError
 from hypertrace.proto import hypertrace_pb2 as pb
 
@@ -242,13 +239,14 @@ class Engine:
 
     def gpu_uuids(self, job_id: str) -> dict[tuple[str, str], str]:
         """(node, gpu) -> the GPU's UUID as its agent named it ("" when unknown)."""
-        job = self._job(job_id)
+        job = self.job(job_id)
         return {k: u for k, u in zip(job.keys, job.uuids) if k is not None}
 
     def late_windows(self, job_id: str) -> int:
-        return self._job(job_id).late_windows
+        return self.job(job_id).late_windows
 
-    def _job(self, job_id: str) -> JobState:
+    def job(self, job_id: str) -> JobState:
+        """The state of ``job_id``; :class:`UnknownJobError` naming the known jobs."""
         job = self._jobs.get(job_id)
         if job is None:
             known = ", ".join(sorted(self._jobs)[:10]) or "none yet"
@@ -288,14 +286,3 @@ class Engine:
         self._jobs = dict(jobs)
         self.expired_jobs = int(state["expired_jobs"])
         self.retired_gpus = int(state["retired_gpus"])
-
-    def report(self, job_id: str | None = None, now_ns: int | None = None,
-               brief: bool = False) -> pb.Report:
-        """Report on one job (``job_id``) or every job; raises :class:`UnknownJobError`.
-        ``brief``: nodes without a flagged GPU by name and verdict alone (``job_report``)."""
-        ids = [self._job(job_id).job_id] if job_id else sorted(self._jobs)
-        rep = pb.Report(version=1)
-        rep.generated.FromNanoseconds(time.time_ns() if now_ns is None else now_ns)
-        for jid in ids:
-            job_report(self._jobs[jid], self.config, rep.jobs.add(), brief)
-        return rep

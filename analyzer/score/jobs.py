@@ -14,7 +14,6 @@ from typing import Iterable
 
 import numpy as np
 
-from hypertrace.analyzer.report import causes
 from hypertrace.analyzer.score import theory
 from hypertrace.analyzer.score.auto_groups import AutoGroups
 from hypertrace.analyzer.score.cross_section import EpochAccumulator, GpuKey, OrderKey, gpu_label
@@ -192,22 +191,6 @@ class JobState:
             code = self.group_index[group] = len(self.group_names)
             self.group_names.append(group)
         return code
-
-    def replay_bases(self, rows: Iterable[int] | None = None) -> dict[int, float | None]:
-        """Per GPU of ``rows`` (default: every row), what its PCIe replay counter must exceed to
-        be named in a cause (:func:`hypertrace.analyzer.report.causes.replay_baseline`): the lower of
-        its previous reading and the job's median counter (over the GPUs that report one). A
-        report asks only for the GPUs whose cause it writes (a few of a 16k-GPU job)."""
-        counts = [c.pcie_replay_count for c in self.nvml
-                  if c is not None and c.HasField("pcie_replay_count")]
-        median = [float(np.median(counts))] if len(counts) >= 2 else []
-        out: dict[int, float | None] = {}
-        for row in range(len(self.nvml_prev)) if rows is None else rows:
-            prev = self.nvml_prev[row]
-            before = (prev.pcie_replay_count if prev is not None
-                      and prev.HasField("pcie_replay_count") else None)
-            out[row] = causes.replay_baseline(before, median)
-        return out
 
     def grow(self) -> None:
         """Size the per-GPU arrays to the GPUs registered so far (once per epoch, not per GPU)."""

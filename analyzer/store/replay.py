@@ -54,8 +54,6 @@ def _load_snapshot(engine: Any, storage: Any) -> int | None:
     """Restore the stored Engine snapshot into ``engine``; returns the id of the newest window
     it holds (None: none usable, replay everything)."""
     from hypertrace.analyzer.store import snapshot
-    if not hasattr(engine, "restore_state"):
-        return None
     try:
         snap = storage.snapshot()
     except StorageError as exc:

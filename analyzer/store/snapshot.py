@@ -56,7 +56,7 @@ _ALLOWED = {
     for mod, name in (("multiarray", "_reconstruct"), ("multiarray", "scalar"),
                       ("numeric", "_frombuffer"))
 } | {
-    ("hypertrace.analyzer." + mod, name) for mod, name in (
+    ("hypertrace.analyzer.score." + mod, name) for mod, name in (
         ("jobs", "JobState"), ("persistence", "PersistenceState"),
         ("auto_groups", "AutoGroups"), ("imbalance", "ImbalanceTracker"),
         ("cross_section", "EpochAccumulator"), ("cross_section", "_Flat"),
@@ -86,11 +86,11 @@ class _Unpickler(pickle.Unpickler):
 
 @lru_cache(maxsize=8)
 def _source_digest() -> str:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parent.parent.parent
     h = hashlib.sha256()
     for folder in _SOURCES:
-        for f in sorted((root / folder).glob("*.py")):
-            h.update(f.name.encode())
+        for f in sorted((root / folder).rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode())
             h.update(f.read_bytes())
     return h.hexdigest()[:32]
 

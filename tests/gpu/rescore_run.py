@@ -11,6 +11,7 @@ from pathlib import Path
 from hypertrace.analyzer.store.storage import Storage
 from hypertrace.analyzer.score.engine import Engine
 from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.report.job_report import build_report
 
 run = sys.argv[1]
 import tempfile
@@ -31,7 +32,7 @@ for w in ws:
     ep = eng.epoch_of(w)
     if last is not None and ep != last:
         eng.flush((ep) * eng.config.window_ns + eng.config.grace_ns)
-        rep = eng.report().jobs[0]
+        rep = build_report(eng).jobs[0]
         t = ep * 10.0
         bad = [(n.node, n.verdict, n.probable_cause[:110]) for n in rep.nodes if n.verdict in ("straggler",)]
         c = rep.cluster

@@ -33,6 +33,7 @@ from hypertrace.analyzer.scale.cluster.jetstream import (LEASES, REPORTS, STREAM
                                                    LoopThread, connect, ensure, nats_module,
                                                    retry)
 from hypertrace.analyzer.scale.cluster.records import Progress, decode_report
+from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.jobs import UnknownJobError
 from hypertrace.analyzer.report.metrics import AnalyzerMetrics
 from hypertrace.analyzer.store.storage import StorageError
@@ -88,6 +89,8 @@ class _NoFiles:
     def prune(self, _age_s: float) -> int:
         return 0
 
+    compress_at_ingest = False
+
 
 class ClusterEdge:
     """What :class:`~hypertrace.analyzer.ingest.server.AnalyzerServer` serves, backed by JetStream:
@@ -102,6 +105,10 @@ class ClusterEdge:
         self.broken = ""                 # never set: JetStream failures are transient
         self.evictor = None              # eviction stays with the single-process analyzer
         self.storage = _NoFiles()
+        self.config = ScoringConfig()    # scoring settings live with the workers
+        self.nodes = None                # the workers' analyzers keep no node table either
+        self.groups_commits = False      # each window is published on its own
+        self.needs_whole_windows = True
         self._loop = LoopThread()
         self._nc: Any = None
         self._js: Any = None
@@ -145,6 +152,18 @@ class ClusterEdge:
         new = not all(a.duplicate for a in acks)
         (self.metrics.received if new else self.metrics.duplicates).inc()
         return new
+
+    def ingest_many(self, windows: list[tuple[pb.NodeWindow, bytes | None]]
+                    ) -> list[bool | BaseException]:
+        """:meth:`ingest` of each window in turn (the server calls :meth:`ingest` per window:
+        ``groups_commits`` is False)."""
+        out: list[bool | BaseException] = []
+        for w, payload in windows:
+            try:
+                out.append(self.ingest(w, payload))
+            except Exception as exc:
+                out.append(exc)
+        return out
 
     async def _publish(self, w: pb.NodeWindow, parts: list[tuple[str, bytes]],
                        received: str) -> list[Any]:

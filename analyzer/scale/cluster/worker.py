@@ -43,6 +43,7 @@ from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.report.metrics import AnalyzerMetrics, JobCollector
 from hypertrace.analyzer.ingest.server import HEALTHY_NODES_SHOWN, cap_healthy_nodes
 from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.analyzer.report.job_report import build_report
 
 log = logging.getLogger(__name__)
 
@@ -369,7 +370,7 @@ class Worker:
                 jobs = own.scorer.engine.job_ids()
                 if want != ALL_JOBS:
                     jobs = [j for j in jobs if subjects.job_token(j) == want]
-                return jobs, [own.scorer.engine.report(j) for j in jobs]
+                return jobs, [build_report(own.scorer.engine, j) for j in jobs]
         jobs, reports = await asyncio.to_thread(build)      # seconds at 131k GPUs
         for job_id, rep in zip(jobs, reports):
             data = encode_report(rep.jobs[0])
@@ -408,7 +409,7 @@ class Worker:
                 return None
             with own.lock:
                 try:
-                    return own.scorer.engine.report(job_id, brief=True).jobs[0]
+                    return build_report(own.scorer.engine, job_id, brief=True).jobs[0]
                 except KeyError:
                     return None
 
