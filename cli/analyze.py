@@ -45,12 +45,13 @@ def add_scoring_flags(p: argparse.ArgumentParser) -> None:
 
 def scoring_config_from_args(args: argparse.Namespace):
     """ScoringConfig from --config plus flag overrides (flags win)."""
-    from hypertrace.analyzer.score.config import ScoringConfig, load_scoring_config
+    from hypertrace.analyzer.score.config import ScoringConfig
+    from hypertrace.proto.settings import load_settings
 
     overrides = {name: getattr(args, name) for name, _, _ in FLAG_SETTINGS
                  if getattr(args, name, None) is not None}
     if getattr(args, "config", None):
-        return load_scoring_config(args.config, overrides)
+        return load_settings(ScoringConfig, args.config, overrides)
     return ScoringConfig.from_mapping(overrides)
 
 

@@ -26,16 +26,78 @@ import dataclasses
 import sys
 from typing import Any
 
-from hypertrace.proto.settings import layer
+from hypertrace.proto.settings import Setting, add_flags, layer
 
-SERVER_KEYS = {"listen": str, "db": str, "retention_hours": float,
-               "summary_retention_days": float, "snapshot_seconds": float,
-               "flush_interval": float,
-               "synchronous": str, "max_workers": int, "tls_ca": str, "tls_cert": str,
-               "tls_key": str, "insecure": bool, "trust_domain": str,
-               "max_clock_skew_s": float, "metrics_listen": str, "retention_process": bool,
-               "retention_every_s": float, "compact_after_s": float, "engine_process": bool,
-               "checker_processes": int}
+#: The server's settings, declared once: TOML keys, flags, types and defaults (the scoring
+#: settings are ScoringConfig's fields, added by :func:`add_scoring_flags`).
+SERVER_SETTINGS: tuple[Setting, ...] = (
+    Setting("listen", str, "127.0.0.1:50051", "HOST:PORT to serve gRPC on (default "
+            "127.0.0.1:50051; port 0 picks a free one)"),
+    Setting("db", str, "hypertrace-analyzer.db",
+            "SQLite database file (default ./hypertrace-analyzer.db)"),
+    Setting("retention_hours", float, 6.0,
+            "keep raw windows and score rows this long, then summarise them per GPU and 5 "
+            "minutes and delete them (default 6; 0: keep everything, uncompacted; about 1.25 KB "
+            "per node and window once compacted into blocks, 2 minutes after it ended: 0.9 GB "
+            "per hour for 16,384 GPUs)"),
+    Setting("summary_retention_days", float, 30.0,
+            "keep the 5-minute summaries, verdict changes and scored epochs this long (default "
+            "30; 0: no summaries, verdicts follow --retention-hours)"),
+    Setting("snapshot_seconds", float, 30.0,
+            "store the Engine's state this often with the results, so a restart replays only "
+            "the windows since (default 30; 0: never, a restart then replays every stored "
+            "window)"),
+    Setting("retention_process", bool, True,
+            "run the retention pass (summaries, prune, compaction into blocks: about 5 ms of "
+            "CPU per stored window) in a worker process of its own, off the interpreter lock "
+            "that ingest and scoring share (default on; where the process cannot start, or "
+            "with --no-retention-process, it runs in a thread of the analyzer; its CPU is "
+            "counted in hypertrace_retention_cpu_seconds_total either way)"),
+    Setting("engine_process", bool, True,
+            "run the scoring Engine (its ingest, scoring, reports and snapshots) in a worker "
+            "process of its own, so that acks never wait on scoring and the gRPC event loop "
+            "keeps this process's interpreter lock to itself (default on; where the process "
+            "cannot start, or with --no-engine-process, the Engine runs in the analyzer's "
+            "process; a worker that dies is replaced and replays the stored windows)"),
+    Setting("checker_processes", int, 2,
+            "processes that check incoming windows (size, parse, every field and histogram) "
+            "before they are stored, off the interpreter lock of the gRPC event loop: about a "
+            "third of the analyzer's CPU per window (default 2; 0: the event loop checks them "
+            "itself, as it does where the processes cannot start)", metavar="N"),
+    Setting("retention_every_s", float, 60.0, "seconds between retention passes (default 60)"),
+    Setting("compact_after_s", float, 120.0,
+            "a retention pass compacts windows into blocks once they ended this many seconds "
+            "ago (default 120; well after their epoch was scored)"),
+    Setting("flush_interval", float, 1.0,
+            "seconds between background scoring passes (default 1; 0: score only when a "
+            "report is asked for)"),
+    Setting("synchronous", str, "FULL",
+            "SQLite durability, FULL or NORMAL (default FULL: acked windows survive power "
+            "loss)", metavar="{FULL,NORMAL}"),
+    Setting("max_workers", int, 4096,
+            "threads for Query and health calls; Ingest streams need none (default 4096)"),
+    Setting("max_clock_skew_s", float, 300.0,
+            "refuse live windows that end more than this many seconds after the analyzer's "
+            "clock (a node with a broken clock; default 300)"),
+    Setting("metrics_listen", str, None,
+            "serve Prometheus metrics at http://HOST:PORT/metrics (default: off; series and "
+            "labels: hypertrace.analyzer.report.metrics, README 'Monitoring')",
+            metavar="HOST:PORT"),
+)
+#: Transport security, declared once like the rest (their own group in --help).
+TLS_SETTINGS: tuple[Setting, ...] = (
+    Setting("tls_ca", str, None, "PEM of the CA that signs agent and reader certificates"),
+    Setting("tls_cert", str, None, "PEM certificate of this analyzer"),
+    Setting("tls_key", str, None, "PEM private key of this analyzer"),
+    Setting("trust_domain", str, "hypertrace", "SPIFFE trust domain of the certificates' IDs "
+            "(spiffe://DOMAIN/agent/NODE; default hypertrace)"),
+    Setting("insecure", bool, False,
+            "listen in plaintext without TLS: nobody is identified, anyone who reaches the "
+            "port reads every report and may send windows for any node (tests on one machine "
+            "only)"),
+)
+#: Every key of the server's own settings (the rest of an analyzer.toml is scoring settings).
+SERVER_KEYS = frozenset(s.name for s in SERVER_SETTINGS + TLS_SETTINGS)
 
 
 def _scoring_fields() -> list[dataclasses.Field]:
@@ -47,71 +109,11 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "analyzer", help="run the analyzer (gRPC ingest + scoring + reports)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--listen", help="HOST:PORT to serve gRPC on (default 127.0.0.1:50051; "
-                   "port 0 picks a free one)")
-    p.add_argument("--db", help="SQLite database file (default ./hypertrace-analyzer.db)")
-    p.add_argument("--retention-hours", type=float,
-                   help="keep raw windows and score rows this long, then summarise them per "
-                        "GPU and 5 minutes and delete them (default 6; 0: keep everything, "
-                        "uncompacted; about 1.25 KB per node and window once compacted into "
-                        "blocks, 2 minutes after it ended: 0.9 GB per hour for 16,384 GPUs)")
-    p.add_argument("--summary-retention-days", type=float,
-                   help="keep the 5-minute summaries, verdict changes and scored epochs this "
-                        "long (default 30; 0: no summaries, verdicts follow --retention-hours)")
-    p.add_argument("--snapshot-seconds", type=float,
-                   help="store the Engine's state this often with the results, so a restart "
-                        "replays only the windows since (default 30; 0: never, a restart then "
-                        "replays every stored window)")
-    p.add_argument("--retention-process", action=argparse.BooleanOptionalAction, default=None,
-                   help="run the retention pass (summaries, prune, compaction into blocks: about "
-                        "5 ms of CPU per stored window) in a worker process of its own, off the "
-                        "interpreter lock that ingest and scoring share (default on; where the "
-                        "process cannot start, or with --no-retention-process, it runs in a "
-                        "thread of the analyzer; its CPU is counted in "
-                        "hypertrace_retention_cpu_seconds_total either way)")
-    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
-                   help="run the scoring Engine (its ingest, scoring, reports and snapshots) in "
-                        "a worker process of its own, so that acks never wait on scoring and "
-                        "the gRPC event loop keeps this process's interpreter lock to itself "
-                        "(default on; where the process cannot start, or with "
-                        "--no-engine-process, the Engine runs in the analyzer's process; a "
-                        "worker that dies is replaced and replays the stored windows)")
-    p.add_argument("--checker-processes", type=int, metavar="N",
-                   help="processes that check incoming windows (size, parse, every field and "
-                        "histogram) before they are stored, off the interpreter lock of the "
-                        "gRPC event loop: about a third of the analyzer's CPU per window "
-                        "(default 2; 0: the event loop checks them itself, as it does where "
-                        "the processes cannot start)")
-    p.add_argument("--retention-every-s", type=float,
-                   help="seconds between retention passes (default 60)")
-    p.add_argument("--compact-after-s", type=float,
-                   help="a retention pass compacts windows into blocks once they ended this "
-                        "many seconds ago (default 120; well after their epoch was scored)")
+    add_flags(p, SERVER_SETTINGS)
     p.add_argument("--config", help="TOML file; keys are these flags' names with underscores")
-    p.add_argument("--flush-interval", type=float,
-                   help="seconds between background scoring passes (default 1; 0: score only "
-                   "when a report is asked for)")
-    p.add_argument("--synchronous", choices=["FULL", "NORMAL"],
-                   help="SQLite durability (default FULL: acked windows survive power loss)")
-    p.add_argument("--max-workers", type=int,
-                   help="threads for Query and health calls; Ingest streams need none (default 4096)")
-    p.add_argument("--max-clock-skew-s", type=float,
-                   help="refuse live windows that end more than this many seconds after the "
-                   "analyzer's clock (a node with a broken clock; default 300)")
-    p.add_argument("--metrics-listen", metavar="HOST:PORT",
-                   help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off; "
-                   "series and labels: hypertrace.analyzer.report.metrics, README 'Monitoring')")
-    tls = p.add_argument_group(
-        "transport security (mutual TLS; make test files with `hypertrace certs init`)")
-    tls.add_argument("--tls-ca", help="PEM of the CA that signs agent and reader certificates")
-    tls.add_argument("--tls-cert", help="PEM certificate of this analyzer")
-    tls.add_argument("--tls-key", help="PEM private key of this analyzer")
-    tls.add_argument("--trust-domain", help="SPIFFE trust domain of the certificates' IDs "
-                     "(spiffe://DOMAIN/agent/NODE; default hypertrace)")
-    tls.add_argument("--insecure", action="store_true", default=None,
-                     help="listen in plaintext without TLS: nobody is identified, anyone who "
-                     "reaches the port reads every report and may send windows for any node "
-                     "(tests on one machine only)")
+    add_flags(p.add_argument_group(
+        "transport security (mutual TLS; make test files with `hypertrace certs init`)"),
+        TLS_SETTINGS)
     add_scoring_flags(p)
     p.set_defaults(func=run)
 
@@ -123,7 +125,7 @@ def add_scoring_flags(p: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         if isinstance(f.default, tuple) or f.default is dataclasses.MISSING:
             scoring.add_argument(flag, type=lambda s: tuple(x for x in s.split(",") if x),
-                                 metavar="A,B,...", help=f"comma-separated (default: built-in)")
+                                 metavar="A,B,...", help="comma-separated (default: built-in)")
         else:
             scoring.add_argument(flag, type=type(f.default), help=f"default {f.default}")
 
@@ -131,37 +133,23 @@ def add_scoring_flags(p: argparse.ArgumentParser) -> None:
 def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """(server settings, scoring settings) from defaults < TOML < flags; ValueError on bad keys."""
     scoring_names = [f.name for f in _scoring_fields()]
-    from hypertrace.analyzer.score.config import read_analyzer_toml
+    from hypertrace.proto.settings import read_analyzer_toml
     file_values = read_analyzer_toml(args.config) if getattr(args, "config", None) else {}
     evict = file_values.pop("evict", {})
     if not isinstance(evict, dict):
         raise ValueError(f"--config {args.config}: 'evict' must be a table ([evict])")
-    defaults: dict[str, Any] = {"listen": "127.0.0.1:50051", "db": "hypertrace-analyzer.db",
-                                "retention_hours": 6.0, "summary_retention_days": 30.0,
-                                "snapshot_seconds": 30.0, "flush_interval": 1.0,
-                                "synchronous": "FULL", "max_workers": 4096, "tls_ca": None,
-                                "tls_cert": None, "tls_key": None, "insecure": False,
-                                "trust_domain": "hypertrace", "max_clock_skew_s": 300.0,
-                                "metrics_listen": None, "retention_process": True,
-                                "retention_every_s": 60.0, "compact_after_s": 120.0,
-                                "engine_process": True, "checker_processes": 2}
-    server, scoring = layer(file_values, args, defaults, scoring_names, args.config)
+    server, scoring = layer(SERVER_SETTINGS + TLS_SETTINGS, file_values, args, scoring_names,
+                            args.config)
     _check_server_settings(server)
     server["evict"] = evict
     return server, scoring
 
 
 def _check_server_settings(server: dict[str, Any]) -> None:
-    """Types and ranges of the server settings (a TOML file can hold anything): a negative
+    """Ranges of the server settings (their types were checked as they were read): a negative
     retention would put the prune cutoff in the future and delete every acked window."""
-    for key, kind in SERVER_KEYS.items():
-        value = server[key]
-        if value is None:
-            continue
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            server[key] = value = float(value)
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-            raise ValueError(f"{key} must be a {kind.__name__}, got {value!r}")
+    if server["synchronous"] not in ("FULL", "NORMAL"):
+        raise ValueError(f"synchronous must be FULL or NORMAL, got {server['synchronous']!r}")
     host, _, port = server["listen"].rpartition(":")
     if not host or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"listen must be HOST:PORT (e.g. 0.0.0.0:50051), got {server['listen']!r}")

@@ -27,28 +27,30 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hypertrace.cli.cluster_settings import CLUSTER_KEYS, Key, add_flags, cluster_settings, resolve
+from hypertrace.cli.cluster_settings import (CLUSTER_KEYS, add_cluster_flags, cluster_settings,
+                                             resolve_cluster)
+from hypertrace.proto.settings import Setting
 
-EDGE_KEYS: dict[str, Key] = {
-    "listen": Key(str, "127.0.0.1:50051", "HOST:PORT to serve gRPC on (default "
+EDGE_KEYS: tuple[Setting, ...] = (
+    Setting("listen", str, "127.0.0.1:50051", "HOST:PORT to serve gRPC on (default "
                   "127.0.0.1:50051; port 0 picks a free one)"),
-    "metrics_listen": Key(str, None, "serve Prometheus metrics at http://HOST:PORT/metrics "
+    Setting("metrics_listen", str, None, "serve Prometheus metrics at http://HOST:PORT/metrics "
                           "(default off): ingest counters and which partitions have a worker"),
-    "max_workers": Key(int, 4096, "threads for Query and health calls; Ingest streams "
+    Setting("max_workers", int, 4096, "threads for Query and health calls; Ingest streams "
                        "need none (default 4096)"),
-    "max_clock_skew_s": Key(float, 300.0, "refuse windows that end more than this many seconds "
+    Setting("max_clock_skew_s", float, 300.0, "refuse windows that end more than this many seconds "
                             "after the edge's clock (default 300)"),
-    "publish_timeout_s": Key(float, 5.0, "how long an ack waits for JetStream to store a "
+    Setting("publish_timeout_s", float, 5.0, "how long an ack waits for JetStream to store a "
                              "window before the agent is told to retry (default 5)"),
-    "report_timeout_s": Key(float, 15.0, "how long a report waits for every partition's worker "
+    Setting("report_timeout_s", float, 15.0, "how long a report waits for every partition's worker "
                             "to catch up (default 15)"),
-    "tls_ca": Key(str, None, "PEM of the CA that signs agent and reader certificates"),
-    "tls_cert": Key(str, None, "PEM certificate of this edge (role analyzer)"),
-    "tls_key": Key(str, None, "PEM private key of this edge"),
-    "trust_domain": Key(str, "hypertrace", "SPIFFE trust domain of the certificates' IDs "
+    Setting("tls_ca", str, None, "PEM of the CA that signs agent and reader certificates"),
+    Setting("tls_cert", str, None, "PEM certificate of this edge (role analyzer)"),
+    Setting("tls_key", str, None, "PEM private key of this edge"),
+    Setting("trust_domain", str, "hypertrace", "SPIFFE trust domain of the certificates' IDs "
                         "(default hypertrace)"),
-    "insecure": Key(bool, False, "listen in plaintext without TLS (tests on one machine only)"),
-}
+    Setting("insecure", bool, False, "listen in plaintext without TLS (tests on one machine only)"),
+)
 
 
 def register(subparsers) -> None:
@@ -56,8 +58,8 @@ def register(subparsers) -> None:
         "analyzer-edge", help="cluster mode: stateless gRPC ingest edge in front of NATS JetStream",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="TOML file; keys are these flags' names with underscores")
-    add_flags(p, EDGE_KEYS, "edge")
-    add_flags(p, CLUSTER_KEYS, "cluster (the same on every edge and worker)")
+    add_cluster_flags(p, EDGE_KEYS, "edge")
+    add_cluster_flags(p, CLUSTER_KEYS, "cluster (the same on every edge and worker)")
     p.set_defaults(func=run)
 
 
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from hypertrace.proto.transport import tls_files
 
     try:
-        values, _ = resolve(args, {**EDGE_KEYS, **CLUSTER_KEYS})
+        values, _ = resolve_cluster(args, EDGE_KEYS + CLUSTER_KEYS)
         settings = cluster_settings(values)
         tls = tls_files(values["tls_ca"], values["tls_cert"], values["tls_key"])
         if tls is not None and values["insecure"]:

@@ -29,17 +29,19 @@ import socket
 import sys
 
 from hypertrace.cli.analyzer import _scoring_fields, add_scoring_flags
-from hypertrace.cli.cluster_settings import CLUSTER_KEYS, Key, add_flags, cluster_settings, resolve
+from hypertrace.cli.cluster_settings import (CLUSTER_KEYS, add_cluster_flags, cluster_settings,
+                                             resolve_cluster)
+from hypertrace.proto.settings import Setting
 
-WORKER_KEYS: dict[str, Key] = {
-    "worker_id": Key(str, None, "this worker's name in the leases (default HOSTNAME-PID); "
+WORKER_KEYS: tuple[Setting, ...] = (
+    Setting("worker_id", str, None, "this worker's name in the leases (default HOSTNAME-PID); "
                      "unique per running worker"),
-    "flush_interval": Key(float, 1.0, "seconds between scoring passes of each owned partition "
+    Setting("flush_interval", float, 1.0, "seconds between scoring passes of each owned partition "
                           "(default 1; 0: score only when a report is asked for, as "
                           "`hypertrace analyzer --flush-interval 0`)"),
-    "metrics_listen": Key(str, None, "serve Prometheus metrics at http://HOST:PORT/metrics "
+    Setting("metrics_listen", str, None, "serve Prometheus metrics at http://HOST:PORT/metrics "
                           "(default off)"),
-}
+)
 
 
 def register(subparsers) -> None:
@@ -47,8 +49,8 @@ def register(subparsers) -> None:
         "analyzer-worker", help="cluster mode: scoring worker that owns partitions of jobs",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="TOML file; keys are these flags' names with underscores")
-    add_flags(p, WORKER_KEYS, "worker")
-    add_flags(p, CLUSTER_KEYS, "cluster (the same on every edge and worker)")
+    add_cluster_flags(p, WORKER_KEYS, "worker")
+    add_cluster_flags(p, CLUSTER_KEYS, "cluster (the same on every edge and worker)")
     add_scoring_flags(p)
     p.set_defaults(func=run)
 
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from hypertrace.analyzer.report.metrics import serve
 
     try:
-        values, scoring = resolve(args, {**WORKER_KEYS, **CLUSTER_KEYS},
+        values, scoring = resolve_cluster(args, WORKER_KEYS + CLUSTER_KEYS,
                                   [f.name for f in _scoring_fields()])
         settings = cluster_settings(values)
         config = ScoringConfig.from_mapping(scoring)

@@ -6,19 +6,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from dataclasses import dataclass
 from typing import Any, Callable
 
-from hypertrace.proto.settings import layer
+from hypertrace.proto.settings import Setting, add_flags, layer, read_analyzer_toml
 
 log = logging.getLogger("hypertrace.cli")
-
-
-@dataclass(frozen=True)
-class Key:
-    kind: type
-    default: Any
-    help: str
 
 
 def _servers(value: Any) -> tuple[str, ...]:
@@ -31,61 +23,38 @@ def _servers(value: Any) -> tuple[str, ...]:
 
 
 #: What every edge and worker of one cluster must agree on (docs/cluster.md).
-CLUSTER_KEYS: dict[str, Key] = {
-    "nats_servers": Key(tuple, ("nats://127.0.0.1:4222",),
+CLUSTER_KEYS: tuple[Setting, ...] = (
+    Setting("nats_servers", tuple, ("nats://127.0.0.1:4222",),
                         "NATS URLs of the JetStream cluster, comma-separated (default "
-                        "nats://127.0.0.1:4222); credentials go in the URL: nats://user:pw@host"),
-    "partitions": Key(int, 8, "partitions of the window stream: MUST equal the n of "
+                        "nats://127.0.0.1:4222); credentials go in the URL: nats://user:pw@host",
+                        parse=_servers, metavar="URL,URL,..."),
+    Setting("partitions", int, 8, "partitions of the window stream: MUST equal the n of "
                       "partition(n,1) in every nats-server's mapping (default 8; see "
                       "docs/cluster.md); more partitions than workers lets work spread"),
-    "replicas": Key(int, 3, "copies JetStream keeps of every window, result and lease "
+    Setting("replicas", int, 3, "copies JetStream keeps of every window, result and lease "
                     "(default 3: survives one server's loss)"),
-    "retention_hours": Key(float, 6.0, "how long windows and results are kept (default 6); "
+    Setting("retention_hours", float, 6.0, "how long windows and results are kept (default 6); "
                            "a worker that takes a partition over replays what is kept, so keep "
                            "at least a job's lifetime for verdicts identical to one analyzer's"),
-    "lease_ttl_s": Key(float, 10.0, "a partition's lease lapses this long after its worker "
+    Setting("lease_ttl_s", float, 10.0, "a partition's lease lapses this long after its worker "
                        "stopped renewing it (default 10): the longest a dead worker's "
                        "partitions wait for a new owner"),
-}
+)
 
 
-def add_flags(p: argparse.ArgumentParser, keys: dict[str, Key], title: str) -> None:
-    group = p.add_argument_group(title)
-    for name, key in keys.items():
-        flag = "--" + name.replace("_", "-")
-        if key.kind is bool:
-            group.add_argument(flag, action="store_true", default=None, help=key.help)
-        elif key.kind is tuple:
-            group.add_argument(flag, type=_servers, metavar="URL,URL,...", help=key.help)
-        else:
-            group.add_argument(flag, type=key.kind, help=key.help)
+def add_cluster_flags(p: argparse.ArgumentParser, keys: tuple[Setting, ...], title: str) -> None:
+    add_flags(p.add_argument_group(title), keys)
 
 
-def resolve(args: argparse.Namespace, keys: dict[str, Key],
-            scoring_names: list[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def resolve_cluster(args: argparse.Namespace, keys: tuple[Setting, ...],
+                    scoring_names: list[str] | None = None
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(settings, scoring settings) from defaults < TOML < flags; ValueError naming a bad or
     unknown key."""
     file_values: dict[str, Any] = {}
     if getattr(args, "config", None):
-        from hypertrace.analyzer.score.config import read_analyzer_toml
         file_values = read_analyzer_toml(args.config)
-    out, scoring = layer(file_values, args, {n: k.default for n, k in keys.items()},
-                         scoring_names or [], getattr(args, "config", None))
-    for name, key in keys.items():
-        out[name] = _typed(name, out[name], key.kind)
-    return out, scoring
-
-
-def _typed(name: str, value: Any, kind: type) -> Any:
-    if value is None:
-        return None
-    if kind is tuple:
-        return _servers(value)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise ValueError(f"{name} must be a {kind.__name__}, got {value!r}")
-    return value
+    return layer(keys, file_values, args, scoring_names or [], getattr(args, "config", None))
 
 
 def cluster_settings(values: dict[str, Any]) -> Any:

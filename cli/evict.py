@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _evictor(args: argparse.Namespace, audit):
-    from hypertrace.analyzer.score.config import read_analyzer_toml
+    from hypertrace.proto.settings import read_analyzer_toml
     from hypertrace.analyzer.evict.evictor import from_settings
     settings = read_analyzer_toml(args.config).get("evict", {}) if args.config else {}
     return from_settings(settings, args.db, audit)

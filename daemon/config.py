@@ -82,7 +82,7 @@ from typing import Any, Mapping
 
 from hypertrace.collector.attribution import DEFAULT_JOB_ENV
 
-from hypertrace.proto.settings import AGENT_CONFIG_PATH, ConfigError, fraction, read_toml
+from hypertrace.proto.settings import AGENT_CONFIG_PATH, ConfigError, read_toml, typed
 from hypertrace.proto.transport import TransportError, tls_files
 
 DEFAULT_CONFIG_PATH = AGENT_CONFIG_PATH
@@ -135,39 +135,14 @@ def _flag(key: str) -> str:
 
 
 def _coerce(key: str, value: Any, source: str) -> Any:
-    """Check the type of one value; ints are accepted for floats, lists/CSV for job_env."""
-    default = _FIELDS[key].default
+    """One value typed as its setting (proto/settings.py ``typed``: ints are taken for floats,
+    and a float may be written as a percentage); job_env's list may also be one
+    comma-separated string, and must name at least one variable."""
+    kind = type(_FIELDS[key].default)
     where = f"{key} (from {source})"
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be true or false, got {value!r}")
-        return value
-    if isinstance(default, tuple):
-        if isinstance(value, str):
-            value = [v for v in value.split(",")]
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{where} must be a list of environment variable names, e.g. "
-                              f'["HYPERTRACE_JOB", "SLURM_JOB_ID"], got {value!r}')
-        items = tuple(v.strip() for v in value if v.strip())
-        if not items:
-            raise ConfigError(f"{where} is empty; name at least one variable")
-        return items
-    if isinstance(default, float):
-        if isinstance(value, str) and value.strip().endswith("%"):
-            try:
-                return fraction(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where} must be a number (or a percentage like \"0.5%\"), got "
-                              f"{value!r}")
-        return float(value)
-    if isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
-        return value
-    if not isinstance(value, str):
-        raise ConfigError(f"{where} must be a string, got {value!r}")
+    value = typed(where, value, kind, percent=True)
+    if kind is tuple and not value:
+        raise ConfigError(f"{where} is empty; name at least one variable")
     return value
 
 

@@ -23,12 +23,13 @@ def test_bad_toml_value_type_exits_2(tmp_path, capsys):
     cfg = tmp_path / "analyzer.toml"
     cfg.write_text('retention_hours = "72"\n')
     assert main(["analyzer", "--db", str(tmp_path / "a.db"), "--config", str(cfg)]) == 2
-    assert "retention_hours must be a float" in capsys.readouterr().err
+    assert "retention_hours must be a number" in capsys.readouterr().err
 
 
 def test_one_toml_serves_analyzer_and_analyze(tmp_path, capsys):
     """Scoring keys in a [scoring] table and server keys at the top level: both commands read it."""
-    from hypertrace.analyzer.score.config import load_scoring_config
+    from hypertrace.analyzer.score.config import ScoringConfig
+    from hypertrace.proto.settings import load_settings
     from hypertrace.cli.analyzer import resolve_settings
     from hypertrace.cli.main import build_parser
     cfg = tmp_path / "analyzer.toml"
@@ -37,7 +38,7 @@ def test_one_toml_serves_analyzer_and_analyze(tmp_path, capsys):
     server, scoring = resolve_settings(args)
     assert server["retention_hours"] == 24.0 and scoring["z_threshold"] == 4.0
     cfg.write_text('[scoring]\nz_threshold = 4.0\n')
-    assert load_scoring_config(cfg).z_threshold == 4.0
+    assert load_settings(ScoringConfig, cfg).z_threshold == 4.0
 
 
 def test_an_evict_table_is_checked_at_start(tmp_path, capsys):

@@ -64,7 +64,8 @@ def test_the_analyzer_toml_example_holds_only_accepted_keys_and_a_dry_run(tmp_pa
     and that evictor only records (dry run)."""
     import dataclasses
 
-    from hypertrace.analyzer.score.config import ScoringConfig, read_analyzer_toml
+    from hypertrace.analyzer.score.config import ScoringConfig
+    from hypertrace.proto.settings import read_analyzer_toml
     from hypertrace.analyzer.evict.evictor import from_settings
     from hypertrace.cli.analyzer import SERVER_KEYS
     values = read_analyzer_toml(str(DEPLOY / "analyzer.toml.example"))

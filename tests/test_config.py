@@ -125,6 +125,7 @@ def test_cli_flags_have_the_key_names_and_help_teaches_them(capsys):
 def test_agent_and_analyzer_share_one_loader_and_one_error(tmp_path):
     """A broken file reads the same to the agent and the analyzer: one TOML reader, one error."""
     from hypertrace.analyzer.score import config as analyzer_config
+    from hypertrace.proto.settings import load_settings
     from hypertrace.daemon import config as agent_config
     from hypertrace.proto.settings import ConfigError as Shared
     assert analyzer_config.ConfigError is agent_config.ConfigError is Shared
@@ -132,7 +133,7 @@ def test_agent_and_analyzer_share_one_loader_and_one_error(tmp_path):
     bad.write_text("window = [\n")
     msgs = []
     for load in (lambda: agent_config.load_config(bad),
-                 lambda: analyzer_config.load_scoring_config(bad)):
+                 lambda: load_settings(analyzer_config.ScoringConfig, bad)):
         with pytest.raises(Shared) as err:
             load()
         msgs.append(str(err.value))
@@ -141,6 +142,6 @@ def test_agent_and_analyzer_share_one_loader_and_one_error(tmp_path):
     with pytest.raises(Shared, match="does not exist.*agent.toml.example"):
         agent_config.load_config(missing)
     with pytest.raises(Shared, match="does not exist"):
-        analyzer_config.load_scoring_config(missing)
+        load_settings(analyzer_config.ScoringConfig, missing)
     with pytest.raises(Shared, match="is a directory"):
-        analyzer_config.load_scoring_config(tmp_path)
+        load_settings(analyzer_config.ScoringConfig, tmp_path)

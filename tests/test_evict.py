@@ -275,7 +275,7 @@ def test_slurm_dry_run_drain_undo_and_a_node_drained_by_hand(tmp_path, slurm, on
                                                            monkeypatch, capsys):
     from hypertrace.analyzer.evict.evictor import from_settings
     from hypertrace.cli.main import main
-    from hypertrace.analyzer.score.config import read_analyzer_toml
+    from hypertrace.proto.settings import read_analyzer_toml
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     db = str(tmp_path / "a.db")
     # dry-run: proposed for n2, nothing changed in sinfo

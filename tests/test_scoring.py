@@ -8,7 +8,8 @@ import warnings
 import numpy as np
 import pytest
 
-from hypertrace.analyzer.score.config import ConfigError, ScoringConfig, load_scoring_config
+from hypertrace.analyzer.score.config import ConfigError, ScoringConfig
+from hypertrace.proto.settings import load_settings
 from hypertrace.analyzer.score.cross_section import Hists
 from hypertrace.analyzer.score.engine import Engine
 from hypertrace.analyzer.score.scoring import (HOST_FENCE_MIN, MAX_HOST_ALLOWANCE, HostLayout, host_allowance,
@@ -299,11 +300,11 @@ def test_config_validation_and_toml(tmp_path):
         ScoringConfig.from_mapping({"z_treshold": 3})
     f = tmp_path / "a.toml"
     f.write_text("[scoring]\nz_threshold = 4.0\nmin_samples = 20\n")
-    cfg = load_scoring_config(f, {"min_samples": 30})
+    cfg = load_settings(ScoringConfig, f, {"min_samples": 30})
     assert cfg.z_threshold == 4.0 and cfg.min_samples == 30
     f.write_text("z_threshold = [\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
-        load_scoring_config(f)
+        load_settings(ScoringConfig, f)
 
 
 def test_bucket_major_quantiles_equal_the_reference():

@@ -80,11 +80,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
 from hypertrace.proto.apis import PROBED_APIS
-from hypertrace.proto.settings import ConfigError, read_toml
+from hypertrace.proto.settings import ConfigError, typed
 
 DEFAULT_LAUNCH_APIS: tuple[str, ...] = tuple(a.name for a in PROBED_APIS
                                              if a.kind in ("launch", "graph"))
@@ -200,56 +199,5 @@ class ScoringConfig:
         unknown = sorted(set(values) - names)
         if unknown:
             raise ConfigError(f"unknown scoring setting(s) {unknown}; known: {sorted(names)}")
-        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-        return cls(**{k: _typed(k, v, defaults[k]) for k, v in values.items()})
-
-
-def _typed(name: str, value: Any, default: Any) -> Any:
-    """``value`` as the type of the setting's default; ConfigError naming the key otherwise (a
-    quoted number in TOML once surfaced as "'>' not supported between 'str' and 'int'")."""
-    if default is dataclasses.MISSING:
-        return value
-    if isinstance(default, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(default, (int, float)):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok and isinstance(default, float):
-            value = float(value)
-        elif ok and isinstance(default, int) and not float(value).is_integer():
-            ok = False
-        elif ok:
-            value = int(value)
-    elif isinstance(default, tuple):
-        value = tuple(value) if isinstance(value, (list, tuple)) else value
-        ok = isinstance(value, tuple) and all(isinstance(x, str) for x in value)
-    else:
-        ok = isinstance(value, type(default))
-    if not ok:
-        kind = {bool: "true or false", int: "an integer", float: "a number",
-                tuple: "a list of strings", str: "a string"}.get(type(default), "a value")
-        raise ConfigError(f"{name} must be {kind}, got {value!r}")
-    return value
-
-
-def read_analyzer_toml(path: str | Path) -> dict[str, Any]:
-    """One analyzer TOML file as a flat dict: scoring keys may sit at the top level or in a
-    ``[scoring]`` table (so one analyzer.toml serves `analyzer` and `analyze` alike)."""
-    data = read_toml(path)
-    scoring = data.pop("scoring", None)
-    if isinstance(scoring, dict):
-        data.update(scoring)
-    elif scoring is not None:
-        raise ConfigError(f"{path}: 'scoring' must be a table ([scoring])")
-    return data
-
-
-def load_scoring_config(path: str | Path,
-                        overrides: Mapping[str, Any] | None = None) -> ScoringConfig:
-    """Read the scoring settings of a TOML file (see :func:`read_analyzer_toml`).
-    ``overrides`` (CLI flags) win over the file."""
-    values = read_analyzer_toml(path)
-    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    try:
-        return ScoringConfig.from_mapping(values)
-    except TypeError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+        kinds = {f.name: type(f.default) for f in dataclasses.fields(cls)}
+        return cls(**{k: typed(k, v, kinds[k]) for k, v in values.items()})
