@@ -11,8 +11,8 @@ import argparse
 import functools
 import sys
 
-from hypertrace.cli.report import add_output_flags
 from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.cli.report import add_output_flags
 
 #: Scoring settings exposed as flags (the rest via --config); names match ScoringConfig fields.
 FLAG_SETTINGS = (
@@ -88,10 +88,10 @@ def run(args: argparse.Namespace) -> int:
     workers = worker_start.default_workers() if args.workers is None else max(args.workers, 0)
     # the workers' fork server imports their modules on another core while this one does
     worker_start.start_early(args.file, workers, PREPARE_MODULE)
+    from hypertrace.analyzer.scale import validate_ahead
     from hypertrace.analyzer.score.config import ConfigError
     from hypertrace.analyzer.score.engine import Engine, UnknownJobError, prepare_windows
     from hypertrace.cli.report import emit
-    from hypertrace.analyzer.scale import validate_ahead
     from hypertrace.proto import wire
 
     try:

@@ -183,8 +183,8 @@ def _check_server_settings(server: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hypertrace.analyzer.score.config import ConfigError, ScoringConfig
     from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions, make_analyzer
+    from hypertrace.analyzer.score.config import ConfigError, ScoringConfig
     from hypertrace.analyzer.store.storage import Storage, StorageError
 
     try:

@@ -27,8 +27,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hypertrace.cli.cluster_settings import (CLUSTER_KEYS, add_cluster_flags, cluster_settings,
-                                             resolve_cluster)
+from hypertrace.cli.cluster_settings import (
+    CLUSTER_KEYS,
+    add_cluster_flags,
+    cluster_settings,
+    resolve_cluster,
+)
 from hypertrace.proto.settings import Setting
 
 EDGE_KEYS: tuple[Setting, ...] = (
@@ -66,8 +70,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from hypertrace.analyzer.scale.cluster.edge import ClusterEdge, EdgeOptions
     from hypertrace.analyzer.scale.cluster.jetstream import ClusterError
-    from hypertrace.analyzer.score.config import ConfigError
     from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions
+    from hypertrace.analyzer.score.config import ConfigError
     from hypertrace.cli.cluster_settings import serve_until_signal
     from hypertrace.proto.transport import tls_files
 

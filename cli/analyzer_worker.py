@@ -29,8 +29,12 @@ import socket
 import sys
 
 from hypertrace.cli.analyzer import _scoring_fields, add_scoring_flags
-from hypertrace.cli.cluster_settings import (CLUSTER_KEYS, add_cluster_flags, cluster_settings,
-                                             resolve_cluster)
+from hypertrace.cli.cluster_settings import (
+    CLUSTER_KEYS,
+    add_cluster_flags,
+    cluster_settings,
+    resolve_cluster,
+)
 from hypertrace.proto.settings import Setting
 
 WORKER_KEYS: tuple[Setting, ...] = (
@@ -59,10 +63,10 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
+    from hypertrace.analyzer.report.metrics import serve
     from hypertrace.analyzer.scale.cluster.jetstream import ClusterError
     from hypertrace.analyzer.scale.cluster.worker import Worker, WorkerMetrics, WorkerOptions
     from hypertrace.analyzer.score.config import ConfigError, ScoringConfig
-    from hypertrace.analyzer.report.metrics import serve
 
     try:
         values, scoring = resolve_cluster(args, WORKER_KEYS + CLUSTER_KEYS,

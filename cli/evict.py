@@ -99,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _evictor(args: argparse.Namespace, audit):
-    from hypertrace.proto.settings import read_analyzer_toml
     from hypertrace.analyzer.evict.evictor import from_settings
+    from hypertrace.proto.settings import read_analyzer_toml
     settings = read_analyzer_toml(args.config).get("evict", {}) if args.config else {}
     return from_settings(settings, args.db, audit)
 

@@ -131,7 +131,8 @@ def _histogram_prediction(args: argparse.Namespace, nodes: list[int]) -> dict:
                     dense = wire.unpack_histogram(h).astype(np.float64)
                     merged[key] = merged[key] + dense if key in merged else dense
     except OSError as exc:
-        raise _UsageError(f"--histogram: cannot read {args.histogram}: {exc.strerror or exc}")
+        raise _UsageError(f"--histogram: cannot read {args.histogram}: "
+                          f"{exc.strerror or exc}") from None
     except wire.WireError as exc:
         raise _UsageError(f"--histogram: {exc}") from exc
     if not merged:

@@ -117,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
     import os
     import time
 
-    from hypertrace.proto.apis import ProbedApi
     from hypertrace.collector.ebpf import ProbeError, ProbeUnavailable, UprobeSession
+    from hypertrace.proto.apis import ProbedApi
 
     if args.duration <= 0:
         print("hypertrace probe: --duration must be > 0 seconds", file=sys.stderr)

@@ -89,7 +89,11 @@ def emit(report, args: argparse.Namespace, command: str) -> int:
 def render(report, args: argparse.Namespace) -> str:
     """The report in ``--format``, with ``--only-flagged`` and ``-v`` applied (report and
     analyze share it)."""
-    from hypertrace.analyzer.report.report_format import only_flagged, report_to_json, report_to_table
+    from hypertrace.analyzer.report.report_format import (
+        only_flagged,
+        report_to_json,
+        report_to_table,
+    )
     if args.format == "json":
         return report_to_json(only_flagged(report) if args.only_flagged else report)
     if args.format == "html":

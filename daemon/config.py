@@ -81,7 +81,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hypertrace.collector.attribution import DEFAULT_JOB_ENV
-
 from hypertrace.proto.settings import AGENT_CONFIG_PATH, ConfigError, read_toml, typed
 from hypertrace.proto.transport import TransportError, tls_files
 

@@ -20,8 +20,8 @@ GENERATED = ("hypertrace_pb2.py", "hypertrace_pb2.pyi", "hypertrace_pb2_grpc.py"
 
 
 def generate(out_dir: Path) -> list[Path]:
-    from grpc_tools import protoc  # dev dependency only
     import grpc_tools
+    from grpc_tools import protoc  # dev dependency only
 
     with tempfile.TemporaryDirectory() as tmp:
         stage = Path(tmp) / "hypertrace" / "proto"

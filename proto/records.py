@@ -16,13 +16,18 @@ import gzip
 import io
 import sys
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO, Iterable, Iterator, cast
 
 from google.protobuf.message import DecodeError
 
 from hypertrace.proto import hypertrace_pb2 as pb
-from hypertrace.proto.wire import (MAX_WINDOW_BYTES, WireError, read_jsonl, read_jsonl_stream,
-                                   window_to_json)
+from hypertrace.proto.wire import (
+    MAX_WINDOW_BYTES,
+    WireError,
+    read_jsonl,
+    read_jsonl_stream,
+    window_to_json,
+)
 
 
 def is_binary_name(path: str | Path) -> bool:
@@ -148,7 +153,7 @@ def read_windows_sized(path: str | Path) -> Iterator[tuple[pb.NodeWindow, int | 
         return
     raw: IO[bytes] = sys.stdin.buffer
     if raw.peek(2)[:2] == b"\x1f\x8b":                  # type: ignore[attr-defined]
-        raw = io.BufferedReader(gzip.GzipFile(fileobj=raw))   # type: ignore[arg-type]
+        raw = io.BufferedReader(gzip.GzipFile(fileobj=raw))
     if raw.peek(64).lstrip()[:1] in (b"{", b""):        # type: ignore[attr-defined]
         yield from ((w, None) for w in read_jsonl_stream(io.TextIOWrapper(raw, encoding="utf-8"),
                                                            "-"))
@@ -186,7 +191,7 @@ def write_windows(windows: Iterable[pb.NodeWindow], fh: IO[bytes], binary: bool)
 def open_for_write(path: str, gz: bool | None = None) -> IO[bytes]:
     """A binary stream for ``path``: gzipped when ``gz``, or (None) when the name ends in .gz."""
     gz = path.endswith(".gz") if gz is None else gz
-    return gzip.open(path, "wb") if gz else open(path, "wb")
+    return cast(IO[bytes], gzip.open(path, "wb") if gz else open(path, "wb"))
 
 
 __all__ = ["is_binary_name", "open_for_write", "parse_record", "read_binary", "read_binary_sized",

@@ -311,13 +311,13 @@ def diagnose(exc: grpc.RpcError, target: str, files: TlsFiles | None) -> Diagnos
                 "tls_key (`hypertrace certs issue`), not --insecure", True)
         own = signed_by(files.cert, files.key, files.ca, "client")
         who = certificate_info(files.cert).identity or files.cert
-        why = (f"tls_cert {files.cert!r} ({who}) is not signed by tls_ca {files.ca!r}"
-               if own is False else
-               f"the analyzer does not trust the CA that issued tls_cert {files.cert!r} "
-               f"({who})")
+        refused = (f"tls_cert {files.cert!r} ({who}) is not signed by tls_ca {files.ca!r}"
+                   if own is False else
+                   f"the analyzer does not trust the CA that issued tls_cert {files.cert!r} "
+                   f"({who})")
         return Diagnosis(
             f"the analyzer at {target} closed the TLS handshake: it refused this certificate; "
-            f"{why}: issue it from the CA the analyzer's tls_ca names", True)
+            f"{refused}: issue it from the CA the analyzer's tls_ca names", True)
     return Diagnosis(
         f"analyzer {target} unreachable ({reason or (code.name if code else exc)}): is it "
         "running and listening there, and reachable from here (firewall, host name)?", False)

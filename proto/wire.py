@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO, Any, Iterable, Iterator
 
 import numpy as np
 from google.protobuf import json_format
@@ -296,7 +296,7 @@ def check_process(p: pb.ProcessWindow, pf: str, extras: set[str], budget: list[i
 _INF = math.inf
 
 
-def _apis_plainly_valid(apis) -> bool:
+def _apis_plainly_valid(apis: Any) -> bool:
     """True when every ApiStats entry passes the per-entry checks of :func:`check_process` the
     common way: a name from the probed table, seen once, finite non-negative sums, a histogram
     of the known scheme and range whose total is its count, and min <= max. Why: the checks that
@@ -360,7 +360,7 @@ def _hist_within(h: pb.Histogram, limit: int) -> bool:
 _BOUND_FROM_COUNTS = 16
 
 
-def _counts_total(counts) -> int:
+def _counts_total(counts: Any) -> int:
     """The sum of a histogram's repeated ``counts``. Why the slice: it copies the counts into a
     list in one C call, and ``sum`` of a list takes its fast path; summing the repeated field
     itself goes through its iterator, one call per count (the slice takes 0.68-0.79 of that

@@ -61,6 +61,7 @@ def serve(db: str, yield_every: int | None, switch_s: float | None, feed: int,
 def measure(target: str, seconds: float) -> np.ndarray:
     """Ack latency (s) of windows sent one at a time on one stream for ``seconds``."""
     import queue
+
     import grpc
 
     from hypertrace.proto import hypertrace_pb2 as pb

@@ -124,7 +124,7 @@ def run_side(path: str, tree: str, workers: str, adopted: bool = False) -> dict:
     """One measured run. Adds ``command``: the wall time of the whole command (interpreter
     start and imports too), and, when ``adopted`` (:func:`adopt_orphans`), ``workers``: the
     CPU of every other process of the run (the validation workers, their forkserver)."""
-    from hypertrace.sim.bench_ingest import tree_env   # not in the measured subprocess:
+    from hypertrace.sim.bench_ingest import tree_env  # not in the measured subprocess:
     env = tree_env(tree)                               # its tree may lack the helper
     cmd = [sys.executable, os.path.abspath(__file__), path, "--run-of", workers or "-"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -87,7 +87,13 @@ def end_to_end(nodes: int, windows: int, tmp: Path) -> tuple[dict, list[str]]:
     import dataclasses
 
     from hypertrace.sim import nats_cluster
-    from hypertrace.sim.simulate import SimConfig, Straggler, generate, live_start_ns, stream_windows
+    from hypertrace.sim.simulate import (
+        SimConfig,
+        Straggler,
+        generate,
+        live_start_ns,
+        stream_windows,
+    )
     cfg = SimConfig(gpus=nodes * 8, gpus_per_node=8, windows=windows, seed=11,
                     stragglers=(Straggler("node-0003", 1.3),))
     cfg = dataclasses.replace(cfg, start_ns=live_start_ns(cfg, time.time_ns()))

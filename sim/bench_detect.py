@@ -52,11 +52,11 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from hypertrace.sim import scenarios
+from hypertrace.analyzer.report.job_report import build_report
 from hypertrace.analyzer.score.auto_groups import NO_STEP_NAME
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.cli.progress import Progress
-from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.sim import scenarios
 
 METHODS = ("hypertrace", "mean3sigma", "nvrx")
 TRAIN_SEEDS = tuple(range(0, 50))
@@ -176,8 +176,8 @@ def run_one(scenario: str, gpus: int, windows: int, seed: int,
             config: ScoringConfig = ScoringConfig(), gpus_per_node: int = 8,
             methods: tuple[str, ...] = METHODS) -> RunResult:
     """Simulate one job and score it with every method, on the same windows."""
-    from hypertrace.sim.baselines import BaselineDetector
     from hypertrace.analyzer.score.engine import Engine
+    from hypertrace.sim.baselines import BaselineDetector
     from hypertrace.sim.simulate import generate, true_slowdown, true_step_ms
 
     sc = scenarios.get(scenario)
@@ -324,7 +324,7 @@ def summarize(results: list[RunResult], method: str, at_least: float = SLOW_FROM
         flags = r.first_flag[method]
         judged = r.judged_truth(below, at_least)
         true_nodes += len(judged)
-        for node, onset in judged.items():
+        for node in judged:
             if node in flags:
                 detected += 1
                 lats.append(r.latency(node, flags[node]))

@@ -17,8 +17,9 @@ import os
 import sys
 import tempfile
 import time
-from hypertrace.analyzer.report.job_report import build_report
 from pathlib import Path
+
+from hypertrace.analyzer.report.job_report import build_report
 
 MAX_BYTES = 2 * 1024 * 1024
 MAX_SECONDS = 2.0

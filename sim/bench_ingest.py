@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
+
 from hypertrace.analyzer.report.job_report import build_report
 
 PHASES = ("parse", "validate", "ingest", "score", "report")
@@ -31,8 +32,8 @@ PHASES = ("parse", "validate", "ingest", "score", "report")
 
 def phases(path: str) -> dict:
     """CPU seconds of each phase over ``path``, and a digest of the report (this process)."""
-    from hypertrace.analyzer.score.engine import Engine
     from hypertrace.analyzer.report.report_format import report_to_table
+    from hypertrace.analyzer.score.engine import Engine
     from hypertrace.proto import records, wire
 
     clock = time.process_time

@@ -28,12 +28,12 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
+from hypertrace.analyzer.report.job_report import build_report
 from hypertrace.analyzer.score.config import ScoringConfig  # noqa: E402
 from hypertrace.analyzer.score.engine import Engine  # noqa: E402
 from hypertrace.sim.bench_scoring import machine_info  # noqa: E402
 from hypertrace.sim.scale_load import node_name  # noqa: E402
 from hypertrace.sim.simulate import SimConfig, Straggler, generate  # noqa: E402
-from hypertrace.analyzer.report.job_report import build_report
 
 GPUS_PER_NODE = 8
 POOL_NODES = 2048
@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for gpus in (int(x) for x in args.sizes.split(",")):
         engine, slow = scored_engine(gpus, args.epochs, args.seed)
-        b_wall, b_cpu, brief = _timed(lambda: build_report(engine, brief=True), args.rounds)
-        f_wall, f_cpu, _ = _timed(lambda: build_report(engine), args.rounds)
+        b_wall, b_cpu, brief = _timed(lambda e=engine: build_report(e, brief=True), args.rounds)
+        f_wall, f_cpu, _ = _timed(lambda e=engine: build_report(e), args.rounds)
         (job,) = brief.jobs
         cl = job.cluster
         evicted = sorted(cl.evicted_nodes)

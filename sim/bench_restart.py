@@ -73,6 +73,7 @@ def _history(cfg, chunk: int, skip: int = 0):
     an hour of 16,384 GPUs in one piece would not fit in memory. ``skip``: begin that many
     windows after the job's start (the older ones are :func:`_older_history`'s)."""
     import dataclasses
+
     from hypertrace.sim.simulate import generate
     win_ns = int(round(cfg.window_seconds * 1e9))
     done = skip
@@ -97,6 +98,7 @@ def _older_history(db: Path, cfg, older: int) -> tuple[int, float]:
     written, seconds)."""
     import dataclasses
     import sqlite3
+
     from hypertrace.analyzer.store import blocks
     from hypertrace.analyzer.store.storage import Storage, window_digest
     from hypertrace.sim.simulate import generate

@@ -90,13 +90,12 @@ from pathlib import Path
 
 import numpy as np
 
-from hypertrace.sim.demo import stop_process
-from hypertrace.sim.machine import cpu_model
-from hypertrace.sim.simulate import SimConfig, Straggler, generate
 from hypertrace.daemon.uplink import IDLE_CLOSE_S
 from hypertrace.proto import hypertrace_pb2 as pb
-from hypertrace.sim.scale_load import (LoadProcesses, Plan, WindowPool, WorkerResult,
-                                       raise_fd_limit)
+from hypertrace.sim.demo import stop_process
+from hypertrace.sim.machine import cpu_model
+from hypertrace.sim.scale_load import LoadProcesses, Plan, WindowPool, WorkerResult, raise_fd_limit
+from hypertrace.sim.simulate import SimConfig, Straggler, generate
 
 CLI = [sys.executable, "-m", "hypertrace.cli.main"]
 JOB_ID = "scale-job"

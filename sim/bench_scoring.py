@@ -49,15 +49,14 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from hypertrace.analyzer.report.job_report import build_report
 from hypertrace.analyzer.score.config import KNOWN_STATS, ScoringConfig  # noqa: E402
 from hypertrace.analyzer.score.cross_section import CrossSection  # noqa: E402
 from hypertrace.analyzer.score.engine import Engine  # noqa: E402
-from hypertrace.analyzer.score.scoring import (HostLayout, sampling_se_us, score_hosts,  # noqa: E402
-                                         score_values)
+from hypertrace.analyzer.score.scoring import HostLayout, sampling_se_us, score_hosts, score_values  # noqa: E402
 from hypertrace.sim.machine import cpu_model  # noqa: E402
 from hypertrace.sim.scoring_floor import floor_flags  # noqa: E402
 from hypertrace.sim.synthetic import job_windows, node_name  # noqa: E402
-from hypertrace.analyzer.report.job_report import build_report
 
 GPUS_PER_NODE = 8
 POOL_NODES = 2048
@@ -114,7 +113,7 @@ def bench_size(gpus: int, epochs: int, seed: int, all_apis: bool = True,
                            all_apis=all_apis)
         t = time.perf_counter()
         n = 0
-        for k in range(reps):
+        for _ in range(reps):
             for w in pool:
                 if n >= nodes:
                     break

@@ -227,9 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     import logging
     logging.getLogger("hypertrace").setLevel(logging.ERROR)
 
+    from hypertrace.analyzer.ingest.server import RETENTION_EVERY_S, Analyzer
     from hypertrace.analyzer.store import summaries
-    from hypertrace.analyzer.ingest.server import Analyzer
-    from hypertrace.analyzer.ingest.server import RETENTION_EVERY_S
     from hypertrace.analyzer.store.storage import COMPACT_AFTER_S, Storage
     from hypertrace.sim import scenarios
     from hypertrace.sim.simulate import generate

@@ -45,8 +45,8 @@ from hypertrace.analyzer.store.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import INGEST_SERVICE
 from hypertrace.sim.bench_scale import ScaleConfig, machine_info, make_pool, read_proc
-from hypertrace.sim.scale_load import Sender, WindowPool, WorkerSpec
 from hypertrace.sim.demo import stop_process
+from hypertrace.sim.scale_load import Sender, WindowPool, WorkerSpec
 
 MODES = ("sync", "aio")
 #: ``--streams 0``: each window's stream closes right after its ack, so every window opens a

@@ -27,8 +27,7 @@ import sys
 import tempfile
 import time
 
-from hypertrace.sim.simulate import (SimConfig, Straggler, generate, live_start_ns,
-                                          stream_windows)
+from hypertrace.sim.simulate import SimConfig, Straggler, generate, live_start_ns, stream_windows
 
 CLI = [sys.executable, "-m", "hypertrace.cli.main"]
 

@@ -81,7 +81,8 @@ class NatsCluster:
                     break
                 except OSError:
                     if time.monotonic() > deadline:
-                        raise RuntimeError(f"nats-server {name} did not listen in {timeout} s")
+                        raise RuntimeError(
+                            f"nats-server {name} did not listen in {timeout} s") from None
                     time.sleep(0.1)
         return self
 

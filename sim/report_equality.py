@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+
 from hypertrace.analyzer.report.job_report import build_report
 
 #: What is compared, in the order of each digest list.
@@ -28,8 +29,8 @@ CHUNK = 64
 
 def digests(paths: list[str]) -> dict[str, list[str]]:
     """``{"FILE (mode)": [digest per part]}`` with this process's code."""
-    from hypertrace.analyzer.score import engine as engine_module
     from hypertrace.analyzer.report.report_format import report_to_json, report_to_table
+    from hypertrace.analyzer.score import engine as engine_module
     from hypertrace.proto import records
 
     modes = ["window by window"]

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import missing_prerequisite, require_ebpf
+
 from hypertrace.collector import prereqs
 from hypertrace.proto import hypertrace_pb2 as pb
 

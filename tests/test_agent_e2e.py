@@ -178,7 +178,8 @@ def test_agent_finds_the_slow_rank_end_to_end(fakecuda, tmp_path, procs, pki):
         for p in reversed(procs):
             _stop(p)
         procs.clear()
-        warnings.warn(f"a healthy rank was called a straggler; running again: {str(exc)[:300]}")
+        warnings.warn(f"a healthy rank was called a straggler; running again: {str(exc)[:300]}",
+                      stacklevel=1)
         _slow_rank_scenario(fakecuda, tmp_path / "again", procs, pki)
 
 
@@ -487,7 +488,7 @@ def test_default_budget_windows_carry_sched_and_steps_and_slices_follow_the_sche
     assert all(n >= 1 for n in inferred.values()), inferred     # steps seen for every worker
     assert all(n >= 1 for n in measured_steps.values()), measured_steps
     assert slices and sampled_windows >= 1, text[-3000:]
-    for i, at, planned, length, k in slices:
+    for i, at, planned, _length, k in slices:
         # Every agent of a job would compute this same offset from the index alone.
         expected = slice_offset(i, DEFAULT_WINDOW_S, DEFAULT_SLICE["max_slice_s"],
                                 DEFAULT_SLICE["slice_guard_s"])

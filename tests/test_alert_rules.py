@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 
 import yaml
-
 from conftest import missing_prerequisite
 
 REPO = Path(__file__).resolve().parent.parent

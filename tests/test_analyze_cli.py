@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from hypertrace.sim.synthetic import job_windows
 from hypertrace.cli.main import main
 from hypertrace.proto import wire
+from hypertrace.sim.synthetic import job_windows
 
 
 def _write(path, windows) -> str:

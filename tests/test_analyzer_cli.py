@@ -29,9 +29,9 @@ def test_bad_toml_value_type_exits_2(tmp_path, capsys):
 def test_one_toml_serves_analyzer_and_analyze(tmp_path, capsys):
     """Scoring keys in a [scoring] table and server keys at the top level: both commands read it."""
     from hypertrace.analyzer.score.config import ScoringConfig
-    from hypertrace.proto.settings import load_settings
     from hypertrace.cli.analyzer import resolve_settings
     from hypertrace.cli.main import build_parser
+    from hypertrace.proto.settings import load_settings
     cfg = tmp_path / "analyzer.toml"
     cfg.write_text('retention_hours = 24\n[scoring]\nz_threshold = 4.0\n')
     args = build_parser().parse_args(["analyzer", "--config", str(cfg)])

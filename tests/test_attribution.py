@@ -8,8 +8,14 @@ import sys
 import pytest
 
 from hypertrace.collector.attribution import (
-    DEFAULT_JOB_ENV, GpuRef, attribute, attribute_pid, gpu_from_visible_devices, job_id_from_env,
-    read_environ)
+    DEFAULT_JOB_ENV,
+    GpuRef,
+    attribute,
+    attribute_pid,
+    gpu_from_visible_devices,
+    job_id_from_env,
+    read_environ,
+)
 
 
 @pytest.fixture

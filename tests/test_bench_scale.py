@@ -12,9 +12,18 @@ import time
 
 import pytest
 
-from hypertrace.sim.bench_scale import (SLOW_NODE, ScaleConfig, ScaleResult, children_cpu_s,
-                                         descendants, read_proc, run_scale, same_stragglers,
-                                         server_workers, table_row)
+from hypertrace.sim.bench_scale import (
+    SLOW_NODE,
+    ScaleConfig,
+    ScaleResult,
+    children_cpu_s,
+    descendants,
+    read_proc,
+    run_scale,
+    same_stragglers,
+    server_workers,
+    table_row,
+)
 
 
 def test_stragglers_are_compared_as_of_the_last_epoch_every_run_scored():
@@ -166,8 +175,6 @@ def test_windows_moved_into_blocks_still_count_as_stored(tmp_path):
     # A run longer than the compaction delay finds part of its windows in blocks: the harness
     # reads their (start, end, received) from the compacted rows, so none is missed.
     import sqlite3
-
-    import numpy as np
 
     from hypertrace.analyzer.store.storage import Storage
     from hypertrace.sim.bench_scale import _compacted_rows

@@ -6,13 +6,13 @@ evictor's policy judges it the same and the metrics' series are the same.
 """
 from __future__ import annotations
 
+from hypertrace.analyzer.evict.policy import EvictPolicy, judge
+from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.analyzer.report.metrics import gpu_series
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.engine import Engine
-from hypertrace.analyzer.evict.policy import EvictPolicy, judge
-from hypertrace.analyzer.report.metrics import gpu_series
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
-from hypertrace.analyzer.report.job_report import build_report
 
 CFG = SimConfig(gpus=96, gpus_per_node=8, windows=12, seed=21,
                 stragglers=(Straggler("node-0003", 1.4), Straggler("node-0007", 1.25)))

@@ -4,9 +4,9 @@ analyzer's and the edge's units and the Kubernetes configs read from /etc/hypert
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 from hypertrace.cli.main import main
@@ -64,10 +64,10 @@ def test_the_analyzer_toml_example_holds_only_accepted_keys_and_a_dry_run(tmp_pa
     and that evictor only records (dry run)."""
     import dataclasses
 
-    from hypertrace.analyzer.score.config import ScoringConfig
-    from hypertrace.proto.settings import read_analyzer_toml
     from hypertrace.analyzer.evict.evictor import from_settings
+    from hypertrace.analyzer.score.config import ScoringConfig
     from hypertrace.cli.analyzer import SERVER_KEYS
+    from hypertrace.proto.settings import read_analyzer_toml
     values = read_analyzer_toml(str(DEPLOY / "analyzer.toml.example"))
     evict = values.pop("evict")
     scoring = {f.name for f in dataclasses.fields(ScoringConfig)}

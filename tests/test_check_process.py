@@ -17,9 +17,8 @@ from pathlib import Path
 
 import grpc
 
-from hypertrace.analyzer.score.config import ScoringConfig
-from hypertrace.analyzer.ingest.server import Analyzer
 from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions, make_analyzer
+from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.store.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import MAX_WINDOW_BYTES

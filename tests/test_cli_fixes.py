@@ -90,8 +90,8 @@ def test_the_eta_counts_from_the_first_unit_not_from_the_start():
 
 
 def test_simulate_streams_over_tls_and_fails_when_every_window_is_refused(tmp_path):
-    from test_server import start_server, stop_server
     from conftest import Pki
+    from test_server import start_server, stop_server
     pki = Pki(tmp_path / "ca")
     server, target = start_server(tmp_path / "a.db", tls=pki.server())
     try:

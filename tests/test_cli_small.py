@@ -3,20 +3,18 @@ once, and recorded files given as gzip, binary or stdin. Each checks the exit st
 no traceback is printed."""
 from __future__ import annotations
 
-import json
-
 import gzip
+import json
 import subprocess
 import sys
 import time
 
 import pytest
+from test_server import free_port, send, start_server, stop_server
 
 from hypertrace.cli.main import main
-from hypertrace.sim.simulate import SimConfig, generate
 from hypertrace.proto.wire import write_jsonl
-
-from test_server import free_port, send, start_server, stop_server
+from hypertrace.sim.simulate import SimConfig, generate
 
 
 def _cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
@@ -137,8 +135,8 @@ def test_a_word_that_is_no_subcommand_gets_the_whole_parser():
 
 
 def test_a_budget_can_be_written_as_a_percentage(tmp_path):
-    from hypertrace.daemon.config import load_config
     from hypertrace.cli.main import build_parser
+    from hypertrace.daemon.config import load_config
     args = build_parser().parse_args(["agent", "--analyzer", "a:1", "--overhead-budget", "0.5%"])
     assert args.overhead_budget == 0.005
     cfg = tmp_path / "agent.toml"
@@ -199,6 +197,7 @@ def test_probe_finds_a_library_by_its_bare_name_as_the_loader_would(fakecuda, tm
     """`probe --lib libcudart.so.13` (the help's own example): found in a running process's
     maps, in LD_LIBRARY_PATH, or in the loader's cache."""
     import os
+
     from hypertrace.cli.probe import resolve_library
     assert resolve_library("libc.so.6") is not None                  # the loader's cache
     w = subprocess.Popen([str(fakecuda.worker), "--api", "none", "--wait-stdin"],
@@ -253,6 +252,7 @@ def test_an_interrupted_probe_reports_the_seconds_it_probed(fakecuda, tmp_path):
     import json
     import shutil
     import signal
+
     from conftest import require_ebpf
     require_ebpf()
     lib = tmp_path / "libcudart.so.13"               # a private inode: no other test's probes

@@ -35,7 +35,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from conftest import missing_prerequisite
 
 JOBS = 24
@@ -166,9 +165,9 @@ def _report(edge: str) -> dict:
 def _single_process(by_epoch, tmp_path: Path):
     """The single-process analyzer (real SQLite storage) fed the same windows, scoring after
     phase 1 and at the end; returns ((job, epoch) -> verdicts, its final report)."""
-    from hypertrace.analyzer.score.config import ScoringConfig
     from hypertrace.analyzer.ingest.engines import LocalEngine
     from hypertrace.analyzer.ingest.server import Analyzer
+    from hypertrace.analyzer.score.config import ScoringConfig
     from hypertrace.analyzer.store.storage import Storage
 
     scored: dict[tuple[str, int], dict] = {}

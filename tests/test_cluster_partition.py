@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from hypertrace.analyzer.scale.cluster import subjects
-from hypertrace.analyzer.scale.cluster.dedupe import SeqRuns, SeenWindows
+from hypertrace.analyzer.scale.cluster.dedupe import SeenWindows, SeqRuns
 from hypertrace.analyzer.scale.cluster.edge import split_by_job
 from hypertrace.analyzer.scale.cluster.partition import PartitionScorer
 from hypertrace.analyzer.scale.cluster.records import StoredResult

@@ -125,9 +125,9 @@ def test_cli_flags_have_the_key_names_and_help_teaches_them(capsys):
 def test_agent_and_analyzer_share_one_loader_and_one_error(tmp_path):
     """A broken file reads the same to the agent and the analyzer: one TOML reader, one error."""
     from hypertrace.analyzer.score import config as analyzer_config
-    from hypertrace.proto.settings import load_settings
     from hypertrace.daemon import config as agent_config
     from hypertrace.proto.settings import ConfigError as Shared
+    from hypertrace.proto.settings import load_settings
     assert analyzer_config.ConfigError is agent_config.ConfigError is Shared
     bad = tmp_path / "bad.toml"
     bad.write_text("window = [\n")

@@ -18,11 +18,20 @@ import time
 import warnings
 from pathlib import Path
 
-
 from conftest import missing_prerequisite, require_ebpf
-from test_agent_e2e import (JOB_ENV_ARGS, SLICE_ARGS, WINDOW_S, _empty_config, _private_worker,
-                            _report, _stop, _verdicts, _wait_for_port, hypertrace)
-from test_agent_e2e import procs  # noqa: F401  (the fixture: started processes, stopped after)
+from test_agent_e2e import (
+    JOB_ENV_ARGS,
+    SLICE_ARGS,
+    WINDOW_S,
+    _empty_config,
+    _private_worker,
+    _report,
+    _stop,
+    _verdicts,
+    _wait_for_port,
+    hypertrace,
+    procs,  # noqa: F401  (the fixture: started processes, stopped after)
+)
 
 RANKS = 5
 HOGGED = 0
@@ -91,7 +100,8 @@ def test_a_cpu_hog_on_one_workers_core_is_convicted_as_cpu_contention(fakecuda, 
         for p in reversed(procs):
             _stop(p)
         procs.clear()
-        warnings.warn(f"the hogged worker was never convicted; running again: {exc}")
+        warnings.warn(f"the hogged worker was never convicted; running again: {exc}",
+                      stacklevel=1)
         _hog_scenario(fakecuda, tmp_path / "again", procs)
 
 

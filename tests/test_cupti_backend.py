@@ -67,6 +67,7 @@ def _recorder(fakecupti: Path):
     load a private copy of the recorder library under another name each time."""
     import shutil
     import tempfile
+
     from hypertrace.collector.cupti import native
     lib = native.library_path()
     private = Path(tempfile.mkdtemp()) / lib.name
@@ -493,7 +494,7 @@ def test_windows_reach_the_analyzer_through_the_agent(fakecupti, tmp_path, procs
     text = prom.read_text()
     assert 'hypertrace_agent_backend{Hostname="cupti-node",backend="cupti"} 1.0' in text
     assert 'hypertrace_agent_inprocess_connected{Hostname="cupti-node"} 2.0' in text
-    for wp, state in workers:
+    for _wp, state in workers:
         assert _state(state)["mode"] == "active"
 
 

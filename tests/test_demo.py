@@ -34,8 +34,8 @@ def test_demo_names_exactly_the_slow_node_and_cleans_up(tmp_path):
 
 
 def test_simulate_streams_to_analyzer_like_agents(tmp_path):
-    from hypertrace.sim.demo import start_analyzer, stop_process
     from hypertrace.cli.main import main
+    from hypertrace.sim.demo import start_analyzer, stop_process
     proc, target = start_analyzer(str(tmp_path / "a.db"))
     try:
         assert main(["simulate", "--gpus", "32", "--windows", "4", "--seed", "9",

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import missing_prerequisite
 
 from hypertrace.collector.discovery import ProcessScanner, mapped_cuda_paths, read_stat

@@ -1,13 +1,13 @@
 """Real uprobes (bcc) on the stand-in CUDA libraries: latency, nesting, attach/detach, errors."""
 from __future__ import annotations
 
+import fakecuda_build
 import numpy as np
 import pytest
 
 from hypertrace.collector.ebpf import ProbeError
 from hypertrace.proto import buckets
 from hypertrace.proto.wire import unpack_histogram
-import fakecuda_build
 
 
 @pytest.fixture(scope="module")

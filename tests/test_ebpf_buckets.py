@@ -10,11 +10,10 @@ import shutil
 import subprocess
 
 import numpy as np
+from conftest import missing_prerequisite
 
 from hypertrace.collector.ebpf import PROGRAM_PATH
 from hypertrace.proto import buckets
-
-from conftest import missing_prerequisite
 
 
 def test_bpf_bucket_code_matches_python_scheme(tmp_path):

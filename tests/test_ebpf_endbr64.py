@@ -8,8 +8,8 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import missing_prerequisite
+
 from hypertrace.collector.ebpf import CALIBRATION_API, ENDBR64
 
 SOURCE = "__attribute__((noinline)) int ht_cet_fn(int x) { return x * 3 + 1; }\n"

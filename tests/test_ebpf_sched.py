@@ -8,9 +8,8 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 import fakecuda_build
+import pytest
 
 
 @pytest.fixture(scope="module")

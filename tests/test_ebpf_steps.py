@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import subprocess
 
+import fakecuda_build
 import numpy as np
 import pytest
-
 from conftest import missing_prerequisite
+
 from hypertrace.collector.ebpf import ProbeError
-import fakecuda_build
 
 
 @pytest.fixture(scope="module")

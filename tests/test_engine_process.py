@@ -16,10 +16,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hypertrace.analyzer.score.config import ScoringConfig
-from hypertrace.analyzer.scale.engine_process import EngineProcess, WorkerUnavailable
 from hypertrace.analyzer.ingest.server import Analyzer
+from hypertrace.analyzer.scale.engine_process import EngineProcess, WorkerUnavailable
 from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions, make_analyzer
+from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.store.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc

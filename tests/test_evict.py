@@ -8,15 +8,15 @@ from dataclasses import replace
 
 import pytest
 
-from hypertrace.analyzer.score.config import ScoringConfig
-from hypertrace.analyzer.score.engine import Engine
 from hypertrace.analyzer.evict.audit import Audit
 from hypertrace.analyzer.evict.backends import ExecBackend, NoBackend, Retry
 from hypertrace.analyzer.evict.evictor import Evictor, NodeMap
 from hypertrace.analyzer.evict.policy import EvictPolicy, judge
+from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.engine import Engine
 from hypertrace.proto.settings import ConfigError
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
-from hypertrace.analyzer.report.job_report import build_report
 
 NOW = 1_800_000_000 * 10**9
 
@@ -246,8 +246,8 @@ def test_webhook_signed_retried_and_applied_once_by_its_idempotency_key(tmp_path
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    from conftest import missing_prerequisite
     import slurm_cluster
+    from conftest import missing_prerequisite
     why = slurm_cluster.missing()
     if why:
         missing_prerequisite(f"a local Slurm cluster needs {why}")
@@ -261,7 +261,7 @@ def slurm(tmp_path_factory):
     cluster.stop()
 
 
-def _slurm_config(tmp_path, enforce: bool) -> "Path":
+def _slurm_config(tmp_path, enforce: bool):
     table = tmp_path / "nodes.txt"
     table.write_text("node-0013 n2\nnode-0021 n1\n")
     cfg = tmp_path / "analyzer.toml"
@@ -447,6 +447,7 @@ def test_slurm_requeue_puts_the_job_back_without_the_drained_node(tmp_path, slur
     """Off by default; with requeue = true the job (its id a Slurm job id) is requeued, with the
     drained node in its ExcNodeList."""
     import subprocess
+
     from hypertrace.analyzer.evict.backends import SlurmBackend
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     out = subprocess.run(["sbatch", "--parsable", "-N1", "-w", "n3", "--requeue", "--wrap",

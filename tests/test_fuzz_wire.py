@@ -16,12 +16,11 @@ import pytest
 from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_server import healthy, send, start_server, stop_server
 
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import WireError, accept_window, validate_window
 from hypertrace.sim.simulate import SimConfig, generate
-
-from test_server import healthy, send, start_server, stop_server
 
 EXAMPLES = int(os.environ.get("HYPERTRACE_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,

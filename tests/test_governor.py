@@ -5,8 +5,12 @@ import time
 
 import pytest
 
-from hypertrace.collector.governor import (FIXED_NS_PER_PROBE_OP, MEASURE_SLICE_S, Governor,
-                                           measured_overhead)
+from hypertrace.collector.governor import (
+    FIXED_NS_PER_PROBE_OP,
+    MEASURE_SLICE_S,
+    Governor,
+    measured_overhead,
+)
 from hypertrace.collector.schedule import MAX_CADENCE, slice_offset
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 
-from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.ingest.server import Analyzer
 from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions
+from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.store.storage import Storage
 
 

@@ -5,12 +5,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hypertrace.sim import scenarios, simulate
+from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.analyzer.report.report_format import exit_status, report_to_table
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.engine import Engine
 from hypertrace.analyzer.score.imbalance import ImbalanceTracker, group_deviations, peer_classes
-from hypertrace.analyzer.report.report_format import exit_status, report_to_table
-from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.sim import scenarios, simulate
 
 
 def test_peer_classes_split_by_kind_and_group_and_fold_small_groups():

@@ -13,13 +13,13 @@ import pickle
 import numpy as np
 import pytest
 
+from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.analyzer.scale import validate_ahead
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.engine import Engine, PreparedWindows, prepare_windows
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import records
-from hypertrace.analyzer.scale import validate_ahead
 from hypertrace.sim.simulate import SimConfig, generate
-from hypertrace.analyzer.report.job_report import build_report
 
 CFG = ScoringConfig()
 

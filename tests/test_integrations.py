@@ -85,4 +85,4 @@ def test_importing_the_module_imports_no_framework_and_unknown_names_fail():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
-        integrations.Nope
+        _ = integrations.Nope

@@ -10,11 +10,10 @@ here)."""
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
-
+import tomllib
 from conftest import missing_prerequisite
 
 try:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import missing_prerequisite
 
 REPO = Path(__file__).resolve().parent.parent

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from hypertrace.analyzer.evict.policy import EvictPolicy, judge
+from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.analyzer.report.report_format import EXIT_OK, exit_status, report_to_table
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.engine import Engine
-from hypertrace.analyzer.evict.policy import EvictPolicy, judge
-from hypertrace.analyzer.report.report_format import EXIT_OK, exit_status, report_to_table
 from hypertrace.sim.simulate import Dropout, SimConfig, Straggler, generate
-from hypertrace.analyzer.report.job_report import build_report
 
 SLOW = "node-0005"
 

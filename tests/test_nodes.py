@@ -11,10 +11,10 @@ import urllib.request
 
 import grpc
 
-from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.ingest.nodes import NodeTable
 from hypertrace.analyzer.ingest.server import Analyzer
 from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions
+from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.store.storage import Storage
 from hypertrace.cli.main import main
 from hypertrace.proto import hypertrace_pb2 as pb

@@ -8,7 +8,6 @@ from __future__ import annotations
 import types
 
 import pytest
-
 from conftest import missing_prerequisite
 
 from hypertrace.collector.attribution import GpuRef, attribute

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from hypertrace.analyzer.score import theory
-from hypertrace.sim.synthetic import job_windows
 from hypertrace.cli.main import main
 from hypertrace.proto import wire
+from hypertrace.sim.synthetic import job_windows
 
 
 def _json(capsys, argv) -> dict:

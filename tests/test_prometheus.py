@@ -18,8 +18,10 @@ import subprocess
 import time
 
 from conftest import missing_prerequisite
-from test_agent_e2e import hypertrace
-from test_agent_e2e import procs  # noqa: F401  (the fixture: started processes, stopped after)
+from test_agent_e2e import (
+    hypertrace,
+    procs,  # noqa: F401  (the fixture: started processes, stopped after)
+)
 
 from hypertrace.analyzer.report.metrics import GPU_LABELS
 from hypertrace.sim import prom_stack

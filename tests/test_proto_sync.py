@@ -2,8 +2,6 @@
 import importlib.util
 from pathlib import Path
 
-import pytest
-
 from conftest import missing_prerequisite
 
 ROOT = Path(__file__).resolve().parents[1]

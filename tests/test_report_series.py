@@ -9,12 +9,12 @@ import math
 import numpy as np
 import pytest
 
-from hypertrace.analyzer.score import theory, window_series
 from hypertrace.analyzer.report import whatif_curve
+from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.analyzer.score import theory, window_series
 from hypertrace.analyzer.score.engine import Engine
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
-from hypertrace.analyzer.report.job_report import build_report
 
 SLOW = "node-0011"
 

@@ -5,11 +5,11 @@ is stopped and a new one opens the same database and replays it.
 """
 from __future__ import annotations
 
+from test_server import send, start_server, stop_server
+
+from hypertrace.analyzer.report.job_report import build_report
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
-from hypertrace.analyzer.report.job_report import build_report
-
-from test_server import send, start_server, stop_server
 
 
 def _verdicts(report: pb.Report) -> dict[tuple[str, str], str]:
@@ -143,9 +143,10 @@ def test_a_schema_2_database_keeps_its_verdicts_as_a_change_log(tmp_path):
 
 
 def test_a_finished_job_is_forgotten_after_job_expiry_seconds():
+    import pytest
+
     from hypertrace.analyzer.score.config import ScoringConfig
     from hypertrace.analyzer.score.engine import Engine, UnknownJobError
-    import pytest
     e = Engine(ScoringConfig(job_expiry_seconds=600))
     ws = list(generate(SimConfig(gpus=16, gpus_per_node=8, windows=3, seed=1)))
     for w in ws:
@@ -172,7 +173,6 @@ def test_a_finished_job_is_forgotten_after_job_expiry_seconds():
 def test_a_gpu_that_left_a_running_job_is_retired_and_its_row_reused():
     """A node replaced mid-job: after job_expiry_seconds without its windows its GPUs leave the
     report and their rows (state reset) go to the next new GPUs, so memory does not grow."""
-    from dataclasses import replace
 
     from hypertrace.analyzer.score.config import ScoringConfig
     from hypertrace.analyzer.score.engine import Engine
@@ -204,9 +204,9 @@ def test_a_schema_3_database_moves_its_windows_into_the_rowid_table(tmp_path):
     """Schema 3 kept windows in a WITHOUT ROWID table (4.7 KB per window at rest); the upgrade
     moves them, in replay order, into the rowid table, keeping every column and the dedup."""
     import sqlite3
+    import zlib
 
     from hypertrace.analyzer.store.storage import CODEC_ZLIB, SCHEMA_VERSION, Storage
-    import zlib
     db = tmp_path / "v3.db"
     conn = sqlite3.connect(db)
     conn.executescript(

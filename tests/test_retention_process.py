@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from hypertrace.analyzer.store import summaries
+from hypertrace.analyzer.ingest.server import Analyzer
+from hypertrace.analyzer.scale.retention_process import PassFailed, RetentionPlan, RetentionProcess
+from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.epoch_scoring import EpochResult
-from hypertrace.analyzer.scale.retention_process import PassFailed, RetentionPlan, RetentionProcess
-from hypertrace.analyzer.ingest.server import Analyzer
-from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions
+from hypertrace.analyzer.store import summaries
 from hypertrace.analyzer.store.storage import Storage
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
 

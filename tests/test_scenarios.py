@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from hypertrace.sim import scenarios
-from hypertrace.sim.simulate import burst_matrices, generate, simulate_counts, slowdown_matrix
 from hypertrace.cli.main import main
 from hypertrace.proto import buckets
 from hypertrace.proto.wire import read_jsonl, validate_window
+from hypertrace.sim import scenarios
+from hypertrace.sim.simulate import burst_matrices, generate, simulate_counts, slowdown_matrix
 
 REQUIRED = {"clean", "host-3", "host-5", "host-10", "host-20", "host-30", "single-gpu",
             "collective", "heavy-tail", "gc-spikes", "cold-read", "onset", "flapping", "sparse",

@@ -3,8 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from hypertrace.collector.schedule import (MAX_CADENCE, cadence, is_sampled, phase,
-                                           slice_bounds, slice_offset, window_index)
+from hypertrace.collector.schedule import (
+    MAX_CADENCE,
+    cadence,
+    is_sampled,
+    phase,
+    slice_bounds,
+    slice_offset,
+    window_index,
+)
 
 
 def test_every_agent_computes_the_same_offset_from_the_index_alone():

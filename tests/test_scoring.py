@@ -8,17 +8,25 @@ import warnings
 import numpy as np
 import pytest
 
+from hypertrace.analyzer.report.job_report import build_report
 from hypertrace.analyzer.score.config import ConfigError, ScoringConfig
-from hypertrace.proto.settings import load_settings
 from hypertrace.analyzer.score.cross_section import Hists
 from hypertrace.analyzer.score.engine import Engine
-from hypertrace.analyzer.score.scoring import (HOST_FENCE_MIN, MAX_HOST_ALLOWANCE, HostLayout, host_allowance,
-                                         host_medians, implicates, sampling_se_us, score_hosts,
-                                         score_values)
-from hypertrace.sim.synthetic import job_windows
+from hypertrace.analyzer.score.scoring import (
+    HOST_FENCE_MIN,
+    MAX_HOST_ALLOWANCE,
+    HostLayout,
+    host_allowance,
+    host_medians,
+    implicates,
+    sampling_se_us,
+    score_hosts,
+    score_values,
+)
 from hypertrace.proto import buckets, wire
 from hypertrace.proto import hypertrace_pb2 as pb
-from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.proto.settings import load_settings
+from hypertrace.sim.synthetic import job_windows
 
 CFG = ScoringConfig()
 ENOUGH = np.full(1, 1000)

@@ -7,14 +7,14 @@ import random
 
 import pytest
 
+from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.analyzer.report.report_format import exit_status, report_to_json, report_to_table
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.engine import Engine, UnknownJobError
 from hypertrace.analyzer.score.scoring import meaning
-from hypertrace.analyzer.report.report_format import (exit_status, report_to_json, report_to_table)
-from hypertrace.sim.synthetic import job_windows
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import wire
-from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.sim.synthetic import job_windows
 
 W_NS = 10_000_000_000
 

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.analyzer.report.report_format import report_to_json
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.engine import Engine
-from hypertrace.analyzer.report.report_format import report_to_json
 from hypertrace.sim import scenarios
 from hypertrace.sim.simulate import generate
 from hypertrace.sim.synthetic import job_windows, node_name
-from hypertrace.analyzer.report.job_report import build_report
 
 GOLDEN = Path(__file__).parent / "data" / "scoring_golden.json.gz"
 

@@ -3,12 +3,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from hypertrace.analyzer.report.job_report import build_report
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.engine import Engine
-from hypertrace.analyzer.score.persistence import (HEALTHY, INSUFFICIENT, STRAGGLER, SUSPECT,
-                                             PersistenceState)
+from hypertrace.analyzer.score.persistence import (
+    HEALTHY,
+    INSUFFICIENT,
+    STRAGGLER,
+    SUSPECT,
+    PersistenceState,
+)
 from hypertrace.sim.synthetic import job_windows
-from hypertrace.analyzer.report.job_report import build_report
 
 CFG = ScoringConfig(persist_k=3, persist_n=5, clear_m=3)
 

@@ -15,13 +15,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.ingest.server import Analyzer, ServerError
 from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions
-from hypertrace.sim.simulate import SimConfig, Straggler, generate
+from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.store.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc
+from hypertrace.sim.simulate import SimConfig, Straggler, generate
 
 SMALL = SimConfig(gpus=32, gpus_per_node=8, windows=5, seed=3,
                   stragglers=(Straggler("node-0002", 1.3),))

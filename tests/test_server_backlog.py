@@ -17,9 +17,9 @@ from pathlib import Path
 import grpc
 from grpc import aio
 
-from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.ingest.server import Analyzer
 from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions
+from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.store.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import STREAM_METHOD

@@ -12,12 +12,11 @@ import math
 
 import grpc
 import pytest
+from test_server import healthy, send, start_server, stop_server
 
-from hypertrace.sim.simulate import SimConfig, generate
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import MAX_WINDOW_BYTES
-
-from test_server import healthy, send, start_server, stop_server
+from hypertrace.sim.simulate import SimConfig, generate
 
 TINY = SimConfig(gpus=8, gpus_per_node=8, windows=2, seed=11)
 

@@ -4,13 +4,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hypertrace.sim import scenarios, simulate
+from hypertrace.analyzer.report.job_report import build_report
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.cross_section import Hists
 from hypertrace.analyzer.score.engine import Engine
 from hypertrace.analyzer.score.shift import pooled_deciles, shift_ratios
+from hypertrace.sim import scenarios, simulate
 from hypertrace.sim.simulate import SimConfig, Straggler
-from hypertrace.analyzer.report.job_report import build_report
 
 
 def _hists(cfg: SimConfig, api: str = "cudaLaunchKernel") -> Hists:

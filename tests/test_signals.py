@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.analyzer.report.report_format import report_to_json, report_to_table
 from hypertrace.analyzer.score import signals
 from hypertrace.analyzer.score.config import ConfigError, ScoringConfig
 from hypertrace.analyzer.score.engine import Engine
-from hypertrace.analyzer.report.report_format import report_to_json, report_to_table
 from hypertrace.proto import buckets, wire
 from hypertrace.proto import hypertrace_pb2 as pb
-from hypertrace.analyzer.report.job_report import build_report
 
 RANKS = 8
 SLOW = 5

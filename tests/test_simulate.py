@@ -2,17 +2,23 @@
 from __future__ import annotations
 
 import io
-from dataclasses import replace
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from hypertrace.sim.simulate import (SimConfig, Straggler, generate, live_start_ns,
-                                          parse_straggler, simulate_counts)
+from hypertrace.analyzer.report.job_report import build_report
 from hypertrace.proto import buckets
 from hypertrace.proto.wire import read_jsonl, validate_window, write_jsonl
-from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.sim.simulate import (
+    SimConfig,
+    Straggler,
+    generate,
+    live_start_ns,
+    parse_straggler,
+    simulate_counts,
+)
 
 CFG = SimConfig(gpus=64, gpus_per_node=8, windows=3, seed=7,
                 stragglers=(Straggler("node-0003", 1.10),))
@@ -295,8 +301,12 @@ def test_simulate_cli_noise_flag_chooses_wide_or_tight(tmp_path):
 def test_a_collective_step_carries_every_ranks_delays_and_busy_time_only_its_own():
     """A rank delayed in a step delays the step of all (the collective waits for it); its busy
     time stays its own. Independent ranks' steps carry only their own delays."""
-    from hypertrace.sim.simulate import (burst_matrices, job_step_bursts, simulate_busy_counts,
-                                         simulate_step_counts)
+    from hypertrace.sim.simulate import (
+        burst_matrices,
+        job_step_bursts,
+        simulate_busy_counts,
+        simulate_step_counts,
+    )
     cfg = SimConfig(gpus=64, windows=8, seed=3, hiccup_prob=0.05, hiccup_nodes=2,
                     hiccup_windows=1)                  # one event per rack and window
     own, _ = burst_matrices(cfg)

@@ -11,17 +11,16 @@ import pickle
 import zlib
 
 import pytest
+from test_server import send, start_server, stop_server
 
-from hypertrace.analyzer.store import snapshot
+from hypertrace.analyzer.report.job_report import build_report
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.engine import Engine
+from hypertrace.analyzer.store import snapshot
 from hypertrace.analyzer.store.storage import StoredSnapshot
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.sim import scenarios
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
-from hypertrace.analyzer.report.job_report import build_report
-
-from test_server import send, start_server, stop_server
 
 CFG = SimConfig(gpus=64, gpus_per_node=8, windows=12, seed=6,
                 stragglers=(Straggler("node-0002", 1.3),))

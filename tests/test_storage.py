@@ -8,13 +8,19 @@ from pathlib import Path
 
 import pytest
 
+from hypertrace.analyzer.report.job_report import build_report
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.engine import Engine
-from hypertrace.sim.simulate import SimConfig, Straggler, generate
-from hypertrace.analyzer.store.storage import (CODEC_RAW, CODEC_ZLIB, CODEC_ZLIB_DICT1,
-                                         ConflictingDuplicate, Storage, StorageError)
+from hypertrace.analyzer.store.storage import (
+    CODEC_RAW,
+    CODEC_ZLIB,
+    CODEC_ZLIB_DICT1,
+    ConflictingDuplicate,
+    Storage,
+    StorageError,
+)
 from hypertrace.proto import hypertrace_pb2 as pb
-from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.sim.simulate import SimConfig, Straggler, generate
 
 CFG = SimConfig(gpus=32, gpus_per_node=8, windows=4, seed=5,
                 stragglers=(Straggler("node-0001", 1.3),))

@@ -13,9 +13,14 @@ from pathlib import Path
 import pytest
 
 from hypertrace.analyzer.store import blocks
-from hypertrace.analyzer.store.storage import (CODEC_ZLIB_DICT1, SCHEMA_VERSION,
-                                         ConflictingDuplicate, Storage, StorageError,
-                                         encode_payload)
+from hypertrace.analyzer.store.storage import (
+    CODEC_ZLIB_DICT1,
+    SCHEMA_VERSION,
+    ConflictingDuplicate,
+    Storage,
+    StorageError,
+    encode_payload,
+)
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
 
@@ -429,8 +434,8 @@ def test_a_read_only_reader_sees_compacted_windows_and_leaves_an_old_file_as_it_
 
 
 def test_the_retention_pass_compacts_what_ended_two_minutes_ago_and_no_more(tmp_path):
-    from hypertrace.analyzer.store import summaries
     from hypertrace.analyzer.score.config import ScoringConfig
+    from hypertrace.analyzer.store import summaries
     from hypertrace.analyzer.store.storage import COMPACT_AFTER_S
     st = Storage.open(tmp_path / "a.db")
     ws = list(generate(CFG))

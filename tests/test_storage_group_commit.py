@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from hypertrace.sim.simulate import SimConfig, generate
 from hypertrace.analyzer.store.storage import Storage
+from hypertrace.sim.simulate import SimConfig, generate
 
 CFG = SimConfig(gpus=64, gpus_per_node=8, windows=2, seed=3)
 

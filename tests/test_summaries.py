@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hypertrace.analyzer.store import summaries
-from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.ingest.server import Analyzer
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.store import summaries
 from hypertrace.analyzer.store.storage import Storage
 from hypertrace.analyzer.store.summaries import SLOT_NS, SlotSummary
 from hypertrace.proto import buckets

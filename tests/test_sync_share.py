@@ -14,16 +14,16 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from test_signals import WINDOW_S, run, verdicts
+from test_signals import windows as signals_windows
 
+from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.analyzer.report.report_format import report_to_table
 from hypertrace.analyzer.score import sync_share
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.cross_section import EpochAccumulator
-from hypertrace.analyzer.report.report_format import report_to_table
 from hypertrace.proto import buckets, wire
 from hypertrace.proto import hypertrace_pb2 as pb
-from hypertrace.analyzer.report.job_report import build_report
-from test_signals import WINDOW_S, run, verdicts
-from test_signals import windows as signals_windows
 
 RANKS = 8
 SLOW = 5

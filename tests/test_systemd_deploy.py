@@ -30,10 +30,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from conftest import missing_prerequisite
-
 import systemd_container
+from conftest import missing_prerequisite
 from systemd_container import Container
 
 REPO = Path(__file__).resolve().parent.parent

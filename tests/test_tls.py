@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from conftest import Pki
+from test_server import start_server, stop_server
 
 from hypertrace.analyzer.ingest.server import ServerError
 from hypertrace.cli.main import main
@@ -19,8 +21,6 @@ from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc
 from hypertrace.proto.transport import channel_credentials, parse_spiffe_id
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
-from conftest import Pki
-from test_server import start_server, stop_server
 
 SIM = SimConfig(gpus=32, gpus_per_node=8, windows=4, seed=3,
                 stragglers=(Straggler("node-0002", 1.3),))

@@ -10,14 +10,13 @@ import logging
 import threading
 
 import pytest
-
-from hypertrace.cli.main import main
-from hypertrace.daemon.uplink import Backoff, Spool, Uplink
-from hypertrace.proto.transport import (TlsFiles, TransportError, channel_credentials,
-                                        tls_files)
 from conftest import Pki
 from test_server import start_server, stop_server
 from test_tls import _of
+
+from hypertrace.cli.main import main
+from hypertrace.daemon.uplink import Backoff, Spool, Uplink
+from hypertrace.proto.transport import TlsFiles, TransportError, channel_credentials, tls_files
 
 FAST = Backoff(base=0.05, cap=0.2)
 

@@ -5,6 +5,7 @@ delays in three of five windows must not be convicted, while a GPU doing 15% mor
 from __future__ import annotations
 
 import math
+
 import numpy as np
 
 from hypertrace.analyzer.score.config import ScoringConfig

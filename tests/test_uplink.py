@@ -10,11 +10,10 @@ import logging
 import time
 
 import pytest
-
-from hypertrace.sim.simulate import SimConfig, generate
-from hypertrace.daemon.uplink import Backoff, Spool, Uplink, idle_close_for
-
 from test_server import free_port, start_server, stop_server
+
+from hypertrace.daemon.uplink import Backoff, Spool, Uplink, idle_close_for
+from hypertrace.sim.simulate import SimConfig, generate
 
 FAST = Backoff(base=0.05, cap=0.3)
 

@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from hypertrace.proto import records, wire
 from hypertrace.analyzer.scale import validate_ahead
 from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.proto import records, wire
 from hypertrace.sim.simulate import SimConfig, generate
 
 

@@ -14,15 +14,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hypertrace.sim import scenarios
+from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.analyzer.report.report_format import report_to_table
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.engine import Engine
-from hypertrace.analyzer.report.report_format import report_to_table
-from hypertrace.sim.simulate import SimConfig, Straggler, generate
 from hypertrace.cli.main import main
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import write_jsonl
-from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.sim import scenarios
+from hypertrace.sim.simulate import SimConfig, Straggler, generate
 
 BASE = dict(gpus=256, gpus_per_node=8, windows=6, seed=5)
 
@@ -173,9 +173,9 @@ def test_predict_uses_step_times_of_simulated_windows(tmp_path, capsys):
 
 def test_a_one_node_job_never_gets_an_eviction_prediction():
     """Evicting the only node leaves no job to predict a step time for (it used to say NaN)."""
-    from hypertrace.sim import simulate
     from hypertrace.analyzer.score.config import ScoringConfig
     from hypertrace.analyzer.score.engine import Engine
+    from hypertrace.sim import simulate
     from hypertrace.sim.simulate import SimConfig, Straggler
     cfg = SimConfig(gpus=8, windows=8, seed=2,
                     stragglers=(Straggler("node-0000", 1.6, where="cpu", gpus=(5,)),))

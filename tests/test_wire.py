@@ -1,5 +1,4 @@
 """Wire validation names the offending field; JSON lines round-trip."""
-import io
 import math
 
 import numpy as np

@@ -5,9 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hypertrace.proto import buckets
+from hypertrace.proto import buckets, wire
 from hypertrace.proto import hypertrace_pb2 as pb
-from hypertrace.proto import wire
 
 #: counts from one-byte ones to 10-byte varints, so the bound is sometimes enough and sometimes not
 COUNTS = st.one_of(st.integers(0, 127), st.integers(0, 2 ** 14), st.integers(0, 2 ** 64 - 1))

@@ -1,9 +1,9 @@
 """The fork server of a read's workers, started before the reader imports its modules."""
 from __future__ import annotations
 
+from hypertrace.analyzer.scale import validate_ahead, worker_start
 from hypertrace.analyzer.score.engine import prepare_windows
 from hypertrace.cli import analyze
-from hypertrace.analyzer.scale import validate_ahead, worker_start
 
 
 def test_analyze_starts_the_fork_server_with_the_modules_its_pool_preloads():

@@ -174,9 +174,9 @@ class Evictor:
     def collector(self):
         """Prometheus series of the audit trail: proposals per state, and the breaker."""
         from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.registry import Collector
 
         from hypertrace.analyzer.evict.audit import STATES
-        from prometheus_client.registry import Collector
 
         audit = self.audit
 

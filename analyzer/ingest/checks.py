@@ -15,8 +15,7 @@ from google.protobuf.message import DecodeError
 
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.transport import DEFAULT_TRUST_DOMAIN, may_send_for, peer_identity
-from hypertrace.proto.wire import (MAX_WINDOW_BYTES, WireError, accept_window, check_clock,
-                                   quote)
+from hypertrace.proto.wire import MAX_WINDOW_BYTES, WireError, accept_window, check_clock, quote
 
 log = logging.getLogger("hypertrace.analyzer.ingest.server")
 

@@ -39,25 +39,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import deque
 import time
+from collections import deque
 from concurrent import futures
 from typing import Any, AsyncIterator, Callable, Protocol
 
 import grpc
 
-from hypertrace.analyzer.ingest.engines import Engine, LocalEngine
 from hypertrace.analyzer.ingest.checks import Access, Refused, authorize, check_window
+from hypertrace.analyzer.ingest.engines import Engine, LocalEngine
 from hypertrace.analyzer.ingest.loop_groups import LoopGroups
-from hypertrace.analyzer.report.metrics import AnalyzerMetrics, JobCollector
 from hypertrace.analyzer.ingest.nodes import SEED_SPAN_S, NodeTable
+from hypertrace.analyzer.report.metrics import AnalyzerMetrics, JobCollector
 from hypertrace.analyzer.score.config import ScoringConfig
-from hypertrace.analyzer.store.storage import (ConflictingDuplicate, Storage, StorageCorrupt,
-                                         StorageError)
+from hypertrace.analyzer.store.storage import (
+    ConflictingDuplicate,
+    Storage,
+    StorageCorrupt,
+    StorageError,
+)
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc
 from hypertrace.proto.window_parts import WindowHeader
-from hypertrace.proto.wire import (INGEST_SERVICE, MAX_CLOCK_SKEW_S)
+from hypertrace.proto.wire import INGEST_SERVICE, MAX_CLOCK_SKEW_S
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,7 @@ from typing import Iterable
 import numpy as np
 
 from hypertrace.analyzer.report import causes, whatif_curve
-from hypertrace.analyzer.score import theory, window_series
-from hypertrace.analyzer.score import signals
+from hypertrace.analyzer.score import signals, theory, window_series
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.engine import Engine
 from hypertrace.analyzer.score.jobs import JobState

@@ -36,8 +36,8 @@ import math
 
 from google.protobuf import json_format
 
-from hypertrace.analyzer.score.auto_groups import NO_STEP_NAME
 from hypertrace.analyzer.report.causes import duration_text
+from hypertrace.analyzer.score.auto_groups import NO_STEP_NAME
 from hypertrace.analyzer.score.theory import STEP_BASES
 from hypertrace.proto import hypertrace_pb2 as pb
 

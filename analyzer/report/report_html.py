@@ -30,8 +30,18 @@ from typing import Sequence
 
 from hypertrace.analyzer.report.causes import CLOCK_EVENT_REASONS, duration_text, share_text
 from hypertrace.analyzer.report.report_format import evidence_words, signal_words
-from hypertrace.analyzer.report.svg_chart import (Axis, Band, Chart, Line, Marker, Rule, bar_chart,
-                                           esc, num, padded, render)
+from hypertrace.analyzer.report.svg_chart import (
+    Axis,
+    Band,
+    Chart,
+    Line,
+    Marker,
+    Rule,
+    bar_chart,
+    esc,
+    padded,
+    render,
+)
 from hypertrace.proto import hypertrace_pb2 as pb
 
 #: Node rows of the heatmap (the worst nodes); more flagged nodes fold into a band of their own.

@@ -18,19 +18,33 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from hypertrace.analyzer.ingest.checks import Access
-from hypertrace.analyzer.ingest.server import (LIVE_TIMEOUT_S, MAX_PENDING_STREAMS,
-                                               QUERY_SERVICE, RETENTION_EVERY_S,
-                                               RETENTION_HOURS, STORE_THREADS,
-                                               SUMMARY_RETENTION_DAYS, SWITCH_INTERVAL_S,
-                                               Analyzer, Backend, ServerError, _ingest_handler,
-                                               _QueryServicer)
-from hypertrace.analyzer.report.metrics import AnalyzerMetrics, serve as serve_metrics
+from hypertrace.analyzer.ingest.server import (
+    LIVE_TIMEOUT_S,
+    MAX_PENDING_STREAMS,
+    QUERY_SERVICE,
+    RETENTION_EVERY_S,
+    RETENTION_HOURS,
+    STORE_THREADS,
+    SUMMARY_RETENTION_DAYS,
+    SWITCH_INTERVAL_S,
+    Analyzer,
+    Backend,
+    ServerError,
+    _ingest_handler,
+    _QueryServicer,
+)
+from hypertrace.analyzer.report.metrics import AnalyzerMetrics
+from hypertrace.analyzer.report.metrics import serve as serve_metrics
 from hypertrace.analyzer.scale.engine_process import engine_for
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.store.storage import Storage
 from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc
-from hypertrace.proto.transport import (DEFAULT_TRUST_DOMAIN, TlsFiles, TransportError,
-                                        server_credentials)
+from hypertrace.proto.transport import (
+    DEFAULT_TRUST_DOMAIN,
+    TlsFiles,
+    TransportError,
+    server_credentials,
+)
 from hypertrace.proto.wire import INGEST_SERVICE, MAX_CLOCK_SKEW_S, MAX_WINDOW_BYTES
 
 log = logging.getLogger("hypertrace.analyzer.ingest.server")
@@ -292,7 +306,11 @@ class AnalyzerServer:
         of a 16k-GPU job reads 61,440 windows (seconds of CPU), which must not delay scoring.
         The pass itself runs in the retention process where it can (``retention_process``),
         else here; this thread then only waits for its answer."""
-        from hypertrace.analyzer.scale.retention_process import PassFailed, WorkerUnavailable, run_pass
+        from hypertrace.analyzer.scale.retention_process import (
+            PassFailed,
+            WorkerUnavailable,
+            run_pass,
+        )
         storage, plan = self.analyzer.storage, self._retention_plan()
         while not self._stop.wait(self.options.retention_every_s):
             worker = self._retention_worker

@@ -31,11 +31,11 @@ from typing import Any, Callable, Iterator
 
 from google.protobuf.message import DecodeError
 
+from hypertrace.analyzer.scale.worker_start import MIN_PARALLEL_BYTES, default_workers, fork_context
+from hypertrace.analyzer.scale.worker_start import plain_binary as _plain_binary
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import records, wire
 from hypertrace.proto.window_parts import window_part
-from hypertrace.analyzer.scale.worker_start import MIN_PARALLEL_BYTES, default_workers, fork_context
-from hypertrace.analyzer.scale.worker_start import plain_binary as _plain_binary
 
 #: Records per task: large enough that a task's hand-off is negligible, small enough that the
 #: reader waits little for the first.

@@ -152,7 +152,8 @@ class AutoGroups:
         prev = self._candidate
         same = (prev is not None and prev.size == n_rows
                 and np.array_equal(prev[rows][found >= 0], found[found >= 0]))
-        self._candidate = whole if not same else np.where(whole >= 0, whole, prev)
+        self._candidate = (np.where(whole >= 0, whole, prev) if same and prev is not None
+                           else whole)
         self._streak = self._streak + 1 if same else 1
         read = found >= 0
         k = int(found.max()) + 1

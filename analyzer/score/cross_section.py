@@ -335,13 +335,13 @@ _SUM = float("nan")      # a histogram's total to add up from its counts (_Flat.
 class _Flat:
     """Histograms of many rows as the wire sent them, until :meth:`hists` is called."""
 
-    rows: array = field(default_factory=lambda: array("q"))
+    rows: array[int] = field(default_factory=lambda: array("q"))
     #: the sample count of each histogram as its sender stated it; NaN: add up its counts
-    totals: array = field(default_factory=lambda: array("d"))
+    totals: array[float] = field(default_factory=lambda: array("d"))
     #: the serialized ``Histogram`` messages back to back (analyzer/score/hist_wire.py: one C call
     #: per histogram here, every count decoded at once in :meth:`raw`), and where each ends
-    wire: array = field(default_factory=lambda: array("B"))
-    ends: array = field(default_factory=lambda: array("q"))
+    wire: array[int] = field(default_factory=lambda: array("B"))
+    ends: array[int] = field(default_factory=lambda: array("q"))
     #: histograms decoded already (:meth:`seal`), each set as :meth:`raw` gives it; they come
     #: before those still in ``wire``
     decoded: list[tuple[np.ndarray, ...]] = field(default_factory=list)
@@ -435,9 +435,9 @@ class _Flat:
         flat += scratch.stride(size)
         counts = scratch.floats(vals)
         if lens.size == n_local and _one_each(local, n_local):
-            dense = np.zeros(width * n_local)        # one histogram per GPU: plain scatter
+            dense: np.ndarray = np.zeros(width * n_local)   # one histogram per GPU: scatter
             dense[flat] = counts
-            per_gpu = np.empty(n_local)
+            per_gpu: np.ndarray = np.empty(n_local)
             per_gpu[local] = totals
         else:                                        # merge several windows/processes per GPU
             dense = np.bincount(flat, weights=counts, minlength=width * n_local)
@@ -471,7 +471,7 @@ class _Scratch:
         return out
 
 
-def _remapped(local: array, rows: np.ndarray) -> bytes:
+def _remapped(local: array[int], rows: np.ndarray) -> bytes:
     """The int64 bytes of ``rows[local]``: rows numbered in another accumulator, renumbered."""
     if not local:
         return b""
@@ -492,8 +492,8 @@ class _Scalars:
     Kept interleaved in one array: one extend per process instead of an append per number."""
 
     names: tuple[str, ...]
-    rows: array = field(default_factory=lambda: array("q"))
-    values: array = field(default_factory=lambda: array("d"))
+    rows: array[int] = field(default_factory=lambda: array("q"))
+    values: array[float] = field(default_factory=lambda: array("d"))
 
     def add(self, row: int, *values: float) -> None:
         self.rows.append(row)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -267,7 +268,7 @@ class Engine:
 
     # ---- snapshot (analyzer/store/snapshot.py) -----------------------------------------------------
 
-    def export_state(self) -> dict:
+    def export_state(self) -> dict[str, Any]:
         """Everything the Engine remembers, for a snapshot: a plain dict of the jobs (their
         caches left out: they are rebuilt on use) and the counters."""
         jobs = {}
@@ -278,7 +279,7 @@ class Engine:
         return {"jobs": jobs, "expired_jobs": self.expired_jobs,
                 "retired_gpus": self.retired_gpus}
 
-    def restore_state(self, state: dict) -> None:
+    def restore_state(self, state: dict[str, Any]) -> None:
         """Take over a state made by :meth:`export_state` (of the same code and config)."""
         jobs = state["jobs"]
         if not all(isinstance(j, JobState) for j in jobs.values()):

@@ -11,6 +11,7 @@ read (analyzer/score/theory.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 
@@ -20,8 +21,12 @@ from hypertrace.analyzer.score.cross_section import CrossSection, GpuKey, Hists
 from hypertrace.analyzer.score.imbalance import group_deviations
 from hypertrace.analyzer.score.jobs import JobState
 from hypertrace.analyzer.score.persistence import NO_DATA
-from hypertrace.analyzer.score.scoring import (StatScores, implicates, sampling_se_us, score_hosts,
-                                         score_values)
+from hypertrace.analyzer.score.scoring import (
+    StatScores,
+    sampling_se_us,
+    score_hosts,
+    score_values,
+)
 from hypertrace.analyzer.score.shift import pooled_deciles, shift_ratios
 from hypertrace.proto import buckets
 
@@ -281,7 +286,7 @@ class _Cells:
             part = self.parts[int(self.part[c])]
             sc_ = part.gpus if self.basis == "gpu" else part.hosts
             row = int(cs.rows[gi])
-            node, gpu_name = job.keys[row]
+            node, gpu_name = job.key_of(row)
             out.append(ScoreRow(
                 job_id=job.job_id, epoch=cs.epoch, node=node, gpu=gpu_name,
                 rank=job.ranks[row], api=self.api, stat=cfg.stats[si],
@@ -327,7 +332,8 @@ def _kept_rows(job: JobState, cs: CrossSection, cfg: ScoringConfig, cells: list[
     return out
 
 
-def _remember_p50_ratio(job: JobState, api: str, rows: np.ndarray, sc, j: int) -> None:
+def _remember_p50_ratio(job: JobState, api: str, rows: np.ndarray, sc: StatScores,
+                        j: int) -> None:
     """The scored GPUs' p50 over their group's median, for GpuReport.p50_ratio."""
     store = job.p50_ratio.get(api)
     if store is None or store.size < len(job.keys):
@@ -390,7 +396,7 @@ def _signal_rows(job: JobState, cs: CrossSection, sig: signals.SignalEpoch) -> l
         sign = -1.0 if s.name in signals.SLOW_WHEN_LOW else 1.0   # the deficit is the effect
         for i in np.flatnonzero(s.high | s.low).tolist():
             row = int(cs.rows[i])
-            node, gpu_name = job.keys[row]
+            node, gpu_name = job.key_of(row)
             imp = bool(s.implicating[i])
             out.append(ScoreRow(
                 job_id=job.job_id, epoch=cs.epoch, node=node, gpu=gpu_name,
@@ -546,8 +552,8 @@ def _shift_checks(hists: Hists, parts: list[_Part], gpu_high: np.ndarray, host_h
     vcols = np.flatnonzero(verdict_cols)
     if vcols.size == 0:
         return ok_gpu, ok_host
-    gh = gpu_high[vcols].any(axis=0)
-    hh = host_high[vcols].any(axis=0)
+    gh = np.asarray(gpu_high[vcols].any(axis=0))
+    hh = np.asarray(host_high[vcols].any(axis=0))
     if not (gh.any() or hh.any()):
         return ok_gpu, ok_host
     j = int(vcols[0])
@@ -585,7 +591,8 @@ def _add_rows(acc: np.ndarray, rows: np.ndarray, h: Hists) -> None:
         acc[h.first:h.first + k, rows] += h.counts_t.astype(np.float32)
 
 
-def _choose_basis(cfg: ScoringConfig, apis: dict, current: str | None) -> str | None:
+def _choose_basis(cfg: ScoringConfig, apis: Mapping[str, Hists],
+                  current: str | None) -> str | None:
     """API whose latency the what-if uses: keep the current one, else the first launch API
     present (in the probe table's order), else the first sync API, else any."""
     if current is not None:

@@ -54,7 +54,10 @@ def parse_histograms(wire: np.ndarray, ends: np.ndarray
     at = first = np.searchsorted(last_byte, begins)     # each message's first varint
     stop = np.searchsorted(last_byte, ends)             # one past its last
     last = vals.size - 1                                # reads past a message: clamped, and
-    v = lambda i: vals[np.minimum(i, last)]             # such a message fails the check below
+
+    def v(i: np.ndarray) -> np.ndarray:                 # such a message fails the check below
+        return vals[np.minimum(i, last)]
+
     has = (at < stop) & (v(at) == _TAG_SCHEME)
     at = at + 2 * has
     has = (at < stop) & (v(at) == _TAG_FIRST)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +61,7 @@ class JobState:
     nvml_prev: list[pb.NvmlContext | None] = field(default_factory=list)
     order: list[OrderKey | None] = field(default_factory=list)
     persistence: PersistenceState = field(default_factory=PersistenceState)
-    findings: dict[int, list] = field(default_factory=dict)
+    findings: dict[int, list[Any]] = field(default_factory=dict)
     spike_hits: np.ndarray = field(default_factory=lambda: np.zeros(0))
     spike_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))
     step_above: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -72,7 +72,8 @@ class JobState:
         default_factory=lambda: np.zeros((buckets.NUM_BUCKETS, 0), np.float32))
     #: the what-if's recent epochs, oldest first (theory.what_if_step): per epoch the rows with
     #: steps, their steps without spikes, their mean such step and their own time per step (µs)
-    pace_epochs: deque = field(default_factory=lambda: deque(maxlen=theory.WHATIF_EPOCHS))
+    pace_epochs: deque[Any] = field(
+        default_factory=lambda: deque(maxlen=theory.WHATIF_EPOCHS))
     #: per row: when its GPU's newest window arrived (0: never); a GPU silent for
     #: job_expiry_seconds in a job that goes on has left it, and its row is retired (reused).
     #: Grown by doubling as windows arrive (:meth:`note_arrival`), so it may be longer than the
@@ -86,10 +87,10 @@ class JobState:
     epochs_scored: int = 0
     #: the recent scored epochs, oldest first: (epoch, node -> its worst implicating ratio,
     #: the host codes present); for the report's node x window heatmap (NodeReport.window_ratios)
-    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
+    history: deque[Any] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
     #: the same windows' median step and flagged nodes' signals against the job's spread, for
     #: the report's node panels and measured step (analyzer/score/window_series.py)
-    window_series: deque = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
+    window_series: deque[Any] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
     #: per latency API, per row: the p50 over the peer group's median in the latest window that
     #: scored the GPU (NaN: never); GpuReport.p50_ratio
     p50_ratio: dict[str, np.ndarray] = field(default_factory=dict)
@@ -115,7 +116,7 @@ class JobState:
                       self._group_code(p.group),
                       self.host_names.setdefault(node, len(self.host_names)),
                       p.nvml if p.HasField("nvml") else None, None, order)
-            lists = (self.keys, self.ranks, self.kinds, self.uuids, self.kind_codes,
+            lists: tuple[list[Any], ...] = (self.keys, self.ranks, self.kinds, self.uuids, self.kind_codes,
                      self.group_codes, self.host_codes, self.nvml, self.nvml_prev, self.order)
             if self.free_rows:                 # a retired row: its state was reset
                 row = self.free_rows.pop()
@@ -148,6 +149,16 @@ class JobState:
                 self.nvml[row] = p.nvml
         return row
 
+    def key_of(self, row: int) -> GpuKey:
+        """(node, gpu) of a row that holds a GPU (not retired)."""
+        key = self.keys[row]
+        if key is None:
+            raise KeyError(f"row {row} of job {self.job_id!r} is retired")
+        return key
+
+    def node_of(self, row: int) -> str:
+        return self.key_of(row)[0]
+
     def live_rows(self) -> list[int]:
         """Rows that hold a GPU (not retired)."""
         return [r for r, k in enumerate(self.keys) if k is not None]
@@ -165,7 +176,9 @@ class JobState:
         if not rows:
             return 0
         for r in rows:
-            del self.index[self.keys[r]]
+            key = self.keys[r]
+            if key is not None:
+                del self.index[key]
             self.keys[r] = None
             self.nvml[r] = self.nvml_prev[r] = self.order[r] = None
             self.findings.pop(r, None)
@@ -254,7 +267,8 @@ class JobState:
     def peer_groups(self, rows: np.ndarray, min_gpus: int) -> tuple[list[np.ndarray], list[str]]:
         """Local indices of ``rows`` per peer class (GPU kind x workload group, small groups
         folded into their kind), and each class's group label (analyzer/score/imbalance.py)."""
-        codes, names = self.group_codes, self.group_names
+        codes: list[int] | np.ndarray = self.group_codes
+        names = self.group_names
         auto = self.auto_groups.scoring() if not any(self.group_names) else None
         if auto is not None:
             codes = np.zeros(len(self.keys), dtype=np.int64)          # 0: "" (no group)

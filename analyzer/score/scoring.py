@@ -44,6 +44,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -228,7 +229,7 @@ def _far_count(row: np.ndarray, med: float, mad: float, z_cut: float) -> int:
     return below + n - above
 
 
-def _first_true(pred, n: int, guess: int) -> int:
+def _first_true(pred: Callable[[int], bool], n: int, guess: int) -> int:
     """The first i in 0..n-1 where ``pred`` (False, then True along 0..n-1) holds, n where it
     never does. Two evaluations confirm a right ``guess`` (the index before it fails, its own
     holds); a wrong one (rounding, ties at the cut) falls back to a binary search."""

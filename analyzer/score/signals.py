@@ -78,8 +78,13 @@ import numpy as np
 from hypertrace.analyzer.score import sync_share
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.cross_section import CrossSection, Hists
-from hypertrace.analyzer.score.scoring import (HostLayout, host_allowance, host_medians,
-                                         sampling_se_us, score_values)
+from hypertrace.analyzer.score.scoring import (
+    HostLayout,
+    host_allowance,
+    host_medians,
+    sampling_se_us,
+    score_values,
+)
 
 #: Share of step-carrying ranks that must agree within ``collective_spread`` for "collective".
 COLLECTIVE_SHARE = sync_share.COLLECTIVE_SHARE

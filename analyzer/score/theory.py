@@ -289,11 +289,11 @@ def what_if(counts: np.ndarray, evict: np.ndarray,
         now = expected_max_us(c if has.all() else c[has], None, sh[has], first_bucket)
         return now, (now if not gone.any() else float("nan"))
     # the two integrals side by side: numpy lets go of the interpreter lock inside each step,
-    # so on a second core the what-if takes about the time of one (a 16k-rank job: 0.11-0.14 s
-    # against 0.18-0.24 s on the dev VM). Nothing else runs meanwhile: a thread that holds the
-    # lock in Python (building the report's messages) would keep each numpy step waiting for it
+    # so on a second core the what-if takes about the time of one. Nothing else runs meanwhile:
+    # a thread that holds the lock in Python (building the report's messages) would keep each
+    # numpy step waiting for it
     with ThreadPoolExecutor(1) as pool:
-        now = pool.submit(expected_max_us, c if has.all() else c[has], None, sh[has],
+        now_f = pool.submit(expected_max_us, c if has.all() else c[has], None, sh[has],
                           first_bucket)
         n_rest = int(keep.sum())
         spares = np.empty((n_rest + 1, c.shape[1]))       # the remaining ranks, then a spare
@@ -304,4 +304,4 @@ def what_if(counts: np.ndarray, evict: np.ndarray,
         after = expected_max_us(spares, np.concatenate((np.ones(n_rest), [int(gone.sum())])),
                                 np.concatenate((sh[keep], [float(sh[keep].mean())])),
                                 first_bucket)
-        return now.result(), after
+        return now_f.result(), after

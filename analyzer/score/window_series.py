@@ -12,7 +12,7 @@ Kept as plain tuples, dicts and floats (an Engine snapshot pickles them; analyze
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -33,19 +33,19 @@ MAX_SIGNALS = 8
 
 #: One window's record: (epoch, the median GPU's step in µs (NaN without steps),
 #: {(signal, stat): (p10, p50, p90, {node: value})}).
-WindowRecord = tuple[int, float, dict]
+WindowRecord = tuple[int, float, dict[Any, Any]]
 
 
 def remember(job: JobState, rows: np.ndarray, codes: np.ndarray,
              quantiles: Mapping[str, np.ndarray], apis: Mapping[str, Hists], sig: SignalEpoch,
-             stats: list[str], min_samples: int, epoch: int) -> None:
+             stats: Sequence[str], min_samples: int, epoch: int) -> None:
     """Append this window's record to ``job.window_series`` (module docstring). ``rows``: the
     epoch's GPU rows; ``codes``: their verdict codes after it; ``quantiles[api]`` (G, S) in the
     order of ``stats``: the APIs' latencies; ``apis``: their histograms; ``sig``: the
     epoch's signals (analyzer/signals.SignalEpoch)."""
     step = _finite_quantiles(sig.step_us, (0.5,))[0] if sig.step_us.size else float("nan")
     flagged = np.flatnonzero((codes == SUSPECT) | (codes == STRAGGLER))
-    recorded: dict = {}
+    recorded: dict[Any, Any] = {}
     if flagged.size:
         nodes = _strongest_nodes(job, rows, flagged)
         keys = _signals_of(job, rows, flagged, nodes)
@@ -71,7 +71,7 @@ def _strongest_nodes(job: JobState, rows: np.ndarray, flagged: np.ndarray) -> di
     strength: dict[str, float] = {}
     for pos in flagged.tolist():
         row = int(rows[pos])
-        node = job.keys[row][0]
+        node = job.node_of(row)
         by_node.setdefault(node, []).append(pos)
         z = max((abs(f.robust_z) for f in job.findings.get(row, ())), default=0.0)
         strength[node] = max(strength.get(node, 0.0), z if np.isfinite(z) else 0.0)
@@ -96,7 +96,7 @@ def _signals_of(job: JobState, rows: np.ndarray, flagged: np.ndarray,
 
 
 def _values(key: tuple[str, str], quantiles: Mapping[str, np.ndarray],
-            apis: Mapping[str, Hists], sig: SignalEpoch, stats: list[str],
+            apis: Mapping[str, Hists], sig: SignalEpoch, stats: Sequence[str],
             min_samples: int) -> np.ndarray | None:
     """(G,) every GPU's value of ``key`` this epoch, NaN where it was not scored; None when the
     epoch has no such signal."""
@@ -124,17 +124,22 @@ def node_series(history_epochs: list[int], records: list[WindowRecord], node: st
     window recorded none); None when no window recorded the node on it."""
     by_epoch = {epoch: sig for epoch, _, sig in records}
     nan = float("nan")
-    mine, med, lo, hi = [], [], [], []
+    mine: list[float] = []
+    med: list[float] = []
+    lo: list[float] = []
+    hi: list[float] = []
     any_node = False
     for epoch in history_epochs:
         entry = by_epoch.get(epoch, {}).get(key)
         if entry is None:
-            mine.append(nan), med.append(nan), lo.append(nan), hi.append(nan)
+            for out in (mine, med, lo, hi):
+                out.append(nan)
             continue
         p10, p50, p90, nodes = entry
         v = nodes.get(node, nan)
         any_node |= node in nodes
-        mine.append(v), med.append(p50), lo.append(p10), hi.append(p90)
+        for out, x in ((mine, v), (med, p50), (lo, p10), (hi, p90)):
+            out.append(x)
     return (mine, med, lo, hi) if any_node else None
 
 

@@ -64,10 +64,9 @@ from __future__ import annotations
 import functools
 import lzma
 import struct
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
-
 from google.protobuf.descriptor import FieldDescriptor as FD
 
 from hypertrace.proto import hypertrace_pb2 as pb
@@ -293,7 +292,7 @@ def _encode(windows: list[tuple[int, bytes]], verbatim: set[int]) -> bytes:
     for i, (col, *_) in enumerate(hists):
         columns.setdefault(col, []).append(i)
     mats, spans, trails, odd = [], [], np.zeros(len(hists), np.int64), []
-    for col, rows in columns.items():
+    for rows in columns.values():
         lo, hi = _span([(hists[i][1], len(hists[i][2])) for i in rows])
         m = _matrix([(hists[i][1], hists[i][2]) for i in rows], lo, hi)
         j0, j1, has = _ends(m)

@@ -180,6 +180,7 @@ def summarize_before(storage, before_ns: int, cfg: ScoringConfig,
     order, each in its own transaction); returns the summaries stored. A stored window that does
     not decode is left out of its slot's summary, with a log line."""
     import logging
+
     from hypertrace.analyzer.store.storage import StorageError
     log = logging.getLogger(__name__)
     limit = before_ns // SLOT_NS * SLOT_NS
@@ -192,7 +193,7 @@ def summarize_before(storage, before_ns: int, cfg: ScoringConfig,
         slot = nxt // SLOT_NS * SLOT_NS
         end = slot + SLOT_NS
 
-        def messages():
+        def messages(slot: int = slot, end: int = end):
             for sw in storage.iter_windows(since_end_ns=slot, until_end_ns=end):
                 try:
                     yield sw.message()
@@ -228,6 +229,7 @@ def apply_retention(storage, cfg: ScoringConfig, raw_hours: float, summary_days:
     prune, so no window is compacted only to be deleted): the pass runs every minute, so windows
     spend about three minutes stored one by one, then the rest of the raw retention in blocks."""
     import time
+
     from hypertrace.analyzer.store.storage import COMPACT_AFTER_S, COMPACT_PER_PASS
     now = now_ns if now_ns is not None else time.time_ns()
     raw_s = raw_hours * 3600

@@ -94,7 +94,7 @@ def main() -> None:
         except ImportError as exc:
             say(args.rank, f"--marker: hypertrace.collector.marker not importable ({exc}); "
                            "source tests/gpu/device_env.sh first")
-            raise SystemExit(2)
+            raise SystemExit(2) from None
 
     extra = {"a": None, "reps": 0}
 

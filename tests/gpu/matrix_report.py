@@ -50,7 +50,6 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
 
 STRETCH_S = 30.0
 #: Longest time from a fault's start to its conviction, and from its end to the verdict's clearing.
@@ -124,7 +123,6 @@ def extract_windows(db_path: str | Path) -> list[dict]:
     from hypertrace.analyzer.store.storage import Storage
     from hypertrace.collector.apis import api_by_name
     from hypertrace.proto import buckets
-    from hypertrace.proto import hypertrace_pb2 as pb
     from hypertrace.proto.wire import unpack_histogram
 
     def p50_us(h) -> float | None:

@@ -67,8 +67,8 @@ import scipy.stats
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import fault_matrix  # noqa: E402  (sibling script: the process harness)
-from fault_matrix import fit_budget  # noqa: E402
 import matrix_report  # noqa: E402
+from fault_matrix import fit_budget  # noqa: E402
 
 RANKS = 8
 GROUPS = ((0, 1, 2, 3), (4, 5, 6, 7))

@@ -6,15 +6,20 @@ deterministic function of the windows, so this is what a live analyzer of this c
 reported (up to when each epoch was flushed). Prints, per scored window: seconds from the clean
 phase's start, the phase, the job mode, the what-if gain and the convicted nodes with their cause.
 """
-import gzip, json, shutil, sys
+import gzip
+import json
+import shutil
+import sys
 from pathlib import Path
-from hypertrace.analyzer.store.storage import Storage
-from hypertrace.analyzer.score.engine import Engine
-from hypertrace.analyzer.score.config import ScoringConfig
+
 from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.analyzer.score.config import ScoringConfig
+from hypertrace.analyzer.score.engine import Engine
+from hypertrace.analyzer.store.storage import Storage
 
 run = sys.argv[1]
 import tempfile
+
 db = str(Path(tempfile.mkdtemp()) / "analyzer.db")
 with gzip.open(f"{run}/analyzer.db.gz", "rb") as src, open(db, "wb") as dst:
     shutil.copyfileobj(src, dst)

@@ -28,14 +28,22 @@ from typing import Any, Iterable
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from hypertrace.analyzer.report.metrics import AnalyzerMetrics
 from hypertrace.analyzer.scale.cluster import subjects
-from hypertrace.analyzer.scale.cluster.jetstream import (LEASES, REPORTS, STREAM, ClusterSettings,
-                                                   LoopThread, connect, ensure, nats_module,
-                                                   retry)
+from hypertrace.analyzer.scale.cluster.jetstream import (
+    LEASES,
+    REPORTS,
+    STREAM,
+    ClusterSettings,
+    LoopThread,
+    connect,
+    ensure,
+    nats_module,
+    retry,
+)
 from hypertrace.analyzer.scale.cluster.records import Progress, decode_report
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.jobs import UnknownJobError
-from hypertrace.analyzer.report.metrics import AnalyzerMetrics
 from hypertrace.analyzer.store.storage import StorageError
 from hypertrace.proto import hypertrace_pb2 as pb
 

@@ -32,18 +32,31 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from hypertrace.analyzer.ingest.server import HEALTHY_NODES_SHOWN, cap_healthy_nodes
+from hypertrace.analyzer.report.job_report import build_report
+from hypertrace.analyzer.report.metrics import AnalyzerMetrics, JobCollector
 from hypertrace.analyzer.scale.cluster import subjects
-from hypertrace.analyzer.scale.cluster.edge import NOW_HEADER, RECEIVED_HEADER, REPORT_HEADER, ALL_JOBS
-from hypertrace.analyzer.scale.cluster.jetstream import (LEASES, REPORTS, RESULTS, STREAM,
-                                                   ClusterSettings, connect, ensure, nats_module,
-                                                   retry)
+from hypertrace.analyzer.scale.cluster.edge import (
+    ALL_JOBS,
+    NOW_HEADER,
+    RECEIVED_HEADER,
+    REPORT_HEADER,
+)
+from hypertrace.analyzer.scale.cluster.jetstream import (
+    LEASES,
+    REPORTS,
+    RESULTS,
+    STREAM,
+    ClusterSettings,
+    connect,
+    ensure,
+    nats_module,
+    retry,
+)
 from hypertrace.analyzer.scale.cluster.partition import PartitionScorer, TickOutcome
 from hypertrace.analyzer.scale.cluster.records import Progress, StoredResult, encode_report
 from hypertrace.analyzer.score.config import ScoringConfig
-from hypertrace.analyzer.report.metrics import AnalyzerMetrics, JobCollector
-from hypertrace.analyzer.ingest.server import HEALTHY_NODES_SHOWN, cap_healthy_nodes
 from hypertrace.proto import hypertrace_pb2 as pb
-from hypertrace.analyzer.report.job_report import build_report
 
 log = logging.getLogger(__name__)
 
@@ -377,7 +390,8 @@ class Worker:
             if len(data) > MAX_REPORT_BYTES:
                 cap_healthy_nodes(rep, HEALTHY_NODES_SHOWN)
                 data = encode_report(rep.jobs[0])
-            await self._retry(lambda k=f"job.{subjects.job_token(job_id)}", d=data: kv.put(k, d))
+            key = f"job.{subjects.job_token(job_id)}"
+            await self._retry(lambda k=key, d=data: kv.put(k, d))
 
     async def _retry(self, op: Any) -> Any:
         """A key-value write, retried while a server fails over; one that never succeeds
