@@ -17,7 +17,7 @@ import pytest
 
 from hypertrace.analyzer.report.job_report import build_report
 from hypertrace.analyzer.report.report_format import report_to_json, report_to_table
-from hypertrace.analyzer.score import signals
+from hypertrace.analyzer.score import registry, signals
 from hypertrace.analyzer.score.config import ConfigError, ScoringConfig
 from hypertrace.analyzer.score.engine import Engine
 from hypertrace.proto import buckets, wire
@@ -538,7 +538,8 @@ def test_refused_step_inference_gives_no_step_values_and_sched_still_scores():
     for k, w in enumerate(ws[:RANKS]):
         acc.add_process(k, w.processes[0], w.end.ToNanoseconds())
     cs = acc.build()
-    sig = signals.score_signals(cs, ScoringConfig(), [np.arange(RANKS)], np.zeros(RANKS))
+    sig = signals.score_signals(cs, ScoringConfig(), [np.arange(RANKS)], np.zeros(RANKS),
+                                registry.SIGNALS)
     assert np.isnan(sig.busy_us[SLOW]) and np.isnan(sig.step_us[SLOW])
     assert np.isfinite(np.delete(sig.busy_us, SLOW)).all()
     for name in ("step.busy", "step.time", "step.gpu_wait", "step.peer_wait"):

@@ -10,9 +10,10 @@ import math
 import statistics
 from typing import Iterable, Mapping, Protocol, Sequence
 
+from hypertrace.analyzer.score import registry
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.scoring import meaning
-from hypertrace.analyzer.score.signals import SIGNAL_NAMES, SIGNALS, signal_meaning
+from hypertrace.analyzer.score.signal import duration_text
 from hypertrace.proto import hypertrace_pb2 as pb
 
 #: nvmlClocksEventReasons bits (nvml.h) worth naming; idle/app-clock/display bits are not causes.
@@ -74,122 +75,46 @@ def replay_baseline(previous: int | None, others: Sequence[int]) -> float | None
 
 
 def finding_meaning(cfg: ScoringConfig, api: str, direction: str) -> str:
-    if api in SIGNAL_NAMES:
-        return signal_meaning(api, direction)
+    """What a finding's tail says: its signal's meaning, or its API kind's."""
+    signal = registry.by_name(api)
+    if signal is not None:
+        return signal.meaning(direction)
     return meaning(cfg.api_kind(api), direction)
 
 
-def share_text(x: float) -> str:
-    """A share of wall time as a percentage that keeps small values readable (31%, 0.2%)."""
-    if not math.isfinite(x):
-        return "n/a"
-    pct = 100.0 * x
-    return f"{pct:.0f}%" if abs(pct) >= 10 else f"{pct:.1f}%"
-
-
-def duration_text(us: float, digits: int = 1) -> str:
-    """A duration in the unit that reads best: µs (1 decimal), ms (``digits`` decimals) or s
-    (``digits + 1``). Causes use 1; report tables 2, to tell close step times apart."""
-    if not math.isfinite(us):
-        return "n/a"
-    if abs(us) < 1e3:
-        return f"{us:.1f} us"
-    if abs(us) < 1e6:
-        return f"{us / 1e3:.{digits}f} ms"
-    return f"{us / 1e6:.{digits + 1}f} s"
-
-
-def _no_contention(ev: Mapping[str, tuple[float, float]]) -> str:
-    """", no CPU contention (run-queue x% of wall time)" when the scheduler evidence says so."""
-    if "sched.runq" not in ev or "cpu_contention" not in ev:
-        return ""
-    v, _ = ev["sched.runq"]
-    if ev["cpu_contention"][0] > 0:      # then sched.runq convicted too: named in "also: ..."
-        return ""
-    return f", no CPU contention (run-queue wait {share_text(v)} of wall time)"
-
-
-def _grown_part(ev: Mapping[str, tuple[float, float]]) -> str:
-    """Which part of a slow rank's step grew most over the job median: own work, waits on its
-    GPU, or run-queue wait (the latter as time per step needs the step, so it is named by share)."""
-    parts = []
-    for name, label in (("step.busy", "its own work per step"),
-                        ("step.gpu_wait", "its waits on its own GPU per step")):
-        if name in ev:
-            v, m = ev[name]
-            parts.append((v - m, f"{label} ({duration_text(v)} vs {duration_text(m)})"))
-    if not parts:
-        return ""
-    grow, text = max(parts)
-    return f"; what grew: {text}" if grow > 0 else ""
-
-
 def signal_cause(f: _Finding) -> str:
-    """The probable cause a convicting signal finding states, with its evidence numbers."""
+    """The probable cause a convicting signal finding states, with its evidence numbers (its
+    signal's ``cause``; else what its tail means)."""
     ev = dict(f.evidence) or {f.api: (f.value_us, f.job_median_us)}
     ev.setdefault(f.api, (f.value_us, f.job_median_us))
-    name = f.api
-    if name == "sched.runq":
-        text = (f"run-queue wait {share_text(ev[name][0])} of wall time vs "
-                f"{share_text(ev[name][1])} job median")
-        if "runq.p50_us" in ev:
-            text += f" (p50 latency {duration_text(ev['runq.p50_us'][0])})"
-        return text + ": CPU contention — another process shares this rank's CPU"
-    if name == "gpu.sm_clock":
-        v, m = ev[name]
-        return (f"SM clock at {share_text(v)} of its maximum vs {share_text(m)} job median: "
-                "throttled GPU")
-    if name == "step.gpu_wait":
-        v, m = ev[name]
-        return (f"waits {duration_text(v)} per step on its own GPU vs {duration_text(m)} job "
-                f"median{_no_contention(ev)}: GPU side (slow or throttled GPU, more GPU work)")
-    if name == "step.busy":
-        v, m = ev[name]
-        return (f"own work {duration_text(v)} per step (step less its waits) vs "
-                f"{duration_text(m)} job median{_no_contention(ev)}: the rank itself is slower "
-                "(CPU side: input pipeline, Python overhead, more work on this rank)")
-    if name == "step.own":
-        v, m = ev[name]
-        return (f"own time {duration_text(v)} per step (step less its wait for peers) vs "
-                f"{duration_text(m)} job median: the rank the others wait for"
-                f"{_grown_part(ev)}{_no_contention(ev)}")
-    if name == "step.time":
-        v, m = ev[name]
-        return (f"steps take {duration_text(v)} vs {duration_text(m)} job median (independent "
-                f"ranks): slow rank{_grown_part(ev)}{_no_contention(ev)}")
-    if name == "sync.wait_share":
-        v, m = ev[name]
-        shape = ev.get("sync.shape", (float("nan"), float("nan")))[0]
-        across = (f", its waits {share_text(1.0 - shape)} shorter across the board"
-                  if math.isfinite(shape) else "")
-        return (f"spends {share_text(v)} of wall time in synchronize calls vs {share_text(m)} "
-                f"job median{across}: the rank the others wait for (no step data; they wait "
-                f"about {share_text(m - v)} of their time for it)")
-    if name == "launch.rate":
-        v, m = ev[name]
-        return (f"issues {v:,.0f} launches/s vs {m:,.0f}/s job median (independent ranks)"
-                f"{_no_contention(ev)}: its CPU side is slow (driver lock, NUMA placement, "
-                "a slow host CPU)")
-    return f"{name} {f.direction}: {signal_meaning(name, f.direction)}"
+    signal = registry.by_name(f.api)
+    if signal is not None and signal.cause is not None:
+        return signal.cause(ev)
+    what = signal.meaning(f.direction) if signal is not None else f.direction
+    return f"{f.api} {f.direction}: {what}"
 
 
 def _step_effect(findings: Sequence[_Finding]) -> str:
     """"; about +x% of a step": what the GPU's slowness costs its step, all of it (its own time
     per step over the healthy step, or its step in an independent job), from the finding that
-    measures it; empty without step data."""
+    measures it (a signal that ``measures_step``); empty without step data."""
     for f in findings:
         share = float(getattr(f, "step_share", float("nan")))
-        if f.api in ("step.own", "step.time") and f.direction == "high" and math.isfinite(share):
+        signal = registry.by_name(f.api)
+        if (signal is not None and signal.measures_step and f.direction == "high"
+                and math.isfinite(share)):
             return f"; about {share:+.1%} of a step"
     return ""
 
 
 def _support(findings: Sequence[_Finding]) -> str:
-    """Supporting evidence: a lowest peer wait says the rank arrives last at a collective."""
+    """Supporting evidence: what a signal's low tail adds (a lowest peer wait: the rank
+    arrives last at a collective)."""
     for f in findings:
-        if f.api == "step.peer_wait" and f.direction == "low":
-            return (f"; arrives last at the collective (waits {duration_text(f.value_us)} per "
-                    f"step for its peers vs {duration_text(f.job_median_us)} job median)")
+        signal = registry.by_name(f.api)
+        if signal is not None and signal.supports is not None and f.direction == "low":
+            return "; " + signal.supports.format(v=signal.format(f.value_us),
+                                                 m=signal.format(f.job_median_us))
     return ""
 
 
@@ -202,52 +127,30 @@ def _strength(f: _Finding) -> float:
 
 
 def convicting_signals(findings: Iterable[_Finding]) -> list[_Finding]:
-    """The signal findings a cause quotes: the implicating ones, and the high busy-time and
-    GPU-wait findings that say which part of the step grew. Signals that name a side first
-    (run-queue, SM clock, GPU wait), then busy time, then symptoms (own time, step time, launch
-    rate); within each, strongest first: the largest deviation relative to its own gate (a run-queue share 1.2
-    gates over the job's and a GPU wait 7 gates over: the GPU wait leads); ties in the catalogue
-    order of :data:`SIGNALS`, then by |robust z|."""
-    order = {name: i for i, (name, _, _) in enumerate(SIGNALS)}
+    """The signal findings a cause quotes: the implicating ones, and the high findings of
+    signals that say which part of the step grew (``explains``). Signals that name a side first
+    (``tier`` 0: run-queue, SM clock, GPU wait), then own work (1), then symptoms (own time,
+    step time, launch rate); within each, strongest first: the largest deviation relative to
+    its own gate (a run-queue share 1.2 gates over the job's and a GPU wait 7 gates over: the
+    GPU wait leads); ties in the registry's order, then by |robust z|."""
+    order = {s.name: i for i, s in enumerate(registry.SIGNALS)}
+    tier = {s.name: s.tier for s in registry.SIGNALS}
+    explains = {s.name for s in registry.SIGNALS if s.explains}
     quoted = [f for f in findings if f.api in order and (
-        f.implicates or (f.api in ("step.gpu_wait", "step.busy") and f.direction == "high"))]
+        f.implicates or (f.api in explains and f.direction == "high"))]
     if not any(f.implicates for f in quoted):
         return []
-    return sorted(quoted, key=lambda f: (_TIER.get(f.api, 2), -_strength(f), order[f.api],
+    return sorted(quoted, key=lambda f: (tier[f.api], -_strength(f), order[f.api],
                                          -abs(getattr(f, "robust_z", 0.0))))
 
 
-#: What a cause leads with: a signal that names a side (CPU contention from the scheduler, a
-#: throttled clock, waits on its own GPU), strongest first; then the busy time, which grows
-#: whenever the CPU side is slow for any reason (contention included), so it only leads when
-#: nothing more specific was flagged; then symptoms (own time, step time, launch rate).
-_TIER = {"sched.runq": 0, "gpu.sm_clock": 0, "step.gpu_wait": 0, "step.busy": 1}
-
-
-#: How a convicting signal is named after the first ("also: ..."): value, then job median.
-_BRIEF: dict[str, str] = {
-    "sched.runq": "run-queue wait {v} of wall time vs {m} (CPU contention)",
-    "gpu.sm_clock": "SM clock at {v} of its maximum vs {m} (throttled)",
-    "step.gpu_wait": "waits {v} per step on its own GPU vs {m} (GPU side)",
-    "step.time": "steps take {v} vs {m}",
-    "step.busy": "own work {v} per step vs {m}",
-    "step.own": "own time {v} per step vs {m}",
-    "launch.rate": "{v} launches/s vs {m}",
-    "sync.wait_share": "synchronize time {v} of wall time vs {m} (waited for)",
-}
-
-
 def _brief(f: _Finding) -> str:
-    unit = next(u for n, u, _ in SIGNALS if n == f.api)
-
-    def fmt(x: float) -> str:
-        if unit in ("share", "ratio"):
-            return share_text(x)
-        if unit == "hz":
-            return f"{x:,.0f}" if math.isfinite(x) else "n/a"
-        return duration_text(x)
-    return _BRIEF.get(f.api, "{v} vs {m} (" + f.api + ")").format(v=fmt(f.value_us),
-                                                                  m=fmt(f.job_median_us))
+    """How a convicting signal is named after the first ("also: ..."): value, then job
+    median."""
+    signal = registry.by_name(f.api)
+    assert signal is not None                 # convicting_signals quotes registered ones only
+    template = signal.brief or "{v} vs {m} (" + f.api + ")"
+    return template.format(v=signal.format(f.value_us), m=signal.format(f.job_median_us))
 
 
 def _also(convicting: Sequence[_Finding]) -> str:
@@ -270,7 +173,7 @@ _HOST_ADVICE = ("check CPU contention, NUMA placement, the PCIe root complex and
 def _api_cause(findings: Sequence[_Finding], advice: str = _GPU_ADVICE) -> str:
     """What implicating API latency tails say, with their numbers and, where the steps allow,
     their share of a step (no signal convicted)."""
-    imp = [f for f in findings if f.implicates and f.api not in SIGNAL_NAMES]
+    imp = [f for f in findings if f.implicates and registry.by_name(f.api) is None]
     if not imp:
         return ""
     worst = max(imp, key=lambda f: abs(getattr(f, "robust_z", 0.0)))

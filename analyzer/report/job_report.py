@@ -10,7 +10,7 @@ from typing import Iterable
 import numpy as np
 
 from hypertrace.analyzer.report import causes, whatif_curve
-from hypertrace.analyzer.score import signals, theory, window_series
+from hypertrace.analyzer.score import registry, theory, window_series
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.engine import Engine
 from hypertrace.analyzer.score.jobs import JobState
@@ -134,7 +134,7 @@ def _add_series(jr: pb.JobReport, job: JobState, epochs: list[int]) -> None:
     """Each flagged node's leading signal and the context signals over the history windows
     (NodeReport.series; analyzer/score/window_series.py), for the first SERIES_NODES flagged nodes."""
     records = list(job.window_series)
-    units = dict((name, unit) for name, unit, _ in signals.SIGNALS)
+    units = {s.name: s.unit for s in registry.SIGNALS}
     shown = 0
     for nr in jr.nodes:
         if nr.verdict not in ("straggler", "suspect") or shown >= window_series.SERIES_NODES:
@@ -143,7 +143,7 @@ def _add_series(jr: pb.JobReport, job: JobState, epochs: list[int]) -> None:
         lead = next((f for g in nr.gpus for f in g.findings), None)
         keys = [] if lead is None else [(lead.api, lead.stat, lead.unit)]
         keys += [(name, stat, units.get(name, "")) for name, stat in
-                 window_series.CONTEXT_SIGNALS if lead is None or name != lead.api]
+                 window_series.context_signals() if lead is None or name != lead.api]
         for name, stat, unit in keys:
             found = window_series.node_series(epochs, records, nr.node, (name, stat))
             if found is not None:

@@ -36,8 +36,9 @@ import math
 
 from google.protobuf import json_format
 
-from hypertrace.analyzer.report.causes import duration_text
+from hypertrace.analyzer.score import registry
 from hypertrace.analyzer.score.auto_groups import NO_STEP_NAME
+from hypertrace.analyzer.score.signal import duration_text
 from hypertrace.analyzer.score.theory import STEP_BASES
 from hypertrace.proto import hypertrace_pb2 as pb
 
@@ -114,11 +115,6 @@ API_WORDS = {"cudaLaunchKernel": "launch", "cuLaunchKernel": "driver launch",
              "cudaMemcpyAsync": "memcpy", "cudaStreamSynchronize": "stream sync",
              "cudaDeviceSynchronize": "device sync", "cudaEventSynchronize": "event sync",
              "cuStreamSynchronize": "driver stream sync"}
-SIGNAL_WORDS = {"sched.runq": "run-queue wait", "step.own": "own time per step",
-                "step.time": "step time", "step.busy": "busy time per step",
-                "step.gpu_wait": "GPU wait per step", "step.peer_wait": "peer wait per step",
-                "launch.rate": "launch rate", "gpu.sm_clock": "SM clock",
-                "sync.wait_share": "synchronize time"}
 #: Healthy nodes listed after the flagged ones before the table says "N more".
 TABLE_HEALTHY_NODES = 10
 WIDTH = 100
@@ -126,14 +122,17 @@ WIDTH = 100
 
 def signal_words(api: str, stat: str) -> str:
     """A signal or an API's statistic in words: ``run-queue wait``, ``launch p50``."""
-    return SIGNAL_WORDS.get(api) or f"{API_WORDS.get(api, api)} {stat}"
+    signal = registry.by_name(api)
+    return signal.label if signal is not None else f"{API_WORDS.get(api, api)} {stat}"
 
 
 def evidence_words(f: pb.Finding) -> str:
     """A finding in words: ``launch p50 1.25x job median``, ``run-queue wait 35% vs 0.3%``."""
     where = "host " if f.basis == "host" else ""
     if f.unit == "share":
-        return (f"{where}{SIGNAL_WORDS.get(f.api, f.api)} {_fmt_value(f.value_us, 'share')} of "
+        signal = registry.by_name(f.api)
+        words = signal.label if signal is not None else f.api
+        return (f"{where}{words} {_fmt_value(f.value_us, 'share')} of "
                 f"time vs {_fmt_value(f.job_median_us, 'share')}")
     return f"{where}{signal_words(f.api, f.stat)} {f.ratio:.2f}x job median"
 

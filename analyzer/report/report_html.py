@@ -28,7 +28,7 @@ import math
 from datetime import datetime, timezone
 from typing import Sequence
 
-from hypertrace.analyzer.report.causes import CLOCK_EVENT_REASONS, duration_text, share_text
+from hypertrace.analyzer.report.causes import CLOCK_EVENT_REASONS
 from hypertrace.analyzer.report.report_format import evidence_words, signal_words
 from hypertrace.analyzer.report.svg_chart import (
     Axis,
@@ -42,6 +42,8 @@ from hypertrace.analyzer.report.svg_chart import (
     padded,
     render,
 )
+from hypertrace.analyzer.score import window_series
+from hypertrace.analyzer.score.signal import duration_text, share_text
 from hypertrace.proto import hypertrace_pb2 as pb
 
 #: Node rows of the heatmap (the worst nodes); more flagged nodes fold into a band of their own.
@@ -409,10 +411,12 @@ def _series_chart(s: pb.SignalSeries, node: str, starts: list[int]) -> str:
 
 
 def _context_table(n: pb.NodeReport) -> str:
-    """The run-queue share and the waits per step: the node's latest against the job's."""
+    """The context signals (the run-queue share and the waits per step): the node's latest
+    against the job's."""
     rows = []
+    context = {name for name, _ in window_series.context_signals()}
     for s in n.series:
-        if s.signal not in ("sched.runq", "step.gpu_wait", "step.peer_wait"):
+        if s.signal not in context:
             continue
         k = next((i for i in range(len(s.node) - 1, -1, -1) if math.isfinite(s.node[i])), None)
         if k is None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -279,6 +280,16 @@ def _search_buckets(flat: np.ndarray, g: int, cols: np.ndarray, t: np.ndarray, l
     return np.minimum(lo_a, hi, out=lo_a)          # a target above every count: ``hi``
 
 
+@dataclass(frozen=True)
+class Input:
+    """A per-GPU sum a signal reads off each process window beyond what the cross-section
+    always keeps: ``read`` gives a process's number (None: it has none); the GPU's processes
+    and windows in the epoch add up (``ProcessSignals.extra[name]``)."""
+
+    name: str
+    read: Callable[[pb.ProcessWindow], float | None]
+
+
 @dataclass
 class ProcessSignals:
     """Per-GPU (G,) totals of the evidence beside the API latencies; zeros where absent.
@@ -301,6 +312,8 @@ class ProcessSignals:
     sampled: np.ndarray            # bool: some process of this GPU held this epoch's slice
     sm_clock_ratio: np.ndarray     # sm_clock / max_sm_clock of the latest window; NaN unknown
     step_sources: tuple[str, ...] = ()   # distinct StepStats.source values ("marker", ...)
+    #: per signal input (analyzer/score/signal.py ``Input``) its (G,) sums
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass
@@ -536,14 +549,19 @@ class EpochAccumulator:
         self._sources: set[str] = set()
         #: per API of the always tier: the seconds each process had it probed
         self._always: dict[str, _Scalars] = {}
+        #: per signal input (analyzer/score/signal.py ``Input``): each process's number
+        self._extra: dict[str, _Scalars] = {}
 
     def rows_present(self) -> np.ndarray:
         """The job rows this epoch holds data of (with repeats)."""
         return np.frombuffer(self._present, dtype=np.int64)
 
-    def add_process(self, row: int, p: pb.ProcessWindow, end_ns: int = 0) -> None:
+    def add_process(self, row: int, p: pb.ProcessWindow, end_ns: int = 0,
+                    inputs: tuple[Input, ...] = ()) -> None:
         """Add one process window whose GPU has job-wide row ``row``; ``end_ns`` (the window's
-        end) picks the latest NVML clock reading when a GPU has several windows in the epoch."""
+        end) picks the latest NVML clock reading when a GPU has several windows in the epoch;
+        ``inputs``: what the registered signals read off it besides (their sums per GPU go to
+        ``ProcessSignals.extra``)."""
         self._present.append(row)
         apis = self._apis
         for a in p.apis:                 # _Flat.add written out: it runs per latency histogram
@@ -604,6 +622,14 @@ class EpochAccumulator:
                 top = nv.max_sm_clock_mhz
                 if top > 0:
                     self._clock.add(row, nv.sm_clock_mhz / top, float(end_ns))
+        for inp in inputs:
+            value = inp.read(p)
+            if value is not None:
+                acc = self._extra.get(inp.name)
+                if acc is None:
+                    acc = self._extra[inp.name] = _Scalars(("value",))
+                acc.rows.append(row)
+                acc.values.append(float(value))
 
     def extend(self, other: "EpochAccumulator", rows: np.ndarray) -> None:
         """Append what ``other`` collected (another process's accumulator of the same job and
@@ -630,6 +656,11 @@ class EpochAccumulator:
             if mine_a is None:
                 mine_a = self._always[api] = _Scalars(("seconds",))
             mine_a.extend(theirs_a, rows)
+        for name, theirs_x in other._extra.items():
+            mine_x = self._extra.get(name)
+            if mine_x is None:
+                mine_x = self._extra[name] = _Scalars(("value",))
+            mine_x.extend(theirs_x, rows)
 
     def seal(self) -> None:
         """Decode every histogram added so far (:meth:`_Flat.seal`)."""
@@ -673,4 +704,5 @@ class EpochAccumulator:
             step_sum_us=st["step_sum_us"],
             busy=self._busy.hists_or_none(position, n),
             attached_s=ov["attached_s"], sampled=ov["sampled"] > 0, sm_clock_ratio=ratio,
-            step_sources=tuple(sorted(self._sources)))
+            step_sources=tuple(sorted(self._sources)),
+            extra={name: acc.sums(position, n)["value"] for name, acc in self._extra.items()})

@@ -34,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from hypertrace.analyzer.score import registry
 from hypertrace.analyzer.score.config import ScoringConfig
-from hypertrace.analyzer.score.cross_section import EpochAccumulator
+from hypertrace.analyzer.score.cross_section import EpochAccumulator, Input
 from hypertrace.analyzer.score.epoch_scoring import EpochResult, ScoreRow, score_epoch
 from hypertrace.analyzer.score.jobs import JobState, UnknownJobError
 from hypertrace.proto import hypertrace_pb2 as pb
@@ -67,9 +68,11 @@ def epoch_of_ns(start_ns: int, end_ns: int, window_ns: int) -> int:
     return (start_ns + end_ns) // 2 // window_ns
 
 
-def prepare_windows(windows: list[pb.NodeWindow], window_ns: int) -> PreparedWindows:
+def prepare_windows(windows: list[pb.NodeWindow], window_ns: int,
+                    inputs: tuple[Input, ...] | None = None) -> PreparedWindows:
     """The other process's half of :meth:`Engine.ingest` for ``windows`` (validated, in order)
     of an Engine whose ``config.window_ns`` is ``window_ns``."""
+    inputs = registry.inputs() if inputs is None else inputs
     parts: dict[tuple[str, int], EpochAccumulator] = {}
     slim: list[bytes] = []
     n = 0
@@ -84,7 +87,7 @@ def prepare_windows(windows: list[pb.NodeWindow], window_ns: int) -> PreparedWin
             acc = parts.get(key)
             if acc is None:
                 acc = parts[key] = EpochAccumulator(p.job_id, epoch)
-            acc.add_process(n, p, end_ns)
+            acc.add_process(n, p, end_ns, inputs)
             n += 1
             q = s.processes.add(job_id=p.job_id, rank=p.rank, gpu_index=p.gpu_index,
                                 gpu_uuid=p.gpu_uuid, pid=p.pid, gpu_kind=p.gpu_kind,
@@ -103,6 +106,8 @@ class Engine:
     def __init__(self, config: ScoringConfig = ScoringConfig()):
         self.config = config
         self._jobs: dict[str, JobState] = {}
+        #: what the registered signals read off each process window (score/registry.py)
+        self._inputs = registry.inputs()
         self.expired_jobs = 0          # jobs forgotten after job_expiry_seconds without windows
         self.retired_gpus = 0          # GPUs that left a running job (rows reused)
 
@@ -174,7 +179,7 @@ class Engine:
             if acc is not None:
                 row = job.register(node, p, order)
                 if rows_out is None:
-                    acc.add_process(row, p, end_ns)
+                    acc.add_process(row, p, end_ns, self._inputs)
                 else:
                     rows_out.append(row)
                 rows_arrived.append((job, row))

@@ -15,7 +15,7 @@ from typing import Mapping
 
 import numpy as np
 
-from hypertrace.analyzer.score import auto_groups, signals, window_series
+from hypertrace.analyzer.score import auto_groups, registry, signals, window_series
 from hypertrace.analyzer.score.config import KNOWN_STATS, ScoringConfig
 from hypertrace.analyzer.score.cross_section import CrossSection, GpuKey, Hists
 from hypertrace.analyzer.score.imbalance import group_deviations
@@ -128,7 +128,8 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
                             for h in cs.apis.values()), default=0))
     layouts = job.host_layouts(rows, groups)
     # the signals first: a launch tail convicts only where the steps corroborate it
-    sig = signals.score_signals(cs, cfg, groups, launch_calls)
+    sig = signals.score_signals(cs, cfg, groups, launch_calls, registry.SIGNALS,
+                                _input_sums(cs))
     gpu_ok, host_ok = signals.launch_corroboration(sig, cfg, groups, layouts)
     # what a launch finding costs the step: all the time the GPU's step grew, not only the time
     # inside the calls (a launch 30% slower can add 14% to a step of which the calls are 0.3%)
@@ -371,10 +372,10 @@ def _find_imbalance(job: JobState, groups: list[np.ndarray], labels: list[str],
         job.imbalance.update([])
         return
     found = []
-    own = sig.by_name.get("step.own")
+    own = sig.by_name.get(signals.OWN.name)
     if own is not None:
         found += group_deviations(np.where(own.scored, own.value, np.nan), groups, labels,
-                                  "step.own", "us", cfg.min_gpus, cfg.min_effect)
+                                  signals.OWN.name, "us", cfg.min_gpus, cfg.min_effect)
     if "p50" in cfg.stats:
         j = cfg.stats.index("p50")
         for api, q in quantiles.items():
@@ -389,11 +390,14 @@ def _signal_rows(job: JobState, cs: CrossSection, sig: signals.SignalEpoch) -> l
     median_step = _finite_median(sig.step_us)
     # per-step times in step-time terms from their means (exact sums), not from p50s read off
     # 12.5%-wide buckets, which move less than the steps do (signals.launch_corroboration)
-    means = {"step.own": sig.own_us, "step.busy": sig.busy_us, "step.time": sig.step_us}
+    means = {signals.OWN.name: sig.own_us, signals.BUSY.name: sig.busy_us,
+             signals.STEP_TIME.name: sig.step_us}
     for s in sig.scores:
         mean = means.get(s.name)
         mean_median = _finite_median(mean) if mean is not None else float("nan")
-        sign = -1.0 if s.name in signals.SLOW_WHEN_LOW else 1.0   # the deficit is the effect
+        defined = registry.by_name(s.name)
+        slow_when_low = defined is not None and defined.slow_when_low
+        sign = -1.0 if slow_when_low else 1.0   # the deficit is the effect
         for i in np.flatnonzero(s.high | s.low).tolist():
             row = int(cs.rows[i])
             node, gpu_name = job.key_of(row)
@@ -412,6 +416,13 @@ def _signal_rows(job: JobState, cs: CrossSection, sig: signals.SignalEpoch) -> l
                               else (float(s.value[i]), float(s.median[i]))), median_step,
                     sig.mode == "collective")))
     return out
+
+def _input_sums(cs: CrossSection) -> dict[str, np.ndarray]:
+    """Per input the registered signals read (analyzer/score/signal.py), its (G,) sums; zeros
+    where no process of the epoch had it."""
+    got = cs.signals.extra if cs.signals is not None else {}
+    return {i.name: got.get(i.name, np.zeros(cs.size)) for i in registry.inputs()}
+
 
 def _finite_median(x: np.ndarray) -> float:
     """Median of the finite values of ``x``; NaN when there are none."""

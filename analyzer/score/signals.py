@@ -85,61 +85,17 @@ from hypertrace.analyzer.score.scoring import (
     sampling_se_us,
     score_values,
 )
+from hypertrace.analyzer.score.signal import (
+    Evidence,
+    Measured,
+    Signal,
+    SignalInputs,
+    duration_text,
+    share_text,
+)
 
 #: Share of step-carrying ranks that must agree within ``collective_spread`` for "collective".
 COLLECTIVE_SHARE = sync_share.COLLECTIVE_SHARE
-
-#: (name, unit, stat label) of every signal, in the order causes prefer them.
-SIGNALS: tuple[tuple[str, str, str], ...] = (
-    ("sched.runq", "share", "share"),
-    ("gpu.sm_clock", "ratio", "ratio"),
-    ("step.gpu_wait", "us", "per_step"),
-    ("step.own", "us", "per_step"),
-    ("step.time", "us", "p50"),
-    ("step.busy", "us", "p50"),
-    ("launch.rate", "hz", "rate"),
-    ("step.peer_wait", "us", "per_step"),
-    (sync_share.SIGNAL, "share", "share"),
-)
-SIGNAL_NAMES = frozenset(name for name, _, _ in SIGNALS)
-
-#: What each tail of each signal means, shown with every finding.
-SIGNAL_MEANINGS: dict[tuple[str, str], str] = {
-    ("sched.runq", "high"): "its threads wait longer for a CPU than the job's: CPU contention "
-                            "(another process shares this rank's CPU)",
-    ("sched.runq", "low"): "less run-queue wait than the job: not a problem by itself",
-    ("step.time", "high"): "longer steps than the job's (independent ranks): this rank is slow",
-    ("step.time", "low"): "shorter steps than the job's: not a problem by itself",
-    ("step.busy", "high"): "more own work per step than the job (step less its waits): the rank "
-                           "itself is slower (CPU side, or more work)",
-    ("step.own", "high"): "longer own time per step than the job (step less its wait for peers): "
-                          "the rank the others wait for, or a slow independent rank",
-    ("step.own", "low"): "shorter own time per step than the job: not a problem by itself",
-    ("step.busy", "low"): "less own work per step than the job: not a problem by itself",
-    ("step.gpu_wait", "high"): "waits longer on its own GPU per step than the job: GPU side "
-                               "(slow or throttled GPU, more GPU work)",
-    ("step.gpu_wait", "low"): "shorter waits on its own GPU than the job: not a problem by itself",
-    ("step.peer_wait", "low"): "waits least for its peers: arrives last at the collective "
-                               "(supports a finding on this rank)",
-    ("step.peer_wait", "high"): "waits longer for its peers than the job: it waits on others; it "
-                                "is not itself slow",
-    ("launch.rate", "low"): "issues launches more slowly than the job (independent ranks): the "
-                            "rank's CPU side is slow",
-    ("launch.rate", "high"): "issues launches faster than the job: not a problem by itself",
-    ("gpu.sm_clock", "low"): "SM clock lower than the job's: throttled GPU",
-    ("gpu.sm_clock", "high"): "SM clock higher than the job's: not a problem by itself",
-    (sync_share.SIGNAL, "low"): "spends less of its time in synchronize calls than the job, its "
-                                "waits shorter across the board: the rank the others wait for "
-                                "(no step data)",
-    (sync_share.SIGNAL, "high"): "spends more of its time in synchronize calls than the job: it "
-                                 "waits on others, or on its own GPU; not convicting by itself",
-}
-#: Signals whose low tail is the slow side: a finding's effect on the step is its deficit.
-SLOW_WHEN_LOW = frozenset({"launch.rate", "gpu.sm_clock", sync_share.SIGNAL})
-
-
-def signal_meaning(name: str, direction: str) -> str:
-    return SIGNAL_MEANINGS[(name, direction)]
 
 
 @dataclass
@@ -286,11 +242,11 @@ def _own_per_step(mode: str, typical_step: np.ndarray, mean_step: np.ndarray,
     return np.where(busy_n >= cfg.min_steps, own - pauses, own)
 
 
-def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray],
-                  launch_calls: np.ndarray) -> SignalEpoch:
-    """Score every signal of one epoch's cross-section, per GPU kind group.
-
-    ``launch_calls`` (G,): launch-kind API calls per GPU this epoch (from the API histograms)."""
+def signal_inputs(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray],
+                  launch_calls: np.ndarray, extra: dict[str, np.ndarray] | None = None
+                  ) -> tuple[SignalInputs, np.ndarray]:
+    """What the signals read this epoch (:class:`SignalInputs`), and the (G,) run-queue
+    latency p50 (evidence). ``launch_calls`` (G,): launch-kind API calls per GPU."""
     n = cs.size
     sig = cs.signals
     nan = np.full(n, np.nan)
@@ -333,76 +289,55 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
     if not np.isfinite(typical_step) and (step_n >= cfg.min_steps).any():
         typical_step = float(np.median(step_p50[step_n >= cfg.min_steps]))
     wait_gate = cfg.min_effect * typical_step if np.isfinite(typical_step) else None
+    inputs = SignalInputs(cs, cfg, groups, mode, launch_calls, steps, step_p50, step_n, step_se,
+                          busy_p50, busy_n, busy_se, share, gpu_wait, peer_wait, mean_step,
+                          typical, own, rate, clock, sched_ok, attached, step_ok, wait_gate,
+                          extra=extra or {})
+    inputs.rescore = lambda s, value, usable: _score(s.name, s.unit, s.stat, value, usable,
+                                                     None, None, groups, cfg)
+    return inputs, runq_p50
 
-    # (name, value, usable, sampling SE or None, absolute gate or None)
-    inputs = {
-        "sched.runq": (share, sched_ok, None, cfg.min_effect),
-        "gpu.sm_clock": (clock, np.isfinite(clock), None, None),
-        "step.gpu_wait": (gpu_wait, step_ok, None, wait_gate),
-        "step.own": (own, step_ok & np.isfinite(own), None, None),
-        "step.busy": (busy_p50, busy_n >= cfg.min_steps, busy_se, None),
-        "step.time": (step_p50, step_n >= cfg.min_steps, step_se, None),
-        "launch.rate": (rate, attached & (launch_calls >= cfg.min_samples), None, None),
-        "step.peer_wait": (peer_wait, step_ok, None, wait_gate),
-    }
-    # without step records, the rank the job waits for shows only in its synchronize time:
-    # GPUs whose processes sent no step are scored by it, among themselves
-    no_steps = (steps <= 0) & (step_n <= 0)
-    sync_time = None
-    if int(no_steps.sum()) >= cfg.min_gpus and mode != "independent":
-        sync_time = sync_share.measure(cs, cfg, groups)
-        sync_time.share[~no_steps] = np.nan
-        inputs[sync_share.SIGNAL] = (sync_time.share, np.isfinite(sync_time.share)
-                                     & (sync_time.calls >= cfg.min_samples), None,
-                                     cfg.min_effect)
-    scores: list[SignalScore] = []
-    for name, unit, stat in SIGNALS:
-        if name not in inputs:
+
+def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray],
+                  launch_calls: np.ndarray, signals: tuple[Signal, ...],
+                  extra: dict[str, np.ndarray] | None = None) -> SignalEpoch:
+    """Score every signal of ``signals`` (the registry: analyzer/score/registry.py) on one
+    epoch's cross-section, per GPU kind group; each in turn measures itself
+    (:attr:`Signal.measure`), then, once the steps' corroboration is known, says which of its
+    tails implicates a GPU (:attr:`Signal.implicate`). ``extra``: the sums of the signals'
+    own inputs (:class:`~hypertrace.analyzer.score.signal.Input`)."""
+    n = cs.size
+    inp, runq_p50 = signal_inputs(cs, cfg, groups, launch_calls, extra)
+    scored: list[tuple[Signal, SignalScore]] = []
+    for s in signals:
+        m = s.measure(inp)
+        if m is None or not m.usable.any():
             continue
-        value, usable, se, gate = inputs[name]
-        if (name in ("step.gpu_wait", "step.peer_wait") and gate is None) or not usable.any():
-            continue
-        s = _score(name, unit, stat, value, usable, se, gate, groups, cfg)
-        if s.scored.any():
-            scores.append(s)
-    by_name = {s.name: s for s in scores}
+        score = _score(s.name, s.unit, s.stat, m.value, m.usable, m.se, m.gate, groups, cfg)
+        if score.scored.any():
+            scored.append((s, score))
+    scores = [score for _, score in scored]
+    by_name = {score.name: score for score in scores}
+    mode, step_ok = inp.mode, inp.step_ok
     with np.errstate(invalid="ignore"):
-        busy_mean = mean_step - gpu_wait - peer_wait
+        busy_mean = inp.mean_step - inp.gpu_wait - inp.peer_wait
     busy_us = np.where(step_ok & np.isfinite(busy_mean), busy_mean,
-                       np.where(busy_n >= cfg.min_steps, busy_p50, np.nan))
-    step_us = np.where(step_ok & np.isfinite(mean_step), mean_step,
-                       np.where(step_n >= cfg.min_steps, step_p50, np.nan))
-    own_us = np.where(step_ok & np.isfinite(own), own, np.nan)
-    steps_moved = steps_corroborate(_step_measures(mode, own_us, step_us), cfg, groups)
-    shape = np.full(n, np.nan)
-    for s in scores:
-        if s.name == "step.own":
-            s.implicating = s.high.copy()
-        elif s.name == "sched.runq":      # CPU wait that the steps do not show is not a straggler
-            s.implicating = s.high & steps_moved
-        elif s.name == "step.time":
-            # the p50 is reported; the typical step (its spikes left out) must pass the same
-            # gates: the p50 of widely spread steps moves with any second mode
-            s.implicating = s.high & (mode == "independent")
-            if s.implicating.any():
-                s.implicating &= _score(s.name, s.unit, s.stat, typical + zeros,
-                                        step_n >= cfg.min_steps, None, None, groups, cfg).high
-        elif s.name == "launch.rate":     # fewer launches that the steps do not show: neither
-            s.implicating = s.low & (mode == "independent") & steps_moved
-        elif s.name == "gpu.sm_clock":
-            s.implicating = s.low.copy()
-        elif s.name == sync_share.SIGNAL and sync_time is not None:
-            ok, shape = sync_share.waited_for(sync_time, s.low, groups, cfg)
-            s.implicating = s.low & ok
-        # step.busy and step.gpu_wait say which part of a slow rank's step grew; step.peer_wait
-        # says it arrives last. None of them implicates on its own (module docstring).
+                       np.where(inp.busy_n >= cfg.min_steps, inp.busy_p50, np.nan))
+    step_us = np.where(step_ok & np.isfinite(inp.mean_step), inp.mean_step,
+                       np.where(inp.step_n >= cfg.min_steps, inp.step_p50, np.nan))
+    own_us = np.where(step_ok & np.isfinite(inp.own), inp.own, np.nan)
+    inp.steps_moved = steps_corroborate(_step_measures(mode, own_us, step_us), cfg, groups)
+    for s, score in scored:
+        if s.implicate is not None:
+            score.implicating = s.implicate(score, inp)
     sufficient = np.zeros(n, dtype=bool)
     flagged = np.zeros(n, dtype=bool)
-    for s in scores:
-        sufficient |= s.scored
-        flagged |= s.implicating
+    for score in scores:
+        sufficient |= score.scored
+        flagged |= score.implicating
+    shape = inp.notes.get(sync_share.SIGNAL, np.full(n, np.nan))
     return SignalEpoch(mode, scores, runq_p50, sufficient, flagged, by_name, busy_us, step_us,
-                       own_us, steps_moved, shape)
+                       own_us, inp.steps_moved, shape)
 
 
 def _score(name: str, unit: str, stat: str, value: np.ndarray, usable: np.ndarray,
@@ -504,6 +439,147 @@ def steps_corroborate(values: list[np.ndarray], cfg: ScoringConfig,
     return ~has | up
 
 
-__all__ = ["COLLECTIVE_SHARE", "SIGNALS", "SIGNAL_MEANINGS", "SIGNAL_NAMES", "SignalEpoch",
-           "SignalScore", "infer_mode", "launch_corroboration", "score_signals",
-           "signal_meaning", "steps_corroborate"]
+# ---- the built-in signals (each one's whole definition; the registry lists them) -------------
+
+def _no_contention(ev: Evidence) -> str:
+    """", no CPU contention (run-queue x% of wall time)" when the scheduler evidence says so."""
+    if RUNQ.name not in ev or "cpu_contention" not in ev:
+        return ""
+    v, _ = ev[RUNQ.name]
+    if ev["cpu_contention"][0] > 0:      # then sched.runq convicted too: named in "also: ..."
+        return ""
+    return f", no CPU contention (run-queue wait {share_text(v)} of wall time)"
+
+
+def _grown_part(ev: Evidence) -> str:
+    """Which part of a slow rank's step grew most over the job median: own work, waits on its
+    GPU, or run-queue wait (the latter as time per step needs the step, so it is named by share)."""
+    parts = []
+    for name, label in ((BUSY.name, "its own work per step"),
+                        (GPU_WAIT.name, "its waits on its own GPU per step")):
+        if name in ev:
+            v, m = ev[name]
+            parts.append((v - m, f"{label} ({duration_text(v)} vs {duration_text(m)})"))
+    if not parts:
+        return ""
+    grow, text = max(parts)
+    return f"; what grew: {text}" if grow > 0 else ""
+
+
+def _runq_cause(ev: Evidence) -> str:
+    v, m = ev[RUNQ.name]
+    text = f"run-queue wait {share_text(v)} of wall time vs {share_text(m)} job median"
+    if "runq.p50_us" in ev:
+        text += f" (p50 latency {duration_text(ev['runq.p50_us'][0])})"
+    return text + ": CPU contention — another process shares this rank's CPU"
+
+
+RUNQ: Signal = Signal(
+    "sched.runq", "share", "share", "run-queue wait",
+    {"high": "its threads wait longer for a CPU than the job's: CPU contention (another "
+             "process shares this rank's CPU)",
+     "low": "less run-queue wait than the job: not a problem by itself"},
+    measure=lambda i: Measured(i.share, i.sched_ok, None, i.cfg.min_effect),
+    # CPU wait that the steps do not show is not a straggler
+    implicate=lambda s, i: s.high & i.steps_moved,
+    cause=_runq_cause,
+    brief="run-queue wait {v} of wall time vs {m} (CPU contention)", tier=0, context=True)
+
+SM_CLOCK: Signal = Signal(
+    "gpu.sm_clock", "ratio", "ratio", "SM clock",
+    {"low": "SM clock lower than the job's: throttled GPU",
+     "high": "SM clock higher than the job's: not a problem by itself"},
+    measure=lambda i: Measured(i.clock, np.isfinite(i.clock)),
+    implicate=lambda s, i: s.low.copy(),
+    cause=lambda ev: (f"SM clock at {share_text(ev[SM_CLOCK.name][0])} of its maximum vs "
+                      f"{share_text(ev[SM_CLOCK.name][1])} job median: throttled GPU"),
+    brief="SM clock at {v} of its maximum vs {m} (throttled)", tier=0, slow_when_low=True)
+
+GPU_WAIT: Signal = Signal(
+    "step.gpu_wait", "us", "per_step", "GPU wait per step",
+    {"high": "waits longer on its own GPU per step than the job: GPU side (slow or throttled "
+             "GPU, more GPU work)",
+     "low": "shorter waits on its own GPU than the job: not a problem by itself"},
+    measure=lambda i: (None if i.wait_gate is None
+                       else Measured(i.gpu_wait, i.step_ok, None, i.wait_gate)),
+    cause=lambda ev: (f"waits {duration_text(ev[GPU_WAIT.name][0])} per step on its own GPU vs "
+                      f"{duration_text(ev[GPU_WAIT.name][1])} job median{_no_contention(ev)}: "
+                      "GPU side (slow or throttled GPU, more GPU work)"),
+    brief="waits {v} per step on its own GPU vs {m} (GPU side)", tier=0, explains=True,
+    context=True)
+
+OWN: Signal = Signal(
+    "step.own", "us", "per_step", "own time per step",
+    {"high": "longer own time per step than the job (step less its wait for peers): the rank "
+             "the others wait for, or a slow independent rank",
+     "low": "shorter own time per step than the job: not a problem by itself"},
+    measure=lambda i: Measured(i.own, i.step_ok & np.isfinite(i.own)),
+    implicate=lambda s, i: s.high.copy(),
+    cause=lambda ev: (f"own time {duration_text(ev[OWN.name][0])} per step (step less its wait "
+                      f"for peers) vs {duration_text(ev[OWN.name][1])} job median: the rank the "
+                      f"others wait for{_grown_part(ev)}{_no_contention(ev)}"),
+    brief="own time {v} per step vs {m}", measures_step=True)
+
+
+def _step_time_implicates(s: SignalScore, i: SignalInputs) -> np.ndarray:
+    """Independent mode only; the p50 is reported, and the typical step (its spikes left out)
+    must pass the same gates: the p50 of widely spread steps moves with any second mode."""
+    imp = s.high & (i.mode == "independent")
+    if imp.any() and i.rescore is not None:
+        imp &= i.rescore(STEP_TIME, i.typical + np.zeros(i.cs.size),
+                         i.step_n >= i.cfg.min_steps).high
+    return imp
+
+
+STEP_TIME: Signal = Signal(
+    "step.time", "us", "p50", "step time",
+    {"high": "longer steps than the job's (independent ranks): this rank is slow",
+     "low": "shorter steps than the job's: not a problem by itself"},
+    measure=lambda i: Measured(i.step_p50, i.step_n >= i.cfg.min_steps, i.step_se),
+    implicate=_step_time_implicates,
+    cause=lambda ev: (f"steps take {duration_text(ev[STEP_TIME.name][0])} vs "
+                      f"{duration_text(ev[STEP_TIME.name][1])} job median (independent ranks): "
+                      f"slow rank{_grown_part(ev)}{_no_contention(ev)}"),
+    brief="steps take {v} vs {m}", measures_step=True)
+
+BUSY: Signal = Signal(
+    "step.busy", "us", "p50", "busy time per step",
+    {"high": "more own work per step than the job (step less its waits): the rank itself is "
+             "slower (CPU side, or more work)",
+     "low": "less own work per step than the job: not a problem by itself"},
+    measure=lambda i: Measured(i.busy_p50, i.busy_n >= i.cfg.min_steps, i.busy_se),
+    cause=lambda ev: (f"own work {duration_text(ev[BUSY.name][0])} per step (step less its "
+                      f"waits) vs {duration_text(ev[BUSY.name][1])} job median"
+                      f"{_no_contention(ev)}: the rank itself is slower (CPU side: input "
+                      "pipeline, Python overhead, more work on this rank)"),
+    brief="own work {v} per step vs {m}", tier=1, explains=True)
+
+LAUNCH_RATE: Signal = Signal(
+    "launch.rate", "hz", "rate", "launch rate",
+    {"low": "issues launches more slowly than the job (independent ranks): the rank's CPU "
+            "side is slow",
+     "high": "issues launches faster than the job: not a problem by itself"},
+    measure=lambda i: Measured(i.rate, i.attached & (i.launch_calls >= i.cfg.min_samples)),
+    # fewer launches that the steps do not show: neither
+    implicate=lambda s, i: s.low & (i.mode == "independent") & i.steps_moved,
+    cause=lambda ev: (f"issues {ev[LAUNCH_RATE.name][0]:,.0f} launches/s vs "
+                      f"{ev[LAUNCH_RATE.name][1]:,.0f}/s job median (independent ranks)"
+                      f"{_no_contention(ev)}: its CPU side is slow (driver lock, NUMA placement, "
+                      "a slow host CPU)"),
+    brief="{v} launches/s vs {m}", slow_when_low=True)
+
+PEER_WAIT: Signal = Signal(
+    "step.peer_wait", "us", "per_step", "peer wait per step",
+    {"low": "waits least for its peers: arrives last at the collective (supports a finding "
+            "on this rank)",
+     "high": "waits longer for its peers than the job: it waits on others; it is not itself "
+             "slow"},
+    measure=lambda i: (None if i.wait_gate is None
+                       else Measured(i.peer_wait, i.step_ok, None, i.wait_gate)),
+    supports="arrives last at the collective (waits {v} per step for its peers vs {m} job "
+             "median)", context=True)
+
+
+__all__ = ["BUSY", "COLLECTIVE_SHARE", "GPU_WAIT", "LAUNCH_RATE", "OWN", "PEER_WAIT", "RUNQ",
+           "SM_CLOCK", "STEP_TIME", "SignalEpoch", "SignalScore", "infer_mode",
+           "launch_corroboration", "score_signals", "signal_inputs", "steps_corroborate"]

@@ -45,12 +45,14 @@ collective that is a rank waiting for others). A job whose sliced synchronize AP
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.cross_section import CrossSection, Hists
 from hypertrace.analyzer.score.shift import pooled_deciles, shift_ratios
+from hypertrace.analyzer.score.signal import Evidence, Measured, Signal, SignalInputs, share_text
 from hypertrace.proto import buckets
 
 #: The name of the signal (analyzer/score/signals.py).
@@ -193,3 +195,44 @@ def waited_for(time: SyncTime, low: np.ndarray, groups: list[np.ndarray], cfg: S
 
 __all__ = ["BODY_QUANTILE", "COLLECTIVE_SHARE", "SIGNAL", "SPIKE_CUT", "SyncTime", "keeps_pace",
            "measure", "shape_ratios", "waited_for"]
+
+
+def _measure(i: SignalInputs) -> Measured | None:
+    """The GPUs whose processes sent no step are scored by their synchronize share, among
+    themselves; not in a job read (or set) as independent."""
+    no_steps = (i.steps <= 0) & (i.step_n <= 0)
+    if int(no_steps.sum()) < i.cfg.min_gpus or i.mode == "independent":
+        return None
+    t = measure(i.cs, i.cfg, i.groups)
+    t.share[~no_steps] = np.nan
+    i.notes[SIGNAL + ".time"] = t
+    return Measured(t.share, np.isfinite(t.share) & (t.calls >= i.cfg.min_samples), None,
+                    i.cfg.min_effect)
+
+
+def _implicate(s: Any, i: SignalInputs) -> np.ndarray:
+    low: np.ndarray = s.low
+    ok, shape = waited_for(i.notes[SIGNAL + ".time"], low, i.groups, i.cfg)
+    i.notes[SIGNAL] = shape                  # the evidence's sync.shape
+    return low & ok
+
+
+def _cause(ev: Evidence) -> str:
+    v, m = ev[SIGNAL]
+    shape = ev.get("sync.shape", (float("nan"), float("nan")))[0]
+    across = (f", its waits {share_text(1.0 - shape)} shorter across the board"
+              if np.isfinite(shape) else "")
+    return (f"spends {share_text(v)} of wall time in synchronize calls vs {share_text(m)} "
+            f"job median{across}: the rank the others wait for (no step data; they wait "
+            f"about {share_text(m - v)} of their time for it)")
+
+
+#: The signal (analyzer/score/signal.py), listed in analyzer/score/registry.py.
+SYNC_SHARE: Signal = Signal(
+    SIGNAL, "share", "share", "synchronize time",
+    {"low": "spends less of its time in synchronize calls than the job, its waits shorter "
+            "across the board: the rank the others wait for (no step data)",
+     "high": "spends more of its time in synchronize calls than the job: it waits on others, "
+             "or on its own GPU; not convicting by itself"},
+    measure=_measure, implicate=_implicate, cause=_cause,
+    brief="synchronize time {v} of wall time vs {m} (waited for)", slow_when_low=True)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from hypertrace.analyzer.score import registry
 from hypertrace.analyzer.score.persistence import STRAGGLER, SUSPECT
 
 if TYPE_CHECKING:
@@ -25,9 +26,13 @@ if TYPE_CHECKING:
 
 #: Flagged nodes a window records, the strongest first (by their findings' largest |robust z|).
 SERIES_NODES = 16
-#: Signals recorded beside each flagged node's own: where its time per step went.
-CONTEXT_SIGNALS: tuple[tuple[str, str], ...] = (
-    ("sched.runq", "share"), ("step.gpu_wait", "per_step"), ("step.peer_wait", "per_step"))
+
+
+def context_signals() -> tuple[tuple[str, str], ...]:
+    """(signal, stat) recorded beside each flagged node's own: where its time per step went
+    (the registered signals marked ``context``)."""
+    return tuple((s.name, s.stat) for s in registry.SIGNALS if s.context)
+
 #: At most this many signals a window records (context signals included).
 MAX_SIGNALS = 8
 
@@ -91,7 +96,7 @@ def _signals_of(job: JobState, rows: np.ndarray, flagged: np.ndarray,
                     key = (f.api, f.stat)
                     found[key] = max(found.get(key, 0.0), abs(f.robust_z))
     own = sorted(found, key=lambda k: -found[k])
-    extra = [k for k in CONTEXT_SIGNALS if k not in found]
+    extra = [k for k in context_signals() if k not in found]
     return (own[:MAX_SIGNALS - len(extra)] + extra)[:MAX_SIGNALS]
 
 
@@ -155,5 +160,5 @@ def measured_step_us(records: list[WindowRecord], keep: float) -> float:
     return float(np.sum(steps[ok] * weights[ok]) / np.sum(weights[ok]))
 
 
-__all__ = ["CONTEXT_SIGNALS", "SERIES_NODES", "WindowRecord", "measured_step_us",
+__all__ = ["context_signals", "SERIES_NODES", "WindowRecord", "measured_step_us",
            "node_series", "remember"]
