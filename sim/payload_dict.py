@@ -1,4 +1,4 @@
-"""Builds the preset zlib dictionary of stored payloads (``analyzer/payload_dict_v1.bin``).
+"""Builds the preset zlib dictionary of stored payloads (``analyzer/store/payload_dict_v1.bin``).
 
 Run once; the file is then frozen: a payload compressed with it can only be read back with the
 same bytes, so a better dictionary gets a new file and a new codec number, never an edit of this
@@ -6,7 +6,7 @@ one (tests/test_storage.py pins its digest). What it holds: one simulated node w
 tags, the API names, the shape of the histograms and of the overhead report repeat in every
 real window) followed by the names of every probed API.
 
-    python -m hypertrace.sim.payload_dict analyzer/payload_dict_v1.bin
+    python -m hypertrace.sim.payload_dict analyzer/store/payload_dict_v1.bin
 """
 from __future__ import annotations
 

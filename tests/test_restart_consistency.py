@@ -5,6 +5,7 @@ is stopped and a new one opens the same database and replays it.
 """
 from __future__ import annotations
 
+import pytest
 from test_server import send, start_server, stop_server
 
 from hypertrace.analyzer.report.job_report import build_report
@@ -78,68 +79,42 @@ def test_replay_holds_a_few_epochs_not_the_history(tmp_path):
     assert again.jobs[0].windows == live.jobs[0].windows == 40
 
 
-def test_a_database_of_the_previous_schema_is_upgraded_in_place(tmp_path):
+@pytest.mark.parametrize("meta", [("schema_version", str(v)) for v in range(1, 7)]
+                         + [("schema", "2"), None])
+def test_a_database_of_another_storage_schema_is_refused_and_left_as_it_is(tmp_path, meta):
+    """0.1.0 has one storage schema: a file of a development build before it (meta
+    schema_version 1-6), of another schema, or not an analyzer's at all is refused with the
+    fix, by the analyzer and by a read-only reader, and its bytes are left as they were."""
     import sqlite3
 
-    from hypertrace.analyzer.store.storage import SCHEMA_VERSION, Storage
+    from hypertrace.analyzer.store.storage import Storage, StorageError
     db = tmp_path / "old.db"
     conn = sqlite3.connect(db)
-    conn.executescript(
-        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-        "INSERT INTO meta VALUES ('schema_version', '1');"
-        "CREATE TABLE windows (agent_id TEXT NOT NULL, seq INTEGER NOT NULL, node TEXT NOT NULL,"
-        " start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, received_ns INTEGER NOT NULL,"
-        " payload BLOB NOT NULL, PRIMARY KEY (agent_id, seq)) WITHOUT ROWID;")
-    w = next(iter(generate(SimConfig(gpus=8, windows=1, seed=1))))
-    conn.execute("INSERT INTO windows VALUES (?, ?, ?, ?, ?, ?, ?)",
-                 (w.agent_id, w.seq, w.node, w.start.ToNanoseconds(), w.end.ToNanoseconds(), 0,
-                  w.SerializeToString()))
+    conn.execute("CREATE TABLE windows (agent_id TEXT NOT NULL, seq INTEGER NOT NULL)")
+    if meta is not None:
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        conn.execute("INSERT INTO meta VALUES (?, ?)", meta)
     conn.commit()
     conn.close()
-    storage = Storage.open(db)
-    try:
-        stored = list(storage.iter_windows())
-        assert len(stored) == 1 and stored[0].late is False and stored[0].message() == w
-        version = storage._conn.execute(
-            "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
-        assert int(version) == SCHEMA_VERSION
-    finally:
-        storage.close()
+    before = db.read_bytes()
+    for opener in (Storage.open, Storage.open_read_only):
+        with pytest.raises(StorageError) as err:
+            opener(db)
+        assert str(db) in str(err.value) and "pass another --db" in str(err.value)
+        if meta is not None and meta[0] == "schema_version":
+            assert "development build before 0.1.0" in str(err.value)
+    assert db.read_bytes() == before
 
 
-def test_a_schema_2_database_keeps_its_verdicts_as_a_change_log(tmp_path):
-    import sqlite3
-
+def test_a_new_database_has_the_one_storage_schema(tmp_path):
     from hypertrace.analyzer.store.storage import SCHEMA_VERSION, Storage
-    db = tmp_path / "v2.db"
-    conn = sqlite3.connect(db)
-    conn.executescript(
-        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-        "INSERT INTO meta VALUES ('schema_version', '2');"
-        "CREATE TABLE windows (agent_id TEXT NOT NULL, seq INTEGER NOT NULL, node TEXT NOT NULL,"
-        " start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, received_ns INTEGER NOT NULL,"
-        " payload BLOB NOT NULL, late INTEGER NOT NULL DEFAULT 0,"
-        " PRIMARY KEY (agent_id, seq)) WITHOUT ROWID;"
-        "CREATE TABLE verdicts (job_id TEXT NOT NULL, epoch INTEGER NOT NULL, node TEXT NOT NULL,"
-        " gpu TEXT NOT NULL, verdict TEXT NOT NULL, created_ns INTEGER NOT NULL,"
-        " PRIMARY KEY (job_id, epoch, node, gpu));"
-        "CREATE INDEX verdicts_created ON verdicts (created_ns);"
-        "INSERT INTO verdicts VALUES ('j', 1, 'n1', '0', 'healthy', 5);"
-        "INSERT INTO verdicts VALUES ('j', 2, 'n1', '0', 'straggler', 6);")
-    conn.commit()
-    conn.close()
-    storage = Storage.open(db)
+    storage = Storage.open(tmp_path / "new.db")
     try:
-        assert storage.verdicts("j") == [("j", 1, "n1", "0", "healthy"),
-                                         ("j", 2, "n1", "0", "straggler")]
-        sql = storage._conn.execute(
-            "SELECT sql FROM sqlite_master WHERE name = 'verdicts'").fetchone()[0]
-        assert "WITHOUT ROWID" in sql
-        assert int(storage._conn.execute(
-            "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]) == SCHEMA_VERSION
-        assert storage._last_verdict == {("j", "n1", "0"): (2, "straggler")}
+        assert storage._conn.execute(
+            "SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == str(SCHEMA_VERSION)
     finally:
         storage.close()
+    Storage.open(tmp_path / "new.db").close()              # and it opens again
 
 
 def test_a_finished_job_is_forgotten_after_job_expiry_seconds():
@@ -198,50 +173,3 @@ def test_a_gpu_that_left_a_running_job_is_retired_and_its_row_reused():
     assert report.jobs[0].gpus == 56 and e.retired_gpus == 16
     assert rows_before == 64                           # node-0008 took node-0007's rows
     assert "node-0007" not in {k[0] for k in job.keys if k is not None}
-
-
-def test_a_schema_3_database_moves_its_windows_into_the_rowid_table(tmp_path):
-    """Schema 3 kept windows in a WITHOUT ROWID table (4.7 KB per window at rest); the upgrade
-    moves them, in replay order, into the rowid table, keeping every column and the dedup."""
-    import sqlite3
-    import zlib
-
-    from hypertrace.analyzer.store.storage import CODEC_ZLIB, SCHEMA_VERSION, Storage
-    db = tmp_path / "v3.db"
-    conn = sqlite3.connect(db)
-    conn.executescript(
-        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-        "INSERT INTO meta VALUES ('schema_version', '3');"
-        "CREATE TABLE windows (agent_id TEXT NOT NULL, seq INTEGER NOT NULL, node TEXT NOT NULL,"
-        " start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, received_ns INTEGER NOT NULL,"
-        " payload BLOB NOT NULL, late INTEGER NOT NULL DEFAULT 0,"
-        " codec INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (agent_id, seq)) WITHOUT ROWID;"
-        "CREATE INDEX windows_end ON windows (end_ns);")
-    ws = list(generate(SimConfig(gpus=16, gpus_per_node=8, windows=3, seed=1)))
-    for i, w in enumerate(reversed(ws)):              # stored out of replay order
-        conn.execute("INSERT INTO windows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                     (w.agent_id, w.seq, w.node, w.start.ToNanoseconds(),
-                      w.end.ToNanoseconds(), 1000 + i, zlib.compress(w.SerializeToString()),
-                      int(i == 0), CODEC_ZLIB))
-    conn.commit()
-    conn.close()
-    storage = Storage.open(db)
-    try:
-        assert int(storage._conn.execute(
-            "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]) == SCHEMA_VERSION
-        sql = storage._conn.execute(
-            "SELECT sql FROM sqlite_master WHERE name = 'windows'").fetchone()[0]
-        assert "WITHOUT ROWID" not in sql
-        names = {r[0] for r in storage._conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'windows'")}
-        assert {"windows_end", "windows_key"} <= names
-        stored = list(storage.iter_windows())
-        order = sorted(ws, key=lambda w: (w.end.ToNanoseconds(), w.agent_id, w.seq))
-        assert [s.message() for s in stored] == order
-        assert [s.id for s in stored] == list(range(1, len(ws) + 1))    # ids in replay order
-        assert [s.late for s in stored].count(True) == 1
-        assert stored[-1].late and stored[-1].received_ns == 1000       # columns kept
-        assert storage.add_window(ws[0]) is False                       # dedup still holds
-        assert storage.add_window(ws[0], received_ns=1) is False
-    finally:
-        storage.close()

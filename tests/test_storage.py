@@ -313,7 +313,7 @@ def test_a_database_whose_header_is_damaged_is_named_corrupt_not_unwritable(tmp_
 def test_the_payload_dictionary_is_frozen():
     """Stored payloads need these exact bytes to decompress: a better dictionary is a new file
     and a new codec number, never an edit of this one."""
-    import hypertrace.analyzer as pkg
+    import hypertrace.analyzer.store as pkg
     data = (Path(pkg.__file__).parent / "payload_dict_v1.bin").read_bytes()
     assert hashlib.sha256(data).hexdigest() == (
         "6768ffd1d7146635dd455ab61d3575b2e8c25f133c4d8a20cc5e039c831441c7")

@@ -1,6 +1,6 @@
-"""Windows compacted into blocks (schema 5, rows of schema 6) on a real SQLite file: every
-reader gets the same windows back, dedup still knows their keys, retention deletes the blocks,
-schema-4 and schema-5 files are upgraded, and a restart from blocks reaches the live
+"""Windows compacted into blocks on a real SQLite file: every reader gets the same windows
+back, dedup still knows their keys, retention deletes the blocks, a block written before a
+field was added to the wire still decodes, and a restart from blocks reaches the live
 verdicts."""
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import pytest
 from hypertrace.analyzer.store import blocks
 from hypertrace.analyzer.store.storage import (
     CODEC_ZLIB_DICT1,
-    SCHEMA_VERSION,
     ConflictingDuplicate,
     Storage,
     StorageError,
@@ -295,85 +294,6 @@ CREATE UNIQUE INDEX windows_key ON windows (agent_id, seq);
 """
 
 
-def test_a_schema_4_file_is_upgraded_and_its_windows_compacted(tmp_path):
-    db = tmp_path / "v4.db"
-    conn = sqlite3.connect(db)
-    conn.execute("PRAGMA page_size = 16384")
-    conn.executescript(_SCHEMA_4)
-    ws = list(generate(CFG))
-    for i, w in enumerate(ws):
-        conn.execute("INSERT INTO windows (agent_id, seq, node, start_ns, end_ns, received_ns, "
-                     "payload, late, codec) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                     (w.agent_id, w.seq, w.node, w.start.ToNanoseconds(),
-                      w.end.ToNanoseconds(), i, encode_payload(w.SerializeToString()),
-                      int(i == 5), CODEC_ZLIB_DICT1))
-    conn.commit()
-    conn.close()
-    st = Storage.open(db)
-    version = st._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    assert int(version[0]) == SCHEMA_VERSION == 6
-    before = _read(st)
-    assert [m for *_, m in before] == [w.SerializeToString() for w in ws]
-    assert st.compact(2**62) == len(ws)
-    assert _read(st) == before and before[5][4] is True
-    assert not st.add_window(ws[0])
-    st.close()
-
-
-_SCHEMA_5_COMPACTED = """
-UPDATE meta SET value = '5' WHERE key = 'schema_version';
-CREATE TABLE compacted (
-    id INTEGER PRIMARY KEY, agent_id TEXT NOT NULL, seq INTEGER NOT NULL, node TEXT NOT NULL,
-    start_ns INTEGER NOT NULL, end_ns INTEGER NOT NULL, received_ns INTEGER NOT NULL,
-    late INTEGER NOT NULL, block INTEGER NOT NULL, digest BLOB NOT NULL);
-CREATE UNIQUE INDEX compacted_key ON compacted (agent_id, seq);
-CREATE INDEX compacted_end ON compacted (end_ns);
-CREATE TABLE blocks (id INTEGER PRIMARY KEY, end_ns INTEGER NOT NULL, data BLOB NOT NULL);
-"""
-
-
-def test_a_schema_5_file_with_compacted_windows_is_read_and_upgraded(tmp_path):
-    """Schema 6 keeps a compacted window's agent and node once per agent: a schema-5 file's
-    rows are read as they are by a read-only reader, then upgraded in place, and every reader,
-    dedup, the late flag and retention work on them as before."""
-    from hypertrace.analyzer.store.storage import window_digest
-    db = tmp_path / "v5.db"
-    conn = sqlite3.connect(db)
-    conn.execute("PRAGMA page_size = 16384")
-    conn.executescript(_SCHEMA_4 + _SCHEMA_5_COMPACTED)
-    ws = list(generate(CFG))
-    for k, end in enumerate(sorted({w.end.ToNanoseconds() for w in ws})):
-        group = [(i + 1, w) for i, w in enumerate(ws) if w.end.ToNanoseconds() == end]
-        conn.execute("INSERT INTO blocks VALUES (?, ?, ?)", (k + 1, end, blocks.encode(
-            [(i, w.SerializeToString()) for i, w in group])))
-        conn.executemany("INSERT INTO compacted VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
-            (i, w.agent_id, w.seq, w.node, w.start.ToNanoseconds(), end, end + 7 * i - 90,
-             int(i == 5), k + 1, window_digest(w.SerializeToString())) for i, w in group])
-    conn.commit()
-    conn.close()
-    ro = Storage.open_read_only(db)
-    before = _read(ro)
-    ro.close()
-    assert [m for *_, m in sorted(before, key=lambda r: r[6])] == [
-        w.SerializeToString() for w in ws]
-    assert {r[6]: r[5] - r[3] for r in before} == {i: 7 * i - 90 for i in range(1, len(ws) + 1)}
-    st = Storage.open(db)
-    version = st._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    assert int(version[0]) == SCHEMA_VERSION == 6
-    assert _read(st) == before and before[[r[6] for r in before].index(5)][4] is True
-    assert st._conn.execute("SELECT COUNT(*) FROM window_sources").fetchone()[0] == NODES
-    _dedup_knows(st, ws)
-    st.mark_late(ws[0].agent_id, ws[0].seq)
-    assert [s.late for s in st.iter_windows() if s.id == 1] == [True]
-    st.prune(retention_seconds=0, now_ns=2**62)
-    assert st.count_windows() == 0
-    assert st._conn.execute("SELECT COUNT(*) FROM window_sources").fetchone()[0] == 0
-    st.close()
-    ro = Storage.open_read_only(db)                          # the upgraded file, read only
-    assert _read(ro) == []
-    ro.close()
-
-
 def test_a_restart_from_blocks_reaches_the_live_verdicts(tmp_path):
     """No snapshot: the whole history is replayed from the blocks."""
     from test_restart_consistency import _verdicts, live_then_restarted
@@ -410,7 +330,8 @@ def test_a_reader_paging_through_a_compaction_reads_every_window_once(tmp_path, 
 
 def test_a_read_only_reader_sees_compacted_windows_and_leaves_an_old_file_as_it_is(tmp_path):
     """What tools that read a run's database use (tests/gpu/matrix_report.py, the agent's
-    end-to-end test): every window, blocks included; a schema-4 file is not upgraded."""
+    end-to-end test): every window, blocks included; a development build's file (before
+    0.1.0's one storage schema) is refused, not rewritten."""
     st, ws = _compacted(tmp_path)
     st.close()
     ro = Storage.open_read_only(tmp_path / "a.db")
@@ -424,9 +345,8 @@ def test_a_read_only_reader_sees_compacted_windows_and_leaves_an_old_file_as_it_
                  (encode_payload(ws[0].SerializeToString()), CODEC_ZLIB_DICT1))
     conn.commit()
     conn.close()
-    ro = Storage.open_read_only(db)
-    assert [s.message() for s in ro.iter_windows()] == [ws[0]]
-    ro.close()
+    with pytest.raises(StorageError, match="development build before 0.1.0"):
+        Storage.open_read_only(db)
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT value FROM meta").fetchone()[0] == "4"
     assert "compacted" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}

@@ -1,88 +1,36 @@
-"""SQLite storage of the analyzer: raw windows, per-epoch scores and verdicts.
+"""SQLite storage of the analyzer: raw windows, per-epoch scores and verdicts, summaries,
+compacted blocks and the Engine's snapshot, in one file of one storage schema.
 
-Why SQLite (WAL): one file, no server to run, crash-safe, and a single analyzer writes a few
-windows per second per thousand GPUs, far below what WAL mode sustains. Windows are stored as the
-serialized protobuf (the wire bytes), so a restart replays exactly what was received into a fresh
-Engine, and no schema migration is needed when the wire format grows optional fields.
+Why SQLite (WAL): one file, no server to run, crash-safe, and one analyzer writes a few windows
+per second per thousand GPUs, far below what WAL mode sustains. Windows are stored as their wire
+bytes, so a restart replays exactly what was received, and a field the wire gains later needs
+no change here.
 
-Durability: an Ack is only sent after the window's transaction committed. ``synchronous=FULL``
-(the default here) survives power loss; ``NORMAL`` survives a crash of the analyzer process but
-may lose the last commits on power loss, for a cheaper commit.
+Durability: an Ack is sent only after the window's transaction committed (``synchronous=FULL``
+by default: it survives power loss; ``NORMAL``: a crash of the process). Commits are grouped
+(:meth:`Storage.add_window`): a caller that finds no commit in progress writes every window
+queued by then in one transaction; each caller still returns only after its own window
+committed, so agents that all send at the same instant do not wait one fsync each.
 
-Group commit: with ``synchronous=FULL`` every commit is an fsync (about 2 to 4 ms on our VMs),
-and agents aligned on wall-clock windows all send at the same instant, so one commit per window
-caps ingest at a few hundred windows per second. :meth:`Storage.add_window` therefore commits in
-groups: a caller that finds no commit in progress becomes the leader and writes, in one
-transaction, every window queued by then; callers that arrive meanwhile wait and go in the next
-group. Each caller still returns only after *its* window's transaction committed, so an Ack still
-means "durably stored". With one caller at a time a group is that one window (no added latency).
+At rest: a window is kept as received (or zlib-compressed with the frozen preset dictionary
+``payload_dict_v1.bin``, ``compress_at_ingest``) for the minutes until the retention pass
+compacts the windows of each epoch into one LZMA block (analyzer/store/blocks.py); their rows
+move from ``windows`` to ``compacted`` (the agent and node named once per agent in
+``window_sources``, a digest of the wire bytes for dedup). :meth:`Storage.iter_windows` reads
+both tables in one order and gives back the exact wire bytes. Verdicts are stored when they
+change; ``epochs`` holds one row per scored epoch. After pruning, the WAL is checkpointed with
+TRUNCATE so the file shrinks back.
 
-Compact at rest: a window's payload is stored zlib-compressed at level 1 with a preset
-dictionary (``payload_dict_v1.bin``: one simulated window and the API names, which every window
-repeats): 38% of the wire bytes against 42% without it, for the same CPU (about 0.12 ms per
-7 KB window). The ``codec`` column says how a row was written, so rows of an older analyzer
-(raw, plain zlib) still read; the dictionary file is frozen (a test pins its digest), a better
-one would be a new codec. What is left is mostly the histogram counts themselves, which zlib
-cannot shrink further (BENCHMARKS.md, "Storage at rest"). An analyzer whose retention pass
-compacts windows into blocks (below) turns that off (``compress_at_ingest``): a window is then
-stored as received for its few minutes before compaction, which saves the compression at ingest
-(a tenth of the analyzer's CPU per window at one stream per agent) for about 4 KB more per
-window during those minutes; every reader takes both forms. Windows live in a rowid table with a
-unique ``(agent_id, seq)`` index, in 16-KB pages: a WITHOUT ROWID table (schema 3) put each
-row's tail on an overflow page of its own, and 4-KB pages left most of a page unused after each
-2.6-KB row (4.7 KB per window at rest then; 2.9 KB now). Verdicts are stored
-when they *change* (a GPU's first verdict, then each change), not once per GPU per epoch: at
-16,384 GPUs the per-epoch rows were a third of the disk, and a change log answers "since when is
-this GPU a straggler" just as well; one row per scored epoch (``epochs``: GPUs, suspects and
-stragglers counted) says which epochs were scored and when. After pruning, the WAL is checkpointed with TRUNCATE so the
-file shrinks back instead of staying at its high-water mark.
+Dedup: ``(agent_id, seq)`` is unique over both tables; the same key with other bytes is
+refused (:class:`ConflictingDuplicate`). ``late`` marks a window that arrived after its epoch
+was scored, so the replay after a restart leaves it out of scoring as the live analyzer did.
 
-Blocks (schema 5): compressed one by one, a window's histogram counts alone take about 1.3 KB,
-and no per-window codec of the standard library does much better. Once a window ended
-``COMPACT_AFTER_S`` ago (its epoch long scored), the retention pass (:meth:`Storage.compact`)
-rewrites the windows of each epoch into one LZMA block (analyzer/store/blocks.py: the counts of every
-GPU column-wise, the messages' numbers one column per field, the rest of the messages
-together): about 1.1 KB per window for the block and 76 B for the window's row and its
-indexes, against 2.9 KB one payload each. Their rows move from ``windows`` to ``compacted``
-(key, id, end time, time received, late flag, the block and a digest of the wire bytes): rows
-shrunk in place would leave the windows table's pages mostly empty, while rows deleted free
-pages the next windows take. Every reader goes through :meth:`iter_windows`, which reads both
-tables in one order and gives back the exact wire bytes; dedup looks up both keys, and
-compares a replay of a compacted window with its digest (no block to decode on the ingest
-path).
+Order: a window's ``id`` (AUTOINCREMENT: never reused) is the order windows were stored in; an
+Engine snapshot (``snapshot``, analyzer/store/snapshot.py) names the newest id it holds, and a
+restart replays only the windows after it.
 
-Compacted rows (schema 6): a row is kept for hours, a window's for minutes, so it is kept
-small. An agent's id and node are in ``window_sources``, once per agent, the row names them by
-number (its key index is then a few bytes, not the agent's name); the time received is kept as
-its distance from the window's end; the start time is not kept (it is in the block, and no
-reader wants it from the row). 119 B a window with the two indexes in schema 5, about 76 B
-(BENCHMARKS.md, "Storage at rest, schema 6"). A connection reads them through the view
-``compacted_rows`` (schema 5's columns), over a schema-5 file too when it is only read.
-
-Dedup: ``(agent_id, seq)`` is a unique key of ``windows``, and ``compacted`` keeps one row per
-``(source, seq)`` (a source: an agent and its node); :meth:`Storage.add_window` looks a key up in
-both, tells whether the window was new, which is what makes agent replay after a reconnect
-harmless, and refuses the same key with other bytes. ``late`` marks a window that arrived after its epoch
-was scored: the replay after a restart must leave it out of scoring as the live analyzer did.
-
-Order: a window's ``id`` (AUTOINCREMENT: never reused) is the order windows were stored in.
-An Engine snapshot (``snapshot`` table, analyzer/store/snapshot.py), stored with the results, names
-the newest id it holds, and a restart replays only the windows after it.
-
-Retention (analyzer/store/summaries.py): windows older than the raw retention are first merged into
-5-minute per-GPU summaries (``summaries``), then deleted.
-
-Not thread-safe by itself across connections: one connection is shared and guarded by a lock
-(``check_same_thread=False``), because gRPC calls arrive on a thread pool.
-
-Two processes on one file (the analyzer and its retention process, analyzer/scale/retention_process.py):
-SQLite's WAL lets one write while the other reads, and a writer waits ``BUSY_TIMEOUT_MS`` for the
-other's transaction. Every transaction here starts with ``BEGIN IMMEDIATE``, taking the write lock
-before its first read: a deferred one that read first (dedup looks keys up before it inserts)
-could not upgrade to a writer once the other process committed in between, and would fail at
-once instead of waiting. What this connection keeps in memory of the file is each GPU's last
-verdict; a prune in another process bumps ``meta.prunes``, and :meth:`Storage.add_results` reads
-that counter in its transaction and reloads them when it moved.
+Schema: one (``SCHEMA_VERSION``, meta key ``schema``). A file of another layout, a development
+build's before 0.1.0 included, is refused with the fix, never rewritten (docs/design.md).
 """
 from __future__ import annotations
 
@@ -107,7 +55,9 @@ BUSY_TIMEOUT_MS = 30_000
 #: Windows read per query when replaying the store after a restart.
 REPLAY_PAGE = 2000
 
-SCHEMA_VERSION = 6
+#: The layout of the file (meta key ``schema``). A file of another layout is refused, never
+#: rewritten: docs/design.md, "One storage schema".
+SCHEMA_VERSION = 1
 #: Payload codecs (``windows.codec``): the wire bytes as received, zlib of them, zlib with the
 #: preset dictionary ``payload_dict_v1.bin`` (frozen: a better dictionary is a new codec), or
 #: in a compressed block (``blocks``, analyzer/store/blocks.py; the window's row is in ``compacted``,
@@ -119,8 +69,8 @@ COMPACT_AFTER_S = 120.0
 #: zlib level of stored payloads (module docstring).
 ZLIB_LEVEL = 1
 #: Windows a retention pass compacts at most: four minutes of a 131,072-GPU cluster's windows,
-#: so the backlog of a file upgraded from schema 4 is worked off over several passes without
-#: holding back the pass's prune.
+#: so a backlog (an analyzer that ran without retention) is worked off over several passes
+#: without holding back the pass's prune.
 COMPACT_PER_PASS = 16384 * 24
 #: Windows of one block: those that end within this span (a window length: every agent's window
 #: of one epoch), at most MAX_BLOCK_WINDOWS of them (what one pass holds in memory).
@@ -143,10 +93,10 @@ _WINDOWS_TABLE = """CREATE TABLE IF NOT EXISTS windows (
     codec       INTEGER NOT NULL DEFAULT 0
 )"""
 _WINDOWS_END = "CREATE INDEX IF NOT EXISTS windows_end ON windows (end_ns)"
-#: Compacted windows' rows (schema 6): an agent's id and node once per agent in
-#: ``window_sources``, each row naming its source by number; the time received kept as its
-#: distance from the window's end (a few bytes, not eight). The start time is in the block's
-#: wire bytes, and no reader wants it from the row.
+#: Compacted windows' rows: an agent's id and node once per agent in ``window_sources``, each
+#: row naming its source by number; the time received kept as its distance from the window's
+#: end (a few bytes, not eight). The start time is in the block's wire bytes, and no reader
+#: wants it from the row.
 _COMPACTED_TABLES = """CREATE TABLE IF NOT EXISTS window_sources (
     id INTEGER PRIMARY KEY, agent_id TEXT NOT NULL, node TEXT NOT NULL, UNIQUE (agent_id, node)
 );
@@ -158,15 +108,12 @@ CREATE TABLE IF NOT EXISTS compacted (
 CREATE UNIQUE INDEX IF NOT EXISTS compacted_key ON compacted (source, seq);
 CREATE INDEX IF NOT EXISTS compacted_end ON compacted (end_ns)"""
 #: The compacted windows as :meth:`Storage.iter_windows` and dedup read them (a view of this
-#: connection): the columns of schema 5's row, whatever the file's layout.
+#: connection): a window's row with its agent and node.
 _COMPACTED_VIEW = """CREATE TEMP VIEW IF NOT EXISTS compacted_rows AS
 SELECT c.id AS id, s.agent_id AS agent_id, c.seq AS seq, s.node AS node, c.end_ns AS end_ns,
        c.end_ns + c.received_after_ns AS received_ns, c.late AS late, c.block AS block,
        c.digest AS digest
 FROM compacted c JOIN window_sources s ON s.id = c.source"""
-#: The same view over a schema-5 file read as it is (:meth:`Storage.open_read_only`).
-_COMPACTED_VIEW_V5 = """CREATE TEMP VIEW IF NOT EXISTS compacted_rows AS
-SELECT id, agent_id, seq, node, end_ns, received_ns, late, block, digest FROM main.compacted"""
 _VERDICTS_TABLE = """CREATE TABLE IF NOT EXISTS verdicts (
     job_id TEXT NOT NULL, node TEXT NOT NULL, gpu TEXT NOT NULL, epoch INTEGER NOT NULL,
     verdict TEXT NOT NULL, created_ns INTEGER NOT NULL,
@@ -174,69 +121,7 @@ _VERDICTS_TABLE = """CREATE TABLE IF NOT EXISTS verdicts (
 ) WITHOUT ROWID"""
 
 
-def _to_v3(conn: sqlite3.Connection) -> None:
-    """Payload codecs, and verdicts as a change log in a WITHOUT ROWID table keyed by GPU then
-    epoch. The rows of every epoch an older analyzer stored are kept (a log with repeats)."""
-    conn.execute("ALTER TABLE windows ADD COLUMN codec INTEGER NOT NULL DEFAULT 0")
-    cols = [r[1] for r in conn.execute("PRAGMA table_info(verdicts)")]
-    if cols and cols[1] == "epoch":                  # the per-epoch table of schema 1 and 2
-        conn.execute("DROP INDEX IF EXISTS verdicts_created")
-        conn.execute("ALTER TABLE verdicts RENAME TO verdicts_v2")
-        conn.execute(_VERDICTS_TABLE)
-        conn.execute("INSERT INTO verdicts SELECT job_id, node, gpu, epoch, verdict, created_ns "
-                     "FROM verdicts_v2")
-        conn.execute("DROP TABLE verdicts_v2")
-
-
-def _to_v4(conn: sqlite3.Connection) -> None:
-    """Windows in a rowid table with a unique (agent_id, seq) index. WITHOUT ROWID suits small
-    rows only: a row of about 3 KB kept 1 KB in the b-tree page and put the rest on an overflow
-    page of its own, 4.7 KB per window at rest. The rowid (AUTOINCREMENT: never reused, so it
-    only grows) is also the order in which windows were stored, which an Engine snapshot names
-    as the last window it holds. Existing rows get ids in replay order."""
-    conn.execute("DROP INDEX IF EXISTS windows_end")
-    conn.execute("ALTER TABLE windows RENAME TO windows_v3")
-    conn.execute(_WINDOWS_TABLE)
-    conn.execute("INSERT INTO windows (agent_id, seq, node, start_ns, end_ns, received_ns, "
-                 "payload, late, codec) SELECT agent_id, seq, node, start_ns, end_ns, "
-                 "received_ns, payload, late, codec FROM windows_v3 "
-                 "ORDER BY end_ns, agent_id, seq")
-    conn.execute("DROP TABLE windows_v3")
-    conn.execute(_WINDOWS_END)
-
-
-def _to_v6(conn: sqlite3.Connection) -> None:
-    """Compacted rows name their agent and node by number (``window_sources``) and keep the
-    time received as its distance from the window's end; no start time (module docstring).
-    About 119 B a window with its indexes before, 76 after. A file that has no compacted
-    rows yet gets the new tables with the others."""
-    if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'compacted'").fetchone():
-        return
-    conn.execute("DROP INDEX IF EXISTS compacted_key")
-    conn.execute("DROP INDEX IF EXISTS compacted_end")
-    conn.execute("ALTER TABLE compacted RENAME TO compacted_v5")
-    # statement by statement: executescript would commit the upgrade's transaction
-    for stmt in _COMPACTED_TABLES.split(";"):
-        conn.execute(stmt)
-    conn.execute("INSERT OR IGNORE INTO window_sources (agent_id, node) "
-                 "SELECT agent_id, node FROM compacted_v5 ORDER BY id")
-    conn.execute("INSERT INTO compacted (id, source, seq, end_ns, received_after_ns, late, "
-                 "block, digest) SELECT c.id, s.id, c.seq, c.end_ns, c.received_ns - c.end_ns, "
-                 "c.late, c.block, c.digest FROM compacted_v5 c JOIN window_sources s "
-                 "ON s.agent_id = c.agent_id AND s.node = c.node ORDER BY c.id")
-    conn.execute("DROP TABLE compacted_v5")
-
-
-#: Upgrades from an older schema, in place: version -> what reaches the next one (statements,
-#: or a function of the connection).
-_MIGRATIONS: dict[int, tuple] = {
-    1: ("ALTER TABLE windows ADD COLUMN late INTEGER NOT NULL DEFAULT 0",),
-    2: (_to_v3,),
-    3: (_to_v4,),
-    4: (),                  # the tables of compacted windows: created with the others
-    5: (_to_v6,),
-}
-
+#: Every table and index of the file.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """ + _WINDOWS_TABLE + ";\n" + _WINDOWS_END + """;
@@ -254,9 +139,7 @@ CREATE TABLE IF NOT EXISTS epochs (
     PRIMARY KEY (job_id, epoch)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS epochs_created ON epochs (created_ns);
-"""
-#: Created after the migrations (an old database's verdicts table has other columns first).
-_SCHEMA_AFTER = _VERDICTS_TABLE + """;
+""" + _VERDICTS_TABLE + """;
 CREATE INDEX IF NOT EXISTS verdicts_created ON verdicts (created_ns);
 CREATE UNIQUE INDEX IF NOT EXISTS windows_key ON windows (agent_id, seq);
 """ + _COMPACTED_TABLES + """;
@@ -274,16 +157,27 @@ CREATE TABLE IF NOT EXISTS snapshot (
 """
 
 
-#: Tables a reader needs that an older file may lack: :meth:`Storage.open_read_only` stands in
-#: empty ones for them.
-_READ_STAND_INS = {
-    "window_sources": "id INTEGER PRIMARY KEY, agent_id, node",
-    "compacted": "id INTEGER PRIMARY KEY, source, seq, end_ns, received_after_ns, late, block, "
-                 "digest",
-    "blocks": "id INTEGER PRIMARY KEY, end_ns, data",
-    "verdicts": "job_id, node, gpu, epoch, verdict, created_ns",
-    "meta": "key TEXT PRIMARY KEY, value",
-}
+def _layout_problem(conn: sqlite3.Connection, path: str) -> str | None:
+    """Why this analyzer cannot use the file (None: it can, or it is new and empty). A file of
+    a development build before 0.1.0 (meta ``schema_version``) or of another layout is refused
+    with the fix; it is never rewritten in place."""
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not tables:
+        return None
+    meta = (dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            if "meta" in tables else {})
+    if meta.get("schema") == str(SCHEMA_VERSION):
+        return None
+    fix = ("move it aside or pass another --db (a new file is created there); its windows "
+           "stay readable by the build that wrote it (`hypertrace export`)")
+    if "schema" in meta:
+        return (f"database {path} has storage schema {meta['schema']}, this analyzer reads "
+                f"schema {SCHEMA_VERSION} only: {fix}")
+    if "schema_version" in meta:
+        return (f"database {path} was written by a development build before 0.1.0 (its "
+                f"schema_version {meta['schema_version']}); this analyzer reads its own "
+                f"storage schema {SCHEMA_VERSION} only: {fix}")
+    return f"{path} is not a hypertrace analyzer database (no storage schema in it): {fix}"
 
 
 class StorageError(RuntimeError):
@@ -410,34 +304,18 @@ class Storage:
         try:
             conn = sqlite3.connect(str(p), check_same_thread=False, isolation_level=None,
                                    timeout=BUSY_TIMEOUT_MS / 1000)
-            conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")   # a new file only
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                log.warning("database %s: WAL mode unavailable (got %s)", p, mode)
-            conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
-            conn.executescript(_SCHEMA)
-            conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
-                         (str(SCHEMA_VERSION),))
-            version = int(conn.execute(
-                "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
-            while version in _MIGRATIONS:
-                conn.execute("BEGIN IMMEDIATE")  # one step at a time, all or nothing
-                for step in _MIGRATIONS[version]:
-                    step(conn) if callable(step) else conn.execute(step)
-                version += 1
-                conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
-                             (str(version),))
-                conn.execute("COMMIT")
-                log.info("database %s: schema upgraded to version %d", p, version)
-            if version == SCHEMA_VERSION:
-                conn.executescript(_SCHEMA_AFTER)
+            problem = _layout_problem(conn, str(p))   # before anything writes to the file
+            if problem is None:
+                conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")   # a new file only
+                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    log.warning("database %s: WAL mode unavailable (got %s)", p, mode)
+                conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
+                conn.executescript(_SCHEMA)
+                conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema', ?)",
+                             (str(SCHEMA_VERSION),))
                 conn.execute(_COMPACTED_VIEW)
         except sqlite3.Error as exc:
-            if conn is not None and conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")         # a half-done upgrade leaves nothing
-                except sqlite3.Error:
-                    pass                             # the first error is the one to report
             corrupt = _corruption(exc, str(p))      # a damaged file: say so, with the recovery
             if corrupt is not None:
                 raise corrupt from exc
@@ -448,32 +326,30 @@ class Storage:
                 os.chmod(f"{p}{suffix}", 0o600)
             except OSError:
                 pass
-        if version != SCHEMA_VERSION:
+        if problem is not None:
             conn.close()
-            raise StorageError(f"database {p} has schema version {version}, this analyzer uses "
-                               f"{SCHEMA_VERSION}; point --db at a new file")
+            raise StorageError(problem)
         return cls(conn, str(p))
 
     @classmethod
     def open_read_only(cls, path: str | Path) -> "Storage":
-        """Open a database for reading only (no schema upgrade, no write): for tools that read
-        the windows of a file an analyzer may still be writing, or of an older run. Read its
-        windows with :meth:`iter_windows`, which also reads those compacted into blocks; a file
-        older than schema 5 has none (empty stand-ins for its tables, in this connection
-        only)."""
+        """Open a database for reading only (no write): for tools that read the windows of a
+        file an analyzer may still be writing, or of a finished run. Read its windows with
+        :meth:`iter_windows`, which also reads those compacted into blocks. A file of another
+        storage schema is refused, as :meth:`open` refuses it."""
         try:
             conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True,
                                    check_same_thread=False, isolation_level=None,
                                    timeout=BUSY_TIMEOUT_MS / 1000)
-            have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-            for name, cols in _READ_STAND_INS.items():
-                if name not in have:
-                    conn.execute(f"CREATE TEMP TABLE {name} ({cols})")
-            cols = {r[1] for r in conn.execute("PRAGMA main.table_info(compacted)")}
-            conn.execute(_COMPACTED_VIEW_V5 if "agent_id" in cols else _COMPACTED_VIEW)
-            return cls(conn, str(path))
+            problem = _layout_problem(conn, str(path))
+            if problem is None:
+                conn.execute(_COMPACTED_VIEW)
         except sqlite3.Error as exc:
             raise StorageError(f"cannot read database {path}: {exc}") from exc
+        if problem is not None:
+            conn.close()
+            raise StorageError(problem)
+        return cls(conn, str(path))
 
     @property
     def synchronous(self) -> str:
