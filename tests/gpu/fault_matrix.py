@@ -123,6 +123,9 @@ def add_common_args(ap: argparse.ArgumentParser, cores: str = "0-7") -> None:
     ap.add_argument("--loop", type=Path, default=HERE / "launch_bound_loop.py",
                     help="the rank program (default launch_bound_loop.py; a CPU stand-in with the "
                          "same flags rehearses the harness without a GPU)")
+    ap.add_argument("--loader-cores", default="",
+                    help="cores for the ranks' loader workers (jitter_loop.py --loader-cpus); "
+                         "'' leaves them on their rank's core")
     ap.add_argument("--loop-arg", action="append", default=[],
                     help="one more argument for every rank program (repeat it; e.g. "
                          "--loop-arg=--device --loop-arg=cpu to rehearse jitter_loop.py)")
@@ -284,6 +287,8 @@ class Harness:
                 if getattr(a, "loader_faults", False):
                     (self.work / "loader-faults").mkdir(exist_ok=True)
                     cmd += ["--loader-fault-dir", str(self.work / "loader-faults")]
+            if getattr(a, "loader_cores", ""):
+                cmd += ["--loader-cpus", a.loader_cores]
             cmd += list(getattr(a, "loop_arg", []))
             if getattr(a, "marker", False):
                 cmd.append("--marker")
