@@ -207,18 +207,29 @@ def _p50(h: Hists | None, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return q[:, 0], h.total(), sampling_se_us(h, q, ("p50",), near)[:, 0]
 
 
-def infer_mode(step_p50_us: np.ndarray, has_steps: np.ndarray, cfg: ScoringConfig) -> str:
+#: Steps a window's two edges can cut from a rank's count (one each), for the mode's tolerance.
+EDGE_STEPS = 2.0
+
+
+def infer_mode(step_p50_us: np.ndarray, has_steps: np.ndarray, cfg: ScoringConfig,
+               steps: np.ndarray | None = None) -> str:
     """"collective" | "independent" | "" for one epoch (module docstring); a configured
-    ``job_mode`` other than "auto" wins."""
+    ``job_mode`` other than "auto" wins. ``steps``: the ranks' step counts when the values are
+    mean steps, which agree in a collective up to what the window's edges cut (a step more or
+    less of a few hundred): the tolerance grows by ``EDGE_STEPS`` over the median count."""
     if cfg.job_mode != "auto":
         return cfg.job_mode
-    x = step_p50_us[has_steps & np.isfinite(step_p50_us)]
+    ok = has_steps & np.isfinite(step_p50_us)
+    x = step_p50_us[ok]
     if x.size < cfg.min_gpus:
         return ""
     med = float(np.median(x))
     if med <= 0:
         return ""
-    agree = np.abs(x - med) <= cfg.collective_spread * med
+    tol = cfg.collective_spread
+    if steps is not None:
+        tol += EDGE_STEPS / max(float(np.median(steps[ok])), 1.0)
+    agree = np.abs(x - med) <= tol * med
     return "collective" if agree.mean() >= COLLECTIVE_SHARE else "independent"
 
 
@@ -302,7 +313,7 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
     if sig is not None:
         with np.errstate(invalid="ignore", divide="ignore"):
             mean_step = np.where(steps > 0, sig.step_sum_us / np.maximum(steps, 1), np.nan)
-        mode = infer_mode(mean_step, steps >= cfg.min_steps, cfg)
+        mode = infer_mode(mean_step, steps >= cfg.min_steps, cfg, steps)
     if mode == "":
         mode = infer_mode(step_p50, step_n >= cfg.min_steps, cfg)
 
