@@ -207,16 +207,26 @@ def _p50(h: Hists | None, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return q[:, 0], h.total(), sampling_se_us(h, q, ("p50",), near)[:, 0]
 
 
+def _spread(h: Hists | None, n: int) -> np.ndarray:
+    """(p90 - p10) / p50 of each rank's step histogram, (n,); NaN without one."""
+    if h is None:
+        return np.full(n, np.nan)
+    q, _ = h.quantiles_and_buckets([0.1, 0.5, 0.9])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (q[:, 2] - q[:, 0]) / q[:, 1]
+
+
 #: Steps a window's two edges can cut from a rank's count (one each), for the mode's tolerance.
 EDGE_STEPS = 2.0
 
 
 def infer_mode(step_p50_us: np.ndarray, has_steps: np.ndarray, cfg: ScoringConfig,
-               steps: np.ndarray | None = None) -> str:
+               steps: np.ndarray | None = None, spread: np.ndarray | None = None) -> str:
     """"collective" | "independent" | "" for one epoch (module docstring); a configured
-    ``job_mode`` other than "auto" wins. ``steps``: the ranks' step counts when the values are
-    mean steps, which agree in a collective up to what the window's edges cut (a step more or
-    less of a few hundred): the tolerance grows by ``EDGE_STEPS`` over the median count."""
+    ``job_mode`` other than "auto" wins. ``steps``, ``spread``: the ranks' step counts and
+    relative step spreads ((p90 - p10) / p50) when the values are mean steps. A collective's
+    ranks time the same steps, so their means agree up to what the window's two edges cut: a
+    step more or less each, off the mean by about the spread, over the count."""
     if cfg.job_mode != "auto":
         return cfg.job_mode
     ok = has_steps & np.isfinite(step_p50_us)
@@ -228,7 +238,9 @@ def infer_mode(step_p50_us: np.ndarray, has_steps: np.ndarray, cfg: ScoringConfi
         return ""
     tol = cfg.collective_spread
     if steps is not None:
-        tol += EDGE_STEPS / max(float(np.median(steps[ok])), 1.0)
+        width = float(np.nanmedian(spread[ok])) if spread is not None else 1.0
+        width = min(width, 1.0) if np.isfinite(width) else 1.0
+        tol += EDGE_STEPS * width / max(float(np.median(steps[ok])), 1.0)
     agree = np.abs(x - med) <= tol * med
     return "collective" if agree.mean() >= COLLECTIVE_SHARE else "independent"
 
@@ -313,7 +325,7 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
     if sig is not None:
         with np.errstate(invalid="ignore", divide="ignore"):
             mean_step = np.where(steps > 0, sig.step_sum_us / np.maximum(steps, 1), np.nan)
-        mode = infer_mode(mean_step, steps >= cfg.min_steps, cfg, steps)
+        mode = infer_mode(mean_step, steps >= cfg.min_steps, cfg, steps, _spread(cs.step_time, n))
     if mode == "":
         mode = infer_mode(step_p50, step_n >= cfg.min_steps, cfg)
 
