@@ -8,8 +8,10 @@
  * libraries are mapped, as a DataLoader's workers are) through a pipe and blocks until it
  * answers, which it does after that long; --peer-port asks a TCP peer on 127.0.0.1 the same
  * way (the peer decides how long it takes). Each step's duration, from one step's last
- * synchronize return to the next, and the time it blocked for its input go to --log
- * ("<step ns> <wait ns>" per line): what the agent must find.
+ * synchronize return to the next, and the time it was blocked waiting for its input go to --log
+ * ("<step ns> <blocked ns>" per line): what the agent must find. Blocked is the wait's wall time
+ * less what the thread spent on a CPU or waiting for one meanwhile (its schedstat), so a loaded
+ * machine's wake-up latency is not counted as waiting for the input.
  *
  *   fakecuda-steploop --steps N --step-us U [--spread S] [--syncs 1|2|3] [--seed X]
  *                     [--child-wait-us W | --peer-port P] [--spin] --log FILE [--wait-stdin]
@@ -40,6 +42,16 @@ static const double SYNC_US[3] = {400, 900, 60};      /* each phase's spin insid
 static double gauss(void) {                            /* Box-Muller on drand48 */
     double u = drand48(), v = drand48();
     return sqrt(-2.0 * log(u > 1e-12 ? u : 1e-12)) * cos(2 * M_PI * v);
+}
+
+/* This thread's (time on a CPU, time waiting for one) so far, ns (/proc/thread-self/schedstat);
+ * zeros where the kernel has no schedstats. */
+static void schedstat(long long *run, long long *queued) {
+    *run = *queued = 0;
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    if (!f) return;
+    if (fscanf(f, "%lld %lld", run, queued) != 2) *run = *queued = 0;
+    fclose(f);
 }
 
 static void sleep_ns(long long ns) {
@@ -115,9 +127,13 @@ int main(int argc, char **argv) {
         if (child > 0 || peer >= 0) {
             char c = 'x';
             int out_fd = child > 0 ? req[1] : peer, in_fd = child > 0 ? resp[0] : peer;
+            long long run0, q0, run1, q1;
+            schedstat(&run0, &q0);
             long long t0 = fakecuda_now_ns();
             if (write(out_fd, &c, 1) != 1 || read(in_fd, &c, 1) != 1) { perror("input"); return 2; }
             waited = fakecuda_now_ns() - t0;
+            schedstat(&run1, &q1);
+            waited -= (run1 - run0) + (q1 - q0);
         }
         for (int j = 0; j < syncs; j++) {
             for (int k = 0; k < 10; k++) cudaLaunchKernel((const void *)main, g, b, NULL, 0, NULL);
