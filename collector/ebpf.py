@@ -52,14 +52,18 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
-
 from hypertrace.collector import prereqs
-from hypertrace.collector.prereqs import uprobe_links_supported
 from hypertrace.collector.apis import library_kind
+from hypertrace.collector.prereqs import uprobe_links_supported
 from hypertrace.collector.steps import BoundaryEvents
-from hypertrace.proto.apis import ENTRY_ONLY_KINDS, PERIODIC_KINDS, PROBED_APIS, ProbedApi
 from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.proto.apis import (
+    ENTRY_ONLY_KINDS,
+    PERIODIC_KINDS,
+    PROBED_APIS,
+    ProbedApi,
+)
 from hypertrace.proto.wire import pack_histogram
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hypertrace.collector.marker import load, step
 
@@ -98,5 +98,9 @@ def __getattr__(name: str) -> type:
                                {"__module__": __name__, "__qualname__": name, "__doc__": doc})
         return _made[name]
 
+
+if TYPE_CHECKING:                   # made by __getattr__ at first access
+    HypertraceStepCallback: type
+    HypertraceTrainerCallback: type
 
 __all__ = ["HypertraceStepCallback", "HypertraceTrainerCallback"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import sys
 import threading
 from pathlib import Path
 from typing import Callable
@@ -43,6 +42,7 @@ FLAGS = ["-O2", "-shared", "-fPIC"]
 _lock = threading.Lock()
 _call: Callable[[], object] | None = None     # the loaded function, or _disabled after a failure
 _path: Path | None = None
+_in_process: Callable[[], object] | None = None   # the in-process CUPTI backend's mark
 
 
 def _disabled() -> None:
@@ -94,9 +94,16 @@ def step() -> None:
         load()
         call = _call
     call()
-    cupti = sys.modules.get("hypertrace.collector.cupti")
-    if cupti is not None:
-        cupti.mark_step()
+    tell = _in_process
+    if tell is not None:
+        tell()
 
 
-__all__ = ["LIBRARY_STEM", "SYMBOL", "library_path", "load", "step"]
+def in_process(mark: Callable[[], object] | None) -> None:
+    """Have ``step()`` also call ``mark`` (None: stop): the in-process CUPTI backend registers
+    itself here when it starts (hypertrace.daemon.cupti)."""
+    global _in_process
+    _in_process = mark
+
+
+__all__ = ["LIBRARY_STEM", "SYMBOL", "in_process", "library_path", "load", "step"]

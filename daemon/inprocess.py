@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Callable
 
 from hypertrace.collector.attribution import Attribution
-
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import local
 from hypertrace.proto.wire import WIRE_VERSION, WireError, accept_window

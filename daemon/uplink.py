@@ -39,12 +39,10 @@ import os
 import random
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
 import grpc
-
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.backoff import Backoff
 from hypertrace.proto.transport import TlsFiles, TransportError, diagnose
@@ -216,13 +214,14 @@ class Uplink:
     """
 
     def __init__(self, spool: Spool, target: str | None = None, *,
-                 channel: grpc.Channel | None = None, backoff: Backoff = Backoff(),
+                 channel: grpc.Channel | None = None, backoff: Backoff | None = None,
                  idle_close: float = IDLE_CLOSE_S, seed: int | None = None,
                  credentials: grpc.ChannelCredentials | None = None,
                  tls_files: TlsFiles | None = None,
                  on_fatal: Callable[[str], None] | None = None):
         if channel is None and not target:
             raise ValueError("Uplink needs an analyzer target HOST:PORT or a channel")
+        backoff = backoff if backoff is not None else Backoff()
         self.spool = spool
         self.target = target
         self._own_channel = channel is None

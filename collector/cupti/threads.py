@@ -15,7 +15,6 @@ the usual loop, the two agree. There is no run-queue latency histogram in proces
 from __future__ import annotations
 
 import numpy as np
-
 from hypertrace.collector.ebpf import SchedSample
 from hypertrace.proto import buckets
 

@@ -106,7 +106,7 @@ def _mlp(layers: int = 24, width: int = 256):
 
 def child_calibrate(sock: str) -> dict:
     import torch  # noqa: F401
-    from hypertrace.collector import cupti
+    from hypertrace.daemon import cupti
     step = _mlp()
     for _ in range(30):
         step()
@@ -129,19 +129,19 @@ def child_calibrate(sock: str) -> dict:
         arms["unsubscribed"].append(timed(2.5))
         b.resume()
         deadline = time.time() + 5
-        while not b.recorder.subscribed() and time.time() < deadline:
+        while not b.probes.recorder.subscribed() and time.time() < deadline:
             time.sleep(0.05)
         with b._lock:                              # the backend's own thread slices too:
-            b.governor.credit_s = -1e9             # starve its account so only we switch
+            b.loop.governor.credit_s = -1e9        # starve its account so only we switch
         arms["always tier"].append(timed(2.5))
         with b._lock:
-            b.recorder.enable(b._sliced, True)
+            b.probes.recorder.enable(b.probes._sliced, True)
         arms["launch forced on"].append(timed(2.5))
         with b._lock:
-            b.recorder.enable(b._sliced, False)
+            b.probes.recorder.enable(b.probes._sliced, False)
     med = {k: statistics.median(v) for k, v in arms.items()}
     base = med["unsubscribed"]
-    return {"libcupti": b.recorder.error() or "loaded", "apis": st.apis,
+    return {"libcupti": b.probes.recorder.error() or "loaded", "apis": st.apis,
             "probe_cost_ns": st.probe_cost_ns, "cost_measured": st.cost_measured,
             "step_ms": arms, "ratio": {k: v / base for k, v in med.items()},
             "frames": _summary(frames),
@@ -158,7 +158,7 @@ def _kernels_in_trace(prof, path: str) -> int:
 def child_profiler(sock: str) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
-    from hypertrace.collector import cupti
+    from hypertrace.daemon import cupti
     os.environ["HYPERTRACE_CUPTI_RETRY_S"] = "2"
     step = _mlp(layers=4)
     for _ in range(10):
@@ -193,13 +193,13 @@ def child_profiler(sock: str) -> dict:
 def child_pause(sock: str) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
-    from hypertrace.collector import cupti
+    from hypertrace.daemon import cupti
     os.environ["HYPERTRACE_CUPTI_RETRY_S"] = "2"
     step = _mlp(layers=4)
     hub = _hub(sock)
     b = cupti.start()
     before = _collect(hub, 6.0, step)
-    subscribed_before = b.recorder.subscribed()
+    subscribed_before = b.probes.recorder.subscribed()
     cupti.pause()
     n = 0
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -219,7 +219,7 @@ def child_pause(sock: str) -> dict:
 
 def child_graphs(sock: str) -> dict:
     import torch
-    from hypertrace.collector import cupti
+    from hypertrace.daemon import cupti
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)]).cuda().eval()
     static_in = torch.randn(32, 512, device="cuda")
