@@ -1,6 +1,6 @@
 """Overhead governor: keeps what the probes cost each training process under the budget.
 
-The probes come in two tiers (daemon/agent.py):
+The probes come in two tiers (collector/uprobe_backend.py, collector/cupti/probes.py):
 
 * the **always** tier: the periodic APIs of each probed process (synchronize, graph launch, the
   step marker), attached for the process's whole life. They mark step boundaries, which is how
