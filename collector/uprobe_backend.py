@@ -1,21 +1,11 @@
 """The node's training processes under uprobes: which probes each one carries, and when.
 
 The eBPF backend of the window loop (daemon/window_loop.py). Only processes attributed to a job
-are probed (their environment names one, collector/attribution.py) unless
-``probe_unattributed``: a monitoring daemon that maps libcuda is none of our business, and on a
-node shared by several jobs (or several agents) each agent probes only its own ranks.
-
-Two probe tiers per process (collector/governor.py has the cost model):
-
-* **Always** (from the scan that finds the process until it exits): the periodic-kind APIs of
-  the libraries it maps (synchronize, graph launch, the step marker), attached for that pid
-  only, plus scheduler tracking. They give the step time and the run-queue wait every window.
-* **Sliced**: the launch APIs (and any demoted periodic API), attached for all probed
-  processes in one slice per sampled window and removed together with ``detach_many``.
-
-A process found after the slice began joins the next sampled window (its always tier attaches
-at once). A library that cannot be attached is logged and retried later, never fatal; a
-process that vanishes mid-scan is simply gone.
+are probed unless ``probe_unattributed`` (docs/design.md, "The agent probes only processes that
+belong to a job"). Each carries two tiers (docs/design.md, "Probe tiers"): the **always** tier,
+its periodic APIs and scheduler tracking, attached from the scan that finds it until it exits;
+and the **sliced** tier, its launch APIs, attached to every probed process for the loop's slice
+and removed together. A library that cannot be attached is logged and retried, never fatal.
 """
 from __future__ import annotations
 

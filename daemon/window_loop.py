@@ -1,23 +1,13 @@
 """The governed window loop: one loop for both probe backends (uprobes and CUPTI callbacks).
 
-Windows are ``window_s`` long and aligned to wall-clock multiples of it, so every node's window
-``i = start // window`` is the same stretch of time::
-
-    |---guard---|...........[ slice: sliced tier on ]...........|---guard---|
-    [always tier on .........................................................]
-    at the end: backend.read -> StepFinder per process -> build_window -> the sink;
-    the account pays what was counted
-
-The governor (collector/governor.py) plans whether window ``i`` holds a slice, where and how
-long; the offset is a function of ``i`` alone (collector/schedule.py), so every process of a job
-slices at the same moment with no traffic. Each process's window says whether it was sampled,
-or why not: the backend's reason (paused, standby, cupti_busy, ...), the plan's (budget,
-off_cadence), detaching (the previous window overran past this one's slice moment),
-new_process, attach_failed, no_calls, stopping.
-
-The backend (:class:`ProbeBackend`) switches its tiers and reads its counters; the sink
-(:class:`WindowSink`) names and takes the window. An error inside one window is logged and the
-loop goes on with the next; a stop ends the window in progress early and delivers it.
+Windows are aligned to wall-clock multiples of ``window_s``, so window ``i`` is the same stretch
+of time on every node. In each, the governor (collector/governor.py) plans whether it holds a
+slice, at an offset that depends on ``i`` alone (collector/schedule.py); at its end the loop
+reads the backend, finds each process's steps, builds the window (daemon/windows.py), pays the
+account and hands the window to the sink. Each process says whether its slice sampled it, or
+why not (``_reason``). The backend (:class:`ProbeBackend`) switches its tiers and reads its
+counters; the sink (:class:`WindowSink`) names and takes the window. An error inside a window is
+logged and the next goes on; a stop ends the window in progress early and delivers it.
 """
 from __future__ import annotations
 

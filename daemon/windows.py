@@ -1,21 +1,11 @@
 """Assemble one :class:`pb.NodeWindow` from what a window measured.
 
-Numbering is not done here: the analyzer deduplicates on ``(agent_id, seq)``, so ``seq`` must keep
-increasing across agent restarts. The uplink's spool already persists its high-water seq next to
-the spooled windows (daemon/uplink.py, ``Uplink.next_seq()``), and the agent takes seqs from it.
-
-Why the overhead per process: the probe's cost lands on the process that makes the calls, so
-each process reports the price *it* paid this window: ``(probe cost x its probe firings + its
-fixed attach/detach costs) / window length`` (collector.governor.measured_overhead: counted
-firings, both tiers, so it includes probes still live while a detach was in progress).
-``call_rate_hz`` is the process's probe firings per second while attached (the sliced tier over
-its attached seconds plus the always tier over the window), nested driver calls included;
-``duty`` is the sliced tier's attached share of the window.
-
-Beside the API latencies a process window carries what the always-on tier saw
-(:class:`ProcessProbe`): the scheduler evidence of its active threads (``sched``), its steps
-(``steps`` and the ``step_time`` histogram, collector/steps.py), and whether the coordinated
-slice sampled it, or why not (``Overhead.sampled`` / ``unsampled_reason``).
+Each process reports the overhead it paid itself: ``(probe cost x its firings + its fixed
+attach/detach costs) / window`` (collector.governor.measured_overhead), because the probe's cost
+lands on the process that makes the calls. Beside the API latencies a process window carries
+what the always tier saw (:class:`ProcessProbe`): scheduler evidence, steps, loader workers and
+whether the slice sampled it, or why not. Numbering is the uplink's (``Uplink.next_seq``): the
+analyzer dedups on ``(agent_id, seq)``, so seq must keep increasing across restarts.
 """
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """This process's CUPTI callbacks as a probe backend of the window loop (daemon/window_loop.py).
 
-The same two tiers as the uprobes (collector/uprobe_backend.py): the **always** tier
-(synchronize and graph-launch callbacks) stays enabled and gives the step boundaries; the
-**sliced** tier (the launch callbacks) is enabled only for the loop's coordinated slices.
-
-**The cost.** What one callback pair costs is measured in process (:meth:`CuptiProbes.calibrate`):
-``cudaGetDevice`` (cheap, no side effect) is timed with its callbacks off and on, and the
-difference is the price of a call (CUPTI's dispatch plus the recorder). Until then a
-conservative :data:`DEFAULT_COST_NS` is charged.
-
-**Coexistence.** CUPTI has one subscriber per process. When another tool holds it (a profiler,
-Nsight), subscribing does not fail: the windows say ``cupti_busy`` and name the holder, the log
-says it once, and subscribing is retried every ``retry_s``. :meth:`CuptiProbes.pause`
-unsubscribes at once, so a user can start a profiler.
+The tiers are the uprobes': the **always** tier (synchronize and graph-launch callbacks) stays
+enabled and gives the step boundaries; the **sliced** tier (launch callbacks) is on only in the
+loop's slices. A callback pair's price is measured in process (:meth:`CuptiProbes.calibrate`:
+``cudaGetDevice`` timed with its callbacks off and on); until then :data:`DEFAULT_COST_NS` is
+charged. CUPTI has one subscriber per process: when another tool holds it, the windows say
+``cupti_busy`` and name the holder, and subscribing is retried every ``retry_s``.
 """
 from __future__ import annotations
 

@@ -1,24 +1,15 @@
-"""The in-process CUPTI backend: the same windows as the eBPF probes, where eBPF is not allowed.
+"""The in-process CUPTI backend: the windows of the eBPF probes, where eBPF is not allowed.
 
-Many fleets run training where nobody grants a node agent CAP_BPF or CAP_PERFMON (Kubernetes
-pods, managed clusters). There the training process measures itself through CUPTI's Callback
-API and hands a window to the node agent every window (or, with no agent, to the analyzer)::
+Where nobody grants a node agent BPF capabilities (Kubernetes pods, managed clusters), the
+training process measures itself through CUPTI's Callback API and hands a window to the node
+agent every window (or, with no agent, to the analyzer)::
 
     from hypertrace.daemon import cupti
     cupti.start()                 # at the top of the training script, before graph capture
 
-or, without touching the script::
-
-    python -m hypertrace.daemon.cupti -- python train.py ...
-    hypertrace cupti run -- torchrun ... train.py
-
-The probes (the recorder, its binding, the tiers) are collector/cupti; the runtime here
-(runtime.py) runs the window loop in a thread and keeps the link to the agent. Nothing here
-imports CUDA: on a machine without libcupti, :func:`start` raises :class:`CuptiUnavailable`
-naming what to install.
-
-One backend per process: CUPTI has one subscriber slot per process, so the backend is a
-process-wide singleton kept here (guarded by a lock).
+or ``python -m hypertrace.daemon.cupti -- CMD`` / ``hypertrace cupti run -- CMD``. The probes
+are collector/cupti; runtime.py runs the window loop and the link. CUPTI has one subscriber per
+process, so the backend is a process-wide singleton kept here (under a lock).
 """
 from __future__ import annotations
 
