@@ -42,8 +42,10 @@ Defaults and why:
   scored at all; a median of two or three values says nothing about which one is odd.
 * ``persist_k`` 3 / ``persist_n`` 5: a GPU flagged in 3 of its last 5 scored epochs is a
   ``straggler``; flagged now but not (yet) persistent is ``suspect``.
-* ``clear_m`` 3: a straggler is cleared only after 3 consecutive clean epochs (hysteresis), so a
-  flapping node does not toggle verdicts every window; 30 s at the default window. It is also
+* ``clear_m`` 2: a straggler is cleared only after 2 consecutive clean epochs (hysteresis), so a
+  flapping node does not toggle verdicts every window; a recovered node reads healthy 20-30 s
+  after its fault ends at the default window (the window the fault ended in, two clean ones and
+  the grace; measured on an H200: 39 s with 3). It is also
   the gap that separates two slow episodes (the intermittent rule holds a straggler only for
   two or more), and how many of its job's scored epochs a GPU may send nothing before it is
   ``no_data`` (analyzer/persistence.py).
@@ -112,7 +114,7 @@ class ScoringConfig:
     min_gpus: int = 4
     persist_k: int = 3
     persist_n: int = 5
-    clear_m: int = 3
+    clear_m: int = 2
     intermittent_k: int = 6
     intermittent_n: int = 20
     spike_threshold: float = 0.5

@@ -2,8 +2,9 @@
 
 Why: a single bad window is a spike, not a straggler. A GPU flagged in the current epoch is
 ``suspect``; flagged in ``persist_k`` of its last ``persist_n`` *scored* epochs it is a
-``straggler``; a straggler stays one until it has ``clear_m`` consecutive clean epochs *and* its
-window of the last n no longer holds k flags.
+``straggler``; a straggler stays one until it has ``clear_m`` consecutive clean epochs (then the
+k of n counts no more: the episode ended, and a recovered node reads healthy in ``clear_m``
+windows).
 
 **Intermittent slowness.** A node slow in 30% of the windows (a flapping link, a periodic
 neighbour) rarely shows 3 flags in 5 windows. So a second, longer rule: flagged in
@@ -146,16 +147,18 @@ class PersistenceState:
         long_hist = ((self.long_history[r] << np.uint64(1)) | f.astype(np.uint64)) & long_mask
         self.long_history[r] = long_hist
         spent = (self.spent[r] << np.uint64(1)) & long_mask
-        persistent = _popcount(hist) >= cfg.persist_k
         need = max(cfg.intermittent_k, cfg.persist_k)
         live = streak < cfg.clear_m               # its latest episode has not ended
+        # k of the last n, while the episode lasts: clear_m clean windows end it, even when the
+        # last n still hold k of its flags (a fault that ended is over in clear_m windows)
+        persistent = live & (_popcount(hist) >= cfg.persist_k)
         # the long rule convicts on flags no cleared episode spent, while they keep coming ...
         fresh = live & (_popcount(long_hist & ~spent) >= need)
         # ... and holds a straggler whose slowness came back after a clearing stretch
         recurring = ((_popcount(long_hist) >= need)
                      & (_episodes(long_hist, long_mask, cfg.clear_m) >= 2))
         was = self.state[r] == STRAGGLER
-        keep = was & (live | persistent | recurring)
+        keep = was & (live | recurring)
         convicted = persistent | fresh | keep
         new = np.where(convicted, STRAGGLER, np.where(f, SUSPECT, HEALTHY))
         self.state[r] = new.astype(np.int8)

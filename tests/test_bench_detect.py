@@ -126,8 +126,11 @@ def test_a_recovered_node_convicted_again_or_late_to_clear_fails_the_run():
                             final_verdicts={"node-0001": final})
     name = ("recover-hiccup: cleared within clear_m windows of its fault's end, not convicted "
             "again by its one slow window, healthy at the end")
-    assert _checks({("recover-hiccup", 64): [run([2, 3, 4, 5, 6], "healthy")]})[name][0]
-    assert not _checks({("recover-hiccup", 64): [run([2, 3, 4, 5, 6, 7], "healthy")]})[name][0]
+    from hypertrace.analyzer.config import ScoringConfig
+    healthy_at = 4 + ScoringConfig().clear_m          # the fault's last window is 4
+    on_time, late = list(range(2, healthy_at)), list(range(2, healthy_at + 1))
+    assert _checks({("recover-hiccup", 64): [run(on_time, "healthy")]})[name][0]
+    assert not _checks({("recover-hiccup", 64): [run(late, "healthy")]})[name][0]
     assert not _checks({("recover-hiccup", 64): [run([2, 3, 4, 10, 11], "healthy")]})[name][0]
     assert not _checks({("recover-hiccup", 64): [run([2, 3, 4], "straggler")]})[name][0]
 

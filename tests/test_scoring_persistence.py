@@ -195,7 +195,7 @@ def _node_verdicts(cfg, node: str) -> list[set[str]]:
 
 def test_engine_a_fault_that_ended_clears_within_clear_m_windows_and_a_hiccup_does_not_reconvict():
     """A node 25% slow for five windows (50 s), then healthy, then one slow window: convicted
-    during the fault, healthy by the clear_m-th clean window after it (30 s at the defaults), and
+    during the fault, healthy by the clear_m-th clean window after it (20 s at the defaults), and
     the one slow window later leaves it at most suspect."""
     from hypertrace.sim.simulate import SimConfig, Straggler
     node = "node-0006"

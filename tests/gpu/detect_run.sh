@@ -15,11 +15,13 @@ out=${1:?usage: detect_run.sh OUT_DIR}
 mkdir -p "$out"
 CLEAN_COL=${CLEAN_COL:-240} CLEAN_IND=${CLEAN_IND:-60} FAULT=${FAULT:-65} RECOVER=${RECOVER:-40}
 here=$(cd "$(dirname "$0")" && pwd)
-python3 "$here/fault_matrix.py" --mode collective --gpu 0 --cores 0-7 --agent-cores 8-15 \
+python3 "$here/fault_matrix.py" --mode collective --gpu 0 --cores 0-7 --agent-cores 14-15 \
+  --loader-cores 8-13 \
   --out "$out/collective" --clean-s "$CLEAN_COL" --fault-s "$FAULT" --recover-s "$RECOVER" \
   --loader-faults >"$out/collective.log" 2>&1
 echo "collective rc=$?" >>"$out/status"
-python3 "$here/fault_matrix.py" --mode independent --gpu 0 --cores 0-7 --agent-cores 8-15 \
+python3 "$here/fault_matrix.py" --mode independent --gpu 0 --cores 0-7 --agent-cores 14-15 \
+  --loader-cores 8-13 \
   --out "$out/independent" --clean-s "$CLEAN_IND" --fault-s "$FAULT" --recover-s "$RECOVER" \
   >"$out/independent.log" 2>&1
 echo "independent rc=$?" >>"$out/status"

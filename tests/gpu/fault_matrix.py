@@ -1,5 +1,6 @@
 """One fault-matrix run: ONE mode on ONE GPU, 8 emulated ranks each watched by its own agent,
-real faults on rank 5 mid-run, the analyzer's report polled throughout.
+real faults mid-run (each on a rank of its own, FAULT_RANKS), the analyzer's report polled
+throughout.
 
 Usage (GPU box, root, repo root, after `source tests/gpu/device_env.sh`):
     python3 tests/gpu/fault_matrix.py --mode independent --gpu 0 --cores 0-7 \
@@ -25,7 +26,8 @@ What it does:
      this script to --agent-cores so they never share a core with a rank;
   4. the schedule: startup (until the report lists all 8 GPUs), clean (--clean-s), cpu_hog (a
      Python busy loop pinned to rank 5's core, --fault-s), recover_cpu (--recover-s), gpu_extra
-     (rank 5's --extra-gpu-file exists: +15% GPU work per step, --fault-s), recover_gpu;
+     (rank 2's --extra-gpu-file exists: +15% GPU work per step, --fault-s), recover_gpu; with
+     --loader-faults, rank 6's input-pipeline faults;
   5. every --poll-s (5) the report (what `hypertrace report --format json` prints) with a
      timestamp, to reports.jsonl;
   6. at the end: agents, ranks and the analyzer stopped; the analyzer's stored windows flattened
@@ -56,6 +58,9 @@ import matrix_report  # noqa: E402  (sibling script)
 
 RANKS = 8
 FAULT_RANK = 5
+#: Each fault on a rank of its own: a rank slow in two episodes within 20 windows is held as
+#: intermittent by design, so faults on one rank would not show each one clearing.
+FAULT_RANKS = {"cpu_hog": 5, "gpu_extra": 2, "loader": 6}
 #: Input-pipeline faults (--loader-faults): phase name, jitter_loop.py's flag file.
 LOADER_FAULTS = (("loader_one_worker", "one-worker"), ("loader_in_process", "in-process"),
                  ("loader_slow_reads", "slow-reads"))
@@ -123,6 +128,9 @@ def add_common_args(ap: argparse.ArgumentParser, cores: str = "0-7") -> None:
     ap.add_argument("--loop", type=Path, default=HERE / "launch_bound_loop.py",
                     help="the rank program (default launch_bound_loop.py; a CPU stand-in with the "
                          "same flags rehearses the harness without a GPU)")
+    ap.add_argument("--loader-cores", default="",
+                    help="cores for the ranks' loader workers (jitter_loop.py --loader-cpus); "
+                         "'' leaves them on their rank's core")
     ap.add_argument("--loop-arg", action="append", default=[],
                     help="one more argument for every rank program (repeat it; e.g. "
                          "--loop-arg=--device --loop-arg=cpu to rehearse jitter_loop.py)")
@@ -267,7 +275,7 @@ class Harness:
         raise RuntimeError("analyzer did not say 'listening' within 60 s")
 
     def start_ranks(self, seconds: float, mode: str = "independent", extra_rank: int | None = None,
-                    ranks: int = RANKS) -> None:
+                    ranks: int = RANKS, loader_rank: int | None = None) -> None:
         """``ranks`` loops pinned one per core of --cores on --gpu; waits until all are warm."""
         a = self.args
         master_port = getattr(a, "master_port", 0) or free_port()
@@ -281,9 +289,12 @@ class Harness:
                    "--ready-file", str(self.work / f"ready-{i}")]
             if i == extra_rank:
                 cmd += ["--extra-gpu-file", str(self.work / "slow-gpu")]
-                if getattr(a, "loader_faults", False):
-                    (self.work / "loader-faults").mkdir(exist_ok=True)
-                    cmd += ["--loader-fault-dir", str(self.work / "loader-faults")]
+            if i == (extra_rank if loader_rank is None else loader_rank) and getattr(
+                    a, "loader_faults", False):
+                (self.work / "loader-faults").mkdir(exist_ok=True)
+                cmd += ["--loader-fault-dir", str(self.work / "loader-faults")]
+            if getattr(a, "loader_cores", ""):
+                cmd += ["--loader-cpus", a.loader_cores]
             cmd += list(getattr(a, "loop_arg", []))
             if getattr(a, "marker", False):
                 cmd.append("--marker")
@@ -424,13 +435,14 @@ def run(args: argparse.Namespace) -> int:
     loader_faults = LOADER_FAULTS if args.loader_faults else ()
     total = args.clean_s + (2 + len(loader_faults)) * (args.fault_s + args.recover_s)
     poller = None
-    hog_core = args.rank_cores[FAULT_RANK]
+    hog_core = args.rank_cores[FAULT_RANKS["cpu_hog"]]
     t_start = time.time()
     try:
         target = h.start_analyzer()
         print(f"[{args.mode}] analyzer at {target}; work dir {work}", flush=True)
         h.begin("startup")
-        h.start_ranks(total + args.startup_timeout + 120, args.mode, FAULT_RANK)
+        h.start_ranks(total + args.startup_timeout + 120, args.mode, FAULT_RANKS["gpu_extra"],
+                      loader_rank=FAULT_RANKS["loader"])
         h.start_agents(target, range(RANKS))
         poller = Poller(h, target, work / "reports.jsonl")
         poller.start()
@@ -478,6 +490,8 @@ def run(args: argparse.Namespace) -> int:
     phases = [p for p in h.phases if p["name"] not in ("startup", "teardown")]
     meta = {"mode": args.mode, "job": h.job, "gpu": args.gpu, "ranks": RANKS,
             "fault_rank": FAULT_RANK, "nodes": [f"node-{i}" for i in range(RANKS)],
+            "fault_ranks": {"cpu_hog": FAULT_RANKS["cpu_hog"], "gpu_extra": FAULT_RANKS["gpu_extra"],
+                            **{phase: FAULT_RANKS["loader"] for phase, _ in LOADER_FAULTS}},
             "window_s": args.window, "poll_s": args.poll_s, "rank_cores": args.rank_cores,
             "agent_cores": args.agent_core_list, "phases": phases, "all_phases": h.phases,
             "clean_ms_at_start": {i: (work / f"ready-{i}").read_text().strip()

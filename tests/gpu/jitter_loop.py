@@ -21,8 +21,11 @@ Faults, each while its file exists:
   --loader-fault-dir DIR  DIR/one-worker: batches from a DataLoader with 1 worker instead of 4;
                           DIR/in-process: from one with num_workers=0 (the loop loads them);
                           DIR/slow-reads: every read takes 3x as long (a slow disk).
---cpu N pins the process, and every thread and worker it starts later, to core N (a CPU hog
-  pinned to that core contends with exactly this rank). --marker calls hypertrace's step marker
+--cpu N pins the process, and every thread it starts later, to core N (a CPU hog pinned to that
+  core contends with exactly this rank); --loader-cpus moves its loader workers to other cores
+  (as on a GPU node, where the workers do not share the rank's core; pinned with the rank, 4
+  workers made every rank wait for a CPU 35-70% of the time on an H200). --marker calls
+  hypertrace's step marker
   once per step. --standin-cuda LIB (rehearsal without a GPU, with --device cpu): calls the
   stand-in libcudart's cudaStreamSynchronize where the GPU loop synchronizes, so the agents'
   uprobes see the same boundaries (tests/fakecuda).
@@ -54,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256, help="mean sequence length (+-30%% per step)")
     ap.add_argument("--workers", type=int, default=4, help="DataLoader worker processes")
+    ap.add_argument("--loader-cpus", default=None,
+                    help="cores for the loader workers, e.g. 8-13 (default: the rank's own)")
     ap.add_argument("--stall-p", type=float, default=0.02, help="stalls per item read")
     ap.add_argument("--extra-gpu-file", default=None,
                     help="while this file exists, batches are --extra-fraction longer")
@@ -101,6 +106,15 @@ class Items:
         return (x - x.mean()) / (x.std() + 1e-6)
 
 
+def _cores(spec: str) -> set[int]:
+    """'8-13' or '8,10-11' -> a set of core numbers."""
+    out: set[int] = set()
+    for part in spec.split(","):
+        a, _, b = part.partition("-")
+        out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
 def main() -> None:
     args = parse_args()
     if args.cpu is not None:
@@ -137,10 +151,12 @@ def main() -> None:
     faults = args.loader_fault_dir
 
     def train_step(x) -> None:
+        x = x.to(dev, non_blocking=True)
         if extra is not None and os.path.exists(extra):
+            # on the device: the CPU side (the copy from pinned memory) stays as it was
             n = x.shape[1]
             x = torch.cat([x, x[:, :round(n * args.extra_fraction)]], dim=1)
-        loss = model(x.to(dev, non_blocking=True)).float().square().mean()
+        loss = model(x).float().square().mean()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -167,11 +183,18 @@ def main() -> None:
         bare.append(time.perf_counter() - t0)
     read_s = statistics.median(bare) * args.workers / args.batch / 2
 
+    loader_cpus = _cores(args.loader_cpus) if args.loader_cpus else None
+
+    def worker_init(_: int) -> None:
+        if loader_cpus:
+            os.sched_setaffinity(0, loader_cpus)
+
     def loader(workers: int) -> DataLoader:
         items = Items(args, read_s, os.path.join(faults, "slow-reads") if faults else None)
         return DataLoader(items, batch_size=args.batch, num_workers=workers,
                           pin_memory=dev.type == "cuda", persistent_workers=workers > 0,
-                          prefetch_factor=2 if workers > 0 else None)
+                          prefetch_factor=2 if workers > 0 else None,
+                          worker_init_fn=worker_init if workers > 0 else None)
 
     feeds = {"normal": iter(loader(args.workers))}
     if faults:
