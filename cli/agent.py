@@ -72,7 +72,7 @@ def register(subparsers) -> None:
     p.add_argument("--backend", choices=["auto", "ebpf", "cupti"],
                    help="auto (default): eBPF uprobes where the host allows them, else windows "
                    "from in-process CUPTI backends only; ebpf: uprobes or fail; cupti: in-process "
-                   "backends only (training started with `python -m hypertrace.collector.cupti "
+                   "backends only (training started with `python -m hypertrace.daemon.cupti "
                    "-- ...`)")
     p.add_argument("--cupti-socket", metavar="PATH",
                    help="Unix socket for in-process CUPTI backends (default "

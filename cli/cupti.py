@@ -5,13 +5,13 @@
     hypertrace cupti resume [--pid PID] [--socket PATH]
 
 ``run`` starts CMD with the backend started in each of its Python processes (the same as
-``python -m hypertrace.collector.cupti -- CMD``); each connects to the node agent's socket and
+``python -m hypertrace.daemon.cupti -- CMD``); each connects to the node agent's socket and
 hands it a window every window. Put it in front of the training command: ``hypertrace cupti run
 -- torchrun --nproc-per-node 8 train.py``.
 
 ``pause`` asks the agent to make the backend of PID (default: every process you may control)
 unsubscribe from CUPTI, so that a profiler (torch.profiler, Nsight Systems) can take CUPTI's one
-subscriber slot; ``resume`` undoes it. In code, ``hypertrace.collector.cupti.pause()`` and
+subscriber slot; ``resume`` undoes it. In code, ``hypertrace.daemon.cupti.pause()`` and
 ``resume()`` do the same for the calling process.
 
 Exit status: 0 done, 1 no agent on the socket, 2 usage error or nothing to control.
@@ -44,7 +44,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hypertrace.collector.cupti.__main__ import main as run_main
+    from hypertrace.daemon.cupti.__main__ import main as run_main
     argv = []
     if args.socket:
         argv += ["--socket", args.socket]

@@ -12,7 +12,6 @@ import re
 
 from hypertrace.proto.apis import PERIODIC_KINDS, PROBED_APIS, ProbedApi
 
-
 LIBRARY_KINDS = ("cudart", "cuda", "marker")
 
 _LIB_PATTERNS = (

@@ -1,31 +1,12 @@
-"""Who is a process: job id, rank, local rank and GPU, read from its environment and NVML.
+"""Who a process is: job id, rank, local rank, GPU and workload group, from its environment.
 
-Why the environment: every launcher (torchrun, Slurm, Open MPI) already tells each rank who it
-is through environment variables, so reading ``/proc/PID/environ`` needs no code change in the
-training job. The analyzer compares GPUs only inside one job, so the job id decides who is
-compared with whom: a process with no job variable gets a job of its own
-(``unattributed:<node>:<pid>``) and is never compared with unrelated processes.
-
-Job id, first match wins, order configurable (``job_env`` in the agent config):
-``HYPERTRACE_JOB``, ``SLURM_JOB_ID``, ``TORCHELASTIC_RUN_ID``, then ``MASTER_ADDR:MASTER_PORT``
-(an entry with ``:`` joins several variables and matches only when all are set).
-
-Rank: ``RANK``, ``SLURM_PROCID``, ``OMPI_COMM_WORLD_RANK``. Local rank: ``LOCAL_RANK``, then
-``SLURM_LOCALID``, ``OMPI_COMM_WORLD_LOCAL_RANK``. Unknown is -1, as on the wire.
-
-GPU: NVML's running-process list where a driver exists (the truth: it is what the process
-actually opened). Otherwise ``CUDA_VISIBLE_DEVICES`` and the local rank: with one visible
-device that device; with several, entry ``local_rank``; unset, device ``local_rank``.
-An entry that is a UUID (``GPU-...``, ``MIG-...``) fills ``gpu_uuid`` instead of the index.
-
-Workload group (ranks that do the same work, such as one pipeline stage): the analyzer compares
-a GPU only with the GPUs of its own group, and reports a whole group that deviates as
-*imbalance*, never as a straggler (a pipeline's last stage often does more work). No launcher
-exports a pipeline stage, so the job says it, one of two ways:
-``HYPERTRACE_GROUP`` (any label, per rank), or ``HYPERTRACE_PIPELINE_STAGES=N`` (the same for
-every rank: the pipeline-parallel size). With the latter the stage is ``rank // (world / N)``,
-Megatron-LM's layout, where the pipeline is the outermost dimension of the rank grid; the world
-size comes from ``WORLD_SIZE``, ``SLURM_NTASKS`` or ``OMPI_COMM_WORLD_SIZE``.
+Every launcher (torchrun, Slurm, Open MPI) already tells each rank who it is in environment
+variables, so reading ``/proc/PID/environ`` needs no change to the training job. The job id
+decides who is compared with whom: a process with no job variable gets a job of its own
+(``unattributed:<node>:<pid>``). The GPU comes from NVML where a driver exists (what the process
+opened), else from ``CUDA_VISIBLE_DEVICES`` and the local rank. The group (``HYPERTRACE_GROUP``,
+or the stage of ``HYPERTRACE_PIPELINE_STAGES``) keeps a pipeline stage from being compared with
+another stage (docs/design.md, "Workload groups").
 """
 from __future__ import annotations
 

@@ -1,22 +1,11 @@
-"""Find the training processes on this node: every process that maps the CUDA runtime
-(``libcudart.so*``) or driver (``libcuda.so*``) library.
+"""Find the training processes on this node: every process that maps the CUDA runtime or driver.
 
-Why a periodic ``/proc`` scan: it needs no hook inside the training process and no privilege
-beyond reading ``/proc/PID/maps`` (root, or CAP_SYS_PTRACE for other users' processes). PyTorch
-loads libcudart lazily, so processes that mapped nothing yet are scanned again on every pass.
-
-Three details matter:
-
-* **pid reuse.** A process is identified by ``(pid, start time)``, the start time being field 22
-  of ``/proc/PID/stat`` (clock ticks since boot). A pid seen again with another start time is a
-  new process, and the old one is reported as exited.
-* **distinct library files.** Uprobes live on an inode, so every process mapping one file is
-  probed by one attachment. Libraries are keyed by ``(st_dev, st_ino)``; two paths to one file
-  (symlinks, bind mounts, a container's view of the host file) are one library. The path kept is
-  one the agent can open: ``/proc/PID/root/<path>`` when the process lives in another mount
-  namespace, so containerized trainers are probed through their own root.
-* **never the agent itself.** The agent's pid and its descendants (a probe-cost helper, a
-  compiler) are skipped, so the probe never measures its own machinery.
+A periodic ``/proc`` scan needs no hook in the training process and no privilege beyond reading
+``/proc/PID/maps``; PyTorch maps libcudart lazily, so processes are scanned again every pass. A
+process is ``(pid, start time)``, so a reused pid is a new process. Libraries are keyed by
+``(st_dev, st_ino)`` because a uprobe lives on an inode, and kept under a path the agent can open
+(``/proc/PID/root/...`` for a process in another mount namespace). The agent and its
+descendants are never probed.
 """
 from __future__ import annotations
 

@@ -1,40 +1,14 @@
 """UprobeSession: the bcc program that keeps CUDA API latency histograms in the kernel.
 
-One session = one compiled, loaded BPF program (compiling takes seconds, so it happens once in
-``__init__``). Attaching and detaching uprobes afterwards is cheap (perf_event_open per probe,
-no recompilation), which is what makes duty cycling (collector/governor.py) possible.
-
-Attachments are keyed by the library *file* (device, inode) and the process (or -1 for every
-process), not by the path: a uprobe lives on an inode, so two paths to one file (a symlink,
-/proc/PID/root/...) must not attach twice. A per-process attachment makes the kernel install the
-breakpoints in that process only, so other processes mapping the same file pay nothing. Symbol
-offsets are resolved once per file and cached, so re-attaching each slice does not re-parse the
-ELF.
-
-Detaching is the slow part, and the probes still attached keep firing meanwhile. Two ways to
-attach, chosen once per session (``mechanism``):
-
-* ``"link"`` (kernels with uprobe-multi links, 6.6+; the default where available): each probe is
-  a BPF link (BPF_LINK_CREATE, BPF_TRACE_UPROBE_MULTI). Closing a link waits out one RCU-tasks
-  grace period (~50 ms here) and nothing serializes the closes, so closing all of a slice's links
-  at once costs about one grace period however many probes there are.
-* ``"perf"`` (any kernel): bcc's perf-event uprobes. The kernel unregisters each one under its
-  global trace event mutex, each waiting out a grace period (~0.1 s per probe), so even
-  concurrent closes are nearly serial.
-
-:meth:`UprobeSession.detach_many` closes everything it was asked to from a thread pool (the close
-runs with the GIL released). Measured on the 2-vCPU dev VM, 16 probes (8 APIs x entry+return):
-see docs/design.md.
-
-bcc 0.26's Python binding calls ``bpf_attach_uprobe`` with one argument too few, so the kernel
-receives stack garbage as the USDT semaphore offset (seen: 6): it then increments a 16-bit word
-of every probed process's copy of the library's ELF header, and refuses (EINVAL) any probe on
-the same function registered with another offset. This module therefore calls
-``bpf_attach_uprobe`` itself with the full signature and offset 0.
-
-Besides the per-call latency histograms, the program keeps cumulative per-process scheduler
-counters and a ring of each process's recent step boundaries; :meth:`read_process_stats` diffs
-the one and takes what is new in the other. See collector/ebpf_program.c for the in-kernel side.
+One session is one compiled, loaded BPF program (compiling takes seconds, so once); attaching
+and detaching uprobes afterwards is cheap, which is what makes slices possible. Attachments are
+keyed by the library file (device, inode) and the process, since a uprobe lives on an inode and
+a per-process attachment puts breakpoints in that process only. Detaching is the slow part (one
+RCU grace period), so ``mechanism`` picks uprobe-multi links where the kernel has them (their
+closes run concurrently) and perf-event uprobes elsewhere, and :meth:`UprobeSession.detach_many`
+closes from a thread pool (docs/design.md, "Detach in one grace period"). Besides the histograms
+the program keeps per-process scheduler counters and a ring of step boundaries
+(:meth:`UprobeSession.read_process_stats`); collector/ebpf_program.c is the kernel side.
 """
 from __future__ import annotations
 
@@ -52,14 +26,18 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
-
 from hypertrace.collector import prereqs
-from hypertrace.collector.prereqs import uprobe_links_supported
 from hypertrace.collector.apis import library_kind
+from hypertrace.collector.prereqs import uprobe_links_supported
 from hypertrace.collector.steps import BoundaryEvents
-from hypertrace.proto.apis import ENTRY_ONLY_KINDS, PERIODIC_KINDS, PROBED_APIS, ProbedApi
 from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.proto.apis import (
+    ENTRY_ONLY_KINDS,
+    PERIODIC_KINDS,
+    PROBED_APIS,
+    ProbedApi,
+)
 from hypertrace.proto.wire import pack_histogram
 
 log = logging.getLogger(__name__)
@@ -128,10 +106,10 @@ ENDBR64 = b"\xf3\x0f\x1e\xfa"
 def past_endbr64(path: str, offset: int) -> int:
     """4 when the function at file ``offset`` of ``path`` begins with ``endbr64``, else 0.
 
-    Why: the kernel emulates a probed ``push %rbp`` (1-2 us per hit) but single-steps a probed
-    ``endbr64`` out of line (24-31 us per hit on a 6.18 kernel). The instruction only marks an
-    indirect-branch target and touches neither registers nor stack, so a probe just past it
-    sees the same arguments and the same return address (a return probe too)."""
+    Why: the kernel emulates a probed ``push %rbp`` but single-steps a probed ``endbr64`` out of
+    line, an order of magnitude slower (docs/design.md, "Probes go past endbr64"). The
+    instruction touches neither registers nor stack, so a probe just past it sees the same
+    arguments and return address."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -477,7 +455,10 @@ class UprobeSession:
         return fn.fd
 
     def _perf_uprobe(self, fn_name: bytes, path: bytes, offset: int, pid: int, ret: bool) -> bytes:
-        """bcc's attach_uprobe/attach_uretprobe with the semaphore offset 0; returns the event."""
+        """bcc's attach_uprobe/attach_uretprobe with the semaphore offset 0; returns the event.
+        bcc 0.26's binding passes one argument too few, so the kernel reads stack garbage as the
+        offset and writes it into every probed process's library (docs/design.md, "Detach in
+        one grace period")."""
         prog_fd = self._prog_fd(fn_name)
         event = self._bpf._get_uprobe_evname(b"r" if ret else b"p", path, offset, pid)
         with self._bcc_lock:

@@ -1,45 +1,13 @@
 """Overhead governor: keeps what the probes cost each training process under the budget.
 
-The probes come in two tiers (daemon/agent.py):
-
-* the **always** tier: the periodic APIs of each probed process (synchronize, graph launch, the
-  step marker), attached for the process's whole life. They mark step boundaries, which is how
-  CPU contention shows (it delays a rank between its calls, not inside them), and they are rare:
-  a few calls per step.
-* the **sliced** tier: the launch APIs (thousands of calls per step), attached only for one
-  coordinated slice in some windows (collector/schedule.py).
-
-**The account.** What a slice really costs is only known afterwards: probes keep firing while a
-detach waits out its RCU grace period, and rates change. So the budget is kept as an account in
-seconds of probe time. Every wall second earns ``budget`` seconds (:meth:`Governor.earn`); every
-window spends what it cost the *most charged* process (:meth:`Governor.spend`): its counted
-firings in both tiers (firings during a detach included, since the kernel counted them) times
-the measured probe cost, plus fixed costs (:data:`FIXED_NS_PER_PROBE_OP` per attach or detach
-of one probe in one process). A slice is taken only when the account can pay for it, so the
-long-run overhead of every process is at most the budget plus one slice's estimation error,
-whatever the detach latency. Why the most charged process: probes are attached per process, so
-each pays for its own firings; holding the worst one under the budget holds them all.
-
-**Slice length and cadence.** Let ``c`` be the probe cost (ns), ``r`` the busiest process's
-sliced-tier firing rate while attached, ``a`` the share of wall time its always tier costs,
-``b`` the budget and ``W`` the window. A window earns ``(b - a) * W`` for the sliced tier. The
-smallest useful slice (the *floor*) yields ``min_samples`` firings: ``min_samples / r`` seconds
-(within the window's room, collector/schedule.slice_bounds). The cadence ``k`` is the smallest
-power of two whose ``k`` windows of earnings pay one floor slice (schedule.cadence). In a window
-the cadence selects, the slice is as long as the account affords, up to ``max_slice_s``:
-``(credit + (b - a) * W - fixed) / (c * r) - detach / 2``, and, down to the floor, short enough
-that the detach (the last one measured) ends inside the window. When the account cannot pay a
-floor slice the window is not sampled ("budget").
-
-**Always-tier share.** An always-tier API costs ``c x its rate`` all the time. At most
-``always_share`` of the budget goes to that tier per process (:meth:`Governor.always_split`,
-cheapest APIs kept first); an API that does not fit moves to the sliced tier (the agent logs
-it). This keeps at least ``1 - always_share`` of the budget for the launch tier, which the
-analyzer's cross-sections need.
-
-**Before any measurement.** The sliced rate is unknown until a slice has run, so the first
-sampled window takes a short measuring slice (:data:`MEASURE_SLICE_S`) whatever the account
-says; it is repaid from later credit like any overspend.
+The budget is an account in seconds of probe time (docs/design.md, "The overhead governor keeps
+the budget as an account"). Every wall second earns ``budget`` (:meth:`Governor.earn`); every
+window spends what it cost the most charged process: its counted firings in both tiers times the
+measured probe cost, plus fixed attach/detach costs (:meth:`Governor.spend`). Probes are attached
+per process, so holding the worst one under the budget holds them all, whatever the detach
+latency. :meth:`Governor.plan` takes a slice only when the account can pay for it, at the
+smallest power-of-two cadence that pays one useful slice; the always tier gets at most
+``always_share`` of the budget (:meth:`Governor.always_split`).
 """
 from __future__ import annotations
 
@@ -174,7 +142,11 @@ class Governor:
         return (self.budget - self.always_load) * window_s
 
     def plan(self, index: int, window_s: float) -> SlicePlan:
-        """Whether aligned window ``index`` takes a slice, where, and how long."""
+        """Whether aligned window ``index`` takes a slice, where, and how long.
+
+        The slice is as long as the account affords, ``(credit + net earnings - fixed) / load -
+        detach / 2``, at most ``max_slice_s`` and at least the floor (``min_samples`` firings);
+        the first one, before any rate is known, is a short measuring slice repaid later."""
         bounds = schedule.slice_bounds(window_s, self.max_slice_s, self.slice_guard_s)
         offset = schedule.slice_offset(index, window_s, self.max_slice_s, self.slice_guard_s)
         floor = self.floor_s(bounds.max_length_s)

@@ -1,34 +1,23 @@
 """Step-marker callbacks for PyTorch Lightning and the Hugging Face Trainer.
 
-Why: a training loop written with a framework has no line of its own at the end of a step; the
-framework's callback is that line. Each callback calls :func:`hypertrace.collector.marker.step`
-once per step, so the agent times steps exactly instead of inferring them::
+A loop written with a framework has no line of its own at the end of a step; the framework's
+callback is that line. Each callback calls :func:`hypertrace.collector.marker.step` once per
+step (Lightning per training batch, HF per optimizer step)::
 
-    from hypertrace.collector.integrations import HypertraceStepCallback
     trainer = lightning.Trainer(callbacks=[HypertraceStepCallback()])
-
-    from hypertrace.collector.integrations import HypertraceTrainerCallback
     trainer = transformers.Trainer(..., callbacks=[HypertraceTrainerCallback()])
 
-Neither framework is imported when this module is: importing hypertrace must stay cheap and
-must not depend on them. The classes are made at first access (module ``__getattr__``): each
-subclasses its framework's callback base when that framework is importable (Lightning checks
-``isinstance(cb, Callback)``; the HF handler calls every event on every callback, which the base
-provides), else it is a plain class with the same hook, so the hook still works and tests run
-without the frameworks. Both build and load the marker library when constructed, so its one-time
-compile happens before the first step and the library is mapped, for the agent to find, from the
-start.
-
-What a "step" is: Lightning's ``on_train_batch_end`` runs per batch (with gradient accumulation,
-per micro-batch); the HF ``on_step_end`` runs per optimizer step. Either is regular, which is
-what the agent needs.
+Neither framework is imported with this module: the classes are made at first access (module
+``__getattr__``), subclassing the framework's callback base when it is importable, else a plain
+class with the same hook. Constructing one builds and loads the marker library, so its one-time
+compile happens before the first step.
 """
 from __future__ import annotations
 
 import importlib
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hypertrace.collector.marker import load, step
 
@@ -98,5 +87,9 @@ def __getattr__(name: str) -> type:
                                {"__module__": __name__, "__qualname__": name, "__doc__": doc})
         return _made[name]
 
+
+if TYPE_CHECKING:                   # made by __getattr__ at first access
+    HypertraceStepCallback: type
+    HypertraceTrainerCallback: type
 
 __all__ = ["HypertraceStepCallback", "HypertraceTrainerCallback"]

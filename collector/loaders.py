@@ -1,13 +1,10 @@
 """A rank's loader workers: its child processes, and what they used of the node's CPUs.
 
-Why: a training loop's commonest slow rank is an input pipeline (too few DataLoader workers, a
-slow disk, a decode competing for CPUs). The workers are the rank's children: forked or spawned
-by the training process, they share its environment and often its CUDA mappings, so discovery
-would otherwise take each for one more process of the same rank. They are grouped under the
-rank instead, told to the BPF program (a wake-up by one of them ends a loader wait), and their
-CPU time and run-queue wait per window are read from /proc (``utime + stime`` of
-/proc/PID/stat, ``run_delay`` of /proc/PID/schedstat): how busy the workers were explains a
-loader wait ("its 2 workers are 97% busy").
+An input pipeline is the commonest slow rank (too few DataLoader workers, a slow disk, a decode
+competing for CPUs). The workers are the rank's children and share its environment, so discovery
+would take each for one more process of the rank: they are grouped under it instead, told to the
+BPF program (a wake-up by one of them ends a loader wait), and their CPU time and run-queue wait
+per window are read from /proc, to explain a loader wait ("its 2 workers are 97% busy").
 """
 from __future__ import annotations
 

@@ -1,31 +1,23 @@
 """``hypertrace.collector.marker.step()``: mark one training step, for the agent to time.
 
-Why a marker: the agent finds steps as the period of a process's synchronizing CUDA calls
-(collector/steps.py), but a loop may never synchronize (CUDA graphs, async collectives), or
-synchronize in a way whose period is not the step (evenly spaced identical calls). One call per
-step makes the boundary exact::
+A loop may never synchronize (CUDA graphs, async collectives), or synchronize with a period that
+is not the step; one call per step makes the boundary exact::
 
     from hypertrace.collector.marker import step
-
     for batch in loader:
-        loss = model(batch).sum(); loss.backward(); opt.step()
+        ...
         step()
 
-How: ``step()`` calls ``hypertrace_step`` in ``libhypertrace_step-<hash>.so`` (stepmarker.c),
-compiled at the first call with the system C compiler into the per-user cache
-(:mod:`hypertrace.collector.cbuild`) and loaded with ctypes. The agent recognises that library
-in /proc/PID/maps by its file name and attaches an entry uprobe to the symbol; no agent, no
-probe: the call costs what a ctypes call to an empty function costs (docs/step-marker.md).
-
-Training must never fail because of the marker: without a compiler (or with an unwritable cache,
-or a library that will not load) ``step()`` does nothing and one warning says why and what fixes
-it.
+``step()`` calls ``hypertrace_step`` in ``libhypertrace_step-<hash>.so`` (stepmarker.c), built at
+the first call into the per-user cache (collector/cbuild.py); the agent finds that library in
+/proc/PID/maps and puts an entry uprobe on it, and with no agent the call costs an empty ctypes
+call (docs/step-marker.md). Training never fails because of the marker: without a compiler, or a
+writable cache, ``step()`` does nothing and one warning says what fixes it.
 """
 from __future__ import annotations
 
 import ctypes
 import logging
-import sys
 import threading
 from pathlib import Path
 from typing import Callable
@@ -43,6 +35,7 @@ FLAGS = ["-O2", "-shared", "-fPIC"]
 _lock = threading.Lock()
 _call: Callable[[], object] | None = None     # the loaded function, or _disabled after a failure
 _path: Path | None = None
+_in_process: Callable[[], object] | None = None   # the in-process CUPTI backend's mark
 
 
 def _disabled() -> None:
@@ -94,9 +87,16 @@ def step() -> None:
         load()
         call = _call
     call()
-    cupti = sys.modules.get("hypertrace.collector.cupti")
-    if cupti is not None:
-        cupti.mark_step()
+    tell = _in_process
+    if tell is not None:
+        tell()
 
 
-__all__ = ["LIBRARY_STEM", "SYMBOL", "library_path", "load", "step"]
+def in_process(mark: Callable[[], object] | None) -> None:
+    """Have ``step()`` also call ``mark`` (None: stop): the in-process CUPTI backend registers
+    itself here when it starts (hypertrace.daemon.cupti)."""
+    global _in_process
+    _in_process = mark
+
+
+__all__ = ["LIBRARY_STEM", "SYMBOL", "in_process", "library_path", "load", "step"]

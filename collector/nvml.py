@@ -1,16 +1,11 @@
 """NVML context for the GPUs the probed processes run on, guarded so it can never hurt the agent.
 
-Why: a latency shift alone says *that* a GPU is slow; NVML often says *why* (clocks held down by
-a thermal or power cap, a PCIe link trained at x8, replays on the link, XID errors). The analyzer
-puts these next to the finding as the probable cause.
-
-Why guarded: most machines that run the agent's tests have no driver, and on real nodes NVML
-calls fail in many small ways (unsupported on a GPU kind, a GPU fallen off the bus, a MIG
-instance). Every call is wrapped: a failing call leaves its field unset, the first failure of
-``nvmlInit`` marks NVML ``unavailable`` with the reason, and nothing here raises.
-
-The NVML library is a constructor parameter (``lib``, defaulting to the ``pynvml`` module from
-nvidia-ml-py) so tests can replace *only* the NVML library when no driver exists.
+A latency shift says that a GPU is slow; NVML often says why (clocks held down by a thermal or
+power cap, a PCIe link trained narrow, link replays, XID errors), and the analyzer shows it as
+the probable cause. NVML calls fail in many small ways (no driver, an unsupported GPU kind, a GPU
+off the bus), so every call is wrapped: a failing call leaves its field unset, a failed
+``nvmlInit`` marks NVML unavailable with the reason, and nothing here raises. The library is a
+constructor parameter so tests replace only NVML where no driver exists.
 """
 from __future__ import annotations
 

@@ -1,23 +1,13 @@
 """Measure what one probed call costs, on this node, with this kernel.
 
-Why measure instead of assuming: the cost of an entry+return uprobe ranges from under 1 us on
-bare metal to several us in a Firecracker VM. The governor's whole promise (every process pays at
-most the budget) is only as good as this number.
-
-How: a tiny helper program (probe_cost_bench.c, compiled with the system C compiler on first use
-into a cache directory) times loops of N calls of ``hypertrace_null`` in **CPU time**
-(CLOCK_THREAD_CPUTIME_ID): a few loops without probes, then, after we attach the session's own
-entry+return probes to that function in that process only (the same BPF program and maps the
-real probes use), a few loops with them. The difference of the medians per call is the cost.
-
-Two choices keep the number honest (an earlier wall-clock calibration on a bare ``ret`` read
-2x too high on an H200 host and 10-100x too high on a loaded VM):
-
-* CPU time, not wall time: the probe's work is charged to the traced thread, while wall time
-  also counts every moment another task held the CPU.
-* ``hypertrace_null`` opens like a real library function (``push %rbp; mov %rsp,%rbp``), which
-  the kernel emulates; a bare ``ret`` is single-stepped out of line and costs more than any
-  probed CUDA entry point would.
+The governor's promise is only as good as this number, and an entry+return uprobe costs from
+under a microsecond on bare metal to several in a VM. A helper (probe_cost_bench.c) times loops
+of ``hypertrace_null`` calls in thread CPU time, without probes and then with the session's own
+entry+return probes on that function in that process; the difference of the medians per call
+is the cost. CPU time, because the probe's work is charged to the traced thread while wall time
+counts other tasks too; and ``hypertrace_null`` opens like a real library function (``push
+%rbp``, emulated by the kernel), where a bare ``ret`` would be single-stepped and cost more
+(docs/design.md, "The probe cost is calibrated in CPU time, on a real prologue").
 """
 from __future__ import annotations
 

@@ -1,36 +1,13 @@
-"""When every agent of a job probes its launch calls: the same wall-clock slice, with no traffic.
+"""Where and when every agent of a job takes its slice: the same wall-clock stretch, no traffic.
 
-The analyzer compares the GPUs of a job window by window, so a window is worth scoring only
-when the launch tier of *every* rank was attached in it, at the *same* time (a stall lasts
-milliseconds to seconds: two ranks sampled at different moments of a window are not comparable).
-With thousands of agents and no coordinator, agreement has to come from what every agent
-already shares: the wall clock and the configuration. Two pure rules give it:
-
-**Where in the window.** Windows are aligned to multiples of ``window`` seconds, so window
-``i = start_ns // window_ns`` is the same stretch of time on every node. :func:`slice_offset`
-maps ``i`` alone (plus the shared config) to the slice's start within the window: a
-golden-ratio sequence ``frac(i * 0.618...)``, computed in 32-bit fixed point so every machine
-gets the bit-identical answer. Consecutive windows then put their slices at well spread,
-never repeating phases (a workload with a period that divides the window is not always caught
-in the same phase of its step), and every agent picks the same phase for window ``i``.
-
-**Which windows.** An agent whose budget pays for one slice every ``k`` windows samples window
-``i`` iff ``i % k == 0`` (:func:`is_sampled`), with ``k`` a power of two (:func:`cadence`).
-Powers of two nest: when ``k1`` divides ``k2``, every window sampled at cadence ``k2`` is also
-sampled at cadence ``k1``. So the windows sampled by the agent with the *largest* ``k`` (the
-busiest rank, or the one whose probes cost most) are sampled by *every* agent of the job: a full
-cross-section at least every ``k_max`` windows, whatever each agent's own rate and budget.
-
-**Length.** Agents may afford different slice lengths. They all start at the same offset, the
-one computed for the longest slice any agent may take (``max_slice_s``, shared config), so a
-shorter slice is a prefix of a longer one and the slices of all agents overlap for the shortest.
-
-**Clock skew.** Agents do not exchange anything, so their clocks disagree by the NTP/PTP error
-(milliseconds; seconds on a broken node). The slice is kept at least ``guard_s`` from both
-window edges: an agent whose clock is off by less than ``guard_s`` still puts the whole slice
-inside the same window ``i`` (so the analyzer files it under the same epoch and the cadence test
-agrees), and its slice overlaps the others' for ``length - skew``. A larger skew degrades the
-overlap, never the accounting.
+A window is worth scoring only when every rank's launch tier was attached in it at the same
+time, and agents share nothing but the clock and the config. So window ``i = start // window``
+puts its slice at an offset that depends on ``i`` alone (:func:`slice_offset`, a golden-ratio
+sequence in 32-bit fixed point: bit-identical on every machine); an agent samples window ``i``
+iff ``i % k == 0`` with ``k`` a power of two (:func:`cadence`: powers of two nest, so the
+busiest agent's windows are everyone's); every slice starts where the longest may, so a shorter
+one is a prefix; and ``guard_s`` from both edges keeps a skewed clock's slice in the same
+window (docs/design.md, "Coordinated slices").
 """
 from __future__ import annotations
 

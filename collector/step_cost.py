@@ -1,34 +1,12 @@
-"""What the probes cost a process's *steps*, measured in place.
+"""What the probes cost a process's steps, measured in place (``Overhead.step_fraction``).
 
-The governor's account (collector/governor.py) charges CPU time: counted firings times the
-calibrated probe cost. That is the right currency for a budget, because it is what a process
-whose CPU is on the critical path loses. It is not what most training steps lose. On an H200
-with 8 ranks sharing a GPU, the launch probes cost 8% of a rank's CPU while attached and its
-steps grew by 0.2%: the rank was waiting for the GPU anyway. The account's 0.5% was then 8x
-the measured loss. A step-time figure needs the step's slack, and no model of it holds across
-workloads (launch-bound, GPU-bound, pipelined), so the agent measures it instead.
-
-**The natural experiment.** Every sampled window has a *touched* stretch, from just before the
-sliced tier's attach to just after its detach, and an untouched rest. Attach, live firings and
-detach all land in the touched stretch; the always tier is live in both. The agent notes the
-monotonic clock at both ends of the stretch, and every step carries its end on the same clock
-(``StepInference.ends_ns``), so each window splits the process's steps (by their end) into
-touched ones and the rest, with exact counts and sums. Then::
-
-    sliced cost = (mean touched step / mean other step - 1) x (touched seconds / all seconds)
-
-and the estimate adds what the always tier costs at its CPU price (it is never off, so it has
-no untouched comparison; it is a few calls per step, so its CPU price is a close upper bound).
-
-**Noise.** One window's touched stretch holds tens of steps, so one window's ratio is noisy.
-The sums are kept over the process's life with a per-window decay (half-life about 23 windows),
-and no figure is given until ``min_steps`` touched steps are in. A negative excess (noise, or
-the probed rank winning a shared GPU's time) counts as zero: probes do not speed steps up.
-
-**What it cannot see:** costs that hit every process of the host alike (the scheduler
-tracepoints run on every context switch, probed or not), and costs that last beyond the touched
-stretch. The overhead benchmark (tests/gpu/overhead_concurrent.py) measures against an unprobed
-control group and compares this estimate with what it measured.
+The account charges CPU time, an upper bound that overstates the cost for a rank waiting on its
+GPU anyway. So each sampled window splits the process's steps, by their end on the monotonic
+clock, into those the slice touched (from just before its attach to just after its detach) and
+the rest: ``(mean touched / mean other - 1) x touched share of the time`` over decayed sums
+(half-life about 23 windows), plus the always tier at its CPU price. No figure until
+``min_steps`` touched steps are in; a negative excess counts as zero; costs that hit every
+process of the host alike are not seen (docs/design.md, "Two overhead figures").
 """
 from __future__ import annotations
 

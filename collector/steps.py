@@ -1,46 +1,19 @@
-"""A process's training steps, found from the sequence of its step-boundary calls.
+"""A process's training steps, found in the sequence of its step-boundary calls.
 
-Why steps: CPU contention delays a rank *between* its CUDA calls, not inside them, so launch
-latency does not move when a noisy neighbour shares the rank's core; the step time does. Both
-backends (the BPF program, the CUPTI recorder) log every return of a periodic call (a
-synchronize, a graph launch; the entry of the ``hypertrace.step()`` marker) with the process's
-cumulative synchronize time and idle time at that moment (:class:`BoundaryEvents`). What is
-left here is finding the step in that sequence.
-
-1. **The marker**, when the process called ``hypertrace.step()`` at least ``min_steps`` times in
-   the window: the user said where a step ends.
-2. Otherwise **the period of the sequence.** A training loop makes the same calls in the same
-   order every step, however long each step takes: one ``torch.cuda.synchronize()``, or a
-   forward, backward and optimizer sync, or a graph launch and a sync. So the step is the
-   shortest lag ``P`` (in calls) at which the sequence repeats: the same API at ``i`` and
-   ``i + P``, and similar gaps and waits. Each lag is scored on the recent history
-   (:func:`period_scores`: the share of API mismatches plus the median absolute difference of
-   log gaps and log waits, like the average magnitude difference function of pitch detection),
-   and the shortest lag within a tolerance of the best is the period, so a multiple of the
-   period never wins over the period itself. Log differences make the score indifferent to how
-   long the steps are and to a step that varies by 3x (variable sequence lengths, a loaded
-   host, a loader stall): only the *order* must repeat. The step is then every ``P``-th call,
-   anchored at the position in the pattern that ends the longest gap.
-3. Otherwise **no step**, with the reason in the window: no periodic call, too few steps, no
-   order that repeats (a process that synchronizes at data-dependent times), or steps so
-   irregular (p90/p10 above ``max_spread``) that they are not a clock.
-
-**Hysteresis.** The period found last stays while it still repeats (its mismatches at most
-``max_mismatch``) and its steps spread at most ``sticky_spread``: a rank slowed by a CPU hog has
-stretched, uneven steps (a preemption lands in some steps and not others), and those windows
-are exactly where its step time is the evidence. Staying on one period also keeps a process's
-step series comparable from window to window. The marker still wins over everything.
-
-Each step's waits come from the cumulative counters logged with its two ends: synchronize time
-is a wait on the process's own GPU, idle time (every CUDA thread blocked outside CUDA calls) a
-wait for peers, and the rest is busy time. Pure numpy, so it is tested without a kernel.
+Why steps: CPU contention delays a rank between its CUDA calls, not inside them, so the step
+time shows it where launch latency does not. Both backends log every return of a periodic call
+and every ``hypertrace.step()`` marker with the process's cumulative synchronize and idle time
+(:class:`BoundaryEvents`). The step is the marker when it fired ``min_steps`` times in the
+window; else the shortest lag at which the sequence of calls repeats (:func:`period_scores`),
+kept while it still repeats so a CPU-stretched step keeps its clock; else none, with the reason.
+Synchronize time is a wait on the own GPU, idle time a wait for peers, the rest is busy
+(docs/design.md, "Steps without code change"). Pure numpy: tested without a kernel.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import pack_histogram

@@ -3,22 +3,13 @@
     python -m hypertrace.collector.tradeoff [--probe-cost-ns NS | --measure] [--rate HZ]
         [--share F] [--window S] [--sigma S] [--shift F] [--persistence K] [--markdown]
 
-Model (documented so the table can be checked by hand):
-
-* duty ``d = min(1, b / (c * r))``: the share of a window the launch tier can stay attached
-  when the budget account (collector/governor.py) pays ``c`` per firing, with ``c`` the measured
-  probe cost and ``r`` the busiest process's probe firings per second (the always tier's few
-  firings are left out);
-* samples of the scored API per window ``n = r * share * d * W``;
-* the p50 of ``n`` samples of a lognormal latency with log-sd ``sigma`` has relative standard
-  error ``sigma * sqrt(2*pi) / (2 * sqrt(n))``; a shift is resolved in one window when it is at
-  least 3 such errors (``resolution`` column, smaller is better);
-* a straggler is declared after ``K`` flagged windows (the analyzer's persistence rule), so
-  detection latency is ``K * W`` when one window resolves the shift, and ``K * W * m`` when
-  ``m = ceil(n_needed / n)`` windows must be pooled to resolve it.
-
-Defaults reproduce a measured launch-bound PyTorch loop on an H200: about 1,954 probe firings per 18 ms step
-(108,600/s), of which cudaLaunchKernel is 918 (share 0.47).
+The model, so the table can be checked by hand: duty ``d = min(1, b / (c * r))`` for budget
+``b``, probe cost ``c`` and the busiest process's firing rate ``r``; samples of the scored API
+per window ``n = r * share * d * W``; the p50 of ``n`` lognormal samples has relative standard
+error ``sigma * sqrt(2*pi) / (2 * sqrt(n))`` and resolves a shift of 3 such errors; a straggler
+is declared after ``K`` flagged windows, so detection takes ``K * W`` windows' time, times the
+windows that must be pooled to resolve the shift. The defaults are a launch-bound PyTorch loop
+(108,600 firings/s, cudaLaunchKernel 47% of them).
 """
 from __future__ import annotations
 

@@ -1,31 +1,14 @@
 """The agent's end of the node-local socket: windows from in-process (CUPTI) backends.
 
-Training processes that run the CUPTI backend (collector/cupti) connect to ``cupti_socket`` and
-send one ``LocalFrame`` per window (proto/local.py). The agent merges each into its own
-``NodeWindow`` (:meth:`InProcessHub.merge`), so the analyzer sees one window per node whatever
-measured its processes, and scores them alike (``ProcessWindow.backend`` says which).
-
-**Counted once.** When the agent itself probes with eBPF, every process it can see is covered by
-uprobes, so it answers a connecting process with mode ``standby``: the process subscribes to
-nothing and sends nothing. A frame that arrives anyway for a pid the agent probes is dropped.
-
-**Trust.** The pid of a frame is the peer's, from ``SO_PEERCRED``; a frame's own pid is ignored,
-so a process can report only about itself. Attribution (job, rank, GPU) of a process the agent
-can see comes from the agent (its entry for the pid, or its reading of /proc/PID/environ), never
-from the frame, so no process can report itself into another job. A process in another PID
-namespace (a pod seen by an agent without the host's PID namespace) has no pid here: its
-hello's pid and its frame's attribution are all there is, and the log says so. Connections, not
-pids, key the peers: two pods may share a pid.
-
-**Robustness.** Every socket is non-blocking and one thread serves them: a connection that never
-says hello, or a process that stops reading its control messages, delays nobody, and no send
-happens under the lock. Frames are validated like the analyzer validates windows
-(proto/wire.py); a bad frame is dropped with a log line naming the peer, and the connection is
-closed after :data:`MAX_BAD_FRAMES`. A process that sends its last window and exits keeps it.
-
-**Timing.** A process ends its window at the same aligned boundary as the agent. At the end of
-its window the agent waits up to ``grace_s`` for a frame from each active peer; a frame that
-comes later is dropped and counted (``late_frames``).
+Training processes running the CUPTI backend (daemon/cupti) connect to ``cupti_socket`` and send
+one ``LocalFrame`` per window (proto/local.py); :meth:`InProcessHub.merge` puts each into the
+agent's own window, so the analyzer sees one window per node whatever measured it. An agent with
+uprobes answers ``standby`` and drops frames of pids it probes: each process is counted once. A
+frame's pid is the peer's (``SO_PEERCRED``) and the attribution of a process the agent can see
+is its own reading, so a process reports only about itself and never into another job. One
+thread serves non-blocking sockets, so a silent or stuck peer delays nobody; frames are
+validated as the analyzer validates windows; a frame later than ``grace_s`` after the window's
+end is dropped and counted.
 """
 from __future__ import annotations
 
@@ -41,7 +24,6 @@ from pathlib import Path
 from typing import Callable
 
 from hypertrace.collector.attribution import Attribution
-
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto import local
 from hypertrace.proto.wire import WIRE_VERSION, WireError, accept_window

@@ -1,36 +1,11 @@
 """The agent's own metrics as a Prometheus text file, for node_exporter's textfile collector.
 
-Why a file and not a port: node_exporter already runs on GPU nodes and already has a place for
-such files (``--collector.textfile.directory``); a second scrape target per node would need its
-own firewall rule, service discovery and TLS. The file is written once per window by
-``prometheus_client.write_to_textfile`` (to a temporary name, then renamed), so node_exporter
-never reads half of it.
-
-Series (all carry ``Hostname``, dcgm-exporter's label for the node, to join on):
-
-=============================================  ==============================================
-``hypertrace_agent_windows_sent_total``        windows handed to the uplink
-``hypertrace_agent_windows_acked_total``       windows the analyzer acknowledged
-``hypertrace_agent_windows_rejected_total``    windows the analyzer refused
-``hypertrace_agent_spool_windows``             windows not yet acknowledged (spooled)
-``hypertrace_agent_spool_bytes``               bytes they take
-``hypertrace_agent_last_ack_timestamp_seconds``  Unix time of the last acknowledgement (0: none)
-``hypertrace_agent_processes``                 training processes probed in the last window
-``hypertrace_agent_probe_hits``                probe firings in the last window
-``hypertrace_agent_overhead_fraction``         the most charged process's estimated probe
-                                               cost over the last window's wall time
-``hypertrace_agent_budget_fraction``           the configured overhead budget
-``hypertrace_agent_duty``                      share of the last window the launch tier was
-                                               attached
-``hypertrace_agent_cadence``                   the launch tier is sampled every k-th window
-``hypertrace_agent_api_tier``                  1 per (``api``, ``tier``): always or sliced
-``hypertrace_agent_backend``                   1, with ``backend`` "ebpf" or "cupti" (no uprobes)
-``hypertrace_agent_inprocess_connected``       training processes whose CUPTI backend is
-                                               connected to the agent's socket
-``hypertrace_agent_inprocess_late_frames_total``  their windows that came too late to merge
-``hypertrace_agent_inprocess_dropped_frames_total``  their windows dropped (superseded, or of a
-                                               process the uprobes measure)
-=============================================  ==============================================
+node_exporter already runs on GPU nodes and reads such files, where a port would need its own
+firewall rule, service discovery and TLS. The file is written once per window (to a temporary
+name, then renamed), so node_exporter never reads half of it. Every series carries ``Hostname``,
+dcgm-exporter's label for the node. ``_SERIES`` lists the one-value series with their help text;
+``hypertrace_agent_api_tier`` (1 per API and tier) and ``hypertrace_agent_backend`` (1, with
+``backend`` "ebpf" or "cupti") carry labels.
 """
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """sd_notify in a few lines of socket code: READY=1, WATCHDOG=1, STOPPING=1, STATUS=.
 
-Why not libsystemd or a package: the protocol is one datagram on a unix socket named by
-``$NOTIFY_SOCKET``, and the agent must stay free of native dependencies it does not need.
-With no ``$NOTIFY_SOCKET`` (not run by systemd) every call is a no-op. A name starting with
-``@`` is in the abstract namespace (a leading NUL byte on the wire).
-
-The watchdog: systemd sets ``$WATCHDOG_USEC`` (and ``$WATCHDOG_PID``) when the unit has
-``WatchdogSec=``; the service must ping more often than that. We ping at half the period, the
-margin systemd's own documentation recommends.
+The protocol is one datagram on the unix socket ``$NOTIFY_SOCKET`` names, so the agent needs no
+libsystemd; without ``$NOTIFY_SOCKET`` every call is a no-op. With ``WatchdogSec=`` systemd sets
+``$WATCHDOG_USEC``, and the agent pings at half that period, as systemd's documentation advises.
 """
 from __future__ import annotations
 

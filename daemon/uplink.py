@@ -1,36 +1,15 @@
-"""The agent's sending side: a bounded on-disk spool and a bidi stream to the analyzer.
+"""The agent's sending side: a bounded on-disk spool and one bidi stream to the analyzer.
 
-Why a spool on disk: an analyzer restart, a network partition or an agent restart must not lose
-measurements. Every window is written to the spool first (one file per seq, written atomically),
-sent from there, and deleted only when the analyzer acks it. Delivery is at-least-once from the
-agent; the analyzer dedups on ``(agent_id, seq)``, so the stored result is exactly once.
-
-Why the spool keeps the OLDEST data when full: the start of an incident is the valuable part
-(when did the node become slow); the newest windows are dropped, with a logged warning and a
-counter, until acks free space.
-
-While the analyzer is unreachable the sender backs off exponentially with jitter
-(proto/backoff.py: ``base * 2**attempt``, capped, times a uniform 0.5..1 factor) so a restarted analyzer is not hit
-by every agent of the fleet in the same second. After a reconnect it replays the spool in seq
-order. A window the analyzer rejects as INVALID_ARGUMENT, or as ALREADY_EXISTS (its seq is stored
-with other content: a reset spool or a shared agent id), is dropped from the spool with a logged
-error, so one poison window cannot wedge the agent forever.
-
-What is a configuration error, and ends the uplink (``fatal``, ``on_fatal``) instead of being
-retried: a window refused with PERMISSION_DENIED (the certificate names another node: no retry
-can change that), and a TLS failure (proto/transport.py ``diagnose``: an untrusted CA, a name
-the analyzer's certificate lacks, plaintext against TLS) before the first exchange with the
-analyzer ever succeeded. After one did, the same TLS failure is retried with its cause logged:
-the analyzer's certificate may be in the middle of a rotation. An unreachable analyzer is
-always retried.
-
-One stream carries window after window: it is closed only after ``idle_close`` seconds with
-nothing to send, which by default is longer than a window, so a working agent keeps one stream
-open. Why: opening a stream per window cost the analyzer about a third of its CPU per window, and
-with every agent of the fleet opening one at the same window boundary, the analyzer's event loop
-had to accept thousands of new calls at once (BENCHMARKS.md, "Agents keep their stream"). An
-idle agent (its job ended) still lets go of its stream, which holds memory and a connection's
-state at the analyzer.
+Every window is spooled first (one file per seq, written atomically), sent from there and deleted
+when the analyzer acks it: at-least-once from the agent, exactly once stored, since the analyzer
+dedups on ``(agent_id, seq)``. A full spool keeps the oldest windows (the start of an incident
+matters most). An unreachable analyzer is retried with jittered exponential backoff
+(proto/backoff.py) and the spool replayed in seq order; a window refused as invalid or as a
+conflicting duplicate is dropped, so one poison window cannot wedge the agent. A refusal of the
+node (PERMISSION_DENIED) and a TLS failure before the first successful exchange are
+configuration errors: they end the uplink (``fatal``) instead of being retried. One stream
+carries window after window and closes only after ``idle_close`` seconds idle, because a stream
+per window cost the analyzer about a third of its CPU (BENCHMARKS.md, "Agents keep their stream").
 """
 from __future__ import annotations
 
@@ -39,12 +18,10 @@ import os
 import random
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
 import grpc
-
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.backoff import Backoff
 from hypertrace.proto.transport import TlsFiles, TransportError, diagnose
@@ -216,13 +193,14 @@ class Uplink:
     """
 
     def __init__(self, spool: Spool, target: str | None = None, *,
-                 channel: grpc.Channel | None = None, backoff: Backoff = Backoff(),
+                 channel: grpc.Channel | None = None, backoff: Backoff | None = None,
                  idle_close: float = IDLE_CLOSE_S, seed: int | None = None,
                  credentials: grpc.ChannelCredentials | None = None,
                  tls_files: TlsFiles | None = None,
                  on_fatal: Callable[[str], None] | None = None):
         if channel is None and not target:
             raise ValueError("Uplink needs an analyzer target HOST:PORT or a channel")
+        backoff = backoff if backoff is not None else Backoff()
         self.spool = spool
         self.target = target
         self._own_channel = channel is None

@@ -1,57 +1,32 @@
 """Assemble one :class:`pb.NodeWindow` from what a window measured.
 
-Numbering is not done here: the analyzer deduplicates on ``(agent_id, seq)``, so ``seq`` must keep
-increasing across agent restarts. The uplink's spool already persists its high-water seq next to
-the spooled windows (daemon/uplink.py, ``Uplink.next_seq()``), and the agent takes seqs from it.
-
-Why the overhead per process: the probe's cost lands on the process that makes the calls, so
-each process reports the price *it* paid this window: ``(probe cost x its probe firings + its
-fixed attach/detach costs) / window length`` (collector.governor.measured_overhead: counted
-firings, both tiers, so it includes probes still live while a detach was in progress).
-``call_rate_hz`` is the process's probe firings per second while attached (the sliced tier over
-its attached seconds plus the always tier over the window), nested driver calls included;
-``duty`` is the sliced tier's attached share of the window.
-
-Beside the API latencies a process window carries what the always-on tier saw
-(:class:`ProcessProbe`): the scheduler evidence of its active threads (``sched``), its steps
-(``steps`` and the ``step_time`` histogram, collector/steps.py), and whether the coordinated
-slice sampled it, or why not (``Overhead.sampled`` / ``unsampled_reason``).
+Each process reports the overhead it paid itself: ``(probe cost x its firings + its fixed
+attach/detach costs) / window`` (collector.governor.measured_overhead), because the probe's cost
+lands on the process that makes the calls. Beside the API latencies a process window carries
+what the always tier saw (:class:`ProcessProbe`): scheduler evidence, steps, loader workers and
+whether the slice sampled it, or why not. Numbering is the uplink's (``Uplink.next_seq``): the
+analyzer dedups on ``(agent_id, seq)``, so seq must keep increasing across restarts.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping
 
 from google.protobuf.timestamp_pb2 import Timestamp
-
-from hypertrace.collector.attribution import Attribution
 from hypertrace.collector.governor import measured_overhead
-from hypertrace.collector.nvml import NvmlSnapshot
+from hypertrace.collector.readings import (
+    TIER_ALWAYS,
+    TIER_SLICED,
+    ProcessRecord,
+    SampleLike,
+    probe_hits,
+)
 from hypertrace.collector.steps import StepInference
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import WIRE_VERSION, pack_histogram
 
 log = logging.getLogger(__name__)
-
-
-class SampleLike(Protocol):
-    """What a window needs of one (pid, api) sample (collector.ebpf.ApiSample)."""
-    api: str
-    pid: int
-    count: int
-
-    def to_proto(self) -> pb.ApiStats: ...
-
-
-@dataclass
-class ProcessRecord:
-    """What the agent knows about one process for a window."""
-    pid: int
-    attribution: Attribution
-    gpu_kind: str = ""
-    nvml: NvmlSnapshot | None = None
-
 
 @dataclass(frozen=True)
 class WindowOverhead:
@@ -61,17 +36,12 @@ class WindowOverhead:
     budget: float               # configured budget (fraction of wall time)
 
 
-#: Probe tiers (Overhead.tiers): attached for the process's life, or only in coordinated slices.
-TIER_ALWAYS = "always"
-TIER_SLICED = "sliced"
-
-
 @dataclass
 class ProcessProbe:
-    """What the probes did for, and saw of, one process in one window (the agent fills it)."""
+    """What the probes did for, and saw of, one process in one window (the window loop fills
+    it)."""
     sampled: bool = False            # its sliced tier was attached in this window's slice
-    unsampled_reason: str = ""       # why not: budget | off_cadence | no_calls | detaching |
-                                     # new_process
+    unsampled_reason: str = ""       # why not (daemon/window_loop.py lists the reasons)
     tiers: dict[str, str] = field(default_factory=dict)   # api -> TIER_ALWAYS | TIER_SLICED
     attached_s: float = 0.0          # seconds its sliced tier was attached
     fixed_cost_s: float = 0.0        # attach/detach probe time charged to it
@@ -81,12 +51,6 @@ class ProcessProbe:
     loader: Any = None               # collector.loaders.LoaderSample, or None (no workers)
     step_fraction: float = 0.0       # share of step time the probes cost it (step_basis says how)
     step_basis: str = "cpu"          # "steps": measured in place; "cpu": not yet, see the charge
-
-
-def probe_hits(sample: SampleLike) -> int:
-    """Probe firings behind a sample: its calls plus the nested driver calls inside them, which
-    are counted once in the histogram but each paid a probe (ApiSample.probe_hits)."""
-    return int(getattr(sample, "probe_hits", sample.count))
 
 
 def _ts(ns: int) -> Timestamp:
@@ -178,3 +142,7 @@ def sched_proto(sched: Any, window_s: float) -> pb.SchedStats:
                          involuntary_switches=int(sched.involuntary),
                          voluntary_switches=int(sched.voluntary),
                          runq_latency=pack_histogram(sched.runq_hist), window_s=float(window_s))
+
+
+__all__ = ["TIER_ALWAYS", "TIER_SLICED", "ProcessProbe", "ProcessRecord", "WindowOverhead",
+           "build_window", "probe_hits", "sched_proto"]

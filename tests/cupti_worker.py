@@ -1,6 +1,6 @@
 """A stand-in training process for the CUPTI backend's tests (started by tests/test_cupti_*.py).
 
-It starts the real in-process backend (hypertrace.collector.cupti) against the stand-in libcupti
+It starts the real in-process backend (hypertrace.daemon.cupti) against the stand-in libcupti
 (tests/fakecupti, HYPERTRACE_CUPTI_LIB) and plays training steps through it: each step is
 ``--launches`` runtime launches of ``--launch-us`` (each with a nested driver launch, as
 cudaLaunchKernel does) and one stream synchronize of ``--sync-ms``, then ``--gap-ms`` of host
@@ -47,7 +47,8 @@ def main() -> int:
     os.environ["HYPERTRACE_CUPTI_LIB"] = args.fakecupti
     fake = ctypes.CDLL(args.fakecupti)
     fake.fakecupti_call.argtypes = [ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint32]
-    from hypertrace.collector import cupti, marker
+    from hypertrace.collector import marker
+    from hypertrace.daemon import cupti
     if not args.no_start:
         cupti.start()
     t0 = time.monotonic()

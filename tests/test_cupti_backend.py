@@ -689,7 +689,7 @@ def test_run_starts_the_backend_in_the_child(fakecupti, fakecuda, tmp_path, proc
 def test_a_forked_child_has_no_backend(fakecupti, monkeypatch):
     """A data-loader worker forked from a probed process has no backend thread; it must not
     think it has one (state() None, start() possible)."""
-    from hypertrace.collector import cupti
+    from hypertrace.daemon import cupti
     monkeypatch.setenv("HYPERTRACE_CUPTI_LIB", str(fakecupti))
     monkeypatch.setenv("HYPERTRACE_CUPTI_SOCKET", "/nonexistent/cupti.sock")
     cupti.start()

@@ -1,21 +1,14 @@
 """Scheduler evidence of the probed threads, read in process from /proc/self/task.
 
-Why: CPU contention delays a rank between its CUDA calls, not inside them, so the Callback API
-alone does not see it. The eBPF backend reads the scheduler's tracepoints; in process the kernel
-still keeps, per thread, the time spent runnable but waiting for a CPU (``schedstat``'s run
-delay) and the context-switch counts (``status``). Summed over the threads that made a probed
-call (the recorder lists them) they give the window's ``SchedStats``: the run-queue share that
-convicts a CPU-starved rank. Blocked time outside CUDA calls comes from the recorder, which
-splits it at each periodic call.
-
-Approximation, stated: the run delay of several threads is summed (the eBPF program counts the
-time when *some* active thread waits and none runs); with one training thread per rank, as in
-the usual loop, the two agree. There is no run-queue latency histogram in process.
+CPU contention delays a rank between its CUDA calls, so callbacks alone miss it. The kernel
+keeps, per thread, the time runnable but waiting for a CPU (``schedstat``) and the context
+switches (``status``); summed over the threads that made a probed call they give the window's
+``SchedStats``. Summing is an approximation of the eBPF program's "some thread waits and none
+runs", exact with one training thread per rank; there is no run-queue histogram in process.
 """
 from __future__ import annotations
 
 import numpy as np
-
 from hypertrace.collector.ebpf import SchedSample
 from hypertrace.proto import buckets
 

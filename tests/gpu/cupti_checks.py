@@ -68,6 +68,7 @@ def _collect(hub, seconds: float, work, window_s: float = 2.0) -> list:
 
 
 def _p50_ms(hist) -> float | None:
+    import numpy as np
     from hypertrace.proto import buckets
     from hypertrace.proto.wire import unpack_histogram
     dense = unpack_histogram(hist)
@@ -105,8 +106,7 @@ def _mlp(layers: int = 24, width: int = 256):
 
 def child_calibrate(sock: str) -> dict:
     import torch  # noqa: F401
-
-    from hypertrace.collector import cupti
+    from hypertrace.daemon import cupti
     step = _mlp()
     for _ in range(30):
         step()
@@ -129,19 +129,19 @@ def child_calibrate(sock: str) -> dict:
         arms["unsubscribed"].append(timed(2.5))
         b.resume()
         deadline = time.time() + 5
-        while not b.recorder.subscribed() and time.time() < deadline:
+        while not b.probes.recorder.subscribed() and time.time() < deadline:
             time.sleep(0.05)
         with b._lock:                              # the backend's own thread slices too:
-            b.governor.credit_s = -1e9             # starve its account so only we switch
+            b.loop.governor.credit_s = -1e9        # starve its account so only we switch
         arms["always tier"].append(timed(2.5))
         with b._lock:
-            b.recorder.enable(b._sliced, True)
+            b.probes.recorder.enable(b.probes._sliced, True)
         arms["launch forced on"].append(timed(2.5))
         with b._lock:
-            b.recorder.enable(b._sliced, False)
+            b.probes.recorder.enable(b.probes._sliced, False)
     med = {k: statistics.median(v) for k, v in arms.items()}
     base = med["unsubscribed"]
-    return {"libcupti": b.recorder.error() or "loaded", "apis": st.apis,
+    return {"libcupti": b.probes.recorder.error() or "loaded", "apis": st.apis,
             "probe_cost_ns": st.probe_cost_ns, "cost_measured": st.cost_measured,
             "step_ms": arms, "ratio": {k: v / base for k, v in med.items()},
             "frames": _summary(frames),
@@ -156,9 +156,9 @@ def _kernels_in_trace(prof, path: str) -> int:
 
 
 def child_profiler(sock: str) -> dict:
+    import torch
     from torch.profiler import ProfilerActivity, profile
-
-    from hypertrace.collector import cupti
+    from hypertrace.daemon import cupti
     os.environ["HYPERTRACE_CUPTI_RETRY_S"] = "2"
     step = _mlp(layers=4)
     for _ in range(10):
@@ -168,6 +168,7 @@ def child_profiler(sock: str) -> dict:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         b = cupti.start()
         frames_busy = []
+        t_end = time.time() + 7
 
         def counted():
             nonlocal steps_in_profile
@@ -190,15 +191,15 @@ def child_profiler(sock: str) -> dict:
 
 
 def child_pause(sock: str) -> dict:
+    import torch
     from torch.profiler import ProfilerActivity, profile
-
-    from hypertrace.collector import cupti
+    from hypertrace.daemon import cupti
     os.environ["HYPERTRACE_CUPTI_RETRY_S"] = "2"
     step = _mlp(layers=4)
     hub = _hub(sock)
     b = cupti.start()
     before = _collect(hub, 6.0, step)
-    subscribed_before = b.recorder.subscribed()
+    subscribed_before = b.probes.recorder.subscribed()
     cupti.pause()
     n = 0
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -218,8 +219,7 @@ def child_pause(sock: str) -> dict:
 
 def child_graphs(sock: str) -> dict:
     import torch
-
-    from hypertrace.collector import cupti
+    from hypertrace.daemon import cupti
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)]).cuda().eval()
     static_in = torch.randn(32, 512, device="cuda")
@@ -233,7 +233,7 @@ def child_graphs(sock: str) -> dict:
     with torch.cuda.graph(g_before), torch.no_grad():
         out_before = model(static_in)
     hub = _hub(sock)
-    _backend = cupti.start()   # kept alive while the graphs replay
+    b = cupti.start()
     g_after = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g_after), torch.no_grad():
         out_after = model(static_in)

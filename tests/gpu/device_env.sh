@@ -51,7 +51,7 @@ python3 - <<'PY' || { sed 's/^/  gpu-carry: /' /tmp/ht-gpu-carry.log >&2; _ht_fa
 import importlib, sys
 import os
 mods = ["grpc", "grpc_health.v1.health", "google.protobuf", "numpy", "scipy", "pynvml",
-        "prometheus_client", "hypertrace.collector.cupti"] + (
+        "prometheus_client", "hypertrace.daemon.cupti"] + (
         [] if os.environ.get("HT_BACKEND") == "cupti" else ["bcc"]) + [
         "hypertrace.proto.hypertrace_pb2_grpc", "hypertrace.analyzer.ingest.server",
         "hypertrace.cli.main", "hypertrace.daemon.agent", "hypertrace.sim.simulate"]

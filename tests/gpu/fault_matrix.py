@@ -107,7 +107,7 @@ def add_common_args(ap: argparse.ArgumentParser, cores: str = "0-7") -> None:
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--backend", choices=["ebpf", "cupti"], default="ebpf",
                     help="ebpf: the agents' uprobes; cupti: no uprobes, each rank runs the "
-                    "in-process CUPTI backend (python -m hypertrace.collector.cupti) and hands "
+                    "in-process CUPTI backend (python -m hypertrace.daemon.cupti) and hands "
                     "its windows to its agent's socket")
     ap.add_argument("--cores", default=cores, help=f"one core per rank, e.g. {cores}")
     ap.add_argument("--agent-cores", default="8-15",
@@ -299,7 +299,7 @@ class Harness:
             if getattr(a, "marker", False):
                 cmd.append("--marker")
             if getattr(a, "backend", "ebpf") == "cupti":
-                cmd = [self.py, "-m", "hypertrace.collector.cupti", "--socket",
+                cmd = [self.py, "-m", "hypertrace.daemon.cupti", "--socket",
                        self.cupti_socket(i), "--"] + cmd
                 env["HYPERTRACE_CUPTI_RETRY_S"] = "5"
             self.start(f"rank-{i}", cmd, [a.rank_cores[i]], env)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Overhead of the agent on a real launch-bound PyTorch loop, measured side by side in ONE run.
-# Kept to reproduce the numbers recorded in BENCHMARKS.md; the headline overhead now comes from
+# Kept to reproduce docs/gpu-runs/2026-11-29-h200-overhead.txt; the headline overhead comes from
 # tests/gpu/overhead_concurrent.py (a concurrent unprobed control: the off phases of this
 # alternation drift 10-22% on the GPU VMs, far more than the 0.5% it has to resolve).
 #

@@ -1,4 +1,4 @@
-"""``python -m hypertrace.collector.cupti [--socket PATH] -- CMD ...``: run CMD with the CUPTI
+"""``python -m hypertrace.daemon.cupti [--socket PATH] -- CMD ...``: run CMD with the CUPTI
 backend started in each of its Python processes (through a sitecustomize put first on
 PYTHONPATH; the user's own sitecustomize still runs after it)."""
 from __future__ import annotations
@@ -28,7 +28,7 @@ def child_env(env: dict[str, str], socket: str | None = None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hypertrace.collector.cupti",
+    ap = argparse.ArgumentParser(prog="python -m hypertrace.daemon.cupti",
                                  description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--socket", help="the node agent's socket (default "

@@ -1,4 +1,4 @@
-"""Started by ``python -m hypertrace.collector.cupti -- CMD``: every Python process of CMD that
+"""Started by ``python -m hypertrace.daemon.cupti -- CMD``: every Python process of CMD that
 has HYPERTRACE_CUPTI_AUTOSTART=1 starts the CUPTI backend at interpreter start (lazily: it
 waits for the process to load the CUDA driver), then runs the user's own sitecustomize, if any
 (this folder is first on PYTHONPATH and would hide it)."""
@@ -9,7 +9,7 @@ import sys
 
 if os.environ.get("HYPERTRACE_CUPTI_AUTOSTART") == "1":
     try:
-        from hypertrace.collector import cupti as _ht_cupti
+        from hypertrace.daemon import cupti as _ht_cupti
         _ht_cupti.start(lazy=True)     # nothing loads until the process uses CUDA
     except Exception as _exc:  # training must start even when hypertrace cannot
         logging.getLogger("hypertrace.cupti").warning("hypertrace CUPTI backend not started: %s",
