@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import pack_histogram

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import grpc
+
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.backoff import Backoff
 from hypertrace.proto.transport import TlsFiles, TransportError, diagnose

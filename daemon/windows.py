@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from google.protobuf.timestamp_pb2 import Timestamp
+
 from hypertrace.collector.governor import measured_overhead
 from hypertrace.collector.readings import (
     TIER_ALWAYS,

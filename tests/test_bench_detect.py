@@ -126,7 +126,7 @@ def test_a_recovered_node_convicted_again_or_late_to_clear_fails_the_run():
                             final_verdicts={"node-0001": final})
     name = ("recover-hiccup: cleared within clear_m windows of its fault's end, not convicted "
             "again by its one slow window, healthy at the end")
-    from hypertrace.analyzer.config import ScoringConfig
+    from hypertrace.analyzer.score.config import ScoringConfig
     healthy_at = 4 + ScoringConfig().clear_m          # the fault's last window is 4
     on_time, late = list(range(2, healthy_at)), list(range(2, healthy_at + 1))
     assert _checks({("recover-hiccup", 64): [run(on_time, "healthy")]})[name][0]

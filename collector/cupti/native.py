@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from hypertrace.collector.cbuild import BuildError, build_c, cache_dir
 from hypertrace.collector.ebpf import EVENT_DTYPE, ApiSample
 from hypertrace.collector.steps import BoundaryEvents

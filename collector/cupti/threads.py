@@ -9,6 +9,7 @@ runs", exact with one training thread per rank; there is no run-queue histogram 
 from __future__ import annotations
 
 import numpy as np
+
 from hypertrace.collector.ebpf import SchedSample
 from hypertrace.proto import buckets
 

@@ -68,7 +68,6 @@ def _collect(hub, seconds: float, work, window_s: float = 2.0) -> list:
 
 
 def _p50_ms(hist) -> float | None:
-    import numpy as np
     from hypertrace.proto import buckets
     from hypertrace.proto.wire import unpack_histogram
     dense = unpack_histogram(hist)
@@ -106,6 +105,7 @@ def _mlp(layers: int = 24, width: int = 256):
 
 def child_calibrate(sock: str) -> dict:
     import torch  # noqa: F401
+
     from hypertrace.daemon import cupti
     step = _mlp()
     for _ in range(30):
@@ -156,8 +156,8 @@ def _kernels_in_trace(prof, path: str) -> int:
 
 
 def child_profiler(sock: str) -> dict:
-    import torch
     from torch.profiler import ProfilerActivity, profile
+
     from hypertrace.daemon import cupti
     os.environ["HYPERTRACE_CUPTI_RETRY_S"] = "2"
     step = _mlp(layers=4)
@@ -168,7 +168,6 @@ def child_profiler(sock: str) -> dict:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         b = cupti.start()
         frames_busy = []
-        t_end = time.time() + 7
 
         def counted():
             nonlocal steps_in_profile
@@ -191,8 +190,8 @@ def child_profiler(sock: str) -> dict:
 
 
 def child_pause(sock: str) -> dict:
-    import torch
     from torch.profiler import ProfilerActivity, profile
+
     from hypertrace.daemon import cupti
     os.environ["HYPERTRACE_CUPTI_RETRY_S"] = "2"
     step = _mlp(layers=4)
@@ -219,6 +218,7 @@ def child_pause(sock: str) -> dict:
 
 def child_graphs(sock: str) -> dict:
     import torch
+
     from hypertrace.daemon import cupti
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)]).cuda().eval()
@@ -233,7 +233,7 @@ def child_graphs(sock: str) -> dict:
     with torch.cuda.graph(g_before), torch.no_grad():
         out_before = model(static_in)
     hub = _hub(sock)
-    b = cupti.start()
+    cupti.start()
     g_after = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g_after), torch.no_grad():
         out_after = model(static_in)
