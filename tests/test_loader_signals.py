@@ -62,8 +62,8 @@ def test_a_rank_whose_loader_runs_in_process_is_named_for_it():
     g = gpu(engine, SLOW)
     assert g.verdict == "straggler"
     assert g.probable_cause.startswith(
-        "no loader workers (job median 4): the loader runs inside the training process: "
-        "input pipeline")
+        "no loader workers vs 4 job median (num_workers=0: the loader runs inside the training "
+        "process, as its own work): input pipeline")
 
 
 def test_slow_dataset_reads_convict_an_independent_rank_by_its_loader_wait():

@@ -87,7 +87,8 @@ def _workers_text(ev: Evidence) -> str:
         return ""
     v, m = ev[WORKERS]
     if v < 0.5:
-        return f"no loader workers (job median {m:.0f}): the loader runs inside the training process"
+        return (f"no loader workers vs {m:.0f} job median (num_workers=0: the loader runs "
+                "inside the training process, as its own work)")
     text = f"its {v:.0f} loader worker{'s' if round(v) != 1 else ''}"
     if BUSY in ev and np.isfinite(ev[BUSY][0]):
         text += f" {'are' if round(v) != 1 else 'is'} {share_text(ev[BUSY][0])} busy"
