@@ -112,6 +112,12 @@ The model (all latencies per GPU, per window, per API):
   (the shared step's excess over the model, less the rank's own busy excess) is peer wait:
   it waited for them. ``step_ms = 0`` emits no steps. Draws: streams ``[seed, 11]`` (steps),
   ``[seed, 17]`` (busy), ``[seed, 19]`` (wait noise), so the API histograms never move.
+* **Input pipeline.** Before its work a rank waits ``loader_frac`` (0.3%) of a step for its
+  data loader (``loader_wait_us``, with the waits' noise); a ``where="loader"`` straggler waits
+  ``factor - 1`` of a step more, so its arrival moves and the wait is not peer wait. A
+  ``where="inline"`` straggler (``num_workers=0``) does that much more own work instead. Each
+  rank reports ``loader_workers`` (4) workers busy ``loader_busy`` (20-60%) of the window; a
+  loader straggler's are 90-99% busy, an inline one has none (:func:`loader_workers`).
 * **Scheduler evidence** (``ProcessWindow.sched``, always on). Run-queue share of wall time of
   a healthy rank: lognormal around ``runq_share`` (0.3%) with a persistent per-node spread
   (``runq_node_sigma``) and a per-window one (``runq_sigma``): mostly 0-1%. With probability
@@ -121,7 +127,7 @@ The model (all latencies per GPU, per window, per API):
   (30-50%) of the window. Run-queue latency histograms: waits of ~20 µs (healthy), ~400 µs
   (bursts) or ~2.9 ms (a hog's scheduler slice), lognormal (sigma 1), their number such that they
   add up to the share; involuntary switches count the hog's waits and a tenth of the rest.
-  ``offcpu_ns`` is the peer wait. Stream ``[seed, 13]``, every draw made for every GPU-window.
+  ``offcpu_ns`` is the peer wait and the loader wait. Stream ``[seed, 13]``, every draw made for every GPU-window.
 * **Coordinated sampling.** The launch tier is sampled in the windows whose wall-clock index
   ``start_ns // window_ns`` is a multiple of ``cadence`` (1 by default: at the default budget a
   slice fits every window), the same windows on every agent; in the others the sliced APIs are
