@@ -14,8 +14,14 @@ from __future__ import annotations
 import numpy as np
 
 from hypertrace.analyzer.score.cross_section import Input
-from hypertrace.analyzer.score.signal import Evidence, Measured, Signal, SignalInputs, \
-    duration_text, share_text
+from hypertrace.analyzer.score.signal import (
+    Evidence,
+    Measured,
+    Signal,
+    SignalInputs,
+    duration_text,
+    share_text,
+)
 from hypertrace.proto import hypertrace_pb2 as pb
 
 WAIT = "step.loader_wait"
