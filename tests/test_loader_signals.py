@@ -95,3 +95,12 @@ def test_without_loader_stats_the_wait_alone_still_names_the_pipeline():
     assert g.probable_cause.startswith(
         "waits 14.0 ms per step for its data loader vs 300.0 us job median: input pipeline")
     assert all(f.api != "loader.workers" for f in g.findings)
+
+
+def test_fewer_workers_without_steps_to_show_it_convict_nobody():
+    """Without step data there is nothing to say the rank is slower: the count alone is not a
+    finding (a rank with no step records counts as "steps moved" for the other signals)."""
+    healthy = (Rank(refused="no period"), Loader())
+    fewer = (Rank(refused="no period"), Loader(0.0, 0, 0.0))
+    engine, _ = run(_windows({SLOW: fewer}, healthy))
+    assert all(gpu(engine, k).verdict == "healthy" for k in range(8))

@@ -129,8 +129,8 @@ LOADER_WORKERS = Signal(
             "process): input pipeline",
      "high": "more loader workers than the job: not a problem by itself"},
     measure=_measure_workers,
-    # fewer workers that the steps do not show: neither
-    implicate=lambda s, i: s.low & i.steps_moved,
+    # fewer workers that the steps do not show (or without steps to show it): neither
+    implicate=lambda s, i: s.low & i.steps_moved & i.step_ok,
     cause=_pipeline_cause,
     brief="{v} loader workers vs {m}", tier=0, slow_when_low=True)
 
