@@ -160,7 +160,7 @@ def test_every_process_carries_sched_steps_and_sampling_as_the_proto_says():
         assert p.steps.source == "inferred:cudaDeviceSynchronize" and p.steps.steps >= 50
         assert sum(p.steps.busy_time.counts) == p.steps.steps == sum(p.step_time.counts)
         assert p.steps.gpu_wait_us > 0 and p.steps.peer_wait_us > 0
-        assert p.sched.offcpu_ns == int(p.steps.peer_wait_us * 1e3)
+        assert p.sched.offcpu_ns == int((p.steps.peer_wait_us + p.steps.loader_wait_us) * 1e3)
         o = p.overhead
         assert o.sampled and not o.unsampled_reason and o.attached_s == pytest.approx(0.1)
         assert {(t.api, t.tier) for t in o.tiers} == {
@@ -417,6 +417,6 @@ def test_a_polling_handshake_moves_part_of_the_peer_wait_into_busy_time():
     plain, spun = step_model(base), step_model(replace(base, peer_spin=0.25))
     assert np.allclose(spun.peer_wait, 0.75 * plain.peer_wait)
     assert np.allclose(spun.busy, plain.busy + 0.25 * plain.peer_wait)
-    assert np.allclose(spun.busy + spun.gpu_wait + spun.peer_wait, spun.step)
+    assert np.allclose(spun.busy + spun.gpu_wait + spun.peer_wait + spun.loader_wait, spun.step)
     with pytest.raises(ValueError, match="peer_spin"):
         SimConfig(peer_spin=1.5)

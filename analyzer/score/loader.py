@@ -120,7 +120,7 @@ LOADER_WAIT = Signal(
     # a wait the steps do not show is not a straggler
     implicate=lambda s, i: s.high & i.steps_moved,
     cause=_pipeline_cause,
-    brief="waits {v} per step for its data loader vs {m}", tier=0, explains=True, context=True,
+    brief="waits {v} per step for its data loader vs {m}", tier=0, explains=True,
     inputs=INPUTS)
 
 LOADER_WORKERS = Signal(
