@@ -68,6 +68,12 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting("compact_after_s", float, 120.0,
             "a retention pass compacts windows into blocks once they ended this many seconds "
             "ago (default 120; well after their epoch was scored)"),
+    Setting("integrity_check_s", float, 3600.0,
+            "seconds between integrity checks of the database file (SQLite's quick_check on a "
+            "read-only connection of its own, seconds per GB; ingest goes on meanwhile). "
+            "Damage found then, or met by any read or write, stops ingest: gRPC health "
+            "NOT_SERVING, hypertrace_database_corrupt 1, the recovery in the log (default "
+            "3600; 0: no scheduled check)"),
     Setting("flush_interval", float, 1.0,
             "seconds between background scoring passes (default 1; 0: score only when a "
             "report is asked for)"),
@@ -168,6 +174,9 @@ def _check_server_settings(server: dict[str, Any]) -> None:
             raise ValueError(f"{key} must be > 0 seconds, got {server[key]}")
     if not server["max_clock_skew_s"] > 0:
         raise ValueError(f"max_clock_skew_s must be > 0 seconds, got {server['max_clock_skew_s']}")
+    if not server["integrity_check_s"] >= 0:
+        raise ValueError(f"integrity_check_s must be >= 0 seconds (0: no scheduled check), "
+                         f"got {server['integrity_check_s']}")
     if not server["flush_interval"] >= 0:
         raise ValueError(f"flush_interval must be >= 0 seconds, got {server['flush_interval']}")
     if not server["max_workers"] >= 1:
@@ -237,7 +246,8 @@ def run(args: argparse.Namespace) -> int:
                             retention_process=bool(server_cfg["retention_process"]),
                             retention_every_s=float(server_cfg["retention_every_s"]),
                             compact_after_s=float(server_cfg["compact_after_s"]),
-                            checker_processes=int(server_cfg["checker_processes"]))
+                            checker_processes=int(server_cfg["checker_processes"]),
+                            integrity_check_s=float(server_cfg["integrity_check_s"]))
     from hypertrace.cli.cluster_settings import serve_until_signal
     return serve_until_signal(AnalyzerServer(analyzer, options), "analyzer",
                               f"db {storage.path}, {resumed} windows resumed", close)

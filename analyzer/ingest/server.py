@@ -422,17 +422,17 @@ class _QueryServicer(pb_grpc.QueryServicer):
 
 
 def _refusal(analyzer: Analyzer, exc: BaseException, w: pb.NodeWindow,
-             on_broken: Callable[[], None] | None) -> Refused:
+             on_broken: Callable[[StorageCorrupt], None] | None) -> Refused:
     """How a window the store did not take ends its stream."""
     if isinstance(exc, ConflictingDuplicate):
         log.error("%s", exc)
         return Refused(grpc.StatusCode.ALREADY_EXISTS, "invalid", str(exc))
     if isinstance(exc, StorageCorrupt):
-        if not analyzer.broken:
+        if on_broken is not None:
+            on_broken(exc)
+        elif not analyzer.broken:
             analyzer.broken = str(exc)
             log.critical("%s", exc)
-            if on_broken is not None:
-                on_broken()
         return Refused(grpc.StatusCode.UNAVAILABLE, "storage",
                         f"analyzer cannot store windows: {exc}")
     if isinstance(exc, StorageError):
@@ -445,7 +445,7 @@ def _refusal(analyzer: Analyzer, exc: BaseException, w: pb.NodeWindow,
 
 
 def _store_group(analyzer: Analyzer, windows: list[tuple[pb.NodeWindow, bytes]],
-                 on_broken: Callable[[], None] | None) -> list[bool | Refused]:
+                 on_broken: Callable[[StorageCorrupt], None] | None) -> list[bool | Refused]:
     """Store accepted windows durably in one group: per window True (new), False (a
     duplicate) or the :class:`Refused` that ends its stream. Blocks until the group's commit:
     run in the store's thread."""
@@ -465,7 +465,7 @@ class _StoreQueue(LoopGroups):
     holds its window. Windows that arrive during a commit form the next group."""
 
     def __init__(self, analyzer: Analyzer, pool: futures.Executor,
-                 on_broken: Callable[[], None] | None):
+                 on_broken: Callable[[StorageCorrupt], None] | None):
         super().__init__(
             pool, lambda group: _store_group(analyzer, group, on_broken),
             lambda exc, group: [_refusal(analyzer, exc, w, on_broken) for w, _ in group])
@@ -476,7 +476,7 @@ class _StoreQueue(LoopGroups):
 
 
 def _store_one(analyzer: Any, w: pb.NodeWindow, raw: bytes,
-               on_broken: Callable[[], None] | None) -> bool | Refused:
+               on_broken: Callable[[StorageCorrupt], None] | None) -> bool | Refused:
     """Store one window through an analyzer that takes windows one by one (the cluster edge,
     which publishes each to JetStream): True (new), False (a duplicate) or its refusal."""
     try:
@@ -500,7 +500,7 @@ STORE_THREADS = 64
 
 def _ingest_handler(analyzer: Backend, access: Access | None, store_pool: futures.Executor,
                     max_skew_s: float = MAX_CLOCK_SKEW_S,
-                    on_broken: Callable[[], None] | None = None,
+                    on_broken: Callable[[StorageCorrupt], None] | None = None,
                     checkers: Any = None) -> grpc.GenericRpcHandler:
     """Ingest.Stream on the server's event loop: every stream is a coroutine, not a thread.
 
@@ -542,6 +542,9 @@ def _ingest_handler(analyzer: Backend, access: Access | None, store_pool: future
         async for raw in request_iterator:
             try:
                 w, raw, dropped = await accept(raw, context)
+                if analyzer.broken:       # a damaged file acks nothing more: agents keep it
+                    raise Refused(grpc.StatusCode.UNAVAILABLE, "storage",
+                                  f"analyzer cannot store windows: {analyzer.broken}")
                 new = (await store.store(w, raw) if store is not None else
                        await loop.run_in_executor(store_pool, _store_one, analyzer, w, raw,
                                                   on_broken))

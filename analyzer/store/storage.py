@@ -188,17 +188,57 @@ class StorageCorrupt(StorageError):
     """The database file is damaged. Not retried: the message says how to recover."""
 
 
+def recovery_steps(path: str) -> str:
+    """What to do with a damaged database file: the same three steps wherever it is found."""
+    return (f"Recover: (1) stop the analyzer and move the file aside with its -wal and -shm "
+            f"(`mv {path} {path}.corrupt`; likewise {path}-wal, {path}-shm); (2) start the "
+            f"analyzer again: it creates a fresh file at {path}, and agents send again what "
+            f"their spools still hold; (3) export what can be read from the old file: "
+            f"`hypertrace export --db {path}.corrupt --job JOB -o JOB.jsonl`, or "
+            f"`sqlite3 {path}.corrupt .recover | sqlite3 {path}.recovered` (then start with "
+            f"--db {path}.recovered instead of a fresh file)")
+
+
+def corrupt_error(path: str, what: str) -> "StorageCorrupt":
+    """The StorageCorrupt that names ``path``, what is wrong with it, and the recovery."""
+    return StorageCorrupt(f"database {path} is corrupt ({what}). Ingest is stopped; agents "
+                          f"keep their windows spooled meanwhile. {recovery_steps(path)}")
+
+
 def _corruption(exc: BaseException, path: str) -> StorageCorrupt | None:
     """A StorageCorrupt for SQLite's corruption errors (not for a full disk or a lock)."""
+    if isinstance(exc, StorageCorrupt):
+        return exc
     text = str(exc)
     if not (type(exc) is sqlite3.DatabaseError or "malformed" in text
             or "not a database" in text):
         return None
-    return StorageCorrupt(
-        f"database {path} is corrupt ({text}). Ingest is stopped; agents keep their windows "
-        f"spooled meanwhile. Recover: stop the analyzer, keep the file for inspection, then "
-        f"`sqlite3 {path} .recover | sqlite3 {path}.recovered` and start with "
-        f"--db {path}.recovered (or restore a backup)")
+    return corrupt_error(path, text)
+
+
+def integrity_problem(path: str | Path, max_errors: int = 8) -> str | None:
+    """What SQLite's ``PRAGMA quick_check`` finds wrong with the file at ``path`` (None: it
+    finds nothing). On a connection of its own, read only: in WAL mode it reads one
+    consistent view while the analyzer goes on writing, and holds no lock ingest waits for.
+    quick_check reads every page (its b-tree structure, not every index's agreement with
+    its table): seconds per GB."""
+    if str(path) in ("", ":memory:") or str(path).startswith("file::memory:"):
+        return None                 # no file another connection could read
+    try:
+        conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True,
+                               timeout=BUSY_TIMEOUT_MS / 1000)
+    except sqlite3.Error as exc:
+        return str(exc)
+    try:
+        rows = conn.execute(f"PRAGMA quick_check({int(max_errors)})").fetchall()
+    except sqlite3.DatabaseError as exc:
+        if _corruption(exc, str(path)) is None:
+            raise
+        return str(exc)
+    finally:
+        conn.close()
+    found = [str(r[0]) for r in rows if str(r[0]) != "ok"]
+    return "; ".join(found)[:1000] if found else None
 
 
 class ConflictingDuplicate(ValueError):
@@ -288,6 +328,10 @@ class Storage:
         self._last_verdict: dict[tuple[str, str, str], tuple[int, str]] = {}
         #: ``meta.prunes`` when ``_last_verdict`` was loaded (module docstring)
         self._prunes_seen = 0
+        #: called once with the StorageCorrupt of the first damage a read or write of this
+        #: connection met (the server stops ingest and says NOT_SERVING)
+        self.on_corrupt: Callable[[StorageCorrupt], None] | None = None
+        self._corrupt_seen = False
         with self._lock:
             self._load_last_verdicts()
 
@@ -329,7 +373,34 @@ class Storage:
         if problem is not None:
             conn.close()
             raise StorageError(problem)
-        return cls(conn, str(p))
+        return cls._checked(conn, str(p))
+
+    @classmethod
+    def _checked(cls, conn: sqlite3.Connection, path: str) -> "Storage":
+        """The Storage of a freshly opened file, once ``PRAGMA quick_check`` found it sound:
+        a damaged file is refused at start (StorageCorrupt, with the recovery) instead of
+        failing later in a read of whatever the damage left (a NULL where a number belongs)."""
+        try:
+            found = integrity_problem(path)
+            if found is not None:
+                raise corrupt_error(path, f"quick_check: {found}")
+            return cls(conn, path)
+        except (sqlite3.Error, TypeError, ValueError, StorageCorrupt) as exc:
+            conn.close()
+            if isinstance(exc, StorageCorrupt):
+                raise
+            raise (_corruption(exc, path)
+                   or corrupt_error(path, f"{type(exc).__name__} reading it: {exc}")) from exc
+
+    def quick_check(self) -> StorageCorrupt | None:
+        """Run ``PRAGMA quick_check`` on the file now (:func:`integrity_problem`); the
+        StorageCorrupt to report when it found damage, else None."""
+        try:
+            found = integrity_problem(self.path)
+        except sqlite3.Error as exc:          # a lock, a full disk: not damage
+            log.warning("integrity check of %s not run: %s", self.path, exc)
+            return None
+        return None if found is None else corrupt_error(self.path, f"quick_check: {found}")
 
     @classmethod
     def open_read_only(cls, path: str | Path) -> "Storage":
@@ -477,9 +548,31 @@ class Storage:
                             log.exception("on_stored of window %.64r seq %d failed",
                                           it.row[0], it.row[1])
         except BaseException as exc:   # every window of the group failed: its caller raises
-            err = _corruption(exc, self.path) or exc
+            err = self._damaged(exc) or exc
             for it in group:
                 it.new, it.error = False, err
+
+    def _damaged(self, exc: BaseException) -> StorageCorrupt | None:
+        """The StorageCorrupt of ``exc`` if it is SQLite's word for damage (else None),
+        handed to :attr:`on_corrupt` the first time."""
+        err = _corruption(exc, self.path)
+        if err is not None and not self._corrupt_seen:
+            self._corrupt_seen = True
+            if self.on_corrupt is not None:
+                try:
+                    self.on_corrupt(err)
+                except Exception:                    # the caller still gets the error
+                    log.exception("on_corrupt failed")
+        return err
+
+    @contextmanager
+    def _watching(self) -> Iterator[None]:
+        """Around a read or write: SQLite's word for damage becomes StorageCorrupt (and is
+        reported once, :meth:`_damaged`); other errors (a full disk, a lock) pass as they are."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            raise (self._damaged(exc) or exc) from exc
 
     def _same_or_healed(self, it: _Queued, stored: tuple) -> bool:
         """Is a replayed window the bytes stored under its key? A stored copy that no longer
@@ -536,7 +629,7 @@ class Storage:
                         f"{CODEC_BLOCK}, id, block FROM compacted_rows {where} "
                         "ORDER BY 4, 1, 2 LIMIT ?", (*args, *args, REPLAY_PAGE)).fetchall()
                 except sqlite3.DatabaseError as exc:
-                    raise (_corruption(exc, self.path) or exc) from exc
+                    raise (self._damaged(exc) or exc) from exc
             if not rows:
                 return
             for r in rows:
@@ -657,7 +750,7 @@ class Storage:
                 upto = max(int(self._conn.execute(f"SELECT MAX(id) FROM {t}").fetchone()[0]
                                or 0) for t in ("windows", "compacted"))
             except sqlite3.DatabaseError as exc:
-                raise (_corruption(exc, self.path) or exc) from exc
+                raise (self._damaged(exc) or exc) from exc
             yield upto
 
     def mark_late(self, agent_id: str, seq: int) -> None:
@@ -670,7 +763,7 @@ class Storage:
         window: a burst of late windows is thousands)."""
         if not keys:
             return
-        with self._lock:
+        with self._watching(), self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 self._conn.executemany(
@@ -700,7 +793,7 @@ class Storage:
         q = ("SELECT node, agent_id, end_ns, received_ns FROM windows WHERE end_ns >= ? "
              "UNION ALL SELECT node, agent_id, end_ns, received_ns FROM compacted_rows "
              "WHERE end_ns >= ?")
-        with self._lock:
+        with self._watching(), self._lock:
             rows = self._conn.execute(
                 f"SELECT node, agent_id, MAX(end_ns), MAX(received_ns) FROM ({q}) GROUP BY node",
                 (since_end_ns, since_end_ns)).fetchall()
@@ -734,7 +827,7 @@ class Storage:
                                    r.direction, now))
         if not epoch_rows:
             return 0
-        with self._lock:
+        with self._watching(), self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 # no prune of another connection can commit now: the verdicts compared with
@@ -836,7 +929,7 @@ class Storage:
 
     def snapshot(self) -> StoredSnapshot | None:
         """The latest Engine snapshot stored with the results, if any."""
-        with self._lock:
+        with self._watching(), self._lock:
             row = self._conn.execute(
                 "SELECT version, upto, created_ns, state FROM snapshot WHERE id = 0").fetchone()
         if row is None:
