@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         from hypertrace.analyzer.evict.evictor import from_settings
-        evictor = from_settings(server_cfg["evict"], server_cfg["db"])
+        evictor = from_settings(server_cfg["evict"], server_cfg["db"], background=True)
     except (ValueError, ConfigError) as exc:
         print(f"hypertrace analyzer: {exc}", file=sys.stderr)
         storage.close()
@@ -226,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
                              engine_process=bool(server_cfg["engine_process"]))
 
     def close() -> None:
+        evictor.close(timeout=5.0)      # a hook under way is left to its lease: retried later
         analyzer.close()
         storage.close()
     try:
