@@ -149,6 +149,8 @@ class Analyzer:
         self._lock = threading.Lock()
         #: stored windows not yet in the Engine: (window, its stored bytes, its id, arrival ns)
         self._inbox: deque[tuple[pb.NodeWindow, bytes, int, int]] = deque()
+        #: the id of the newest window fed to the Engine (every one before it was fed too)
+        self._fed_upto = 0
         self.replay_pending_max = 0      # most epochs held in memory during the last resume()
         #: seconds between Engine snapshots stored with the results (0: never; analyzer/store/snapshot.py)
         self.snapshot_seconds = snapshot_seconds
@@ -219,7 +221,7 @@ class Analyzer:
         late: list[tuple[str, int]] = []
         with self._lock:
             n = self._feed(late)
-        self._mark_late(late)
+            self._mark_late(late)
         return n
 
     def _feed(self, late: list[tuple[str, int]]) -> int:
@@ -233,9 +235,14 @@ class Analyzer:
             n += len(batch)
             for i in self.engine.feed(batch):
                 late.append((batch[i][0].agent_id, batch[i][0].seq))
+            self._fed_upto = max(self._fed_upto, batch[-1][2])
         return n
 
     def _mark_late(self, late: list[tuple[str, int]]) -> None:
+        """Store which fed windows were late; called with the Engine's lock held, so no
+        scoring pass can store results between a window's feed and its mark (a replay after a
+        kill -9 trusts the marks of every window up to the ``late_marked_upto`` stored with
+        the results: analyzer/store/replay.py)."""
         self.storage.mark_late_many(late)
         if late:
             self.metrics.late.inc(len(late))
@@ -252,7 +259,8 @@ class Analyzer:
             results = self.engine.flush(now, expire=True) or []
             if results and self._snapshot_due(now):
                 captured = self._capture(late)
-        self._mark_late(late)
+            self._mark_late(late)
+            fed_upto = self._fed_upto
         marks.append(time.perf_counter())
         if results:
             self.metrics.scoring_seconds.observe(marks[2] - marks[1])
@@ -262,7 +270,8 @@ class Analyzer:
                 from hypertrace.analyzer.store import snapshot
                 snap = snapshot.pack(captured[1], self.config, captured[0], now,
                                      compressed=self.engine.captures_compressed)
-            self.storage.add_results(results, created_ns=now, snapshot=snap)
+            self.storage.add_results(results, created_ns=now, snapshot=snap,
+                                     late_marked_upto=fed_upto)
         marks.append(time.perf_counter())
         if self.evictor is not None:
             self._review(results, now)

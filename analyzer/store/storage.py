@@ -807,11 +807,14 @@ class Storage:
     # ---- scoring results ---------------------------------------------------------------------
 
     def add_results(self, results: Iterable[Any], created_ns: int | None = None,
-                    snapshot: StoredSnapshot | None = None) -> int:
+                    snapshot: StoredSnapshot | None = None,
+                    late_marked_upto: int | None = None) -> int:
         """Store EpochResults: their score rows (re-storing an epoch replaces them) and each
         GPU's verdict where it differs from the GPU's last stored one (module docstring), and
         ``snapshot`` (the Engine after them) in the same transaction, replacing the previous
-        one. Returns the score rows stored."""
+        one. ``late_marked_upto``: every window up to this id was fed to the Engine before
+        these results were scored, and the late ones among them are marked (meta key
+        ``late_marked_upto``, :meth:`late_marked_upto`). Returns the score rows stored."""
         now = created_ns if created_ns is not None else time.time_ns()
         score_rows: list[tuple] = []
         epoch_rows: list[tuple] = []
@@ -841,6 +844,11 @@ class Storage:
                     "INSERT OR REPLACE INTO verdicts VALUES (?,?,?,?,?,?)", verdict_rows)
                 self._conn.executemany(
                     "INSERT OR REPLACE INTO epochs VALUES (?,?,?,?,?,?)", epoch_rows)
+                if late_marked_upto is not None:    # it only grows (passes may store late)
+                    self._conn.execute(
+                        "INSERT INTO meta (key, value) VALUES ('late_marked_upto', ?) ON "
+                        "CONFLICT (key) DO UPDATE SET value = MAX(CAST(value AS INTEGER), "
+                        "CAST(excluded.value AS INTEGER))", (str(int(late_marked_upto)),))
                 if snapshot is not None:
                     # two scoring passes may store in either order: the newer cut stays
                     self._conn.execute(
@@ -926,6 +934,22 @@ class Storage:
             return [tuple(r) for r in self._conn.execute(
                 "SELECT epoch, gpus, suspects, stragglers, created_ns FROM epochs "
                 "WHERE job_id = ? ORDER BY epoch", (job_id,))]
+
+    def late_marked_upto(self) -> int | None:
+        """Every window up to this id has its lateness stored (``late``) as the live analyzer
+        decided it; the windows after it reached no stored scoring pass, so a replay decides
+        theirs from the stored scored epochs (analyzer/store/replay.py). None: a file whose
+        analyzer recorded no such id (every mark then stands as stored)."""
+        with self._watching(), self._lock:
+            row = self._conn.execute(
+                "SELECT value FROM meta WHERE key = 'late_marked_upto'").fetchone()
+        return None if row is None else int(row[0])
+
+    def scored_through(self) -> dict[str, int]:
+        """Each job's newest stored scored epoch (``epochs``)."""
+        with self._watching(), self._lock:
+            return {str(r[0]): int(r[1]) for r in self._conn.execute(
+                "SELECT job_id, MAX(epoch) FROM epochs GROUP BY job_id")}
 
     def snapshot(self) -> StoredSnapshot | None:
         """The latest Engine snapshot stored with the results, if any."""
