@@ -74,6 +74,11 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
             "Damage found then, or met by any read or write, stops ingest: gRPC health "
             "NOT_SERVING, hypertrace_database_corrupt 1, the recovery in the log (default "
             "3600; 0: no scheduled check)"),
+    Setting("catch_up_s", float, 60.0,
+            "while the database cannot commit (a full disk) windows are refused and agents "
+            "keep them in their spools; scoring waits meanwhile and this many seconds after "
+            "it can commit again, so the windows sent again within it are scored on time "
+            "(default 60: twice the agents' longest backoff)"),
     Setting("flush_interval", float, 1.0,
             "seconds between background scoring passes (default 1; 0: score only when a "
             "report is asked for)"),
@@ -174,6 +179,8 @@ def _check_server_settings(server: dict[str, Any]) -> None:
             raise ValueError(f"{key} must be > 0 seconds, got {server[key]}")
     if not server["max_clock_skew_s"] > 0:
         raise ValueError(f"max_clock_skew_s must be > 0 seconds, got {server['max_clock_skew_s']}")
+    if not server["catch_up_s"] >= 0:
+        raise ValueError(f"catch_up_s must be >= 0 seconds, got {server['catch_up_s']}")
     if not server["integrity_check_s"] >= 0:
         raise ValueError(f"integrity_check_s must be >= 0 seconds (0: no scheduled check), "
                          f"got {server['integrity_check_s']}")
@@ -223,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     analyzer = make_analyzer(storage, config, evictor=evictor,
                              snapshot_seconds=float(server_cfg["snapshot_seconds"]),
+                             catch_up_s=float(server_cfg["catch_up_s"]),
                              engine_process=bool(server_cfg["engine_process"]))
 
     def close() -> None:

@@ -47,6 +47,7 @@ from typing import Any, AsyncIterator, Callable, Protocol
 import grpc
 
 from hypertrace.analyzer.ingest.checks import Access, Refused, authorize, check_window
+from hypertrace.analyzer.ingest.commit_hold import CATCH_UP_S, CommitHold
 from hypertrace.analyzer.ingest.engines import Engine, LocalEngine
 from hypertrace.analyzer.ingest.loop_groups import LoopGroups
 from hypertrace.analyzer.ingest.nodes import SEED_SPAN_S, NodeTable
@@ -136,7 +137,8 @@ class Analyzer:
     def __init__(self, storage: Storage, config: ScoringConfig | None = None,
                  engine: Engine | None = None, evictor: Any = None,
                  metrics: AnalyzerMetrics | None = None,
-                 snapshot_seconds: float = SNAPSHOT_SECONDS):
+                 snapshot_seconds: float = SNAPSHOT_SECONDS,
+                 catch_up_s: float = CATCH_UP_S):
         config = config if config is not None else ScoringConfig()
         self.config = config
         self.storage = storage
@@ -151,6 +153,8 @@ class Analyzer:
         self._inbox: deque[tuple[pb.NodeWindow, bytes, int, int]] = deque()
         #: the id of the newest window fed to the Engine (every one before it was fed too)
         self._fed_upto = 0
+        #: scoring waits while the database cannot commit (ingest/commit_hold.py)
+        self.hold = CommitHold(int(catch_up_s * 1e9))
         self.replay_pending_max = 0      # most epochs held in memory during the last resume()
         #: seconds between Engine snapshots stored with the results (0: never; analyzer/store/snapshot.py)
         self.snapshot_seconds = snapshot_seconds
@@ -206,6 +210,11 @@ class Analyzer:
 
         payloads = [(w, raw if raw is not None else w.SerializeToString()) for w, raw in windows]
         out = self.storage.add_windows([(w, raw, queue(w, raw)) for w, raw in payloads])
+        if any(isinstance(o, BaseException)
+               and not isinstance(o, (ConflictingDuplicate, StorageCorrupt)) for o in out):
+            self.hold.failed(time.time_ns())      # the commit failed: a full disk, I/O
+        elif out:
+            self.hold.committed(time.time_ns())
         new = sum(1 for o in out if o is True)
         if new:
             self.metrics.received.inc(new)
@@ -251,7 +260,7 @@ class Analyzer:
         """Score complete epochs and store the results; returns the number of epochs scored."""
         marks = [time.perf_counter()]             # start, fed, scored, stored, reviewed
         self.drain()
-        now = now_ns if now_ns is not None else time.time_ns()
+        now = self.hold.scoring_time(now_ns if now_ns is not None else time.time_ns())
         marks.append(time.perf_counter())
         late: list[tuple[str, int]] = []
         captured = None
