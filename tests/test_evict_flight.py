@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 
-from hypertrace.analyzer.evict.audit import Audit
+from hypertrace.analyzer.evict.audit import Audit, Proposal
 from hypertrace.analyzer.evict.backends import ExecBackend, Retry
 from hypertrace.analyzer.evict.evictor import Evictor, from_settings
 from hypertrace.analyzer.evict.policy import EvictPolicy, judge
@@ -125,15 +125,21 @@ def _one_slow():
 NOW = 1_800_000_000 * 10**9
 
 
+def _approved(tmp_path) -> tuple[EvictPolicy, Audit, Proposal]:
+    """An exec policy, a trail in a real file, and one approved proposal of a slow node."""
+    policy = EvictPolicy(enforce=True, backend="exec")
+    (c,) = [v.candidate for v in judge(_one_slow(), policy) if v.propose]
+    audit = Audit(tmp_path / "a.db")
+    p = audit.create(c.job_id, c.node, c.node, "approved", "test", {"effect": c.effect},
+                     c.predicted_gain, NOW)
+    return policy, audit, p
+
+
 def test_two_evictors_on_one_file_run_a_proposal_once(tmp_path):
     """Two processes' evictors (two connections, two holders) acting on the same approved
     proposal at once: the lease lets one call the hook; the other records nothing."""
     command, started, finished, release = _hung_hook(tmp_path)
-    policy = EvictPolicy(enforce=True, backend="exec")
-    (c,) = [v.candidate for v in judge(_one_slow(), policy) if v.propose]
-    first = Audit(tmp_path / "a.db")
-    p = first.create(c.job_id, c.node, c.node, "approved", "test", {"effect": c.effect},
-                     c.predicted_gain, NOW)
+    policy, first, p = _approved(tmp_path)
     a = Evictor(policy, first, ExecBackend(command, Retry(attempts=1, timeout_s=600)))
     b = Evictor(policy, Audit(tmp_path / "a.db"),
                 ExecBackend(command, Retry(attempts=1, timeout_s=600)))
@@ -157,11 +163,7 @@ def test_a_hook_past_its_timeout_is_killed_with_its_children(tmp_path):
     """The hook's shell and the sleep it started are both ended at the timeout; the attempt is
     recorded failed once, saying so."""
     command, started, finished, release = _hung_hook(tmp_path)
-    policy = EvictPolicy(enforce=True, backend="exec")
-    (c,) = [v.candidate for v in judge(_one_slow(), policy) if v.propose]
-    audit = Audit(tmp_path / "a.db")
-    p = audit.create(c.job_id, c.node, c.node, "approved", "test", {"effect": c.effect},
-                     c.predicted_gain, NOW)
+    policy, audit, p = _approved(tmp_path)
     ev = Evictor(policy, audit, ExecBackend(command, Retry(attempts=1, timeout_s=1.0)))
     done: list = []
     t = threading.Thread(target=lambda: done.append(ev.attempt(p.id, NOW)))
@@ -179,17 +181,14 @@ def test_retry_after_a_lease_ran_out_says_so_not_restart(tmp_path):
     process as a restart."""
     command, started, finished, release = _hung_hook(tmp_path)
     release.touch()
-    policy = EvictPolicy(enforce=True, backend="exec")
-    (c,) = [v.candidate for v in judge(_one_slow(), policy) if v.propose]
-    audit = Audit(tmp_path / "a.db")
+    policy, audit, p = _approved(tmp_path)
     ev = Evictor(policy, audit, ExecBackend(command, Retry(attempts=1, timeout_s=5)))
-    p = audit.create(c.job_id, c.node, c.node, "approved", "test", {}, 0.1, NOW)
     assert audit.begin_attempt(p.id, ev.holder, "exec", NOW, 10) is not None  # its lease: 10 ns
     assert ev.attempt(p.id, NOW + 100).state == "done"
     details = [e["detail"] for e in audit.events(p.id) if e["state"] == "acting"]
     assert details[0] == "calling backend" and "outlived its lease" in details[1]
     assert not any("restart" in d for d in details)
-    q = audit.create(c.job_id, c.node, c.node, "approved", "test", {}, 0.1, NOW)
+    q = audit.create(p.job_id, p.node, p.sched_node, "approved", "test", {}, 0.1, NOW)
     assert audit.begin_attempt(q.id, "an-earlier-process", "exec", NOW, 10) is not None
     assert ev.attempt(q.id, NOW + 100).state == "done"
     assert "after a restart" in [e["detail"] for e in audit.events(q.id)][-2]
@@ -200,7 +199,8 @@ def test_the_webhooks_undo_carries_its_own_idempotency_key(tmp_path, pki):
     receiver does): the drain and then the undo both take effect."""
     import http.server
     import json
-    import ssl
+
+    from conftest import https_receiver
 
     from hypertrace.analyzer.evict.backends import WebhookBackend
     keys: list[tuple[str, str]] = []
@@ -215,17 +215,9 @@ def test_the_webhooks_undo_carries_its_own_idempotency_key(tmp_path, pki):
             self.send_response(200)
             self.end_headers()
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
     files = pki.server()
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(files.cert, files.key)
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, url = https_receiver(Hook, files)
     try:
-        url = f"https://127.0.0.1:{server.server_address[1]}/hook"
         backend = WebhookBackend(url, b"s3cret", files.ca, Retry(attempts=1))
         audit = Audit(tmp_path / "a.db")
         ev = Evictor(EvictPolicy(enforce=True, backend="webhook"), audit, backend)
