@@ -13,6 +13,8 @@ runs):
 * ``evict_breaker``: one row while the breaker is tripped.
 * ``evict_decisions``: the last decision per (job, node), so a decision repeated every scoring
   pass is one row with a count, not a flood.
+* ``evict_convictions``: each (node, job) a straggler verdict convicted the node in, first and
+  last seen: the lemon nodes (convicted in ``lemon_jobs`` distinct jobs within ``lemon_days``).
 * ``evict_leases``: one row per proposal whose backend call is under way: who holds it (an
   evictor of one process) and until when. An attempt starts only where no live lease is held
   (:meth:`Audit.begin_attempt`), and its outcome is recorded only by the lease's holder
@@ -45,6 +47,10 @@ CREATE TABLE IF NOT EXISTS evict_events (
 CREATE TABLE IF NOT EXISTS evict_breaker (
     id INTEGER PRIMARY KEY CHECK (id = 1), tripped_ns INTEGER NOT NULL, reason TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS evict_convictions (
+    node TEXT NOT NULL, job_id TEXT NOT NULL, first_ns INTEGER NOT NULL, last_ns INTEGER NOT NULL,
+    PRIMARY KEY (node, job_id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS evict_leases (
     proposal_id TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_ns INTEGER NOT NULL
 ) WITHOUT ROWID;
@@ -245,6 +251,26 @@ class Audit:
                 (pid,) if pid else ()).fetchall()
         return [{"proposal": r[0], "time": _iso(r[1]), "state": r[2], "actor": r[3],
                  "detail": r[4]} for r in rows]
+
+    # ---- convictions (lemon nodes) ----------------------------------------------------------
+
+    def convicted(self, nodes: list[str], job_id: str, now_ns: int) -> None:
+        """Record that a straggler verdict convicted ``nodes`` in ``job_id`` (seen now)."""
+        with self._lock:
+            self._conn.executemany(
+                "INSERT INTO evict_convictions VALUES (?, ?, ?, ?) ON CONFLICT (node, job_id) "
+                "DO UPDATE SET last_ns = MAX(last_ns, excluded.last_ns)",
+                [(n, job_id, now_ns, now_ns) for n in nodes])
+
+    def lemons(self, since_ns: int, min_jobs: int) -> dict[str, int]:
+        """node -> distinct jobs it was convicted in since ``since_ns``, for the nodes with at
+        least ``min_jobs``; older convictions are forgotten."""
+        with self._lock:
+            self._conn.execute("DELETE FROM evict_convictions WHERE last_ns < ?", (since_ns,))
+            rows = self._conn.execute(
+                "SELECT node, COUNT(*) FROM evict_convictions GROUP BY node HAVING COUNT(*) >= ?",
+                (min_jobs,)).fetchall()
+        return {str(r[0]): int(r[1]) for r in rows}
 
     # ---- decisions and the breaker ---------------------------------------------------------
 

@@ -159,9 +159,16 @@ class Evictor:
 
     def _review(self, job: pb.JobReport, now: int) -> list[Proposal]:
         self.nodes_seen.update(n.node for n in job.nodes)
+        convicted = [n.node for n in job.nodes if n.verdict == "straggler"]
+        if convicted:
+            self.audit.convicted(convicted, job.job_id, now)
+        lemons = self.lemons(now) if convicted else {}
         created = []
         for v in pol.judge(job, self.policy):
             c = v.candidate
+            if c.node in lemons:
+                self._lemon(c, lemons[c.node], now)
+                continue
             if not v.propose:
                 self._decide(c, v.reason, now)
                 continue
@@ -179,6 +186,33 @@ class Evictor:
                 p = self._act_one(p, now)       # counts against the breaker meanwhile)
             created.append(p)
         return created
+
+    def lemons(self, now_ns: int | None = None) -> dict[str, int]:
+        """node -> distinct jobs it was convicted in within ``lemon_days``, for the lemons."""
+        now = time.time_ns() if now_ns is None else now_ns
+        p = self.policy
+        return self.audit.lemons(now - int(p.lemon_days * 24 * HOUR_NS), p.lemon_jobs)
+
+    def _lemon(self, c: pol.Candidate, jobs: int, now: int) -> None:
+        """A lemon is proposed for a long drain as ``needs_human``, once per ``lemon_days``
+        (policy module docstring); the usual proposal is not made."""
+        p = self.policy
+        why = (f"lemon: convicted in {jobs} distinct jobs within {p.lemon_days:g} days; a long "
+               "drain (out of service until repaired) is proposed: a human decides")
+        try:
+            sched = self.node_map(c.node)
+        except KeyError as exc:
+            self._decide(c, str(exc.args[0]), now)
+            return
+        recent = now - int(p.lemon_days * 24 * HOUR_NS)
+        if not any(x.state == "needs_human" and x.reason.startswith("lemon:")
+                   and x.created_ns >= recent for x in self.audit.proposals(node=sched)):
+            prop = self.audit.create(c.job_id, c.node, sched, "needs_human", why,
+                                     {**self._evidence(c), "lemon_jobs": jobs},
+                                     c.predicted_gain, now)
+            log.warning("evict: node %s (%s) is a lemon, proposal %s needs a human: %s",
+                        c.node, sched, prop.id, why)
+        self._decide(c, why, now)
 
     def _decide(self, c: pol.Candidate, reason: str, now: int) -> None:
         if self.audit.decide(c.job_id, c.node, reason, now):
@@ -263,6 +297,14 @@ class Evictor:
                                       "1 while the eviction breaker is tripped")
                 b.add_metric([], 0.0 if audit.breaker() is None else 1.0)
                 yield b
+                lemon = GaugeMetricFamily(
+                    "hypertrace_node_lemon_jobs", "Lemon nodes: the distinct jobs each was "
+                    "convicted in within lemon_days (only nodes with at least lemon_jobs)",
+                    labels=["node"])
+                for node, jobs in sorted(lemons().items()):
+                    lemon.add_metric([node], float(jobs))
+                yield lemon
+        lemons = self.lemons
         return _Evictions()
 
     # ---- actions ---------------------------------------------------------------------------

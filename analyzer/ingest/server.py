@@ -350,7 +350,17 @@ class Analyzer:
     def report(self, job_id: str | None = None) -> pb.Report:
         self.flush()
         with self._lock:
-            return self.engine.report(job_id or None)
+            report = self.engine.report(job_id or None)
+        if self.evictor is not None:              # its convictions name the lemon nodes
+            try:
+                lemons = self.evictor.lemons()
+            except Exception:                     # the report goes out without them
+                log.exception("evict: lemon nodes unreadable")
+                lemons = {}
+            for job in report.jobs:
+                for node in job.nodes:
+                    node.lemon_jobs = lemons.get(node.node, 0)
+        return report
 
     def list_jobs(self) -> pb.ListJobsResponse:
         self.drain()

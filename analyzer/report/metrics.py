@@ -50,6 +50,8 @@ seconds``
 ``hypertrace_eviction_proposals``          state                         proposals in the audit
                                                                          trail (analyzer/evict)
 ``hypertrace_eviction_breaker_tripped``    (none)                        1 while tripped
+``hypertrace_node_lemon_jobs``             node                          distinct jobs a lemon
+                                                                         node was convicted in
 ``hypertrace_agent_last_window_timestamp_  node                          when the newest window
 seconds``                                                                of the node's agent
                                                                          ended (analyzer/ingest/nodes.py)
