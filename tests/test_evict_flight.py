@@ -54,6 +54,21 @@ def _wait(cond, what: str, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+def serve_slow_job(analyzer: Analyzer, pki, flush_interval: float
+                   ) -> tuple[AnalyzerServer, str]:
+    """Store a 256-GPU job's last windows, node-0013 30% slow, then serve ``analyzer`` over
+    mutual TLS with /metrics: (server, its gRPC target). Every window is stored before the
+    scoring passes start, so each epoch is scored whole."""
+    start = (time.time_ns() // 10**10 - 20) * 10**10
+    for w in generate(SimConfig(gpus=256, gpus_per_node=8, windows=8, seed=3, start_ns=start,
+                                stragglers=(Straggler("node-0013", 1.3),))):
+        analyzer.ingest(w)
+    server = AnalyzerServer(analyzer, ServerOptions(
+        listen="127.0.0.1:0", flush_interval=flush_interval, shutdown_grace_s=0.5,
+        tls=pki.server(), metrics_listen="127.0.0.1:0"))
+    return server, f"127.0.0.1:{server.start()}"
+
+
 def test_a_hung_hook_runs_once_while_reports_answer(tmp_path, pki):
     command, started, finished, release = _hung_hook(tmp_path)
     db = tmp_path / "a.db"
@@ -62,15 +77,7 @@ def test_a_hung_hook_runs_once_while_reports_answer(tmp_path, pki):
                              "timeout_s": 600.0, "retries": 1, "breaker_max_share": 1.0},
                             str(db), background=True)
     analyzer = Analyzer(storage, ScoringConfig(), evictor=evictor)
-    # every window stored before the scoring passes start: each epoch is scored whole
-    start = (time.time_ns() // 10**10 - 20) * 10**10
-    for w in generate(SimConfig(gpus=256, gpus_per_node=8, windows=8, seed=3, start_ns=start,
-                                stragglers=(Straggler("node-0013", 1.3),))):
-        analyzer.ingest(w)
-    server = AnalyzerServer(analyzer, ServerOptions(
-        listen="127.0.0.1:0", flush_interval=0.2, shutdown_grace_s=0.5, tls=pki.server(),
-        metrics_listen="127.0.0.1:0"))
-    target = f"127.0.0.1:{server.start()}"
+    server, target = serve_slow_job(analyzer, pki, flush_interval=0.2)
     try:
         _wait(lambda: len(_lines(started)) >= 1, "the hook to start")
         reader = pki.files("reader", "ops")

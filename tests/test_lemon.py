@@ -9,6 +9,7 @@ import urllib.request
 
 import grpc
 import pytest
+from test_evict_flight import serve_slow_job
 
 from hypertrace.analyzer.evict.audit import Audit
 from hypertrace.analyzer.evict.backends import NoBackend
@@ -16,7 +17,6 @@ from hypertrace.analyzer.evict.evictor import Evictor
 from hypertrace.analyzer.evict.policy import EvictPolicy
 from hypertrace.analyzer.ingest.server import Analyzer
 from hypertrace.analyzer.report.job_report import build_report
-from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.engine import Engine
 from hypertrace.analyzer.store.storage import Storage
@@ -93,14 +93,7 @@ def test_a_lemon_is_marked_in_the_report_and_the_metrics(tmp_path, pki):
     audit.convicted(["node-0020"], "earlier-1", now - 2 * DAY)   # one: no lemon
     evictor = Evictor(EvictPolicy(), audit, NoBackend())
     analyzer = Analyzer(storage, ScoringConfig(), evictor=evictor)
-    start = (now // 10**10 - 20) * 10**10                       # ... and this one
-    for w in generate(SimConfig(gpus=256, gpus_per_node=8, windows=8, seed=3, start_ns=start,
-                                stragglers=(Straggler("node-0013", 1.3),))):
-        analyzer.ingest(w)
-    server = AnalyzerServer(analyzer, ServerOptions(
-        listen="127.0.0.1:0", flush_interval=0.0, shutdown_grace_s=0.5, tls=pki.server(),
-        metrics_listen="127.0.0.1:0"))
-    target = f"127.0.0.1:{server.start()}"
+    server, target = serve_slow_job(analyzer, pki, flush_interval=0.0)   # ... and this one
     try:
         with grpc.secure_channel(target, channel_credentials(pki.files("reader", "ops"))) as ch:
             report = pb_grpc.QueryStub(ch).GetReport(pb.ReportRequest(all_nodes=True),
