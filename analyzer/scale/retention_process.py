@@ -191,7 +191,7 @@ def _serve(conn: Any, path: str, synchronous: str, config: Any, plan: RetentionP
                         "[retention process]: %(message)s")
     from hypertrace.analyzer.store.storage import Storage
     try:
-        storage = Storage.open(path, synchronous=synchronous)
+        storage = Storage.open(path, synchronous=synchronous, check=False)   # checked there
     except Exception:
         conn.send(("error", traceback.format_exc(limit=4), 0.0))
         return

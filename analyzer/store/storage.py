@@ -312,7 +312,7 @@ class StoredSnapshot:
 class Storage:
     """The analyzer's database. Open with :meth:`open`; every method is thread-safe."""
 
-    def __init__(self, conn: sqlite3.Connection, path: str):
+    def __init__(self, conn: sqlite3.Connection, path: str, load_verdicts: bool = True):
         self._conn = conn
         self._lock = threading.Lock()
         self.path = path
@@ -332,12 +332,19 @@ class Storage:
         #: connection met (the server stops ingest and says NOT_SERVING)
         self.on_corrupt: Callable[[StorageCorrupt], None] | None = None
         self._corrupt_seen = False
-        with self._lock:
-            self._load_last_verdicts()
+        if load_verdicts:
+            with self._lock:
+                self._load_last_verdicts()
+        else:                    # read by the first add_results (its meta.prunes differs)
+            self._prunes_seen = -1
 
     @classmethod
-    def open(cls, path: str | Path, synchronous: str = "FULL") -> "Storage":
-        """Open (creating if needed) the database at ``path``; StorageError if impossible."""
+    def open(cls, path: str | Path, synchronous: str = "FULL", check: bool = True) -> "Storage":
+        """Open (creating if needed) the database at ``path``; StorageError if impossible.
+        ``check``: run ``PRAGMA quick_check`` first and read the stored verdicts now, so a
+        damaged file is refused at once (StorageCorrupt). Without it (a second connection of
+        the analyzer, which checked the file; an export of what can still be read from a
+        damaged one) nothing is read until asked for."""
         p = Path(path)
         if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
             raise StorageError(f"synchronous={synchronous!r}: use FULL, NORMAL or EXTRA")
@@ -373,7 +380,7 @@ class Storage:
         if problem is not None:
             conn.close()
             raise StorageError(problem)
-        return cls._checked(conn, str(p))
+        return cls._checked(conn, str(p)) if check else cls(conn, str(p), load_verdicts=False)
 
     @classmethod
     def _checked(cls, conn: sqlite3.Connection, path: str) -> "Storage":
