@@ -238,3 +238,39 @@ def test_the_webhooks_undo_carries_its_own_idempotency_key(tmp_path, pki):
     assert [a for a, _ in keys] == ["drain", "undo"] and drain_key == p.id
     assert undo_key != drain_key
     assert sorted(applied.values()) == ["drain", "undo"]
+
+
+def test_a_hanging_webhook_gets_one_post_per_retry_of_one_flight(tmp_path, pki):
+    """A receiver that never answers: each POST ends at the timeout, the attempt's retries
+    are all the POSTs it gets, and a second evictor meanwhile sends none."""
+    import http.server
+
+    from conftest import https_receiver
+
+    from hypertrace.analyzer.evict.backends import WebhookBackend
+    posts: list[str] = []
+    hang = threading.Event()
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):                                    # noqa: N802 - http.server API
+            posts.append(self.headers["Idempotency-Key"])
+            hang.wait(60)
+
+    files = pki.server()
+    server, url = https_receiver(Hook, files)
+    try:
+        policy, audit, p = _approved(tmp_path)
+        retry = Retry(attempts=2, base_s=0.05, timeout_s=1.0)
+        a = Evictor(policy, audit, WebhookBackend(url, b"s", files.ca, retry))
+        b = Evictor(policy, Audit(tmp_path / "a.db"), WebhookBackend(url, b"s", files.ca, retry))
+        t = threading.Thread(target=a.attempt, args=(p.id, NOW))
+        t.start()
+        _wait(lambda: len(posts) >= 1, "the first POST")
+        assert b.attempt(p.id, NOW + 1) is None                  # a's flight holds the lease
+        t.join(60)
+    finally:
+        hang.set()
+        server.shutdown()
+    assert posts == [p.id, p.id]
+    assert [e["state"] for e in audit.events(p.id)] == ["approved", "acting", "failed"]
+    assert "failed after 2 attempts" in audit.events(p.id)[-1]["detail"]
