@@ -241,7 +241,7 @@ class Engine:
 
     def scored_windows(self) -> list[tuple[str, int]]:
         """(job, windows scored so far) of every job in memory: what changed since a look."""
-        return [(j, self._jobs[j].epochs_scored) for j in sorted(self._jobs)]
+        return [(j, self._jobs[j].results.epochs_scored) for j in sorted(self._jobs)]
 
     def gpu_uuids(self, job_id: str) -> dict[tuple[str, str], str]:
         """(node, gpu) -> the GPU's UUID as its agent named it ("" when unknown)."""
@@ -252,13 +252,15 @@ class Engine:
         return self.job(job_id).late_windows
 
     def job(self, job_id: str) -> JobState:
-        """The state of ``job_id``; :class:`UnknownJobError` naming the known jobs."""
+        """The state of ``job_id``, its per-GPU arrays sized to every GPU registered (a
+        report reads them as they are); :class:`UnknownJobError` naming the known jobs."""
         job = self._jobs.get(job_id)
         if job is None:
             known = ", ".join(sorted(self._jobs)[:10]) or "none yet"
             raise UnknownJobError(
                 f"unknown job {job_id[:64]!r}; known jobs: {known} (a job without windows for "
                 f"{self.config.job_expiry_seconds:g} s is forgotten: job_expiry_seconds)")
+        job.grow()
         return job
 
     def list_jobs(self) -> pb.ListJobsResponse:
