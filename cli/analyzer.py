@@ -68,6 +68,17 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
     Setting("compact_after_s", float, 120.0,
             "a retention pass compacts windows into blocks once they ended this many seconds "
             "ago (default 120; well after their epoch was scored)"),
+    Setting("integrity_check_s", float, 3600.0,
+            "seconds between integrity checks of the database file (SQLite's quick_check on a "
+            "read-only connection of its own, seconds per GB; ingest goes on meanwhile). "
+            "Damage found then, or met by any read or write, stops ingest: gRPC health "
+            "NOT_SERVING, hypertrace_database_corrupt 1, the recovery in the log (default "
+            "3600; 0: no scheduled check)"),
+    Setting("catch_up_s", float, 60.0,
+            "while the database cannot commit (a full disk) windows are refused and agents "
+            "keep them in their spools; scoring waits meanwhile and this many seconds after "
+            "it can commit again, so the windows sent again within it are scored on time "
+            "(default 60: twice the agents' longest backoff)"),
     Setting("flush_interval", float, 1.0,
             "seconds between background scoring passes (default 1; 0: score only when a "
             "report is asked for)"),
@@ -168,6 +179,11 @@ def _check_server_settings(server: dict[str, Any]) -> None:
             raise ValueError(f"{key} must be > 0 seconds, got {server[key]}")
     if not server["max_clock_skew_s"] > 0:
         raise ValueError(f"max_clock_skew_s must be > 0 seconds, got {server['max_clock_skew_s']}")
+    if not server["catch_up_s"] >= 0:
+        raise ValueError(f"catch_up_s must be >= 0 seconds, got {server['catch_up_s']}")
+    if not server["integrity_check_s"] >= 0:
+        raise ValueError(f"integrity_check_s must be >= 0 seconds (0: no scheduled check), "
+                         f"got {server['integrity_check_s']}")
     if not server["flush_interval"] >= 0:
         raise ValueError(f"flush_interval must be >= 0 seconds, got {server['flush_interval']}")
     if not server["max_workers"] >= 1:
@@ -207,16 +223,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         from hypertrace.analyzer.evict.evictor import from_settings
-        evictor = from_settings(server_cfg["evict"], server_cfg["db"])
+        evictor = from_settings(server_cfg["evict"], server_cfg["db"], background=True)
     except (ValueError, ConfigError) as exc:
         print(f"hypertrace analyzer: {exc}", file=sys.stderr)
         storage.close()
         return 2
     analyzer = make_analyzer(storage, config, evictor=evictor,
                              snapshot_seconds=float(server_cfg["snapshot_seconds"]),
+                             catch_up_s=float(server_cfg["catch_up_s"]),
                              engine_process=bool(server_cfg["engine_process"]))
 
     def close() -> None:
+        evictor.close(timeout=5.0)      # a hook under way is left to its lease: retried later
         analyzer.close()
         storage.close()
     try:
@@ -237,7 +255,8 @@ def run(args: argparse.Namespace) -> int:
                             retention_process=bool(server_cfg["retention_process"]),
                             retention_every_s=float(server_cfg["retention_every_s"]),
                             compact_after_s=float(server_cfg["compact_after_s"]),
-                            checker_processes=int(server_cfg["checker_processes"]))
+                            checker_processes=int(server_cfg["checker_processes"]),
+                            integrity_check_s=float(server_cfg["integrity_check_s"]))
     from hypertrace.cli.cluster_settings import serve_until_signal
     return serve_until_signal(AnalyzerServer(analyzer, options), "analyzer",
                               f"db {storage.path}, {resumed} windows resumed", close)

@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
-        storage = Storage.open(args.db, synchronous="NORMAL")
+        # no integrity check: export reads what it can of a damaged file too
+        storage = Storage.open(args.db, synchronous="NORMAL", check=False)
     except StorageError as exc:
         print(f"hypertrace export: {exc}", file=sys.stderr)
         return 2

@@ -295,7 +295,7 @@ class LatencyCdf(_message.Message):
     def __init__(self, node: _Optional[str] = ..., api: _Optional[str] = ..., upper_us: _Optional[_Iterable[float]] = ..., job: _Optional[_Iterable[float]] = ..., node_cdf: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class NodeReport(_message.Message):
-    __slots__ = ("node", "verdict", "scope", "probable_cause", "gpus", "window_ratios", "series")
+    __slots__ = ("node", "verdict", "scope", "probable_cause", "gpus", "window_ratios", "series", "lemon_jobs")
     NODE_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +303,7 @@ class NodeReport(_message.Message):
     GPUS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_RATIOS_FIELD_NUMBER: _ClassVar[int]
     SERIES_FIELD_NUMBER: _ClassVar[int]
+    LEMON_JOBS_FIELD_NUMBER: _ClassVar[int]
     node: str
     verdict: str
     scope: str
@@ -310,7 +311,8 @@ class NodeReport(_message.Message):
     gpus: _containers.RepeatedCompositeFieldContainer[GpuReport]
     window_ratios: _containers.RepeatedScalarFieldContainer[float]
     series: _containers.RepeatedCompositeFieldContainer[SignalSeries]
-    def __init__(self, node: _Optional[str] = ..., verdict: _Optional[str] = ..., scope: _Optional[str] = ..., probable_cause: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuReport, _Mapping]]] = ..., window_ratios: _Optional[_Iterable[float]] = ..., series: _Optional[_Iterable[_Union[SignalSeries, _Mapping]]] = ...) -> None: ...
+    lemon_jobs: int
+    def __init__(self, node: _Optional[str] = ..., verdict: _Optional[str] = ..., scope: _Optional[str] = ..., probable_cause: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[GpuReport, _Mapping]]] = ..., window_ratios: _Optional[_Iterable[float]] = ..., series: _Optional[_Iterable[_Union[SignalSeries, _Mapping]]] = ..., lemon_jobs: _Optional[int] = ...) -> None: ...
 
 class SignalSeries(_message.Message):
     __slots__ = ("signal", "stat", "unit", "node", "job_median", "job_p10", "job_p90")

@@ -155,3 +155,22 @@ class Pki:
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory) -> Pki:
     return Pki(tmp_path_factory.mktemp("pki"))
+
+
+def https_receiver(handler, files):
+    """A real local HTTPS server of ``handler`` (an http.server request handler class) with the
+    TLS ``files`` (a certificate from `hypertrace certs`), serving in a thread, its requests
+    not logged: (server, its https URL). Call ``server.shutdown()`` when done."""
+    import http.server
+    import ssl
+    import threading
+
+    class Quiet(handler):
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(files.cert, files.key)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"https://127.0.0.1:{server.server_address[1]}/hook"

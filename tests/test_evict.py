@@ -190,8 +190,8 @@ def test_webhook_signed_retried_and_applied_once_by_its_idempotency_key(tmp_path
     import hashlib
     import hmac
     import http.server
-    import ssl
-    import threading
+
+    from conftest import https_receiver
 
     from hypertrace.analyzer.evict.backends import WebhookBackend
     secret = b"s3cret"
@@ -214,17 +214,9 @@ def test_webhook_signed_retried_and_applied_once_by_its_idempotency_key(tmp_path
                 self.send_response(200)
             self.end_headers()
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
     files = pki.server()
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(files.cert, files.key)
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, url = https_receiver(Hook, files)
     try:
-        url = f"https://127.0.0.1:{server.server_address[1]}/hook"
         backend = WebhookBackend(url, secret, files.ca, Retry(attempts=3, base_s=0.05))
         audit = Audit(tmp_path / "a.db")
         (p,) = Evictor(EvictPolicy(enforce=True, backend="webhook"), audit,

@@ -201,3 +201,28 @@ def test_an_exception_in_the_pass_comes_back_and_the_same_worker_goes_on(tmp_pat
         worker.close()
     assert _gone(pid)
     st.close()
+
+
+def test_a_worker_killed_between_passes_is_replaced_counted_and_logged(tmp_path, caplog):
+    """Killed while idle, not during a pass: the next pass finds it gone, says so in the log,
+    counts the replacement once and runs in a new worker."""
+    st, a = _history(tmp_path / "a.db", minutes=2)
+    replaced: list[int] = []
+    worker = RetentionProcess(str(tmp_path / "a.db"), "NORMAL", ScoringConfig(),
+                              RetentionPlan(240 / 3600, 30.0, 600.0),
+                              on_replaced=lambda: replaced.append(1))
+    stop = threading.Event()
+    try:
+        assert worker.run(stop) is not None            # one pass, then it waits for the next
+        first = worker.pid
+        os.kill(first, signal.SIGKILL)
+        assert _wait(lambda: _gone(first))
+        with caplog.at_level(logging.ERROR):
+            assert worker.run(stop) is not None        # the next pass, in a new worker
+        assert worker.pid not in (None, first) and replaced == [1]
+        assert any("ended between passes" in r.getMessage() and str(first) in r.getMessage()
+                   for r in caplog.records)
+        assert worker.run(stop) is not None and replaced == [1]   # a live one: not counted
+    finally:
+        worker.close()
+    st.close()

@@ -13,6 +13,13 @@ runs):
 * ``evict_breaker``: one row while the breaker is tripped.
 * ``evict_decisions``: the last decision per (job, node), so a decision repeated every scoring
   pass is one row with a count, not a flood.
+* ``evict_convictions``: each (node, job) a straggler verdict convicted the node in, first and
+  last seen: the lemon nodes (convicted in ``lemon_jobs`` distinct jobs within ``lemon_days``).
+* ``evict_leases``: one row per proposal whose backend call is under way: who holds it (an
+  evictor of one process) and until when. An attempt starts only where no live lease is held
+  (:meth:`Audit.begin_attempt`), and its outcome is recorded only by the lease's holder
+  (:meth:`Audit.finish_attempt`): one flight per proposal, across threads and processes, and
+  each attempt and its outcome recorded once.
 """
 from __future__ import annotations
 
@@ -40,6 +47,13 @@ CREATE TABLE IF NOT EXISTS evict_events (
 CREATE TABLE IF NOT EXISTS evict_breaker (
     id INTEGER PRIMARY KEY CHECK (id = 1), tripped_ns INTEGER NOT NULL, reason TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS evict_convictions (
+    node TEXT NOT NULL, job_id TEXT NOT NULL, first_ns INTEGER NOT NULL, last_ns INTEGER NOT NULL,
+    PRIMARY KEY (node, job_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS evict_leases (
+    proposal_id TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_ns INTEGER NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS evict_decisions (
     job_id TEXT NOT NULL, node TEXT NOT NULL, reason TEXT NOT NULL, first_ns INTEGER NOT NULL,
     last_ns INTEGER NOT NULL, count INTEGER NOT NULL, PRIMARY KEY (job_id, node)
@@ -130,6 +144,69 @@ class Audit:
             self._conn.execute("COMMIT")
         return self.get(pid)
 
+    def begin_attempt(self, pid: str, holder: str, actor: str, now_ns: int, lease_ns: int
+                      ) -> Proposal | None:
+        """Take the lease of an ``approved`` or ``acting`` proposal and record the attempt
+        (state ``acting``), in one transaction; None when there is nothing to do: another
+        state, or a live lease (its call is under way elsewhere). What the event says is what
+        happened: the first call, or a retry of an attempt that left no outcome (by an earlier
+        process: a restart; by this one: its lease ran out)."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._conn.execute("SELECT state FROM evict_proposals WHERE id = ?",
+                                         (pid,)).fetchone()
+                lease = self._conn.execute(
+                    "SELECT holder, expires_ns FROM evict_leases WHERE proposal_id = ?",
+                    (pid,)).fetchone()
+                if row is None or row[0] not in ("approved", "acting") or (
+                        lease is not None and int(lease[1]) > now_ns):
+                    self._conn.execute("ROLLBACK")
+                    return None
+                if row[0] == "approved":
+                    detail = "calling backend"
+                elif lease is not None and lease[0] == holder:
+                    detail = "retrying: the previous attempt outlived its lease with no outcome"
+                else:
+                    detail = ("retrying after a restart: an attempt of an earlier analyzer "
+                              "process left no outcome")
+                self._conn.execute(
+                    "UPDATE evict_proposals SET state = 'acting', updated_ns = ?, "
+                    "attempts = attempts + 1 WHERE id = ?", (now_ns, pid))
+                self._conn.execute("INSERT INTO evict_events VALUES (?, ?, 'acting', ?, ?)",
+                                   (pid, now_ns, actor, detail))
+                self._conn.execute("INSERT OR REPLACE INTO evict_leases VALUES (?, ?, ?)",
+                                   (pid, holder, now_ns + lease_ns))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return self.get(pid)
+
+    def finish_attempt(self, pid: str, holder: str, state: str, actor: str, detail: str,
+                       now_ns: int) -> Proposal | None:
+        """Record an attempt's outcome and give its lease back, in one transaction; None (and
+        nothing recorded) when ``holder`` no longer holds the lease: its call outlived the
+        lease and another attempt took over, whose outcome is the one recorded."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                lease = self._conn.execute(
+                    "SELECT holder FROM evict_leases WHERE proposal_id = ?", (pid,)).fetchone()
+                if lease is None or lease[0] != holder:
+                    self._conn.execute("ROLLBACK")
+                    return None
+                self._conn.execute("UPDATE evict_proposals SET state = ?, updated_ns = ? "
+                                   "WHERE id = ? AND state = 'acting'", (state, now_ns, pid))
+                self._conn.execute("INSERT INTO evict_events VALUES (?, ?, ?, ?, ?)",
+                                   (pid, now_ns, state, actor, detail))
+                self._conn.execute("DELETE FROM evict_leases WHERE proposal_id = ?", (pid,))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return self.get(pid)
+
     def counts(self) -> dict[str, int]:
         """Proposals per state (for the analyzer's metrics)."""
         with self._lock:
@@ -174,6 +251,26 @@ class Audit:
                 (pid,) if pid else ()).fetchall()
         return [{"proposal": r[0], "time": _iso(r[1]), "state": r[2], "actor": r[3],
                  "detail": r[4]} for r in rows]
+
+    # ---- convictions (lemon nodes) ----------------------------------------------------------
+
+    def convicted(self, nodes: list[str], job_id: str, now_ns: int) -> None:
+        """Record that a straggler verdict convicted ``nodes`` in ``job_id`` (seen now)."""
+        with self._lock:
+            self._conn.executemany(
+                "INSERT INTO evict_convictions VALUES (?, ?, ?, ?) ON CONFLICT (node, job_id) "
+                "DO UPDATE SET last_ns = MAX(last_ns, excluded.last_ns)",
+                [(n, job_id, now_ns, now_ns) for n in nodes])
+
+    def lemons(self, since_ns: int, min_jobs: int) -> dict[str, int]:
+        """node -> distinct jobs it was convicted in since ``since_ns``, for the nodes with at
+        least ``min_jobs``; older convictions are forgotten."""
+        with self._lock:
+            self._conn.execute("DELETE FROM evict_convictions WHERE last_ns < ?", (since_ns,))
+            rows = self._conn.execute(
+                "SELECT node, COUNT(*) FROM evict_convictions GROUP BY node HAVING COUNT(*) >= ?",
+                (min_jobs,)).fetchall()
+        return {str(r[0]): int(r[1]) for r in rows}
 
     # ---- decisions and the breaker ---------------------------------------------------------
 

@@ -1,17 +1,19 @@
 """Where an approved proposal goes: the scheduler's side of an eviction, and its undo.
 
-Every backend has a timeout, retries with backoff, and passes the proposal id as the
-idempotency key, so a retry after a crash does not act twice. Every backend refuses to touch a
+Every backend has a timeout per call, retries with backoff, and passes an idempotency key (the
+proposal id for its drain), so a retry after a crash does not act twice. Every backend refuses to touch a
 node that someone else took out, and undoes only what it did itself.
 
 * ``slurm``: ``scontrol update NodeName=X State=DRAIN Reason="hypertrace: ..."``; undo is
   ``State=RESUME``, only while the Reason is ours (proposal id in it). With ``requeue`` (off by
   default) the job, when its id is a Slurm job id, is requeued with the node excluded.
-* ``exec``: a command run with the proposal JSON on stdin and ``HYPERTRACE_ACTION=drain|undo``
-  and ``HYPERTRACE_PROPOSAL=<id>`` in its environment; exit 0 means done.
+* ``exec``: a command run with the proposal JSON on stdin and ``HYPERTRACE_ACTION=drain|undo``,
+  ``HYPERTRACE_PROPOSAL=<id>`` and ``HYPERTRACE_IDEMPOTENCY_KEY`` in its environment; exit 0
+  means done. Past ``timeout_s`` its whole process group is killed.
 * ``webhook``: an HTTPS POST of the proposal JSON, signed ``X-Hypertrace-Signature:
-  sha256=<hex HMAC of the body>`` with the secret from a file, the proposal id in
-  ``Idempotency-Key``, the action in ``X-Hypertrace-Action``.
+  sha256=<hex HMAC of the body>`` with the secret from a file, the action in
+  ``X-Hypertrace-Action``, and ``Idempotency-Key``: the proposal id for the drain (the same on
+  every retry), ``<id>-undo`` for its undo (:func:`idempotency_key`).
 * ``kubernetes``: cordon, a ``hypertrace.dev/straggler=<proposal>:NoSchedule`` taint and a
   ``HypertraceStraggler`` node condition with the evidence; never NoExecute.
 * ``none``: dry-run only (``enforce`` with it is a configuration error).
@@ -49,6 +51,7 @@ class Refused(BackendError):
 
 class Backend(Protocol):
     name: str
+    retry: "Retry"
 
     def drain(self, p: Proposal) -> str: ...
 
@@ -64,6 +67,12 @@ class Retry:
     base_s: float = 1.0
     timeout_s: float = 30.0
     cap_s: float = 60.0
+
+    def budget_s(self) -> float:
+        """The longest one call with its retries can take: every attempt to its timeout and
+        every wait between them at the cap (what an attempt's lease must outlast)."""
+        n = max(1, self.attempts)
+        return n * self.timeout_s + (n - 1) * self.cap_s
 
     def run(self, action: Callable[[], str], sleep: Callable[[float], None] = time.sleep) -> str:
         def once() -> str:
@@ -91,6 +100,7 @@ def proposal_body(p: Proposal, action: str) -> bytes:
 @dataclass
 class NoBackend:
     name: str = "none"
+    retry: Retry = field(default_factory=Retry)
 
     def drain(self, p: Proposal) -> str:
         raise Refused("backend none: dry-run only (set evict.backend)")
@@ -169,6 +179,35 @@ class SlurmBackend:
         return self.retry.run(act)
 
 
+def idempotency_key(p: Proposal, action: str) -> str:
+    """The key a receiver deduplicates an action by: the proposal's id for its drain (the same
+    on every retry), its own key for the undo (a receiver that deduplicates would drop an
+    undo under the drain's key)."""
+    return p.id if action == "drain" else f"{p.id}-{action}"
+
+
+def run_bounded(command: list[str], stdin: bytes, env: dict[str, str], timeout_s: float
+                ) -> tuple[int, bytes]:
+    """Run ``command`` with ``stdin``; (exit code, stderr). BackendError when it runs past
+    ``timeout_s``: then its whole process group is killed. Why a group of its own: a hook
+    that is a shell script leaves its children (a ``sleep``, a ``curl``) holding the pipes,
+    and waiting for their end after killing the script alone would hang as long as they do."""
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=env, start_new_session=True)
+    try:
+        _, err = proc.communicate(stdin, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        import signal
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        raise BackendError(f"{command[0]} did not finish within {timeout_s:g} s (its "
+                           "process group was killed)") from None
+    return int(proc.returncode), err or b""
+
+
 @dataclass
 class ExecBackend:
     command: list[str]
@@ -177,16 +216,13 @@ class ExecBackend:
 
     def _call(self, p: Proposal, action: str) -> str:
         def act() -> str:
-            env = dict(os.environ, HYPERTRACE_ACTION=action, HYPERTRACE_PROPOSAL=p.id)
-            try:
-                done = subprocess.run(self.command, input=proposal_body(p, action),
-                                      capture_output=True, timeout=self.retry.timeout_s, env=env)
-            except subprocess.TimeoutExpired:
-                raise BackendError(f"{self.command[0]} did not finish within "
-                                   f"{self.retry.timeout_s:g} s") from None
-            if done.returncode != 0:
-                raise BackendError(f"{self.command[0]} exited {done.returncode}: "
-                                   f"{done.stderr.decode(errors='replace').strip()[:300]}")
+            env = dict(os.environ, HYPERTRACE_ACTION=action, HYPERTRACE_PROPOSAL=p.id,
+                       HYPERTRACE_IDEMPOTENCY_KEY=idempotency_key(p, action))
+            code, stderr = run_bounded(self.command, proposal_body(p, action), env,
+                                       self.retry.timeout_s)
+            if code != 0:
+                raise BackendError(f"{self.command[0]} exited {code}: "
+                                   f"{stderr.decode(errors='replace').strip()[:300]}")
             return f"{self.command[0]}: exit 0"
         return self.retry.run(act)
 
@@ -213,7 +249,7 @@ class WebhookBackend:
         def act() -> str:
             req = urllib.request.Request(self.url, data=body, method="POST", headers={
                 "Content-Type": "application/json", "X-Hypertrace-Signature": f"sha256={sig}",
-                "Idempotency-Key": p.id, "X-Hypertrace-Action": action})
+                "Idempotency-Key": idempotency_key(p, action), "X-Hypertrace-Action": action})
             try:
                 with urllib.request.urlopen(req, timeout=self.retry.timeout_s,
                                             context=ctx) as resp:

@@ -20,6 +20,9 @@ Limits, in this order (each one refuses with its reason, and is recorded):
 * a node acted on within ``cooldown_hours`` is not proposed again;
 * a node acted on ``repeat_max`` times in ``repeat_days`` goes to a human (``needs_human``),
   never a third time automatically;
+* a **lemon** (a node convicted in ``lemon_jobs`` distinct jobs within ``lemon_days``) is
+  proposed for a long drain (out of service until repaired) as ``needs_human``, once per
+  ``lemon_days``: a machine that fails job after job needs a repair, which a person decides;
 * the cluster-wide breaker: at most ``breaker_max_nodes`` nodes, or ``breaker_max_share`` of the
   nodes seen, in ``breaker_window_minutes``. Once it trips it stays tripped until
   ``hypertrace evict reset``, and proposals refused meanwhile are never replayed.
@@ -55,6 +58,8 @@ class EvictPolicy:
     backend: str = "none"              # none | slurm | exec | webhook | kubernetes
     node_template: str = "{node}"      # scheduler node name from the agent's node name
     node_table: str = ""               # or a file of "agent-node scheduler-node" lines
+    lemon_jobs: int = 3                # a node convicted in this many distinct jobs ...
+    lemon_days: float = 7.0            # ... within this many days is a lemon
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, rule: str) -> None:
@@ -68,6 +73,8 @@ class EvictPolicy:
         need(self.repeat_days > 0 and self.repeat_max >= 1, "repeat_max",
              "must be >= 1 (with repeat_days > 0)")
         need(self.breaker_max_nodes >= 1, "breaker_max_nodes", "must be >= 1")
+        need(self.lemon_jobs >= 2, "lemon_jobs", "must be >= 2 (distinct jobs)")
+        need(self.lemon_days > 0, "lemon_days", "must be > 0")
         need(0 < self.breaker_max_share <= 1, "breaker_max_share", "must be in (0, 1]")
         need(self.breaker_window_minutes > 0, "breaker_window_minutes", "must be > 0")
         need(self.approval_ttl_minutes > 0, "approval_ttl_minutes", "must be > 0")

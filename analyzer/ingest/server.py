@@ -47,6 +47,7 @@ from typing import Any, AsyncIterator, Callable, Protocol
 import grpc
 
 from hypertrace.analyzer.ingest.checks import Access, Refused, authorize, check_window
+from hypertrace.analyzer.ingest.commit_hold import CATCH_UP_S, CommitHold
 from hypertrace.analyzer.ingest.engines import Engine, LocalEngine
 from hypertrace.analyzer.ingest.loop_groups import LoopGroups
 from hypertrace.analyzer.ingest.nodes import SEED_SPAN_S, NodeTable
@@ -136,7 +137,8 @@ class Analyzer:
     def __init__(self, storage: Storage, config: ScoringConfig | None = None,
                  engine: Engine | None = None, evictor: Any = None,
                  metrics: AnalyzerMetrics | None = None,
-                 snapshot_seconds: float = SNAPSHOT_SECONDS):
+                 snapshot_seconds: float = SNAPSHOT_SECONDS,
+                 catch_up_s: float = CATCH_UP_S):
         config = config if config is not None else ScoringConfig()
         self.config = config
         self.storage = storage
@@ -149,6 +151,10 @@ class Analyzer:
         self._lock = threading.Lock()
         #: stored windows not yet in the Engine: (window, its stored bytes, its id, arrival ns)
         self._inbox: deque[tuple[pb.NodeWindow, bytes, int, int]] = deque()
+        #: the id of the newest window fed to the Engine (every one before it was fed too)
+        self._fed_upto = 0
+        #: scoring waits while the database cannot commit (ingest/commit_hold.py)
+        self.hold = CommitHold(int(catch_up_s * 1e9))
         self.replay_pending_max = 0      # most epochs held in memory during the last resume()
         #: seconds between Engine snapshots stored with the results (0: never; analyzer/store/snapshot.py)
         self.snapshot_seconds = snapshot_seconds
@@ -204,6 +210,11 @@ class Analyzer:
 
         payloads = [(w, raw if raw is not None else w.SerializeToString()) for w, raw in windows]
         out = self.storage.add_windows([(w, raw, queue(w, raw)) for w, raw in payloads])
+        if any(isinstance(o, BaseException)
+               and not isinstance(o, (ConflictingDuplicate, StorageCorrupt)) for o in out):
+            self.hold.failed(time.time_ns())      # the commit failed: a full disk, I/O
+        elif out:
+            self.hold.committed(time.time_ns())
         new = sum(1 for o in out if o is True)
         if new:
             self.metrics.received.inc(new)
@@ -219,7 +230,7 @@ class Analyzer:
         late: list[tuple[str, int]] = []
         with self._lock:
             n = self._feed(late)
-        self._mark_late(late)
+            self._mark_late(late)
         return n
 
     def _feed(self, late: list[tuple[str, int]]) -> int:
@@ -233,9 +244,14 @@ class Analyzer:
             n += len(batch)
             for i in self.engine.feed(batch):
                 late.append((batch[i][0].agent_id, batch[i][0].seq))
+            self._fed_upto = max(self._fed_upto, batch[-1][2])
         return n
 
     def _mark_late(self, late: list[tuple[str, int]]) -> None:
+        """Store which fed windows were late; called with the Engine's lock held, so no
+        scoring pass can store results between a window's feed and its mark (a replay after a
+        kill -9 trusts the marks of every window up to the ``late_marked_upto`` stored with
+        the results: analyzer/store/replay.py)."""
         self.storage.mark_late_many(late)
         if late:
             self.metrics.late.inc(len(late))
@@ -244,7 +260,7 @@ class Analyzer:
         """Score complete epochs and store the results; returns the number of epochs scored."""
         marks = [time.perf_counter()]             # start, fed, scored, stored, reviewed
         self.drain()
-        now = now_ns if now_ns is not None else time.time_ns()
+        now = self.hold.scoring_time(now_ns if now_ns is not None else time.time_ns())
         marks.append(time.perf_counter())
         late: list[tuple[str, int]] = []
         captured = None
@@ -252,7 +268,8 @@ class Analyzer:
             results = self.engine.flush(now, expire=True) or []
             if results and self._snapshot_due(now):
                 captured = self._capture(late)
-        self._mark_late(late)
+            self._mark_late(late)
+            fed_upto = self._fed_upto
         marks.append(time.perf_counter())
         if results:
             self.metrics.scoring_seconds.observe(marks[2] - marks[1])
@@ -262,7 +279,8 @@ class Analyzer:
                 from hypertrace.analyzer.store import snapshot
                 snap = snapshot.pack(captured[1], self.config, captured[0], now,
                                      compressed=self.engine.captures_compressed)
-            self.storage.add_results(results, created_ns=now, snapshot=snap)
+            self.storage.add_results(results, created_ns=now, snapshot=snap,
+                                     late_marked_upto=fed_upto)
         marks.append(time.perf_counter())
         if self.evictor is not None:
             self._review(results, now)
@@ -332,7 +350,17 @@ class Analyzer:
     def report(self, job_id: str | None = None) -> pb.Report:
         self.flush()
         with self._lock:
-            return self.engine.report(job_id or None)
+            report = self.engine.report(job_id or None)
+        if self.evictor is not None:              # its convictions name the lemon nodes
+            try:
+                lemons = self.evictor.lemons()
+            except Exception:                     # the report goes out without them
+                log.exception("evict: lemon nodes unreadable")
+                lemons = {}
+            for job in report.jobs:
+                for node in job.nodes:
+                    node.lemon_jobs = lemons.get(node.node, 0)
+        return report
 
     def list_jobs(self) -> pb.ListJobsResponse:
         self.drain()
@@ -422,17 +450,17 @@ class _QueryServicer(pb_grpc.QueryServicer):
 
 
 def _refusal(analyzer: Analyzer, exc: BaseException, w: pb.NodeWindow,
-             on_broken: Callable[[], None] | None) -> Refused:
+             on_broken: Callable[[StorageCorrupt], None] | None) -> Refused:
     """How a window the store did not take ends its stream."""
     if isinstance(exc, ConflictingDuplicate):
         log.error("%s", exc)
         return Refused(grpc.StatusCode.ALREADY_EXISTS, "invalid", str(exc))
     if isinstance(exc, StorageCorrupt):
-        if not analyzer.broken:
+        if on_broken is not None:
+            on_broken(exc)
+        elif not analyzer.broken:
             analyzer.broken = str(exc)
             log.critical("%s", exc)
-            if on_broken is not None:
-                on_broken()
         return Refused(grpc.StatusCode.UNAVAILABLE, "storage",
                         f"analyzer cannot store windows: {exc}")
     if isinstance(exc, StorageError):
@@ -445,7 +473,7 @@ def _refusal(analyzer: Analyzer, exc: BaseException, w: pb.NodeWindow,
 
 
 def _store_group(analyzer: Analyzer, windows: list[tuple[pb.NodeWindow, bytes]],
-                 on_broken: Callable[[], None] | None) -> list[bool | Refused]:
+                 on_broken: Callable[[StorageCorrupt], None] | None) -> list[bool | Refused]:
     """Store accepted windows durably in one group: per window True (new), False (a
     duplicate) or the :class:`Refused` that ends its stream. Blocks until the group's commit:
     run in the store's thread."""
@@ -465,7 +493,7 @@ class _StoreQueue(LoopGroups):
     holds its window. Windows that arrive during a commit form the next group."""
 
     def __init__(self, analyzer: Analyzer, pool: futures.Executor,
-                 on_broken: Callable[[], None] | None):
+                 on_broken: Callable[[StorageCorrupt], None] | None):
         super().__init__(
             pool, lambda group: _store_group(analyzer, group, on_broken),
             lambda exc, group: [_refusal(analyzer, exc, w, on_broken) for w, _ in group])
@@ -476,7 +504,7 @@ class _StoreQueue(LoopGroups):
 
 
 def _store_one(analyzer: Any, w: pb.NodeWindow, raw: bytes,
-               on_broken: Callable[[], None] | None) -> bool | Refused:
+               on_broken: Callable[[StorageCorrupt], None] | None) -> bool | Refused:
     """Store one window through an analyzer that takes windows one by one (the cluster edge,
     which publishes each to JetStream): True (new), False (a duplicate) or its refusal."""
     try:
@@ -500,7 +528,7 @@ STORE_THREADS = 64
 
 def _ingest_handler(analyzer: Backend, access: Access | None, store_pool: futures.Executor,
                     max_skew_s: float = MAX_CLOCK_SKEW_S,
-                    on_broken: Callable[[], None] | None = None,
+                    on_broken: Callable[[StorageCorrupt], None] | None = None,
                     checkers: Any = None) -> grpc.GenericRpcHandler:
     """Ingest.Stream on the server's event loop: every stream is a coroutine, not a thread.
 
@@ -542,6 +570,9 @@ def _ingest_handler(analyzer: Backend, access: Access | None, store_pool: future
         async for raw in request_iterator:
             try:
                 w, raw, dropped = await accept(raw, context)
+                if analyzer.broken:       # a damaged file acks nothing more: agents keep it
+                    raise Refused(grpc.StatusCode.UNAVAILABLE, "storage",
+                                  f"analyzer cannot store windows: {analyzer.broken}")
                 new = (await store.store(w, raw) if store is not None else
                        await loop.run_in_executor(store_pool, _store_one, analyzer, w, raw,
                                                   on_broken))

@@ -41,6 +41,8 @@ seconds``
 ``hypertrace_scoring_seconds``             (histogram)                   one scoring pass
 ``hypertrace_windows_scored_total``        (none)                        job-windows scored
 ``hypertrace_database_bytes``              (none)                        database + WAL on disk
+``hypertrace_database_corrupt``            (none)                        1 once found damaged
+                                                                         (ingest stopped)
 ``hypertrace_retention_cpu_seconds_total`` (none)                        CPU of retention passes
                                                                          (its process's or here)
 ``hypertrace_worker_restarts_total``       worker                        worker processes that
@@ -48,6 +50,8 @@ seconds``
 ``hypertrace_eviction_proposals``          state                         proposals in the audit
                                                                          trail (analyzer/evict)
 ``hypertrace_eviction_breaker_tripped``    (none)                        1 while tripped
+``hypertrace_node_lemon_jobs``             node                          distinct jobs a lemon
+                                                                         node was convicted in
 ``hypertrace_agent_last_window_timestamp_  node                          when the newest window
 seconds``                                                                of the node's agent
                                                                          ended (analyzer/ingest/nodes.py)
@@ -76,7 +80,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -261,6 +265,9 @@ class AnalyzerMetrics:
             ["worker"], registry=r)
         for worker in WORKERS:                   # exported from the start at 0
             self.worker_restarts.labels(worker)
+        self.database_corrupt = Gauge(
+            "hypertrace_database_corrupt", "1 once the database was found damaged (a periodic "
+            "quick_check, or a read or write that met damage): ingest is stopped", registry=r)
         self.scoring_seconds = Histogram(
             "hypertrace_scoring_seconds", "Time of one scoring pass",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=r)

@@ -183,7 +183,9 @@ def _node_rows(job: pb.JobReport, only_flagged: bool) -> tuple[list[tuple[str, .
         windows = max((x.windows_flagged for x in node.gpus), default=0)
         seen = max((x.windows_seen for x in node.gpus), default=0)
         effect, basis = node_effect(node)
-        rows.append((_short(node.node), node.verdict, node.scope or "-",
+        verdict = (f"{node.verdict}, lemon ({node.lemon_jobs} jobs)" if node.lemon_jobs
+                   else node.verdict)
+        rows.append((_short(node.node), verdict, node.scope or "-",
                      evidence_words(f) if f is not None and flagged else "-",
                      _ratio_text(f) if f is not None and flagged else "-",
                      f"{f.robust_z:+.0f}" if f is not None and flagged else "-",

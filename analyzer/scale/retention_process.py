@@ -24,7 +24,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from hypertrace.analyzer.scale.worker_process import START_TIMEOUT_S, WorkerUnavailable, end, spawn
 
@@ -68,8 +68,12 @@ class RetentionProcess:
     ``path``. Not thread-safe: one thread (the server's retention thread) runs the passes;
     :meth:`close` may come from another."""
 
-    def __init__(self, path: str, synchronous: str, config: Any, plan: RetentionPlan):
+    def __init__(self, path: str, synchronous: str, config: Any, plan: RetentionPlan,
+                 on_replaced: Callable[[], None] | None = None):
         self.path = path
+        #: called (after the log line) each time a worker that died is replaced, wherever it
+        #: died: during a pass, or idle between two (the server counts it)
+        self.on_replaced = on_replaced
         self.synchronous = synchronous
         self.config = config
         self.plan = plan
@@ -119,12 +123,18 @@ class RetentionProcess:
         WorkerUnavailable when the worker cannot start or died during the pass (the next
         call starts a new one)."""
         if self._proc is None or not self._proc.is_alive():
+            died = self._proc is not None        # killed or crashed while idle
+            if died:
+                log.error("the retention process (pid %s) ended between passes (exit code "
+                          "%s); a new one is started", self._proc.pid, self._proc.exitcode)
             self._reap()
+            if died:
+                self._replaced()
             self._start(stop)
         try:
             self._conn.send(now_ns)
         except (OSError, ValueError) as exc:          # it died between two passes
-            self._reap()
+            self._reap()                              # the caller counts and logs it
             raise WorkerUnavailable(f"the worker process is gone ({exc})") from None
         return self._answer(stop, None)
 
@@ -155,6 +165,10 @@ class RetentionProcess:
             raise PassFailed(value)
         return PassResult(int(value), float(cpu_s))
 
+    def _replaced(self) -> None:
+        if self.on_replaced is not None:
+            self.on_replaced()
+
     def _reap(self) -> None:
         """Forget a worker that ended (or end it): its exit status collected, its pipe closed."""
         with self._guard:
@@ -177,7 +191,7 @@ def _serve(conn: Any, path: str, synchronous: str, config: Any, plan: RetentionP
                         "[retention process]: %(message)s")
     from hypertrace.analyzer.store.storage import Storage
     try:
-        storage = Storage.open(path, synchronous=synchronous)
+        storage = Storage.open(path, synchronous=synchronous, check=False)   # checked there
     except Exception:
         conn.send(("error", traceback.format_exc(limit=4), 0.0))
         return

@@ -49,6 +49,10 @@ from hypertrace.proto.wire import INGEST_SERVICE, MAX_CLOCK_SKEW_S, MAX_WINDOW_B
 
 log = logging.getLogger("hypertrace.analyzer.ingest.server")
 
+#: Seconds between integrity checks of the database file (``PRAGMA quick_check``, on a
+#: read-only connection of its own: seconds per GB, ingest goes on meanwhile).
+INTEGRITY_CHECK_S = 3600.0
+
 
 def make_analyzer(storage: Storage, config: ScoringConfig | None = None,
                   engine_process: bool = False, metrics: AnalyzerMetrics | None = None,
@@ -91,6 +95,9 @@ class ServerOptions:
     #: processes that check incoming windows' contents off the event loop's interpreter lock
     #: (analyzer/scale/check_process.py); 0: the loop checks them itself
     checker_processes: int = 0
+    #: seconds between integrity checks of the database file (0: none; damage met by a read
+    #: or a write is reported all the same)
+    integrity_check_s: float = INTEGRITY_CHECK_S
 
 
 class AnalyzerServer:
@@ -125,6 +132,8 @@ class AnalyzerServer:
         self._serving = threading.Event()     # started: /readyz may say ready
         self._switch_interval_before: float | None = None
         self._checkers: Any = None           # WindowCheckers while serving, if any
+        self._broken_guard = threading.Lock()
+        self._integrity_thread: threading.Thread | None = None
 
     def _on_loop(self, coro: Any, timeout: float | None = None) -> Any:
         """Run a coroutine on the server's loop and wait for its result."""
@@ -142,7 +151,7 @@ class AnalyzerServer:
         access = None if self.options.tls is None else Access(self.options.trust_domain)
         server.add_generic_rpc_handlers((_ingest_handler(
             self.analyzer, access, self._store_pool, self.options.max_clock_skew_s,
-            self._not_serving, self._checkers),))
+            self._storage_broken, self._checkers),))
         pb_grpc.add_QueryServicer_to_server(_QueryServicer(self.analyzer, access), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         return server
@@ -226,6 +235,13 @@ class AnalyzerServer:
         self._thread = threading.Thread(target=self._background, name="hypertrace-flush",
                                         daemon=True)
         self._thread.start()
+        storage = self.analyzer.storage
+        if isinstance(storage, Storage):
+            storage.on_corrupt = self._storage_broken
+            if self.options.integrity_check_s > 0:
+                self._integrity_thread = threading.Thread(
+                    target=self._integrity, name="hypertrace-integrity", daemon=True)
+                self._integrity_thread.start()
         if self.options.retention_hours:
             self._start_retention()
         return port
@@ -266,11 +282,43 @@ class AnalyzerServer:
         if checkers is not None:
             checkers.close()
 
-    def _not_serving(self) -> None:
-        """The database broke: health says NOT_SERVING for ingest, so a load balancer or a
-        probe sees it; queries of what is in memory still answer."""
+    def _storage_broken(self, exc: Exception) -> None:
+        """The database is damaged (the integrity check, or a read or write that met it):
+        ingest refuses every window from now on (agents keep them spooled), health says
+        NOT_SERVING for ingest so a load balancer or a probe sees it, the gauge
+        ``hypertrace_database_corrupt`` is 1, and the log says how to recover, once. Queries of
+        what is in memory still answer."""
+        with self._broken_guard:
+            if self.analyzer.broken:
+                return
+            self.analyzer.broken = str(exc)
+        log.critical("%s", exc)
+        self.analyzer.metrics.database_corrupt.set(1)
         self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         self._health.set(INGEST_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    def _damage_in(self, text: str) -> None:
+        """A retention pass that failed on damage (its error is SQLite's word for it, maybe in
+        the retention process's traceback) stops ingest as any other read would."""
+        if "malformed" in text or "not a database" in text:
+            from hypertrace.analyzer.store.storage import corrupt_error
+            self._storage_broken(corrupt_error(self.analyzer.storage.path,
+                                               text.strip().splitlines()[-1][:300]))
+
+    def _integrity(self) -> None:
+        """``PRAGMA quick_check`` of the file every ``integrity_check_s`` (module docstring of
+        analyzer/store/storage.py: :func:`integrity_problem`); damage stops ingest."""
+        while not self._stop.wait(self.options.integrity_check_s):
+            if self.analyzer.broken:
+                return
+            try:
+                damage = self.analyzer.storage.quick_check()
+            except Exception:
+                log.exception("integrity check failed to run")
+                continue
+            if damage is not None:
+                self._storage_broken(damage)
+                return
 
     def _background(self) -> None:
         interval = self.options.flush_interval if self.options.flush_interval > 0 else 1.0
@@ -295,8 +343,9 @@ class AnalyzerServer:
         from hypertrace.analyzer.store.storage import Storage
         storage = self.analyzer.storage
         if self.options.retention_process and isinstance(storage, Storage):
-            self._retention_worker = RetentionProcess(storage.path, storage.synchronous,
-                                                      self.analyzer.config, self._retention_plan())
+            self._retention_worker = RetentionProcess(
+                storage.path, storage.synchronous, self.analyzer.config, self._retention_plan(),
+                self.analyzer.metrics.worker_restarts.labels("retention").inc)
         self._retention_thread = threading.Thread(target=self._retention, daemon=True,
                                                   name="hypertrace-retention")
         self._retention_thread.start()
@@ -338,8 +387,10 @@ class AnalyzerServer:
                     self.analyzer.metrics.worker_restarts.labels("retention").inc()
             except PassFailed as exc:
                 log.error("retention pass failed (in the retention process):\n%s", exc)
-            except Exception:   # keep serving; the next pass retries
+                self._damage_in(str(exc))
+            except Exception as exc:   # keep serving; the next pass retries
                 log.exception("retention pass failed")
+                self._damage_in(str(exc))
 
     def stop(self) -> None:
         """Stop accepting, let in-flight calls finish (grace), score what is complete, stop."""
@@ -357,6 +408,8 @@ class AnalyzerServer:
             self._thread.join(timeout=10)
         if self._retention_thread is not None:
             self._retention_thread.join(timeout=10)
+        if self._integrity_thread is not None:
+            self._integrity_thread.join(timeout=10)
         worker = self._retention_worker
         if worker is not None:        # mid-pass too: SQLite rolls its transaction back
             worker.close()

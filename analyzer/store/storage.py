@@ -188,17 +188,57 @@ class StorageCorrupt(StorageError):
     """The database file is damaged. Not retried: the message says how to recover."""
 
 
+def recovery_steps(path: str) -> str:
+    """What to do with a damaged database file: the same three steps wherever it is found."""
+    return (f"Recover: (1) stop the analyzer and move the file aside with its -wal and -shm "
+            f"(`mv {path} {path}.corrupt`; likewise {path}-wal, {path}-shm); (2) start the "
+            f"analyzer again: it creates a fresh file at {path}, and agents send again what "
+            f"their spools still hold; (3) export what can be read from the old file: "
+            f"`hypertrace export --db {path}.corrupt --job JOB -o JOB.jsonl`, or "
+            f"`sqlite3 {path}.corrupt .recover | sqlite3 {path}.recovered` (then start with "
+            f"--db {path}.recovered instead of a fresh file)")
+
+
+def corrupt_error(path: str, what: str) -> "StorageCorrupt":
+    """The StorageCorrupt that names ``path``, what is wrong with it, and the recovery."""
+    return StorageCorrupt(f"database {path} is corrupt ({what}). Ingest is stopped; agents "
+                          f"keep their windows spooled meanwhile. {recovery_steps(path)}")
+
+
 def _corruption(exc: BaseException, path: str) -> StorageCorrupt | None:
     """A StorageCorrupt for SQLite's corruption errors (not for a full disk or a lock)."""
+    if isinstance(exc, StorageCorrupt):
+        return exc
     text = str(exc)
     if not (type(exc) is sqlite3.DatabaseError or "malformed" in text
             or "not a database" in text):
         return None
-    return StorageCorrupt(
-        f"database {path} is corrupt ({text}). Ingest is stopped; agents keep their windows "
-        f"spooled meanwhile. Recover: stop the analyzer, keep the file for inspection, then "
-        f"`sqlite3 {path} .recover | sqlite3 {path}.recovered` and start with "
-        f"--db {path}.recovered (or restore a backup)")
+    return corrupt_error(path, text)
+
+
+def integrity_problem(path: str | Path, max_errors: int = 8) -> str | None:
+    """What SQLite's ``PRAGMA quick_check`` finds wrong with the file at ``path`` (None: it
+    finds nothing). On a connection of its own, read only: in WAL mode it reads one
+    consistent view while the analyzer goes on writing, and holds no lock ingest waits for.
+    quick_check reads every page (its b-tree structure, not every index's agreement with
+    its table): seconds per GB."""
+    if str(path) in ("", ":memory:") or str(path).startswith("file::memory:"):
+        return None                 # no file another connection could read
+    try:
+        conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True,
+                               timeout=BUSY_TIMEOUT_MS / 1000)
+    except sqlite3.Error as exc:
+        return str(exc)
+    try:
+        rows = conn.execute(f"PRAGMA quick_check({int(max_errors)})").fetchall()
+    except sqlite3.DatabaseError as exc:
+        if _corruption(exc, str(path)) is None:
+            raise
+        return str(exc)
+    finally:
+        conn.close()
+    found = [str(r[0]) for r in rows if str(r[0]) != "ok"]
+    return "; ".join(found)[:1000] if found else None
 
 
 class ConflictingDuplicate(ValueError):
@@ -272,7 +312,7 @@ class StoredSnapshot:
 class Storage:
     """The analyzer's database. Open with :meth:`open`; every method is thread-safe."""
 
-    def __init__(self, conn: sqlite3.Connection, path: str):
+    def __init__(self, conn: sqlite3.Connection, path: str, load_verdicts: bool = True):
         self._conn = conn
         self._lock = threading.Lock()
         self.path = path
@@ -288,12 +328,23 @@ class Storage:
         self._last_verdict: dict[tuple[str, str, str], tuple[int, str]] = {}
         #: ``meta.prunes`` when ``_last_verdict`` was loaded (module docstring)
         self._prunes_seen = 0
-        with self._lock:
-            self._load_last_verdicts()
+        #: called once with the StorageCorrupt of the first damage a read or write of this
+        #: connection met (the server stops ingest and says NOT_SERVING)
+        self.on_corrupt: Callable[[StorageCorrupt], None] | None = None
+        self._corrupt_seen = False
+        if load_verdicts:
+            with self._lock:
+                self._load_last_verdicts()
+        else:                    # read by the first add_results (its meta.prunes differs)
+            self._prunes_seen = -1
 
     @classmethod
-    def open(cls, path: str | Path, synchronous: str = "FULL") -> "Storage":
-        """Open (creating if needed) the database at ``path``; StorageError if impossible."""
+    def open(cls, path: str | Path, synchronous: str = "FULL", check: bool = True) -> "Storage":
+        """Open (creating if needed) the database at ``path``; StorageError if impossible.
+        ``check``: run ``PRAGMA quick_check`` first and read the stored verdicts now, so a
+        damaged file is refused at once (StorageCorrupt). Without it (a second connection of
+        the analyzer, which checked the file; an export of what can still be read from a
+        damaged one) nothing is read until asked for."""
         p = Path(path)
         if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA"):
             raise StorageError(f"synchronous={synchronous!r}: use FULL, NORMAL or EXTRA")
@@ -329,7 +380,34 @@ class Storage:
         if problem is not None:
             conn.close()
             raise StorageError(problem)
-        return cls(conn, str(p))
+        return cls._checked(conn, str(p)) if check else cls(conn, str(p), load_verdicts=False)
+
+    @classmethod
+    def _checked(cls, conn: sqlite3.Connection, path: str) -> "Storage":
+        """The Storage of a freshly opened file, once ``PRAGMA quick_check`` found it sound:
+        a damaged file is refused at start (StorageCorrupt, with the recovery) instead of
+        failing later in a read of whatever the damage left (a NULL where a number belongs)."""
+        try:
+            found = integrity_problem(path)
+            if found is not None:
+                raise corrupt_error(path, f"quick_check: {found}")
+            return cls(conn, path)
+        except (sqlite3.Error, TypeError, ValueError, StorageCorrupt) as exc:
+            conn.close()
+            if isinstance(exc, StorageCorrupt):
+                raise
+            raise (_corruption(exc, path)
+                   or corrupt_error(path, f"{type(exc).__name__} reading it: {exc}")) from exc
+
+    def quick_check(self) -> StorageCorrupt | None:
+        """Run ``PRAGMA quick_check`` on the file now (:func:`integrity_problem`); the
+        StorageCorrupt to report when it found damage, else None."""
+        try:
+            found = integrity_problem(self.path)
+        except sqlite3.Error as exc:          # a lock, a full disk: not damage
+            log.warning("integrity check of %s not run: %s", self.path, exc)
+            return None
+        return None if found is None else corrupt_error(self.path, f"quick_check: {found}")
 
     @classmethod
     def open_read_only(cls, path: str | Path) -> "Storage":
@@ -477,9 +555,31 @@ class Storage:
                             log.exception("on_stored of window %.64r seq %d failed",
                                           it.row[0], it.row[1])
         except BaseException as exc:   # every window of the group failed: its caller raises
-            err = _corruption(exc, self.path) or exc
+            err = self._damaged(exc) or exc
             for it in group:
                 it.new, it.error = False, err
+
+    def _damaged(self, exc: BaseException) -> StorageCorrupt | None:
+        """The StorageCorrupt of ``exc`` if it is SQLite's word for damage (else None),
+        handed to :attr:`on_corrupt` the first time."""
+        err = _corruption(exc, self.path)
+        if err is not None and not self._corrupt_seen:
+            self._corrupt_seen = True
+            if self.on_corrupt is not None:
+                try:
+                    self.on_corrupt(err)
+                except Exception:                    # the caller still gets the error
+                    log.exception("on_corrupt failed")
+        return err
+
+    @contextmanager
+    def _watching(self) -> Iterator[None]:
+        """Around a read or write: SQLite's word for damage becomes StorageCorrupt (and is
+        reported once, :meth:`_damaged`); other errors (a full disk, a lock) pass as they are."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            raise (self._damaged(exc) or exc) from exc
 
     def _same_or_healed(self, it: _Queued, stored: tuple) -> bool:
         """Is a replayed window the bytes stored under its key? A stored copy that no longer
@@ -536,7 +636,7 @@ class Storage:
                         f"{CODEC_BLOCK}, id, block FROM compacted_rows {where} "
                         "ORDER BY 4, 1, 2 LIMIT ?", (*args, *args, REPLAY_PAGE)).fetchall()
                 except sqlite3.DatabaseError as exc:
-                    raise (_corruption(exc, self.path) or exc) from exc
+                    raise (self._damaged(exc) or exc) from exc
             if not rows:
                 return
             for r in rows:
@@ -657,7 +757,7 @@ class Storage:
                 upto = max(int(self._conn.execute(f"SELECT MAX(id) FROM {t}").fetchone()[0]
                                or 0) for t in ("windows", "compacted"))
             except sqlite3.DatabaseError as exc:
-                raise (_corruption(exc, self.path) or exc) from exc
+                raise (self._damaged(exc) or exc) from exc
             yield upto
 
     def mark_late(self, agent_id: str, seq: int) -> None:
@@ -670,7 +770,7 @@ class Storage:
         window: a burst of late windows is thousands)."""
         if not keys:
             return
-        with self._lock:
+        with self._watching(), self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 self._conn.executemany(
@@ -700,7 +800,7 @@ class Storage:
         q = ("SELECT node, agent_id, end_ns, received_ns FROM windows WHERE end_ns >= ? "
              "UNION ALL SELECT node, agent_id, end_ns, received_ns FROM compacted_rows "
              "WHERE end_ns >= ?")
-        with self._lock:
+        with self._watching(), self._lock:
             rows = self._conn.execute(
                 f"SELECT node, agent_id, MAX(end_ns), MAX(received_ns) FROM ({q}) GROUP BY node",
                 (since_end_ns, since_end_ns)).fetchall()
@@ -714,11 +814,14 @@ class Storage:
     # ---- scoring results ---------------------------------------------------------------------
 
     def add_results(self, results: Iterable[Any], created_ns: int | None = None,
-                    snapshot: StoredSnapshot | None = None) -> int:
+                    snapshot: StoredSnapshot | None = None,
+                    late_marked_upto: int | None = None) -> int:
         """Store EpochResults: their score rows (re-storing an epoch replaces them) and each
         GPU's verdict where it differs from the GPU's last stored one (module docstring), and
         ``snapshot`` (the Engine after them) in the same transaction, replacing the previous
-        one. Returns the score rows stored."""
+        one. ``late_marked_upto``: every window up to this id was fed to the Engine before
+        these results were scored, and the late ones among them are marked (meta key
+        ``late_marked_upto``, :meth:`late_marked_upto`). Returns the score rows stored."""
         now = created_ns if created_ns is not None else time.time_ns()
         score_rows: list[tuple] = []
         epoch_rows: list[tuple] = []
@@ -734,7 +837,7 @@ class Storage:
                                    r.direction, now))
         if not epoch_rows:
             return 0
-        with self._lock:
+        with self._watching(), self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 # no prune of another connection can commit now: the verdicts compared with
@@ -748,6 +851,11 @@ class Storage:
                     "INSERT OR REPLACE INTO verdicts VALUES (?,?,?,?,?,?)", verdict_rows)
                 self._conn.executemany(
                     "INSERT OR REPLACE INTO epochs VALUES (?,?,?,?,?,?)", epoch_rows)
+                if late_marked_upto is not None:    # it only grows (passes may store late)
+                    self._conn.execute(
+                        "INSERT INTO meta (key, value) VALUES ('late_marked_upto', ?) ON "
+                        "CONFLICT (key) DO UPDATE SET value = MAX(CAST(value AS INTEGER), "
+                        "CAST(excluded.value AS INTEGER))", (str(int(late_marked_upto)),))
                 if snapshot is not None:
                     # two scoring passes may store in either order: the newer cut stays
                     self._conn.execute(
@@ -834,9 +942,25 @@ class Storage:
                 "SELECT epoch, gpus, suspects, stragglers, created_ns FROM epochs "
                 "WHERE job_id = ? ORDER BY epoch", (job_id,))]
 
+    def late_marked_upto(self) -> int | None:
+        """Every window up to this id has its lateness stored (``late``) as the live analyzer
+        decided it; the windows after it reached no stored scoring pass, so a replay decides
+        theirs from the stored scored epochs (analyzer/store/replay.py). None: a file whose
+        analyzer recorded no such id (every mark then stands as stored)."""
+        with self._watching(), self._lock:
+            row = self._conn.execute(
+                "SELECT value FROM meta WHERE key = 'late_marked_upto'").fetchone()
+        return None if row is None else int(row[0])
+
+    def scored_through(self) -> dict[str, int]:
+        """Each job's newest stored scored epoch (``epochs``)."""
+        with self._watching(), self._lock:
+            return {str(r[0]): int(r[1]) for r in self._conn.execute(
+                "SELECT job_id, MAX(epoch) FROM epochs GROUP BY job_id")}
+
     def snapshot(self) -> StoredSnapshot | None:
         """The latest Engine snapshot stored with the results, if any."""
-        with self._lock:
+        with self._watching(), self._lock:
             row = self._conn.execute(
                 "SELECT version, upto, created_ns, state FROM snapshot WHERE id = 0").fetchone()
         if row is None:
