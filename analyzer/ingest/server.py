@@ -50,6 +50,7 @@ from hypertrace.analyzer.ingest.checks import Access, Refused, authorize, check_
 from hypertrace.analyzer.ingest.engines import Engine, LocalEngine
 from hypertrace.analyzer.ingest.loop_groups import LoopGroups
 from hypertrace.analyzer.ingest.nodes import SEED_SPAN_S, NodeTable
+from hypertrace.analyzer.ingest.quotas import AgentQuotas
 from hypertrace.analyzer.report.metrics import AnalyzerMetrics, JobCollector
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.store.storage import (
@@ -426,7 +427,7 @@ def _refusal(analyzer: Analyzer, exc: BaseException, w: pb.NodeWindow,
     """How a window the store did not take ends its stream."""
     if isinstance(exc, ConflictingDuplicate):
         log.error("%s", exc)
-        return Refused(grpc.StatusCode.ALREADY_EXISTS, "invalid", str(exc))
+        return Refused(grpc.StatusCode.ALREADY_EXISTS, "duplicate_conflict", str(exc))
     if isinstance(exc, StorageCorrupt):
         if not analyzer.broken:
             analyzer.broken = str(exc)
@@ -501,7 +502,8 @@ STORE_THREADS = 64
 def _ingest_handler(analyzer: Backend, access: Access | None, store_pool: futures.Executor,
                     max_skew_s: float = MAX_CLOCK_SKEW_S,
                     on_broken: Callable[[], None] | None = None,
-                    checkers: Any = None) -> grpc.GenericRpcHandler:
+                    checkers: Any = None,
+                    quotas: AgentQuotas | None = None) -> grpc.GenericRpcHandler:
     """Ingest.Stream on the server's event loop: every stream is a coroutine, not a thread.
 
     Why: with a thread per stream (grpc's sync server) every window crossed threads twice in
@@ -511,7 +513,8 @@ def _ingest_handler(analyzer: Backend, access: Access | None, store_pool: future
     window is checked on the loop and only the blocking store goes to ``store_pool``, in groups
     (:class:`_StoreQueue`); the ack is sent once the store returned, so after the commit that
     holds the window. With ``checkers`` (analyzer/scale/check_process.py) the window's contents are
-    checked in their processes, and the loop parses only what they accepted."""
+    checked in their processes, and the loop parses only what they accepted. ``quotas``
+    (analyzer/ingest/quotas.py) bounds what each node may send; None: no bounds (tests)."""
     store = _StoreQueue(analyzer, store_pool, on_broken) if analyzer.groups_commits else None
 
     # what the loop parses of a checked window: all of it for an Engine in this process (its
@@ -521,17 +524,23 @@ def _ingest_handler(analyzer: Backend, access: Access | None, store_pool: future
              else WindowHeader.FromString)
 
     async def accept(raw: bytes, context: Any) -> tuple[pb.NodeWindow, bytes, list]:
+        size = len(raw)
         if checkers is None:
-            return check_window(raw, context, access, max_skew_s)
-        answer = await checkers.check(raw)
-        if answer[0] != "ok":
-            _, code, reason, details = answer
-            raise Refused(grpc.StatusCode[code], reason, details)
-        _, stored, dropped = answer
-        if stored is not None:
-            raw = stored
-        w = parse(raw)
-        authorize(w, context, access, max_skew_s)
+            w, raw, dropped, shape = check_window(raw, context, access, max_skew_s)
+        else:
+            answer = await checkers.check(raw)
+            if answer[0] != "ok":
+                _, code, reason, details = answer
+                raise Refused(grpc.StatusCode[code], reason, details)
+            _, stored, dropped, shape = answer
+            if stored is not None:
+                raw = stored
+            w = parse(raw)
+            authorize(w, context, access, max_skew_s)
+        if quotas is not None:
+            quotas.admit(w.node, shape, size, time.monotonic())
+        if shape.unknown_bytes:
+            analyzer.metrics.unknown_fields.inc()
         return w, raw, dropped
 
     nodes = analyzer.nodes                  # analyzer/ingest/nodes.py (not on a cluster edge)

@@ -38,6 +38,9 @@ seconds``
 ``hypertrace_windows_late_total``          (none)                        arrived after their
                                                                          window was scored
 ``hypertrace_windows_rejected_total``      reason                        refused windows
+``hypertrace_unknown_fields_total``        (none)                        windows stored
+                                                                         without their unknown
+                                                                         fields
 ``hypertrace_scoring_seconds``             (histogram)                   one scoring pass
 ``hypertrace_windows_scored_total``        (none)                        job-windows scored
 ``hypertrace_database_bytes``              (none)                        database + WAL on disk
@@ -83,7 +86,9 @@ from prometheus_client.registry import Collector
 from hypertrace.proto import hypertrace_pb2 as pb
 
 #: Why a window was refused (the ``reason`` label's values).
-REJECT_REASONS = ("too_large", "malformed", "invalid", "clock_skew", "identity", "storage")
+REJECT_REASONS = ("too_large", "malformed", "invalid", "clock_skew", "identity", "storage",
+                  "duplicate_conflict", "quota_processes", "quota_gpus", "quota_bytes",
+                  "quota_jobs", "gpu_set")
 
 #: The GPU series' labels, in dcgm-exporter's spelling where it has one (frozen).
 GPU_LABELS = ("job_id", "Hostname", "gpu", "UUID", "modelName", "rank")
@@ -249,6 +254,9 @@ class AnalyzerMetrics:
                                 ["reason"], registry=r)
         for reason in REJECT_REASONS:            # every reason exported from the start at 0
             self.rejected.labels(reason)
+        self.unknown_fields = Counter(
+            "hypertrace_unknown_fields",
+            "Windows stored without the fields this analyzer does not know (dropped)", registry=r)
         self.scored = Counter("hypertrace_windows_scored",
                               "Job windows scored (one per job and window)", registry=r)
         self.retention_cpu = Counter(

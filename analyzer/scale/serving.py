@@ -18,6 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from hypertrace.analyzer.ingest.checks import Access
+from hypertrace.analyzer.ingest.quotas import AgentQuotas, QuotaSettings
 from hypertrace.analyzer.ingest.server import (
     LIVE_TIMEOUT_S,
     MAX_PENDING_STREAMS,
@@ -91,6 +92,8 @@ class ServerOptions:
     #: processes that check incoming windows' contents off the event loop's interpreter lock
     #: (analyzer/scale/check_process.py); 0: the loop checks them itself
     checker_processes: int = 0
+    #: what one agent identity may send (analyzer/ingest/quotas.py); None: no bounds
+    quotas: QuotaSettings | None = QuotaSettings()
 
 
 class AnalyzerServer:
@@ -142,7 +145,8 @@ class AnalyzerServer:
         access = None if self.options.tls is None else Access(self.options.trust_domain)
         server.add_generic_rpc_handlers((_ingest_handler(
             self.analyzer, access, self._store_pool, self.options.max_clock_skew_s,
-            self._not_serving, self._checkers),))
+            self._not_serving, self._checkers,
+            AgentQuotas(self.options.quotas) if self.options.quotas is not None else None),))
         pb_grpc.add_QueryServicer_to_server(_QueryServicer(self.analyzer, access), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         return server

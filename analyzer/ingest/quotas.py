@@ -1,0 +1,160 @@
+"""What one agent identity may send: GPUs per window and per job, processes per window, jobs at
+once, bytes per minute.
+
+Why: a node's certificate proves which node a window comes from (analyzer/ingest/checks.py
+``Access``), not that what it says is true. One stolen agent key could otherwise speak for
+hundreds of fake GPUs of a job (enough to outvote the real nodes and convict healthy ones), or
+open tens of thousands of job ids (each held in the Engine's memory until it expires, and
+listed in every job listing). The node's own certificate bounds the node: at most
+``max_gpus_per_node`` GPUs in a window and the same GPUs (at most that many) through a job, at
+most ``max_jobs_per_node`` jobs at once, ``max_processes_per_window`` process entries, and
+``max_bytes_per_minute`` of windows. Each refusal names the limit and the setting that raises
+it; each is counted under its own reason (``hypertrace_windows_rejected_total``).
+
+The identity is the window's node, which ``Access`` has checked against the certificate (on a
+plaintext listener, the node the window claims). The state lives on the server's event loop
+(one thread, no lock) and is bounded: per node, at most ``max_jobs_per_node`` jobs with at most
+``max_gpus_per_node`` GPUs each. A job stops counting against its node once the node has sent
+none of its windows for ``job_seconds`` (the Engine's job expiry: so the jobs one key makes the
+analyzer hold are bounded by this quota, not only by their expiry). It is not stored: after a
+restart every node starts with none counted.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import grpc
+
+from hypertrace.analyzer.ingest.checks import Refused, WindowShape
+from hypertrace.proto.wire import MAX_PROCESSES_PER_WINDOW, MAX_WINDOW_BYTES
+
+#: Defaults of the settings (cli/analyzer.py declares them; docs/design.md says why).
+MAX_GPUS_PER_NODE = 8
+#: The most ``max_gpus_per_node`` may be set to: the largest GPU nodes sold hold 16.
+MAX_GPUS_PER_NODE_ALLOWED = 16
+MAX_JOBS_PER_NODE = 8
+MAX_PROCESSES = 64
+MAX_BYTES_PER_MINUTE = 64 * 1024 * 1024
+#: How long a job counts against a node after the node's last window of it, when the Engine
+#: keeps every job (``job_expiry_seconds`` 0).
+JOB_SECONDS_WITHOUT_EXPIRY = 3600.0
+
+
+@dataclass(frozen=True)
+class QuotaSettings:
+    """The per-agent limits (module docstring); 0 for ``max_bytes_per_minute`` turns that one
+    off."""
+
+    max_gpus_per_node: int = MAX_GPUS_PER_NODE
+    max_jobs_per_node: int = MAX_JOBS_PER_NODE
+    max_processes_per_window: int = MAX_PROCESSES
+    max_bytes_per_minute: int = MAX_BYTES_PER_MINUTE
+    job_seconds: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_gpus_per_node <= MAX_GPUS_PER_NODE_ALLOWED:
+            raise ValueError(f"max_gpus_per_node must be 1 to {MAX_GPUS_PER_NODE_ALLOWED}, got "
+                             f"{self.max_gpus_per_node}")
+        if not self.max_jobs_per_node >= 1:
+            raise ValueError(f"max_jobs_per_node must be >= 1, got {self.max_jobs_per_node}")
+        if not 1 <= self.max_processes_per_window <= MAX_PROCESSES_PER_WINDOW:
+            raise ValueError(f"max_processes_per_window must be 1 to {MAX_PROCESSES_PER_WINDOW} "
+                             f"(the wire's limit), got {self.max_processes_per_window}")
+        if self.max_bytes_per_minute and self.max_bytes_per_minute < MAX_WINDOW_BYTES:
+            raise ValueError(f"max_bytes_per_minute must be 0 (off) or at least one window's "
+                             f"limit, {MAX_WINDOW_BYTES} bytes, got {self.max_bytes_per_minute}")
+        if not self.job_seconds >= 0:
+            raise ValueError(f"job_seconds must be >= 0, got {self.job_seconds}")
+
+    @classmethod
+    def for_expiry(cls, job_expiry_seconds: float, **limits: int) -> "QuotaSettings":
+        """The limits, with jobs counted as long as the Engine keeps them."""
+        return cls(job_seconds=job_expiry_seconds or JOB_SECONDS_WITHOUT_EXPIRY, **limits)
+
+
+@dataclass
+class _NodeLedger:
+    """One node's jobs (job id -> when its newest window was admitted, its GPUs) and bytes."""
+
+    seen: dict[str, float] = field(default_factory=dict)
+    gpus: dict[str, set[str]] = field(default_factory=dict)
+    tokens: float = 0.0
+    tokens_at: float = -math.inf
+
+
+class AgentQuotas:
+    """The per-node ledger and its checks (module docstring); used on the event loop only."""
+
+    def __init__(self, settings: QuotaSettings = QuotaSettings()):
+        self.settings = settings
+        self._nodes: dict[str, _NodeLedger] = {}
+
+    def jobs_of(self, node: str) -> list[str]:
+        """The jobs counted against ``node`` now (oldest first)."""
+        ledger = self._nodes.get(node)
+        return [] if ledger is None else list(ledger.seen)
+
+    def admit(self, node: str, shape: WindowShape, size: int, now_s: float) -> None:
+        """Count a window of ``size`` bytes from ``node``, or raise :class:`Refused` (nothing
+        is counted then)."""
+        s = self.settings
+        if shape.processes > s.max_processes_per_window:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "quota_processes",
+                          f"node {node[:64]!r}: the window has {shape.processes} process "
+                          f"entries, over the limit of {s.max_processes_per_window} per window "
+                          "(analyzer setting max_processes_per_window)")
+        if shape.node_gpus > s.max_gpus_per_node:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "quota_gpus",
+                          f"node {node[:64]!r}: the window carries {shape.node_gpus} GPUs, more "
+                          f"than a node has ({s.max_gpus_per_node}, analyzer setting "
+                          "max_gpus_per_node; at most "
+                          f"{MAX_GPUS_PER_NODE_ALLOWED})")
+        ledger = self._nodes.setdefault(node, _NodeLedger())
+        if s.max_bytes_per_minute:
+            rate = s.max_bytes_per_minute / 60.0
+            tokens = min(float(s.max_bytes_per_minute),
+                         ledger.tokens + (now_s - ledger.tokens_at) * rate)
+            if size > tokens:
+                raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "quota_bytes",
+                              f"node {node[:64]!r} sent more than {s.max_bytes_per_minute:,} "
+                              "bytes of windows in a minute (analyzer setting "
+                              "max_bytes_per_minute); the agent keeps this window and retries")
+        horizon = now_s - s.job_seconds
+        for job in [j for j, t in ledger.seen.items() if t < horizon]:
+            del ledger.seen[job]
+            ledger.gpus.pop(job, None)
+        new = [j for j in shape.jobs if j not in ledger.seen]
+        if new and len(ledger.seen) + len(new) > s.max_jobs_per_node:
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, "quota_jobs",
+                          f"node {node[:64]!r} already has {len(ledger.seen)} jobs (the limit "
+                          f"is {s.max_jobs_per_node} per node, analyzer setting "
+                          f"max_jobs_per_node); this window would add {len(new)} more "
+                          f"({new[0][:64]!r}...). A job stops counting "
+                          f"{s.job_seconds:g} s after the node's last window of it")
+        grown: dict[str, set[str]] = {}
+        for job, gpu in shape.gpus:
+            known = ledger.gpus.get(job, set())
+            if gpu not in known:
+                grown.setdefault(job, set(known)).add(gpu)
+        for job, gpus in grown.items():
+            if len(gpus) > s.max_gpus_per_node:
+                was = sorted(ledger.gpus.get(job, set()))
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, "gpu_set",
+                              f"node {node[:64]!r}: its GPUs in job {job[:64]!r} changed (it "
+                              f"sent GPUs {', '.join(was)[:200]} before, now also "
+                              f"{', '.join(sorted(gpus - set(was)))[:200]}): {len(gpus)} in "
+                              f"one job, more than a node has ({s.max_gpus_per_node}, "
+                              "analyzer setting max_gpus_per_node). A node's GPUs do not change "
+                              "within a job")
+        if s.max_bytes_per_minute:
+            ledger.tokens, ledger.tokens_at = tokens - size, now_s
+        for job in shape.jobs:
+            ledger.seen.pop(job, None)
+            ledger.seen[job] = now_s                 # newest last
+        for job, gpus in grown.items():
+            ledger.gpus[job] = gpus
+
+
+__all__ = ["AgentQuotas", "QuotaSettings", "MAX_GPUS_PER_NODE", "MAX_GPUS_PER_NODE_ALLOWED",
+           "MAX_JOBS_PER_NODE", "MAX_PROCESSES", "MAX_BYTES_PER_MINUTE"]
