@@ -139,11 +139,12 @@ class AgentQuotas:
                 grown.setdefault(job, set(known)).add(gpu)
         for job, gpus in grown.items():
             if len(gpus) > s.max_gpus_per_node:
-                was = sorted(ledger.gpus.get(job, set()))
+                was = sorted(ledger.gpus.get(job, set()), key=lambda g: (len(g), g))
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION, "gpu_set",
                               f"node {node[:64]!r}: its GPUs in job {job[:64]!r} changed (it "
                               f"sent GPUs {', '.join(was)[:200]} before, now also "
-                              f"{', '.join(sorted(gpus - set(was)))[:200]}): {len(gpus)} in "
+                              f"{', '.join(sorted(gpus - set(was), key=lambda g: (len(g), g)))[:200]}): "
+                              f"{len(gpus)} in "
                               f"one job, more than a node has ({s.max_gpus_per_node}, "
                               "analyzer setting max_gpus_per_node). A node's GPUs do not change "
                               "within a job")
