@@ -257,3 +257,36 @@ def test_a_duplicate_with_another_payload_has_its_own_reason(served, pki):
     assert err.code() == grpc.StatusCode.ALREADY_EXISTS
     assert _rejected(server, "duplicate_conflict") == 1
     assert _rejected(server, "invalid") == 0
+
+
+def test_a_node_that_joins_larger_than_any_other_is_held_not_scored(served, pki):
+    """A job of 8 nodes of 4 GPUs, scored; then a node joins with 8 GPUs (as many as a node
+    may have, more than any node of the job): held for review, in the report and the series;
+    a node that joins with 4 is scored as usual."""
+    server, target = served()
+    small = SimConfig(gpus=32, gpus_per_node=4, windows=7, seed=9, start_ns=START_NS)
+    by_node: dict[str, list[pb.NodeWindow]] = {}
+    for w in generate(small):
+        w.agent_id = w.node
+        by_node.setdefault(w.node, []).append(w)
+    for node, windows in by_node.items():
+        _send(target, pki, node, [w.SerializeToString() for w in windows[:3]])
+    server.analyzer.report("sim-job")                    # epochs 0-2 scored: the job runs
+    late_big = _fakes(8)[3:]
+    late_same = _fakes(4)[3:]
+    for w in late_same:
+        w.node = w.agent_id = "late-0004"
+    for node, windows in by_node.items():
+        _send(target, pki, node, [w.SerializeToString() for w in windows[3:]])
+    _send(target, pki, ATTACKER, [w.SerializeToString() for w in late_big])
+    _send(target, pki, "late-0004", [w.SerializeToString() for w in late_same])
+    job = server.analyzer.report("sim-job").jobs[0]
+    assert [(h.node, h.gpus, h.windows) for h in job.held_nodes] == [(ATTACKER, 8, 4)]
+    assert "more than any other node" in job.held_nodes[0].reason
+    nodes = {n.node for n in job.nodes}
+    assert ATTACKER not in nodes and "late-0004" in nodes
+    assert job.gpus == 36
+    series = {m.name: m for m in server.analyzer.job_collector().collect()}
+    held = [s.value for s in series["hypertrace_job_held_nodes"].samples
+            if s.labels["job_id"] == "sim-job"]
+    assert held == [1.0]

@@ -21,6 +21,8 @@ series                                     labels                        meaning
                                                                          persistent
 ``hypertrace_job_imbalanced_groups``       job_id                        groups reported as
                                                                          imbalance
+``hypertrace_job_held_nodes``              job_id                        nodes held for review,
+                                                                         not scored
 ``hypertrace_job_spike_probability``       job_id                        P(some rank spikes in
                                                                          a step)
 ``hypertrace_job_step_seconds``            job_id                        typical step now
@@ -181,6 +183,8 @@ class JobCollector(Collector):
                    ("stragglers", "GPUs convicted as stragglers"),
                    ("suspects", "GPUs flagged but not yet persistent"),
                    ("imbalanced_groups", "Workload groups reported as imbalance"),
+                   ("held_nodes", "Nodes held for review, not scored (joined the running job "
+                                  "with more GPUs than any other node)"),
                    ("spike_probability", "Probability that some rank spikes in a step"),
                    ("step_seconds", "Typical step time now"),
                    ("step_after_eviction_seconds", "Predicted step time after evicting the "
@@ -200,6 +204,7 @@ class JobCollector(Collector):
                       "stragglers": verdicts.count("straggler"),
                       "suspects": verdicts.count("suspect"),
                       "imbalanced_groups": len({i.group for i in r.imbalance}),
+                      "held_nodes": len(r.held_nodes),
                       "spike_probability": c.spike_probability,
                       "step_seconds": c.step_time_now_us / 1e6,
                       "step_after_eviction_seconds": c.step_time_after_eviction_us / 1e6,
