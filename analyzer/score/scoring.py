@@ -292,7 +292,8 @@ def sorted_median(x: np.ndarray) -> np.ndarray:
 
 
 def node_weights(hosts: np.ndarray) -> np.ndarray | None:
-    """Each scored GPU's weight in the cross-section, from its host (``hosts``, (n,)): 1, but
+    """Each scored GPU's weight in the cross-section, from its host (``hosts``, (n,) host
+    codes, small non-negative integers): 1, but
     on a host with more scored GPUs than the median host, the median host's count over its own,
     so that no host weighs more than a typical one; None where every weight is 1 (the plain
     statistics, the usual case: hosts alike).
@@ -303,11 +304,12 @@ def node_weights(hosts: np.ndarray) -> np.ndarray | None:
     convict the real hosts, or hide a slow one (docs/design.md, "The trust model")."""
     if hosts.size == 0:
         return None
-    _, inverse, counts = np.unique(hosts, return_inverse=True, return_counts=True)
+    per_host = np.bincount(hosts)            # host codes: small non-negative integers
+    counts = per_host[per_host > 0]
     typical = float(np.median(counts))
     if counts.max() <= typical:
         return None
-    return np.minimum(1.0, typical / counts[inverse])
+    return np.minimum(1.0, typical / per_host[hosts])
 
 
 def weighted_quantiles(x: np.ndarray, w: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
