@@ -20,7 +20,6 @@ from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions, mak
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.store.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
-from hypertrace.proto import hypertrace_pb2_grpc as pb_grpc
 from hypertrace.proto.transport import channel_credentials
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
 
@@ -30,9 +29,10 @@ JOB = SimConfig(gpus=72, gpus_per_node=8, windows=7, seed=5, start_ns=START_NS,
                 stragglers=(Straggler("node-0008", 1.2),))
 SLOW = "node-0008"
 ATTACKER = "evil-0001"
+DEFAULT_QUOTAS = QuotaSettings()
 
 
-def _server(db: Path, pki: Pki, quotas: QuotaSettings | None = QuotaSettings(),
+def _server(db: Path, pki: Pki, quotas: QuotaSettings | None = DEFAULT_QUOTAS,
             checkers: int = 0) -> tuple[AnalyzerServer, str]:
     storage = Storage.open(db, synchronous="NORMAL")
     analyzer = make_analyzer(storage, ScoringConfig())
