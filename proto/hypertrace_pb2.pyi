@@ -182,7 +182,7 @@ class ProcessWindow(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., pid: _Optional[int] = ..., gpu_kind: _Optional[str] = ..., apis: _Optional[_Iterable[_Union[ApiStats, _Mapping]]] = ..., step_time: _Optional[_Union[Histogram, _Mapping]] = ..., nvml: _Optional[_Union[NvmlContext, _Mapping]] = ..., overhead: _Optional[_Union[Overhead, _Mapping]] = ..., sched: _Optional[_Union[SchedStats, _Mapping]] = ..., steps: _Optional[_Union[StepStats, _Mapping]] = ..., group: _Optional[str] = ..., backend: _Optional[str] = ..., loader: _Optional[_Union[LoaderStats, _Mapping]] = ...) -> None: ...
 
 class NodeWindow(_message.Message):
-    __slots__ = ("version", "agent_id", "node", "seq", "start", "end", "processes", "rejected_processes", "agent_version", "agent_backend", "probe_mode")
+    __slots__ = ("version", "agent_id", "node", "seq", "start", "end", "processes", "rejected_processes", "agent_version", "agent_backend", "probe_mode", "node_gpus")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +194,7 @@ class NodeWindow(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     AGENT_BACKEND_FIELD_NUMBER: _ClassVar[int]
     PROBE_MODE_FIELD_NUMBER: _ClassVar[int]
+    NODE_GPUS_FIELD_NUMBER: _ClassVar[int]
     version: int
     agent_id: str
     node: str
@@ -205,7 +206,8 @@ class NodeWindow(_message.Message):
     agent_version: str
     agent_backend: str
     probe_mode: str
-    def __init__(self, version: _Optional[int] = ..., agent_id: _Optional[str] = ..., node: _Optional[str] = ..., seq: _Optional[int] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., processes: _Optional[_Iterable[_Union[ProcessWindow, _Mapping]]] = ..., rejected_processes: _Optional[int] = ..., agent_version: _Optional[str] = ..., agent_backend: _Optional[str] = ..., probe_mode: _Optional[str] = ...) -> None: ...
+    node_gpus: int
+    def __init__(self, version: _Optional[int] = ..., agent_id: _Optional[str] = ..., node: _Optional[str] = ..., seq: _Optional[int] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., processes: _Optional[_Iterable[_Union[ProcessWindow, _Mapping]]] = ..., rejected_processes: _Optional[int] = ..., agent_version: _Optional[str] = ..., agent_backend: _Optional[str] = ..., probe_mode: _Optional[str] = ..., node_gpus: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("agent_id", "seq", "duplicate", "rejected_processes", "rejected_reason")

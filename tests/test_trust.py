@@ -292,3 +292,16 @@ def test_a_node_that_joins_larger_than_any_other_is_held_not_scored(served, pki)
     held = [s.value for s in series["hypertrace_job_held_nodes"].samples
             if s.labels["job_id"] == "sim-job"]
     assert held == [1.0]
+
+
+def test_nvmls_count_bounds_the_nodes_gpus(served, pki):
+    """A window whose node says NVML counts 4 GPUs may carry 4, not 8."""
+    server, target = served()
+    w = next(w for w in generate(JOB) if w.node == "node-0006")
+    w.agent_id = w.node
+    w.node_gpus = 4
+    err = _refusal(target, pki, "node-0006", w.SerializeToString())
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "8 GPUs" in err.details() and "NVML counts 4" in err.details()
+    del w.processes[4:]
+    assert len(_send(target, pki, "node-0006", [w.SerializeToString()])) == 1

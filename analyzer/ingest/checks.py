@@ -73,6 +73,7 @@ class WindowShape:
     gpus: tuple[tuple[str, str], ...] = ()      # (job id, GPU label), each once
     processes: int = 0
     unknown_bytes: int = 0
+    nvml_gpus: int = 0                          # NodeWindow.node_gpus: NVML's count, 0 unknown
 
     @property
     def node_gpus(self) -> int:
@@ -86,7 +87,7 @@ def shape_of(w: pb.NodeWindow, unknown_bytes: int = 0) -> WindowShape:
     for p in w.processes:
         jobs[p.job_id] = None
         gpus[(p.job_id, gpu_label(p))] = None
-    return WindowShape(tuple(jobs), tuple(gpus), len(w.processes), unknown_bytes)
+    return WindowShape(tuple(jobs), tuple(gpus), len(w.processes), unknown_bytes, w.node_gpus)
 
 
 def check_content(raw: bytes) -> tuple[pb.NodeWindow, bytes, list[WireError], WindowShape]:

@@ -6,7 +6,9 @@ Why: a node's certificate proves which node a window comes from (analyzer/ingest
 hundreds of fake GPUs of a job (enough to outvote the real nodes and convict healthy ones), or
 open tens of thousands of job ids (each held in the Engine's memory until it expires, and
 listed in every job listing). The node's own certificate bounds the node: at most
-``max_gpus_per_node`` GPUs in a window and the same GPUs (at most that many) through a job, at
+``max_gpus_per_node`` GPUs in a window (fewer where the window says NVML counts fewer on the
+node: a node may lower its own bound, never raise it) and the same GPUs (at most
+``max_gpus_per_node``) through a job, at
 most ``max_jobs_per_node`` jobs at once, ``max_processes_per_window`` process entries, and
 ``max_bytes_per_minute`` of windows. Each refusal names the limit and the setting that raises
 it; each is counted under its own reason (``hypertrace_windows_rejected_total``).
@@ -104,12 +106,16 @@ class AgentQuotas:
                           f"node {node[:64]!r}: the window has {shape.processes} process "
                           f"entries, over the limit of {s.max_processes_per_window} per window "
                           "(analyzer setting max_processes_per_window)")
-        if shape.node_gpus > s.max_gpus_per_node:
+        has = s.max_gpus_per_node
+        if 0 < shape.nvml_gpus < has:           # the node says it has fewer: that bounds it
+            has = shape.nvml_gpus
+        if shape.node_gpus > has:
+            told = (f"NVML counts {has} on it" if has < s.max_gpus_per_node else
+                    f"a node has at most {has}, analyzer setting max_gpus_per_node (at most "
+                    f"{MAX_GPUS_PER_NODE_ALLOWED})")
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "quota_gpus",
                           f"node {node[:64]!r}: the window carries {shape.node_gpus} GPUs, more "
-                          f"than a node has ({s.max_gpus_per_node}, analyzer setting "
-                          "max_gpus_per_node; at most "
-                          f"{MAX_GPUS_PER_NODE_ALLOWED})")
+                          f"than the node has ({told})")
         ledger = self._nodes.setdefault(node, _NodeLedger())
         if s.max_bytes_per_minute:
             rate = s.max_bytes_per_minute / 60.0
