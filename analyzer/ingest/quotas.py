@@ -140,6 +140,8 @@ class AgentQuotas:
                           f"{s.job_seconds:g} s after the node's last window of it")
         grown: dict[str, set[str]] = {}
         for job, gpu in shape.gpus:
+            if gpu.startswith("pid:"):        # no GPU identity (no index, no UUID): a process,
+                continue                      # bounded per window only (its pid changes)
             known = ledger.gpus.get(job, set())
             if gpu not in known:
                 grown.setdefault(job, set(known)).add(gpu)
