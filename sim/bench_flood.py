@@ -5,7 +5,8 @@ A real analyzer over localhost gRPC (plaintext: the quotas then key on the node 
 claims, as they key on the certificate's node over TLS) with a real SQLite file. An honest job
 of ``--nodes`` nodes (one 20% slow) sends its windows; then one node sends ``--flood`` windows,
 each of ``--jobs-per-window`` new job ids (every window on a stream of its own, as a refusal
-ends a stream). Printed per mode: windows refused, jobs the analyzer holds, seconds of the
+ends a stream; a window past the quota only in part is stored without the refused jobs'
+entries). Printed per mode: windows refused whole, jobs the analyzer holds, seconds of the
 honest report and of the job list (the best of three), and the peak RSS growth of the process.
 
 Exits 1 when, with the quotas, the honest report takes a second or more, the jobs held exceed

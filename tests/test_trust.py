@@ -169,12 +169,23 @@ def test_one_key_cannot_open_job_after_job(served, pki):
         except grpc.RpcError as exc:
             refused += 1
             assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION
-            assert "max_jobs_per_node" in exc.details() and "limit is 8" in exc.details()
+            assert "max_jobs_per_node" in exc.details() and "8 jobs" in exc.details()
     jobs = {j.job_id for j in server.analyzer.list_jobs().jobs}
     # node-0001's 8: the honest job and the first 7 of the flood
     assert jobs == {"sim-job"} | {f"flood-{k}" for k in range(7)}
     assert refused == 33
     assert _rejected(server, "quota_jobs") == 33
+    # a window of the honest job and of a ninth job: the ninth job's entries alone are dropped
+    mixed = pb.NodeWindow()
+    mixed.CopyFrom(base)
+    mixed.agent_id, mixed.seq = "node-0001", 2000
+    for p in mixed.processes[4:]:
+        p.job_id = "flood-late"
+    acks = _send(target, pki, "node-0001", [mixed.SerializeToString()])
+    assert acks[0].rejected_processes == 4 and "max_jobs_per_node" in acks[0].rejected_reason
+    stored = next(sw for sw in server.analyzer.storage.iter_windows() if sw.seq == 2000)
+    assert {p.job_id for p in stored.message().processes} == {"sim-job"}
+    assert stored.message().rejected_processes == 4
     assert SLOW in _convicted(server)                     # the honest job's report still answers
 
 

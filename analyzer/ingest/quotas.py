@@ -11,7 +11,10 @@ node: a node may lower its own bound, never raise it) and the same GPUs (at most
 ``max_gpus_per_node``) through a job, at
 most ``max_jobs_per_node`` jobs at once, ``max_processes_per_window`` process entries, and
 ``max_bytes_per_minute`` of windows. Each refusal names the limit and the setting that raises
-it; each is counted under its own reason (``hypertrace_windows_rejected_total``).
+it; each is counted under its own reason (``hypertrace_windows_rejected_total``). A job past
+the quota, or whose GPUs changed, costs only its own process entries where the window holds
+other jobs (dropped, the Ack says why, as for a bad entry): a node's many unattributed
+processes (each its own ``unattributed:NODE:PID`` job) must not cost its real job the window.
 
 The identity is the window's node, which ``Access`` has checked against the certificate (on a
 plaintext listener, the node the window claims). The state lives on the server's event loop
@@ -97,9 +100,12 @@ class AgentQuotas:
         ledger = self._nodes.get(node)
         return [] if ledger is None else list(ledger.seen)
 
-    def admit(self, node: str, shape: WindowShape, size: int, now_s: float) -> None:
-        """Count a window of ``size`` bytes from ``node``, or raise :class:`Refused` (nothing
-        is counted then)."""
+    def admit(self, node: str, shape: WindowShape, size: int, now_s: float
+              ) -> dict[str, Refused]:
+        """Count a window of ``size`` bytes from ``node``: {job: why} for the jobs of the window
+        whose process entries must be dropped (a job past the node's quota of jobs, or whose GPUs
+        changed), the rest of the window being kept as a bad entry's window is; or raise
+        :class:`Refused` when nothing of the window may be stored (nothing is counted then)."""
         s = self.settings
         if shape.processes > s.max_processes_per_window:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "quota_processes",
@@ -117,6 +123,7 @@ class AgentQuotas:
                           f"node {node[:64]!r}: the window carries {shape.node_gpus} GPUs, more "
                           f"than the node has ({told})")
         ledger = self._nodes.setdefault(node, _NodeLedger())
+        tokens = 0.0
         if s.max_bytes_per_minute:
             rate = s.max_bytes_per_minute / 60.0
             tokens = min(float(s.max_bytes_per_minute),
@@ -130,39 +137,53 @@ class AgentQuotas:
         for job in [j for j, t in ledger.seen.items() if t < horizon]:
             del ledger.seen[job]
             ledger.gpus.pop(job, None)
-        new = [j for j in shape.jobs if j not in ledger.seen]
-        if new and len(ledger.seen) + len(new) > s.max_jobs_per_node:
-            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, "quota_jobs",
-                          f"node {node[:64]!r} already has {len(ledger.seen)} jobs (the limit "
-                          f"is {s.max_jobs_per_node} per node, analyzer setting "
-                          f"max_jobs_per_node); this window would add {len(new)} more "
-                          f"({new[0][:64]!r}...). A job stops counting "
-                          f"{s.job_seconds:g} s after the node's last window of it")
+        refused: dict[str, Refused] = {}
+        room = s.max_jobs_per_node - len(ledger.seen)
+        for job in shape.jobs:
+            if job in ledger.seen:
+                continue
+            if room > 0:
+                room -= 1
+                continue
+            refused[job] = Refused(
+                grpc.StatusCode.FAILED_PRECONDITION, "quota_jobs",
+                f"node {node[:64]!r} already has {s.max_jobs_per_node} jobs, the limit per "
+                f"node (analyzer setting max_jobs_per_node); job {job[:64]!r} is refused. A job "
+                f"stops counting {s.job_seconds:g} s after the node's last window of it")
         grown: dict[str, set[str]] = {}
         for job, gpu in shape.gpus:
-            if gpu.startswith("pid:"):        # no GPU identity (no index, no UUID): a process,
-                continue                      # bounded per window only (its pid changes)
+            if job in refused or gpu.startswith("pid:"):   # pid: no GPU identity (no index,
+                continue                                   # no UUID), bounded per window only
             known = ledger.gpus.get(job, set())
             if gpu not in known:
                 grown.setdefault(job, set(known)).add(gpu)
-        for job, gpus in grown.items():
+        for job, gpus in list(grown.items()):
             if len(gpus) > s.max_gpus_per_node:
-                was = sorted(ledger.gpus.get(job, set()), key=lambda g: (len(g), g))
-                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, "gpu_set",
-                              f"node {node[:64]!r}: its GPUs in job {job[:64]!r} changed (it "
-                              f"sent GPUs {', '.join(was)[:200]} before, now also "
-                              f"{', '.join(sorted(gpus - set(was), key=lambda g: (len(g), g)))[:200]}): "
-                              f"{len(gpus)} in "
-                              f"one job, more than a node has ({s.max_gpus_per_node}, "
-                              "analyzer setting max_gpus_per_node). A node's GPUs do not change "
-                              "within a job")
+                was = sorted(ledger.gpus.get(job, set()), key=_natural)
+                now = sorted(gpus - set(was), key=_natural)
+                refused[job] = Refused(
+                    grpc.StatusCode.FAILED_PRECONDITION, "gpu_set",
+                    f"node {node[:64]!r}: its GPUs in job {job[:64]!r} changed (it sent GPUs "
+                    f"{', '.join(was)[:200]} before, now also {', '.join(now)[:200]}): "
+                    f"{len(gpus)} in one job, more than a node has ({s.max_gpus_per_node}, "
+                    "analyzer setting max_gpus_per_node). A node's GPUs do not change within "
+                    "a job")
+                del grown[job]
+        if refused and len(refused) == len(shape.jobs):
+            raise next(iter(refused.values()))
         if s.max_bytes_per_minute:
             ledger.tokens, ledger.tokens_at = tokens - size, now_s
         for job in shape.jobs:
-            ledger.seen.pop(job, None)
-            ledger.seen[job] = now_s                 # newest last
+            if job not in refused:
+                ledger.seen.pop(job, None)
+                ledger.seen[job] = now_s                 # newest last
         for job, gpus in grown.items():
             ledger.gpus[job] = gpus
+        return refused
+
+
+def _natural(gpu: str) -> tuple[int, str]:
+    return len(gpu), gpu
 
 
 __all__ = ["AgentQuotas", "QuotaSettings", "MAX_GPUS_PER_NODE", "MAX_GPUS_PER_NODE_ALLOWED",

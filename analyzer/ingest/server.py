@@ -486,6 +486,24 @@ def _store_one(analyzer: Any, w: pb.NodeWindow, raw: bytes,
         return _refusal(analyzer, exc, w, on_broken)
 
 
+def _drop_jobs(w: Any, raw: bytes, dropped: list, refused: dict[str, Refused]
+               ) -> tuple[pb.NodeWindow, bytes, list]:
+    """The window without the process entries of the jobs in ``refused`` (a node's quota:
+    analyzer/ingest/quotas.py), as a bad entry is dropped: counted in ``rejected_processes``,
+    and why in the Ack. ``w`` may be a header only (the checkers' path): the whole window is
+    parsed for this rare case."""
+    whole = w if isinstance(w, pb.NodeWindow) else pb.NodeWindow.FromString(raw)
+    keep = [p for p in whole.processes if p.job_id not in refused]
+    gone = len(whole.processes) - len(keep)
+    why = next(iter(refused.values())).details
+    del whole.processes[:]
+    whole.processes.extend(keep)
+    whole.rejected_processes += gone
+    log.warning("window %.64r/%d: dropped %d process entries of %d jobs: %s", whole.agent_id,
+                whole.seq, gone, len(refused), why)
+    return whole, whole.SerializeToString(), dropped + [why] * gone
+
+
 #: Streams grpc may hold for the server before the Python loop takes them (soft and hard limit
 #: of ``grpc.server.max_pending_requests``). Why: grpc.aio takes new calls one at a time, one
 #: turn of the event loop each, and grpc's defaults (1,000 soft, 3,000 hard) cancel calls beyond
@@ -538,7 +556,11 @@ def _ingest_handler(analyzer: Backend, access: Access | None, store_pool: future
             w = parse(raw)
             authorize(w, context, access, max_skew_s)
         if quotas is not None:
-            quotas.admit(w.node, shape, size, time.monotonic())
+            refused = quotas.admit(w.node, shape, size, time.monotonic())
+            if refused:
+                w, raw, dropped = _drop_jobs(w, raw, list(dropped), refused)
+                for reason in {r.reason for r in refused.values()}:
+                    analyzer.metrics.reject(reason)
         if shape.unknown_bytes:
             analyzer.metrics.unknown_fields.inc()
         return w, raw, dropped
