@@ -296,6 +296,11 @@ def test_a_node_that_joins_larger_than_any_other_is_held_not_scored(served, pki)
     job = server.analyzer.report("sim-job").jobs[0]
     assert [(h.node, h.gpus, h.windows) for h in job.held_nodes] == [(ATTACKER, 8, 4)]
     assert "more than any other node" in job.held_nodes[0].reason
+    from hypertrace.analyzer.report.report_format import report_to_table
+    from hypertrace.analyzer.report.report_html import report_to_html
+    shown = server.analyzer.report("sim-job")
+    assert f"held: node {ATTACKER}" in report_to_table(shown)
+    assert f"Held: node {ATTACKER}" in report_to_html(shown)
     nodes = {n.node for n in job.nodes}
     assert ATTACKER not in nodes and "late-0004" in nodes
     assert job.gpus == 36
