@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+
 from hypertrace.collector import prereqs
 from hypertrace.collector.apis import library_kind
 from hypertrace.collector.prereqs import uprobe_links_supported

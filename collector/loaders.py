@@ -56,8 +56,9 @@ class LoaderTracker:
             self._last.pop(w, None)
 
     def sample(self) -> dict[int, LoaderSample]:
-        """Per rank with workers: their count and what they used since the previous sample (a
-        worker seen for the first time counts from now on)."""
+        """Per rank tracked: its workers' count (0: none, the loader runs in the rank) and what
+        they used since the previous sample (a worker seen for the first time counts from now
+        on)."""
         out: dict[int, LoaderSample] = {}
         for rank, workers in self.workers.items():
             cpu = runq = 0.0
@@ -72,6 +73,5 @@ class LoaderTracker:
                 cpu += max(now[0] - before[0], 0.0)
                 runq += max(now[1] - before[1], 0.0)
                 self._last[w] = now
-            if workers:
-                out[rank] = LoaderSample(workers=alive, cpu_s=cpu, runq_s=runq)
+            out[rank] = LoaderSample(workers=alive, cpu_s=cpu, runq_s=runq)
         return out

@@ -67,8 +67,9 @@ TRAIN_SEEDS = tuple(range(0, 50))
 #: few hosts scored them without the Tukey fence, 6000.. until the run-queue share needed the
 #: steps to agree, 7000.. until verdicts cleared, effects (and the truth) were read in step
 #: terms, jobs without steps were scored by their synchronize time and independent ranks by their
-#: typical step (two changes drawn on 8000.. each), 9000.. since.
-HELD_OUT_SEEDS = tuple(range(9000, 9050))
+#: typical step (two changes drawn on 8000.. each), 9000.. until the input pipeline was scored
+#: (and the collective mode allowed for the window's edges by the step spread), 10000.. since.
+HELD_OUT_SEEDS = tuple(range(10000, 10050))
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,9 @@ QUICK_PLAN = (SizePlan(64, 12, 2), SizePlan(512, 12, 1))
 #: is flagged in most windows, not all: 3 flags in 5 came by window 9 on one training seed in 12
 #: (docs/design.md, "Loops as they run").
 WITHIN_WINDOWS = {"compute-10-nostep": 6, "jitter-1.5x": 6, "jitter-2x": 6, "jitter-3x": 12,
-                  "gpu-slow-15": 6, "gpu-slow-15-handshake": 6}
+                  "gpu-slow-15": 6, "gpu-slow-15-handshake": 6,
+                  **{f"loader-{name}-{mode}": 6 for name in ("slow-reads", "one-worker", "inline")
+                     for mode in ("collective", "independent")}}
 
 #: A node or GPU whose true slowdown is below this is healthy: convicting it is a false verdict.
 HEALTHY_BELOW = 0.03
@@ -139,6 +142,8 @@ class RunResult:
     #: its verdict in the final report
     straggler_windows: dict[str, list[int]] = field(default_factory=dict)
     final_verdicts: dict[str, str] = field(default_factory=dict)
+    #: hypertrace, per injected node: its probable cause in the final report
+    final_causes: dict[str, str] = field(default_factory=dict)
     #: hypertrace: the step shares the injected nodes' causes quote ("about +14.3% of a step")
     quoted_shares: list[float] = field(default_factory=list)
     #: hypertrace's what-if in the final report when it evicts on a step basis: (predicted
@@ -243,6 +248,7 @@ def _step_terms(report, cfg, res: RunResult, true_step_ms) -> None:
         for node in job.nodes:
             if node.node in res.truth:
                 res.final_verdicts[node.node] = node.verdict
+                res.final_causes[node.node] = node.probable_cause
                 res.quoted_shares += [float(x) / 100 for x in
                                       _QUOTED_SHARE.findall(node.probable_cause)]
         c = job.cluster
@@ -533,6 +539,15 @@ def _step_terms_checks(by_scn: dict[str, list[RunResult]]) -> list[tuple[str, bo
                     bool(quoted) and 0.10 <= mid <= 0.20,
                     f"median {mid:+.1%} over {len(quoted)} causes"
                     + (f", range {min(quoted):+.1%}..{max(quoted):+.1%}" if quoted else "")))
+    pipeline = [(r, n) for name, v in by_scn.items() if name.startswith("loader-") for r in v
+                for n, verdict in r.final_verdicts.items() if verdict == "straggler"]
+    if pipeline:
+        unnamed = [(r.scenario, r.gpus, r.seed, r.final_causes[n][:80]) for r, n in pipeline
+                   if "input pipeline" not in r.final_causes[n]]
+        out.append(("input pipeline: every convicted loader fault's cause names the input "
+                    "pipeline", not unnamed,
+                    f"{len(pipeline) - len(unnamed)} of {len(pipeline)} causes"
+                    + (f"; not: {unnamed[:3]}" if unnamed else "")))
     runs = [r for name, v in by_scn.items() if scenarios.get(name).group == "straggler"
             and name != "intermittent" for r in v]
     if runs:

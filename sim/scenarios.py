@@ -399,7 +399,33 @@ _LOOPS = (
              "their peers, 0-30% of the wait on CPU (drawn per seed)", "straggler", 0.15,
              _gpu_slow_15((0.0, 0.3))),
 )
-_CATALOG = _CATALOG + _LOOPS
+
+
+def _pipeline(where: str, pct: float, mode: str, workers: int | None = None) -> Builder:
+    """One rank's input pipeline ``pct`` of a step slow (``where`` "loader": it waits for its
+    loader workers; "inline": num_workers=0, the loading is its own work), in ``mode``."""
+    def apply(c: SimConfig) -> SimConfig:
+        node, gpus = _one_rank(c, 6_000)
+        return replace(c, mode=mode, stragglers=(Straggler(node, 1.0 + pct, gpus=gpus,
+                                                           where=where, workers=workers),))
+    return apply
+
+
+#: Input-pipeline stragglers, each in both modes: what the loader-wait and loader-workers
+#: signals must convict, with the input pipeline named.
+_PIPELINE = tuple(
+    Scenario(f"loader-{name}-{mode}", f"{summary} ({mode} job)", "straggler", 0.15,
+             _pipeline(where, 0.15, mode, workers))
+    for mode in ("collective", "independent")
+    for name, summary, where, workers in (
+        ("slow-reads", "one rank's dataset reads are slow: it waits 15% of a step per step for "
+         "its 4 loader workers, 90-99% busy", "loader", None),
+        ("one-worker", "one rank has 1 loader worker where the others have 4: it waits 15% of "
+         "a step per step for it, 90-99% busy", "loader", 1),
+        ("inline", "one rank loads its data in the training process (num_workers=0): 15% of a "
+         "step more own work, no loader workers", "inline", None)))
+
+_CATALOG = _CATALOG + _LOOPS + _PIPELINE
 
 #: name -> Scenario, in catalog order.
 CATALOG: dict[str, Scenario] = {s.name: s for s in _CATALOG}

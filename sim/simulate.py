@@ -112,6 +112,12 @@ The model (all latencies per GPU, per window, per API):
   (the shared step's excess over the model, less the rank's own busy excess) is peer wait:
   it waited for them. ``step_ms = 0`` emits no steps. Draws: streams ``[seed, 11]`` (steps),
   ``[seed, 17]`` (busy), ``[seed, 19]`` (wait noise), so the API histograms never move.
+* **Input pipeline.** Before its work a rank waits ``loader_frac`` (0.3%) of a step for its
+  data loader (``loader_wait_us``, with the waits' noise); a ``where="loader"`` straggler waits
+  ``factor - 1`` of a step more, so its arrival moves and the wait is not peer wait. A
+  ``where="inline"`` straggler (``num_workers=0``) does that much more own work instead. Each
+  rank reports ``loader_workers`` (4) workers busy ``loader_busy`` (20-60%) of the window; a
+  loader straggler's are 90-99% busy, an inline one has none (:func:`loader_workers`).
 * **Scheduler evidence** (``ProcessWindow.sched``, always on). Run-queue share of wall time of
   a healthy rank: lognormal around ``runq_share`` (0.3%) with a persistent per-node spread
   (``runq_node_sigma``) and a per-window one (``runq_sigma``): mostly 0-1%. With probability
@@ -121,7 +127,7 @@ The model (all latencies per GPU, per window, per API):
   (30-50%) of the window. Run-queue latency histograms: waits of ~20 µs (healthy), ~400 µs
   (bursts) or ~2.9 ms (a hog's scheduler slice), lognormal (sigma 1), their number such that they
   add up to the share; involuntary switches count the hog's waits and a tenth of the rest.
-  ``offcpu_ns`` is the peer wait. Stream ``[seed, 13]``, every draw made for every GPU-window.
+  ``offcpu_ns`` is the peer wait and the loader wait. Stream ``[seed, 13]``, every draw made for every GPU-window.
 * **Coordinated sampling.** The launch tier is sampled in the windows whose wall-clock index
   ``start_ns // window_ns`` is a multiple of ``cadence`` (1 by default: at the default budget a
   slice fits every window), the same windows on every agent; in the others the sliced APIs are
@@ -179,13 +185,20 @@ DEFAULT_APIS: tuple[ApiModel, ...] = (
 )
 
 
+#: Where a straggler is slow (:class:`Straggler`).
+SIDES = ("both", "host", "compute", "cpu", "loader", "inline")
+
+
 @dataclass(frozen=True)
 class Straggler:
     """A slow node (all GPUs) or, with ``gpus``, some slow GPUs of it, from window ``onset``.
 
     ``where`` is "both", "host" (launch latency) or "compute" (GPU work, seen in sync waits),
     or "cpu" (CPU contention: the busy time per step grows by ``factor`` and the run-queue share
-    jumps, launch latency and GPU work stay);
+    jumps, launch latency and GPU work stay), "loader" (its data loader keeps it waiting
+    ``factor - 1`` of a step per step before its work) or "inline" (its loader runs in the
+    training process, ``num_workers=0``: ``factor - 1`` of a step more own work before its work);
+    ``workers``: its loader workers (None: the job's ``loader_workers``; "inline": 0);
     ``flap_on``/``flap_off`` > 0 make it slow for flap_on windows out of every flap_on+flap_off.
     """
 
@@ -196,6 +209,7 @@ class Straggler:
     where: str = "both"
     flap_on: int = 0
     flap_off: int = 0
+    workers: int | None = None
 
     def active(self, windows: int) -> np.ndarray:
         """(windows,) bool: the windows in which this straggler is slow."""
@@ -299,6 +313,10 @@ class SimConfig:
                                         # (a file handshake): busy time, not idle
     paced_syncs: bool = False           # synchronize (and launch) calls paced by the work
                                         # between synchronizations (module docstring)
+    loader_frac: float = 0.003          # a healthy rank's wait for its data loader, share of
+                                        # step_ms per step
+    loader_workers: int = 4             # every rank's loader workers (a straggler may differ)
+    loader_busy: tuple[float, float] = (0.2, 0.6)   # their busy share range, healthy rank
 
     def __post_init__(self) -> None:
         if self.gpus <= 0 or self.gpus_per_node <= 0:
@@ -317,8 +335,8 @@ class SimConfig:
                                  f"{self.nodes[0]}..{self.nodes[-1]})")
             if not s.factor > 0:
                 raise ValueError(f"straggler factor for {s.node} must be > 0, got {s.factor}")
-            if s.where not in ("both", "host", "compute", "cpu"):
-                raise ValueError(f"straggler where={s.where!r}: use both, host, compute or cpu")
+            if s.where not in SIDES:
+                raise ValueError(f"straggler where={s.where!r}: use one of {', '.join(SIDES)}")
         for d in self.dropouts:
             if d.node not in names or not 0 <= d.start < d.stop:
                 raise ValueError(f"dropout {d}: node must be in the job and 0 <= start < stop")
@@ -416,12 +434,12 @@ def slowdown_matrix(cfg: SimConfig, side: str = "host", design: bool = True) -> 
     """
     f = np.ones((cfg.windows, cfg.gpus))
     for s in cfg.stragglers:
-        if s.where == side or (s.where == "both" and side != "cpu"):
+        if s.where == side or (s.where == "both" and side in ("host", "compute")):
             f[np.ix_(s.active(cfg.windows), _cols(cfg, s.node, s.gpus))] *= s.factor
-    if design and cfg.kinds and side != "cpu":
+    if design and cfg.kinds and side in ("host", "compute"):
         speed = np.array([cfg.kinds[i % len(cfg.kinds)][1] for i in range(cfg.n_nodes)])
         f *= np.repeat(speed, cfg.gpus_per_node)[None, :]
-    if design and cfg.pipeline_stages > 1 and side != "cpu":
+    if design and cfg.pipeline_stages > 1 and side in ("host", "compute"):
         # the last stage carries more layers (and the loss): more work, by design, on every GPU
         f[:, cfg.gpus - cfg.gpus // cfg.pipeline_stages:] *= 1.0 + cfg.stage_load
     return f
@@ -470,7 +488,15 @@ def _arrival_ms(cfg: SimConfig, design: bool) -> np.ndarray:
     busy = (ms * cfg.busy_frac * off.host[None, :] * slowdown_matrix(cfg, "host", design)
             * slowdown_matrix(cfg, "cpu", design))
     gpu = ms * cfg.gpu_frac * off.compute[None, :] * slowdown_matrix(cfg, "compute", design)
-    return np.maximum(busy, gpu) + cfg.sync_ms
+    return np.maximum(busy, gpu) + cfg.sync_ms + sum(_before_work_ms(cfg, ms, design))
+
+
+def _before_work_ms(cfg: SimConfig, ms: float, design: bool = True
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(loader wait, in-process loading), each (windows, gpus) ms per step: what a rank does
+    before it issues a step's work, so its whole arrival moves by it."""
+    wait = ms * (cfg.loader_frac + slowdown_matrix(cfg, "loader", design) - 1.0)
+    return wait, ms * (slowdown_matrix(cfg, "inline", design) - 1.0)
 
 
 def true_slowdown(cfg: SimConfig) -> np.ndarray:
@@ -766,13 +792,15 @@ class StepModel:
 
     ``busy`` + ``gpu_wait`` is the rank's own time to arrive at the end of its step;
     ``peer_wait`` is the time it then waits for the others (collective mode) or for its input
-    (independent mode); ``step`` is the sum of the three."""
+    (independent mode); ``loader_wait`` the time it waited for its data loader before its
+    work; ``step`` is the sum of the four."""
 
     busy: np.ndarray
     gpu_wait: np.ndarray
     peer_wait: np.ndarray
     step: np.ndarray
     steps: np.ndarray          # int64
+    loader_wait: np.ndarray    # the wait for its data loader, before its work
 
 
 def step_model(cfg: SimConfig, compute: np.ndarray | None = None,
@@ -787,7 +815,8 @@ def step_model(cfg: SimConfig, compute: np.ndarray | None = None,
         _, compute, host = _simulate(cfg)
     ms = cfg.step_ms
     busy = ms * cfg.busy_frac * host * slowdown_matrix(cfg, "cpu")
-    arrive = np.maximum(busy, ms * cfg.gpu_frac * compute) + cfg.sync_ms
+    loader, inline = _before_work_ms(cfg, ms)
+    arrive = np.maximum(busy, ms * cfg.gpu_frac * compute) + cfg.sync_ms + loader + inline
     rest = ms * (1.0 - cfg.gpu_frac) - cfg.sync_ms     # collective / input wait of the last one
     if cfg.mode == "collective":
         step = np.broadcast_to(arrive.max(axis=1, keepdims=True) + rest, arrive.shape).copy()
@@ -797,8 +826,30 @@ def step_model(cfg: SimConfig, compute: np.ndarray | None = None,
     peer = step - arrive
     # a rank that polls for its peers (a file handshake) is on CPU for part of its wait: the
     # agent counts that part as busy time, not as time the process sat idle
-    return StepModel(busy=busy + cfg.peer_spin * peer, gpu_wait=arrive - busy,
-                     peer_wait=(1.0 - cfg.peer_spin) * peer, step=step, steps=steps)
+    return StepModel(busy=busy + inline + cfg.peer_spin * peer,
+                     gpu_wait=arrive - busy - inline - loader,
+                     peer_wait=(1.0 - cfg.peer_spin) * peer, step=step, steps=steps,
+                     loader_wait=loader)
+
+
+def loader_workers(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray]:
+    """((gpus,) loader workers, (windows, gpus) their busy share): ``loader_workers`` each, a
+    straggler's own count ("inline": none), busy ``loader_busy`` (uniform, stream
+    ``[seed, 53]``); a rank its loader keeps waiting has its workers busy 90-99%."""
+    workers = np.full(cfg.gpus, cfg.loader_workers)
+    busy = np.random.default_rng([cfg.seed, 53]).uniform(*cfg.loader_busy,
+                                                         (cfg.windows, cfg.gpus))
+    for s in cfg.stragglers:
+        cols = _cols(cfg, s.node, s.gpus)
+        if s.where == "inline":
+            workers[cols] = 0
+        elif s.workers is not None:
+            workers[cols] = s.workers
+        if s.where == "loader":
+            rows = s.active(cfg.windows)
+            busy[np.ix_(rows, cols)] = np.random.default_rng([cfg.seed, 59]).uniform(
+                0.90, 0.99, (int(rows.sum()), len(cols)))
+    return workers, busy
 
 
 def _step_histograms(cfg: SimConfig, median_ms: np.ndarray, sigma: float, steps: np.ndarray,
@@ -1003,8 +1054,10 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
         steps = _ApiArrays.of(simulate_step_counts(cfg, model))
         busy = _ApiArrays.of(simulate_busy_counts(cfg, model))
         jit = np.exp(np.random.default_rng([cfg.seed, 19]).normal(
-            0.0, cfg.wait_jitter, (2, cfg.windows, cfg.gpus)))
+            0.0, cfg.wait_jitter, (3, cfg.windows, cfg.gpus)))
+        workers, busy_share = loader_workers(cfg)
         gpu_wait_us = model.gpu_wait * model.steps * 1e3 * jit[0]
+        loader_us = np.rint(model.loader_wait * model.steps * 1e3 * jit[2] * 1e3) / 1e3
         peer_wait_us = model.peer_wait * model.steps * 1e3 * jit[1]
         step_sum_us = steps.sum_us
         if cfg.mode == "collective":
@@ -1058,7 +1111,7 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
                 sc.runq_latency.CopyFrom(runq.histogram(w, g))
                 sc.window_s = cfg.window_seconds
                 if model is not None:
-                    sc.offcpu_ns = int(peer_wait_us[w, g] * 1e3)
+                    sc.offcpu_ns = int((peer_wait_us[w, g] + loader_us[w, g]) * 1e3)
                     proc.step_time.CopyFrom(steps.histogram(w, g))
                     st = proc.steps
                     st.source = f"inferred:{STEP_API}"
@@ -1067,6 +1120,9 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
                     st.gpu_wait_us = float(gpu_wait_us[w, g])
                     st.peer_wait_us = float(peer_wait_us[w, g])
                     st.step_sum_us = float(step_sum_us[w, g])
+                    st.loader_wait_us = float(loader_us[w, g])
+                    proc.loader.workers = int(workers[g])
+                    proc.loader.cpu_s = float(busy_share[w, g] * workers[g] * cfg.window_seconds)
             yield nw
 
 

@@ -36,8 +36,8 @@ def test_the_prometheusrule_holds_the_same_groups_and_names_served_series():
     rule = yaml.safe_load((REPO / "deploy" / "k8s" / "prometheusrule.yaml").read_text())
     groups = yaml.safe_load(RULES.read_text())["groups"]
     assert rule["kind"] == "PrometheusRule" and rule["spec"]["groups"] == groups
-    served = ((REPO / "analyzer" / "metrics.py").read_text()
-              + (REPO / "analyzer" / "nodes.py").read_text()
+    served = ((REPO / "analyzer" / "report" / "metrics.py").read_text()
+              + (REPO / "analyzer" / "ingest" / "nodes.py").read_text()
               + (REPO / "analyzer" / "evict" / "evictor.py").read_text())
     for g in groups:
         for r in g["rules"]:

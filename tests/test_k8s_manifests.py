@@ -120,9 +120,10 @@ def test_the_cluster_mode_manifests_validate_and_agree_with_the_commands_and_nat
     maps = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
     edge = tomllib.loads(maps["hypertrace-cluster-config"]["edge.toml"])
     worker = tomllib.loads(maps["hypertrace-cluster-config"]["worker.toml"])
-    assert set(edge) <= set(analyzer_edge.EDGE_KEYS) | set(CLUSTER_KEYS)
-    assert set(worker) <= set(analyzer_worker.WORKER_KEYS) | set(CLUSTER_KEYS)
-    assert {k: edge[k] for k in CLUSTER_KEYS} == {k: worker[k] for k in CLUSTER_KEYS}
+    cluster = {s.name for s in CLUSTER_KEYS}
+    assert set(edge) <= {s.name for s in analyzer_edge.EDGE_KEYS} | cluster
+    assert set(worker) <= {s.name for s in analyzer_worker.WORKER_KEYS} | cluster
+    assert {k: edge[k] for k in cluster} == {k: worker[k] for k in cluster}
     nats = next(d for d in docs if d["kind"] == "StatefulSet")
     hosts = {f"nats://{nats['metadata']['name']}-{i}.{nats['spec']['serviceName']}."
              f"{nats['metadata']['namespace']}.svc:4222" for i in range(nats["spec"]["replicas"])}

@@ -130,16 +130,19 @@ def test_spike_probability_of_a_clean_collective_job_is_the_share_of_spiked_step
     """Measured, not multiplied: with the same hiccups and tails, seeds agree with the truth.
 
     The simulated job has rack hiccups (fixed rate) and a Pareto step tail; the truth is the
-    share of the job's steps that any of those delays (the simulator's own event list)."""
+    share of the job's steps that any of those delays (the simulator's own event list). The
+    measure counts the spikes drawn, so it may differ from that expectation by the binomial
+    noise of the steps' count: three standard errors."""
     from hypertrace.sim.simulate import job_step_bursts, step_model
-    cfg = replace(SimConfig(gpus=256, gpus_per_node=8, windows=8, seed=seed), hiccup_prob=0.02,
+    cfg = replace(SimConfig(gpus=256, gpus_per_node=8, windows=16, seed=seed), hiccup_prob=0.02,
                   step_tail_prob=0.005, step_tail_scale=2.0)
     bursts = job_step_bursts(cfg)                     # None: no hiccup in this seed
     frac = bursts[0][:, 0] if bursts is not None else np.zeros(cfg.windows)
     steps = step_model(cfg).steps[:, 0]
     truth = float(((1 - (1 - frac) * (1 - cfg.step_tail_prob)) * steps).sum() / steps.sum())
     c = _report(cfg).jobs[0].cluster
-    assert c.spike_probability == pytest.approx(truth, rel=0.1, abs=0.002)
+    noise = 3.0 * float(np.sqrt(truth * (1.0 - truth) / steps.sum()))
+    assert c.spike_probability == pytest.approx(truth, abs=max(noise, 0.002))
     assert c.spike_probability < 0.2                 # not 1 - (1 - p)^256, which reads ~1
 
 

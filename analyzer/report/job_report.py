@@ -70,10 +70,10 @@ def job_report(job: JobState, cfg: ScoringConfig, out: pb.JobReport | None = Non
     and extending copied every GPU's message twice (a 16k-GPU job: 16,384 GpuReports)."""
     jr = pb.JobReport() if out is None else out
     jr.job_id = job.job_id
-    jr.windows = job.epochs_scored
+    jr.windows = job.results.epochs_scored
     jr.gpus = len(job.index)
-    jr.windows_sampled = job.windows_sampled
-    jr.mode = job.mode
+    jr.windows_sampled = job.results.windows_sampled
+    jr.mode = job.results.mode
     jr.late_windows = job.late_windows
     for node, n in sorted(job.late_nodes.items(), key=lambda kv: (-kv[1], kv[0]))[:LATE_NODES]:
         jr.late_nodes.add(node=node, windows=n)
@@ -81,13 +81,13 @@ def job_report(job: JobState, cfg: ScoringConfig, out: pb.JobReport | None = Non
         jr.held_nodes.add(node=node, gpus=gpus, reason=reason, windows=windows)
     if not job.index:
         return jr
-    job.grow()
     codes = job.persistence.verdicts(no_data_after=cfg.clear_m)
-    step_based = job.step_total > 0
+    res = job.results
+    step_based = res.step_total > 0
     with np.errstate(invalid="ignore", divide="ignore"):
-        rates = np.where(step_based, job.step_above / np.maximum(job.step_total, 1e-300),
-                         job.spike_hits / np.maximum(job.spike_seen, 1e-300))
-    rates = np.where((job.step_total > 0) | (job.spike_seen > 0), rates, np.nan)
+        rates = np.where(step_based, res.step_above / np.maximum(res.step_total, 1e-300),
+                         res.spike_hits / np.maximum(res.spike_seen, 1e-300))
+    rates = np.where((res.step_total > 0) | (res.spike_seen > 0), rates, np.nan)
     by_node: dict[str, list[int]] = {}
     for r in job.live_rows():
         by_node.setdefault(job.keys[r][0], []).append(r)
@@ -102,7 +102,7 @@ def job_report(job: JobState, cfg: ScoringConfig, out: pb.JobReport | None = Non
     jr.cluster.CopyFrom(_prediction(job, rates, evicted, with_data,
                                     sum(plan.verdict != "no_data" for plan in plans), cfg))
     _add_nodes(jr, job, cfg, plans, code_of, rates)
-    history = sorted(job.history, key=lambda h: h[0])
+    history = sorted(job.results.history, key=lambda h: h[0])
     present = [set(codes.tolist()) for _, _, codes in history]
     for nr in jr.nodes:
         if not nr.gpus:                     # a node listed briefly
@@ -112,7 +112,7 @@ def job_report(job: JobState, cfg: ScoringConfig, out: pb.JobReport | None = Non
                                 for (_, worst, _), here in zip(history, present))
     jr.history_windows.extend(epoch * cfg.window_ns for epoch, _, _ in history)
     jr.latency_cdfs.extend(_latency_cdfs(job, by_node, flagged))
-    jr.imbalance.extend(job.imbalance.persistent(cfg.persist_k))
+    jr.imbalance.extend(job.results.imbalance.persistent(cfg.persist_k))
     _add_series(jr, job, [epoch for epoch, _, _ in history])
     _spike_rates(jr.spike_rates, rates)
     return jr
@@ -135,7 +135,7 @@ def _spike_rates(out: pb.SpikeRates, rates: np.ndarray) -> None:
 def _add_series(jr: pb.JobReport, job: JobState, epochs: list[int]) -> None:
     """Each flagged node's leading signal and the context signals over the history windows
     (NodeReport.series; analyzer/score/window_series.py), for the first SERIES_NODES flagged nodes."""
-    records = list(job.window_series)
+    records = list(job.results.window_series)
     units = {s.name: s.unit for s in registry.SIGNALS}
     shown = 0
     for nr in jr.nodes:
@@ -175,7 +175,7 @@ def _plan_node(job: JobState, cfg: ScoringConfig, node: str, rows: list[int],
     keyed = []
     for r in rows:
         code = code_of[r]
-        fs = job.findings.get(r, []) if code in (SUSPECT, STRAGGLER) else []
+        fs = job.results.findings.get(r, []) if code in (SUSPECT, STRAGGLER) else []
         ordered = sorted(fs, key=lambda f: (not f.implicates, -abs(f.robust_z)))
         keyed.append((_gpu_sort_key(VERDICT_NAMES[code], ordered, job.ranks[r], job.keys[r][1]),
                       r, ordered))
@@ -224,7 +224,7 @@ def _add_nodes(jr: pb.JobReport, job: JobState, cfg: ScoringConfig, plans: list[
     seen_n = job.persistence.windows_seen.tolist()
     spike = np.where(np.isfinite(rates), rates, 0.0).tolist()
     p50 = [(api, ratios.tolist(), np.isfinite(ratios).tolist())
-           for api, ratios in job.p50_ratio.items()]
+           for api, ratios in job.results.p50_ratio.items()]
     intermittent = job.persistence.intermittent.tolist()
     absent = job.persistence.absent.tolist()
     keys, ranks, kinds = job.keys, job.ranks, job.kinds
@@ -255,7 +255,7 @@ def _add_nodes(jr: pb.JobReport, job: JobState, cfg: ScoringConfig, plans: list[
             if code in (SUSPECT, STRAGGLER):
                 if job.nvml[r] is not None:
                     gr.nvml.CopyFrom(job.nvml[r])
-                gr.probable_cause = causes.gpu_cause(job.nvml[r], job.findings.get(r, []),
+                gr.probable_cause = causes.gpu_cause(job.nvml[r], job.results.findings.get(r, []),
                                                      bases[r])
                 if code == STRAGGLER and intermittent[r]:
                     gr.probable_cause = _intermittent(job, r, cfg) + gr.probable_cause
@@ -266,7 +266,8 @@ def _add_nodes(jr: pb.JobReport, job: JobState, cfg: ScoringConfig, plans: list[
         if plan.scope == "host":
             nr.probable_cause = causes.host_cause(
                 len(bad), len(rows), [job.nvml[r] for r in rows],
-                [job.findings.get(r, []) for r in rows if code_of[r] in (SUSPECT, STRAGGLER)],
+                [job.results.findings.get(r, []) for r in rows
+                 if code_of[r] in (SUSPECT, STRAGGLER)],
                 [bases[r] for r in rows])
         elif plan.scope == "gpu":
             nr.probable_cause = "GPU-level: " + "; ".join(
@@ -286,8 +287,8 @@ def _latency_cdfs(job: JobState, by_node: dict[str, list[int]],
     recent windows' histograms, over the buckets where the job's CDF is between 0.1% and
     99.9% (and the node's own range). ``flagged``: the straggler and suspect nodes, in the
     job's order of nodes."""
-    counts = job.basis_counts
-    if job.basis_api is None or counts.size == 0:
+    counts = job.results.basis_counts
+    if job.results.basis_api is None or counts.size == 0:
         return []
     if not flagged:
         return []
@@ -310,7 +311,7 @@ def _latency_cdfs(job: JobState, by_node: dict[str, list[int]],
         if used.size == 0:
             continue
         lo, hi = max(int(used[0]) - 1, 0), min(int(used[-1]) + 2, counts.shape[0])
-        out.append(pb.LatencyCdf(node=node, api=job.basis_api,
+        out.append(pb.LatencyCdf(node=node, api=job.results.basis_api,
                                  upper_us=(buckets.UPPER_NS[lo:hi] / 1e3).tolist(),
                                  job=job_cdf[lo:hi].tolist(), node_cdf=node_cdf[lo:hi].tolist()))
     return out
@@ -337,16 +338,17 @@ def _prediction(job: JobState, rates: np.ndarray, evicted: list[str], rows: list
     evict_set = set(evicted)
     evict = np.fromiter((job.keys[r][0] in evict_set for r in order), dtype=bool,
                         count=order.size)
-    spikes = ("share of steps" if bool(job.step_total.sum() > 0) else
+    spikes = ("share of steps" if bool(job.results.step_total.sum() > 0) else
               "share of scored windows whose p99 is") + f" > {1 + cfg.spike_threshold:g} x " \
         "the job median"
-    parts = [rows_e for rows_e, _, _, _ in job.pace_epochs if rows_e.size]
+    parts = [rows_e for rows_e, _, _, _ in job.results.pace_epochs if rows_e.size]
     n = int(np.isin(order, np.concatenate(parts)).sum()) if parts and order.size else 0
     if n:
-        collective = job.mode == "collective"
-        now, after = theory.what_if_step(job.pace_epochs, order, evict, collective)
-        curve = whatif_curve.step_curve(job.pace_epochs, order, evict, collective, now, after)
-        pred.measured_step_us = window_series.measured_step_us(list(job.window_series),
+        collective = job.results.mode == "collective"
+        now, after = theory.what_if_step(job.results.pace_epochs, order, evict, collective)
+        curve = whatif_curve.step_curve(job.results.pace_epochs, order, evict, collective, now,
+                                        after)
+        pred.measured_step_us = window_series.measured_step_us(list(job.results.window_series),
                                                                theory.WHATIF_KEEP)
         what = (f"{theory.STEP_BASES[0]}: the job's step measured now (its recent windows, {n} "
                 "ranks), less what the evicted ranks' own time per step (step less the wait for "
@@ -356,8 +358,9 @@ def _prediction(job: JobState, rates: np.ndarray, evicted: list[str], rows: list
                 f"remaining rank's after ({n} ranks)")
         pred.basis = (what + f"; steps over {1 + cfg.spike_threshold:g} x the slowest own time "
                       "left out, older windows fade; spike rate: " + spikes + note)
-    elif job.basis_api and order.size and bool(job.basis_counts[:, order].sum() > 0):
-        counts = job.basis_counts
+    elif (job.results.basis_api and order.size
+          and bool(job.results.basis_counts[:, order].sum() > 0)):
+        counts = job.results.basis_counts
         # ranks as rows, in float64 as the what-if reads them, and only the buckets the job
         # uses (a few dozen of the 226): one gather along the (contiguous) ranks and one
         # transposing copy, a third of the time of ``counts.T[order]``
@@ -367,7 +370,8 @@ def _prediction(job: JobState, rates: np.ndarray, evicted: list[str], rows: list
         now, after = theory.what_if(ranks, evict, first_bucket=lo)
         curve = whatif_curve.what_if_curve(ranks, evict, None, lo)
         n = int((ranks.sum(axis=1) > 0).sum())
-        pred.basis = (f"{job.basis_api}: E[max over {n} ranks] of {job.basis_api} latency per "
+        api = job.results.basis_api
+        pred.basis = (f"{api}: E[max over {n} ranks] of {api} latency per "
                       "call, from each rank's histogram; spike rate: " + spikes + note
                       + ("; no eviction proposal: no step-time basis for the what-if"
                          if evicted else ""))
@@ -398,10 +402,10 @@ def _spike_probability(job: JobState, rates: np.ndarray,
     wait for nobody.)
     """
     limit = f"> {1 + cfg.spike_threshold:g} x the job median"
-    has = job.step_total > 0
+    has = job.results.step_total > 0
     seen = int(has.sum())
-    if job.mode == "collective" and seen:
-        above, total = float(job.step_above.sum()), float(job.step_total.sum())
+    if job.results.mode == "collective" and seen:
+        above, total = float(job.results.step_above.sum()), float(job.results.step_total.sum())
         return above / total, (f"measured: {above:,.0f} of {total:,.0f} steps (pooled over "
                                f"{seen} ranks) {limit}; a collective step is the job's step")
     finite = rates[np.isfinite(rates)]

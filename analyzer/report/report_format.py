@@ -22,7 +22,7 @@ of every GPU's spike rate (the HTML report's what-if and spikes). A finding's ``
 against the job's hosts; the table marks it ``[host]``). A finding's ``unit`` says what
 ``value_us`` and ``job_median_us`` hold (named for latencies, the first findings): "" or "us"
 for a latency or a per-step time in µs, "share" for a fraction of wall time, "hz" for a rate,
-"ratio" for a plain ratio. The table prints each in its unit (shares as %, per-step times in ms).
+"ratio" for a plain ratio, "count" for a number of things (loader workers). The table prints each in its unit (shares as %, per-step times in ms).
 ``step_share`` is the finding in step-time terms where the GPU has step data, signed: for a
 launch API all the time the GPU's step grew, its own time per step over the healthy step (0.14 =
 14% of a step); for a per-step signal the deviation over the healthy step (in a collective job
@@ -79,6 +79,8 @@ def _fmt_value(x: float, unit: str) -> str:
         return f"{x:,.0f}/s"
     if unit == "ratio":
         return f"{x:.3f}"
+    if unit == "count":
+        return f"{x:.1f}"
     if unit == "us":
         return duration_text(x, 2)
     return _fmt(x)

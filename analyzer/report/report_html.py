@@ -174,6 +174,8 @@ def value_text(v: float, unit: str) -> str:
         return f"{v:,.0f}/s"
     if unit == "ratio":
         return f"{v:.3f}"
+    if unit == "count":
+        return f"{v:.1f}"
     return duration_text(v, 2).replace(" us", " µs")
 
 
@@ -190,6 +192,8 @@ def _unit_axis(unit: str, values: Sequence[float]) -> tuple[float, str]:
         return 1.0, "per second"
     if unit == "ratio":
         return 1.0, "ratio"
+    if unit == "count":
+        return 1.0, "count"
     finite = [abs(v) for v in values if math.isfinite(v)]
     return _duration_axis(max(finite, default=0.0))
 

@@ -213,7 +213,7 @@ class Engine:
         the job: ``JobState.hold_reason``)."""
         if node in job.held_nodes:
             return True
-        if not job.epochs_scored or node in job.seen_nodes:
+        if job.last_scored_epoch is None or node in job.seen_nodes:
             return False
         gpus = len({gpu_label(q) for q in window.processes if q.job_id == job.job_id})
         reason = job.hold_reason(node, gpus)
@@ -264,7 +264,7 @@ class Engine:
 
     def scored_windows(self) -> list[tuple[str, int]]:
         """(job, windows scored so far) of every job in memory: what changed since a look."""
-        return [(j, self._jobs[j].epochs_scored) for j in sorted(self._jobs)]
+        return [(j, self._jobs[j].results.epochs_scored) for j in sorted(self._jobs)]
 
     def gpu_uuids(self, job_id: str) -> dict[tuple[str, str], str]:
         """(node, gpu) -> the GPU's UUID as its agent named it ("" when unknown)."""
@@ -275,13 +275,15 @@ class Engine:
         return self.job(job_id).late_windows
 
     def job(self, job_id: str) -> JobState:
-        """The state of ``job_id``; :class:`UnknownJobError` naming the known jobs."""
+        """The state of ``job_id``, its per-GPU arrays sized to every GPU registered (a
+        report reads them as they are); :class:`UnknownJobError` naming the known jobs."""
         job = self._jobs.get(job_id)
         if job is None:
             known = ", ".join(sorted(self._jobs)[:10]) or "none yet"
             raise UnknownJobError(
                 f"unknown job {job_id[:64]!r}; known jobs: {known} (a job without windows for "
                 f"{self.config.job_expiry_seconds:g} s is forgotten: job_expiry_seconds)")
+        job.grow()
         return job
 
     def list_jobs(self) -> pb.ListJobsResponse:

@@ -203,24 +203,25 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     flagged |= sig.flagged
     found = _kept_rows(job, cs, cfg, pending, _signal_rows(job, cs, sig))
     if sig.mode:
-        job.mode = sig.mode
+        job.results.mode = sig.mode
     covered = launch_calls >= cfg.min_samples
     if cs.signals is not None:
         covered |= cs.signals.sampled
-    job.windows_sampled += int(covered.sum() >= cfg.min_gpus)
+    job.results.windows_sampled += int(covered.sum() >= cfg.min_gpus)
     codes = job.persistence.update(rows, sufficient, flagged, cfg)
     by_row: dict[int, list[ScoreRow]] = {}
     for r in found:
         by_row.setdefault(job.index[(r.node, r.gpu)], []).append(r)
     # a GPU's findings are those of the latest epoch that implicated it (what convicted it)
-    job.findings.update({r: fs for r, fs in by_row.items() if any(f.implicates for f in fs)})
+    job.results.findings.update({r: fs for r, fs in by_row.items()
+                                 if any(f.implicates for f in fs)})
     _remember_window(job, cs.epoch, rows, found)
     window_series.remember(job, rows, codes, quantiles, cs.apis, sig, cfg.stats,
                            cfg.min_samples, cs.epoch)
     _accumulate_theory(job, cs, groups, quantiles, cfg)
     _accumulate_pace(job, cs, sig, cfg)
     _find_imbalance(job, groups, labels, sig, quantiles, cfg)
-    job.epochs_scored += 1
+    job.results.epochs_scored += 1
     job.last_scored_epoch = cs.epoch if job.last_scored_epoch is None else max(
         job.last_scored_epoch, cs.epoch)
     gone = job.persistence.gone(cfg.clear_m)
@@ -338,12 +339,12 @@ def _kept_rows(job: JobState, cs: CrossSection, cfg: ScoringConfig, cells: list[
 def _remember_p50_ratio(job: JobState, api: str, rows: np.ndarray, sc: StatScores,
                         j: int) -> None:
     """The scored GPUs' p50 over their group's median, for GpuReport.p50_ratio."""
-    store = job.p50_ratio.get(api)
+    store = job.results.p50_ratio.get(api)
     if store is None or store.size < len(job.keys):
         grown = np.full(len(job.keys), np.nan)
         if store is not None:
             grown[:store.size] = store
-        store = job.p50_ratio[api] = grown
+        store = job.results.p50_ratio[api] = grown
     ok = sc.scored
     ratio = sc.ratio[:, j]
     if ok.all() and rows.size and rows[0] == 0 and rows[-1] == rows.size - 1:
@@ -363,7 +364,7 @@ def _remember_window(job: JobState, epoch: int, rows: np.ndarray,
             if slow > worst.get(r.node, 0.0):
                 worst[r.node] = slow
     present = np.unique(np.asarray(job.host_codes, dtype=np.int64)[rows])   # host codes
-    job.history.append((epoch, worst, present))
+    job.results.history.append((epoch, worst, present))
 
 
 def _find_imbalance(job: JobState, groups: list[np.ndarray], labels: list[str],
@@ -371,7 +372,7 @@ def _find_imbalance(job: JobState, groups: list[np.ndarray], labels: list[str],
                     cfg: ScoringConfig) -> None:
     """Whole workload groups that deviate this epoch (analyzer/score/imbalance.py)."""
     if sum(1 for label in labels if label) == 0:
-        job.imbalance.update([])
+        job.results.imbalance.update([])
         return
     found = []
     own = sig.by_name.get(signals.OWN.name)
@@ -384,7 +385,7 @@ def _find_imbalance(job: JobState, groups: list[np.ndarray], labels: list[str],
             if cfg.api_kind(api) == "launch":
                 found += group_deviations(q[:, j], groups, labels, f"{api} p50", "us",
                                           cfg.min_gpus, cfg.min_effect)
-    job.imbalance.update(found)
+    job.results.imbalance.update(found)
 
 def _signal_rows(job: JobState, cs: CrossSection, sig: signals.SignalEpoch) -> list[ScoreRow]:
     """ScoreRows of the flagged cells (either tail) of every signal: a handful per epoch."""
@@ -463,11 +464,11 @@ def _accumulate_theory(job: JobState, cs: CrossSection, groups: list[np.ndarray]
     """Spike rates (window- and step-based), and the basis API's histograms (the latency CDFs,
     and E[max] of a job without steps)."""
     rows = cs.rows
-    job.basis_api = _choose_basis(cfg, cs.apis, job.basis_api)
-    if job.basis_api is not None and job.basis_api in cs.apis:
-        h = cs.apis[job.basis_api]
+    job.results.basis_api = _choose_basis(cfg, cs.apis, job.results.basis_api)
+    if job.results.basis_api is not None and job.results.basis_api in cs.apis:
+        h = cs.apis[job.results.basis_api]
         if "p99" in cfg.stats:
-            p99 = quantiles[job.basis_api][:, cfg.stats.index("p99")]
+            p99 = quantiles[job.results.basis_api][:, cfg.stats.index("p99")]
         else:
             p99 = h.quantiles_us([0.99])[:, 0]
         ok = (h.total() >= cfg.min_samples) & np.isfinite(p99)
@@ -479,9 +480,9 @@ def _accumulate_theory(job: JobState, cs: CrossSection, groups: list[np.ndarray]
                 hit[o] = p99[o] > (1.0 + cfg.spike_threshold) * typical
             else:
                 ok[sel] = False
-        job.spike_hits[rows] += hit
-        job.spike_seen[rows] += ok
-        _add_rows(job.basis_counts, rows, h)
+        job.results.spike_hits[rows] += hit
+        job.results.spike_seen[rows] += ok
+        _add_rows(job.results.basis_counts, rows, h)
     if cs.step_time is not None:
         h = cs.step_time
         total = h.total()
@@ -495,8 +496,8 @@ def _accumulate_theory(job: JobState, cs: CrossSection, groups: list[np.ndarray]
             # rank, whose steps never pass +50%, a spike rate made of bucket width alone.
             first = int(np.searchsorted(buckets.LOWER_NS, threshold_ns, side="left"))
             above = h.counts_t[max(0, first - h.first):].sum(axis=0, dtype=np.float64)
-            job.step_above[rows[has]] += above[has]
-            job.step_total[rows[has]] += total[has]
+            job.results.step_above[rows[has]] += above[has]
+            job.results.step_total[rows[has]] += total[has]
 
 
 def _accumulate_pace(job: JobState, cs: CrossSection, sig: signals.SignalEpoch,
@@ -517,7 +518,8 @@ def _accumulate_pace(job: JobState, cs: CrossSection, sig: signals.SignalEpoch,
     rows = cs.rows
     empty = np.zeros(0)
     if h is None:
-        job.pace_epochs.append((rows[:0], empty, empty, empty))   # older epochs age all the same
+        # older epochs age all the same
+        job.results.pace_epochs.append((rows[:0], empty, empty, empty))
         return
     n_all, low_all, high_all = h.tail_bounds(np.zeros(cs.size))
     st = cs.signals
@@ -531,7 +533,7 @@ def _accumulate_pace(job: JobState, cs: CrossSection, sig: signals.SignalEpoch,
     base = (float(np.nanmax(own)) if np.isfinite(own).any() else
             float(np.nanmedian(mean)) if np.isfinite(mean).any() else float("nan"))
     if not np.isfinite(base) or base <= 0:
-        job.pace_epochs.append((rows[:0], empty, empty, empty))
+        job.results.pace_epochs.append((rows[:0], empty, empty, empty))
         return
     n_spike, low_spike, high_spike = h.tail_bounds(
         np.full(cs.size, (1.0 + cfg.spike_threshold) * base))
@@ -547,7 +549,7 @@ def _accumulate_pace(job: JobState, cs: CrossSection, sig: signals.SignalEpoch,
         pace = body_us / body
     ok = (body > 0) & np.isfinite(pace) & (pace > 0)
     own = np.where(np.isfinite(own), own, pace)
-    job.pace_epochs.append((rows[ok].astype(np.int32), body[ok].astype(np.float32),
+    job.results.pace_epochs.append((rows[ok].astype(np.int32), body[ok].astype(np.float32),
                             pace[ok].astype(np.float32), own[ok].astype(np.float32)))
 
 # ---- queries ---------------------------------------------------------------------------

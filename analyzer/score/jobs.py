@@ -36,31 +36,14 @@ class UnknownJobError(KeyError):
 
 
 @dataclass
-class JobState:
-    """Everything the analyzer remembers about one job. GPU metadata is indexed by job-wide row."""
+class JobResults:
+    """What scoring leaves for the reports to read, per job: the findings behind each verdict,
+    the recent windows for the heatmap and the node panels, the spike and what-if sums, the
+    job's mode and imbalance. Scoring writes it (analyzer/score/epoch_scoring.py); reports
+    read it and nothing else of the scoring's bookkeeping but the GPUs' identities and
+    verdicts (:class:`JobState`)."""
 
-    job_id: str
-    index: dict[GpuKey, int] = field(default_factory=dict)
-    keys: list[GpuKey | None] = field(default_factory=list)   # None: a retired row
-    ranks: list[int] = field(default_factory=list)
-    kinds: list[str] = field(default_factory=list)
-    uuids: list[str] = field(default_factory=list)
-    kind_codes: list[int] = field(default_factory=list)
-    kind_names: dict[str, int] = field(default_factory=dict)
-    #: workload group per GPU (a pipeline stage; analyzer/score/imbalance.py), as codes into names
-    group_codes: list[int] = field(default_factory=list)
-    group_index: dict[str, int] = field(default_factory=dict)
-    group_names: list[str] = field(default_factory=list)
     imbalance: ImbalanceTracker = field(default_factory=ImbalanceTracker.empty)
-    #: groups found from launches per step when no window names one (analyzer/score/auto_groups.py)
-    auto_groups: AutoGroups = field(default_factory=AutoGroups)
-    host_codes: list[int] = field(default_factory=list)
-    host_names: dict[str, int] = field(default_factory=dict)
-    nvml: list[pb.NvmlContext | None] = field(default_factory=list)
-    #: the NVML context each GPU's latest one replaced (a cumulative counter grew if they differ)
-    nvml_prev: list[pb.NvmlContext | None] = field(default_factory=list)
-    order: list[OrderKey | None] = field(default_factory=list)
-    persistence: PersistenceState = field(default_factory=PersistenceState)
     findings: dict[int, list[Any]] = field(default_factory=dict)
     spike_hits: np.ndarray = field(default_factory=lambda: np.zeros(0))
     spike_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -74,19 +57,8 @@ class JobState:
     #: steps, their steps without spikes, their mean such step and their own time per step (µs)
     pace_epochs: deque[Any] = field(
         default_factory=lambda: deque(maxlen=theory.WHATIF_EPOCHS))
-    #: per row: when its GPU's newest window arrived (0: never); a GPU silent for
-    #: job_expiry_seconds in a job that goes on has left it, and its row is retired (reused).
-    #: Grown by doubling as windows arrive (:meth:`note_arrival`), so it may be longer than the
-    #: GPUs registered; the rows past them stay 0.
-    row_arrival: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    free_rows: list[int] = field(default_factory=list)
     mode: str = ""
     windows_sampled: int = 0
-    pending: dict[int, EpochAccumulator] = field(default_factory=dict)
-    seen_nodes: set[str] = field(default_factory=set)
-    #: node -> [GPUs it came with, why it is held, its windows held]: nodes held for review, not
-    #: scored (:meth:`hold_reason`)
-    held_nodes: dict[str, list[Any]] = field(default_factory=dict)
     epochs_scored: int = 0
     #: the recent scored epochs, oldest first: (epoch, node -> its worst implicating ratio,
     #: the host codes present); for the report's node x window heatmap (NodeReport.window_ratios)
@@ -97,6 +69,48 @@ class JobState:
     #: per latency API, per row: the p50 over the peer group's median in the latest window that
     #: scored the GPU (NaN: never); GpuReport.p50_ratio
     p50_ratio: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class JobState:
+    """What scoring owns about one job between epochs: its GPUs (one row each, metadata
+    indexed by row), their persistence, the accumulators of epochs not yet scored, and the
+    results it leaves for reports (:attr:`results`)."""
+
+    job_id: str
+    #: what scoring leaves for the reports (:class:`JobResults`)
+    results: JobResults = field(default_factory=JobResults)
+    index: dict[GpuKey, int] = field(default_factory=dict)
+    keys: list[GpuKey | None] = field(default_factory=list)   # None: a retired row
+    ranks: list[int] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+    uuids: list[str] = field(default_factory=list)
+    kind_codes: list[int] = field(default_factory=list)
+    kind_names: dict[str, int] = field(default_factory=dict)
+    #: workload group per GPU (a pipeline stage; analyzer/score/imbalance.py), as codes into names
+    group_codes: list[int] = field(default_factory=list)
+    group_index: dict[str, int] = field(default_factory=dict)
+    group_names: list[str] = field(default_factory=list)
+    #: groups found from launches per step when no window names one (analyzer/score/auto_groups.py)
+    auto_groups: AutoGroups = field(default_factory=AutoGroups)
+    host_codes: list[int] = field(default_factory=list)
+    host_names: dict[str, int] = field(default_factory=dict)
+    nvml: list[pb.NvmlContext | None] = field(default_factory=list)
+    #: the NVML context each GPU's latest one replaced (a cumulative counter grew if they differ)
+    nvml_prev: list[pb.NvmlContext | None] = field(default_factory=list)
+    order: list[OrderKey | None] = field(default_factory=list)
+    persistence: PersistenceState = field(default_factory=PersistenceState)
+    #: per row: when its GPU's newest window arrived (0: never); a GPU silent for
+    #: job_expiry_seconds in a job that goes on has left it, and its row is retired (reused).
+    #: Grown by doubling as windows arrive (:meth:`note_arrival`), so it may be longer than the
+    #: GPUs registered; the rows past them stay 0.
+    row_arrival: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    free_rows: list[int] = field(default_factory=list)
+    pending: dict[int, EpochAccumulator] = field(default_factory=dict)
+    seen_nodes: set[str] = field(default_factory=set)
+    #: node -> [GPUs it came with, why it is held, its windows held]: nodes held for review, not
+    #: scored (:meth:`hold_reason`)
+    held_nodes: dict[str, list[Any]] = field(default_factory=dict)
     last_scored_epoch: int | None = None
     windows: int = 0
     late_windows: int = 0
@@ -159,7 +173,7 @@ class JobState:
         job's nodes are alike; one that arrives late and larger than all the others is what a
         stolen agent key speaking for fake GPUs looks like, and its GPUs would move the
         cross-section that convicts the real ones."""
-        if not self.epochs_scored or node in self.seen_nodes:
+        if self.last_scored_epoch is None or node in self.seen_nodes:
             return None
         per_node: dict[str, int] = {}
         for key in self.keys:
@@ -203,16 +217,17 @@ class JobState:
                 del self.index[key]
             self.keys[r] = None
             self.nvml[r] = self.nvml_prev[r] = self.order[r] = None
-            self.findings.pop(r, None)
+            self.results.findings.pop(r, None)
         idx = np.asarray(rows, dtype=np.int64)
-        for arr in (self.spike_hits, self.spike_seen, self.step_above, self.step_total,
+        res = self.results
+        for arr in (res.spike_hits, res.spike_seen, res.step_above, res.step_total,
                     self.row_arrival):
             arr[idx] = 0
-        self.basis_counts[:, idx] = 0
-        for rows_e, _, pace_e, _ in self.pace_epochs:     # the next GPU there starts afresh
+        res.basis_counts[:, idx] = 0
+        for rows_e, _, pace_e, _ in res.pace_epochs:     # the next GPU there starts afresh
             pace_e[np.isin(rows_e, idx)] = np.nan
         self.persistence.reset(idx)
-        for store in self.p50_ratio.values():
+        for store in self.results.p50_ratio.values():
             store[idx[idx < store.size]] = np.nan
         self.auto_groups.forget(idx)
         self.free_rows.extend(rows)
@@ -231,15 +246,15 @@ class JobState:
         """Size the per-GPU arrays to the GPUs registered so far (once per epoch, not per GPU)."""
         n = len(self.keys)
         self.persistence.grow(n)
-        extra = n - self.spike_hits.size
+        extra = n - self.results.spike_hits.size
         if extra > 0:
             z = np.zeros(extra)
-            self.spike_hits = np.concatenate((self.spike_hits, z))
-            self.spike_seen = np.concatenate((self.spike_seen, z))
-            self.step_above = np.concatenate((self.step_above, z))
-            self.step_total = np.concatenate((self.step_total, z))
+            self.results.spike_hits = np.concatenate((self.results.spike_hits, z))
+            self.results.spike_seen = np.concatenate((self.results.spike_seen, z))
+            self.results.step_above = np.concatenate((self.results.step_above, z))
+            self.results.step_total = np.concatenate((self.results.step_total, z))
             pad = np.zeros((buckets.NUM_BUCKETS, extra), np.float32)
-            self.basis_counts = np.concatenate((self.basis_counts, pad), axis=1)
+            self.results.basis_counts = np.concatenate((self.results.basis_counts, pad), axis=1)
 
     def note_arrival(self, row: int, arrived_ns: int) -> None:
         """Record that a window of ``row``'s GPU arrived at ``arrived_ns``. Called for every

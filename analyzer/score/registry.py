@@ -3,13 +3,15 @@ the one list to add a signal to (docs/design.md, "Adding a signal"). Everything 
 signal is in its own :class:`~hypertrace.analyzer.score.signal.Signal` record."""
 from __future__ import annotations
 
-from hypertrace.analyzer.score import signals, sync_share
+from hypertrace.analyzer.score import loader, signals, sync_share
 from hypertrace.analyzer.score.signal import Input, Signal
 
 SIGNALS: tuple[Signal, ...] = (
     signals.RUNQ,
     signals.SM_CLOCK,
     signals.GPU_WAIT,
+    loader.LOADER_WAIT,
+    loader.LOADER_WORKERS,
     signals.OWN,
     signals.STEP_TIME,
     signals.BUSY,

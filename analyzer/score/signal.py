@@ -68,6 +68,9 @@ class SignalInputs:
     extra: dict[str, np.ndarray] = field(default_factory=dict)
     #: what a signal's measure left for its implicate rule and the evidence (by its name)
     notes: dict[str, Any] = field(default_factory=dict)
+    #: (G,) facts a signal's measure adds to every finding's evidence as (value, NaN): what
+    #: its cause quotes beside the scored values (a loader's busy share); NaN: none
+    facts: dict[str, np.ndarray] = field(default_factory=dict)
     #: scores a value with a signal's own unit and stat (signals._score): for a rule that must
     #: pass the gates on a second value
     rescore: Callable[[Signal, np.ndarray, np.ndarray], Any] | None = None
@@ -78,7 +81,7 @@ class Signal:
     """One signal, all of it in one place.
 
     ``name`` is its key in findings, evidence and the registry; ``unit`` what ``value`` holds
-    ("us" per step or a latency, "share" of wall time, "hz", "ratio"), ``stat`` the label of
+    ("us" per step or a latency, "share" of wall time, "hz", "ratio", "count"), ``stat`` the label of
     what it is (``per_step``, ``p50``, ...); ``label`` how tables and charts name it;
     ``meanings`` what each tail says, shown with every finding. ``measure`` computes it (None:
     not this epoch); ``implicate`` is which tail makes a GPU suspect (None: it never does, it
@@ -116,7 +119,7 @@ class Signal:
         """A value of this signal in words: shares as %, rates per second, durations."""
         if self.unit in ("share", "ratio"):
             return share_text(x)
-        if self.unit == "hz":
+        if self.unit in ("hz", "count"):
             return f"{x:,.0f}" if math.isfinite(x) else "n/a"
         return duration_text(x)
 

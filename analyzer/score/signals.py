@@ -142,6 +142,8 @@ class SignalEpoch:
     #: (G,) where the synchronize share was flagged low: how far the GPU's synchronize time
     #: sits below its peers' across the board (analyzer/score/sync_share.py); NaN elsewhere
     sync_shape: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: per fact, (G,) what the signals' measures added to the evidence (SignalInputs.facts)
+    facts: dict[str, np.ndarray] = field(default_factory=dict)
 
     def evidence(self, i: int) -> dict[str, tuple[float, float]]:
         """{signal: (this GPU's value, its job median)} of GPU ``i`` for every scored signal,
@@ -156,6 +158,9 @@ class SignalEpoch:
             out["runq.p50_us"] = (float(self.runq_p50_us[i]), float("nan"))
         if self.sync_shape.size and np.isfinite(self.sync_shape[i]):
             out["sync.shape"] = (float(self.sync_shape[i]), float("nan"))
+        for name, values in self.facts.items():
+            if np.isfinite(values[i]):
+                out[name] = (float(values[i]), float("nan"))
         return out
 
 
@@ -367,7 +372,7 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
         flagged |= score.implicating
     shape = inp.notes.get(sync_share.SIGNAL, np.full(n, np.nan))
     return SignalEpoch(mode, scores, runq_p50, sufficient, flagged, by_name, busy_us, step_us,
-                       own_us, inp.steps_moved, shape)
+                       own_us, inp.steps_moved, shape, inp.facts)
 
 
 def _score(name: str, unit: str, stat: str, value: np.ndarray, usable: np.ndarray,

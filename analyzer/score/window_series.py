@@ -44,7 +44,8 @@ WindowRecord = tuple[int, float, dict[Any, Any]]
 def remember(job: JobState, rows: np.ndarray, codes: np.ndarray,
              quantiles: Mapping[str, np.ndarray], apis: Mapping[str, Hists], sig: SignalEpoch,
              stats: Sequence[str], min_samples: int, epoch: int) -> None:
-    """Append this window's record to ``job.window_series`` (module docstring). ``rows``: the
+    """Append this window's record to ``job.results.window_series`` (module docstring).
+    ``rows``: the
     epoch's GPU rows; ``codes``: their verdict codes after it; ``quantiles[api]`` (G, S) in the
     order of ``stats``: the APIs' latencies; ``apis``: their histograms; ``sig``: the
     epoch's signals (analyzer/signals.SignalEpoch)."""
@@ -66,7 +67,7 @@ def remember(job: JobState, rows: np.ndarray, codes: np.ndarray,
                 if v.size:
                     mine[node] = float(np.median(v))
             recorded[key] = (p10, p50, p90, mine)
-    job.window_series.append((int(epoch), step, recorded))
+    job.results.window_series.append((int(epoch), step, recorded))
 
 
 def _strongest_nodes(job: JobState, rows: np.ndarray, flagged: np.ndarray) -> dict[str, np.ndarray]:
@@ -78,7 +79,7 @@ def _strongest_nodes(job: JobState, rows: np.ndarray, flagged: np.ndarray) -> di
         row = int(rows[pos])
         node = job.node_of(row)
         by_node.setdefault(node, []).append(pos)
-        z = max((abs(f.robust_z) for f in job.findings.get(row, ())), default=0.0)
+        z = max((abs(f.robust_z) for f in job.results.findings.get(row, ())), default=0.0)
         strength[node] = max(strength.get(node, 0.0), z if np.isfinite(z) else 0.0)
     top = sorted(by_node, key=lambda n: (-strength[n], n))[:SERIES_NODES]
     return {n: np.asarray(by_node[n], dtype=np.int64) for n in top}
@@ -91,7 +92,7 @@ def _signals_of(job: JobState, rows: np.ndarray, flagged: np.ndarray,
     found: dict[tuple[str, str], float] = {}
     for positions in nodes.values():
         for pos in positions.tolist():
-            for f in job.findings.get(int(rows[pos]), ()):
+            for f in job.results.findings.get(int(rows[pos]), ()):
                 if f.implicates:
                     key = (f.api, f.stat)
                     found[key] = max(found.get(key, 0.0), abs(f.robust_z))

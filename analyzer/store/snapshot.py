@@ -57,7 +57,7 @@ _ALLOWED = {
                       ("numeric", "_frombuffer"))
 } | {
     ("hypertrace.analyzer.score." + mod, name) for mod, name in (
-        ("jobs", "JobState"), ("persistence", "PersistenceState"),
+        ("jobs", "JobState"), ("jobs", "JobResults"), ("persistence", "PersistenceState"),
         ("auto_groups", "AutoGroups"), ("imbalance", "ImbalanceTracker"),
         ("cross_section", "EpochAccumulator"), ("cross_section", "_Flat"),
         ("cross_section", "_Scalars"), ("epoch_scoring", "ScoreRow"),
