@@ -35,7 +35,8 @@ DEFAULT_QUOTAS = QuotaSettings()
 def _server(db: Path, pki: Pki, quotas: QuotaSettings | None = DEFAULT_QUOTAS,
             checkers: int = 0) -> tuple[AnalyzerServer, str]:
     storage = Storage.open(db, synchronous="NORMAL")
-    analyzer = make_analyzer(storage, ScoringConfig())
+    # with checkers, the Engine in its worker too: the event loop then parses headers only
+    analyzer = make_analyzer(storage, ScoringConfig(), engine_process=checkers > 0)
     server = AnalyzerServer(analyzer, ServerOptions(
         listen="127.0.0.1:0", flush_interval=0.0, shutdown_grace_s=0.5, tls=pki.server(),
         retention_hours=0, checker_processes=checkers, quotas=quotas))
@@ -153,8 +154,11 @@ def test_without_the_quotas_the_node_weights_still_hold(served, pki):
     assert not convicted & {f"node-{i:04d}" for i in range(8)}
 
 
-def test_one_key_cannot_open_job_after_job(served, pki):
-    server, target = served()
+@pytest.mark.parametrize("checkers", [0, 1])
+def test_one_key_cannot_open_job_after_job(served, pki, checkers):
+    """Also with a window checker process and the Engine in its worker, where the event loop
+    parses only the window's header."""
+    server, target = served(checkers=checkers)
     _honest(target, pki)
     base = next(w for w in generate(JOB) if w.node == "node-0001")
     refused = 0
