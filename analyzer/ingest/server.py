@@ -37,6 +37,7 @@ resumes with the history it had.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -51,6 +52,7 @@ from hypertrace.analyzer.ingest.engines import Engine, LocalEngine
 from hypertrace.analyzer.ingest.loop_groups import LoopGroups
 from hypertrace.analyzer.ingest.nodes import SEED_SPAN_S, NodeTable
 from hypertrace.analyzer.ingest.quotas import AgentQuotas
+from hypertrace.analyzer.ingest.roster import SlurmRoster
 from hypertrace.analyzer.report.metrics import AnalyzerMetrics, JobCollector
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.store.storage import (
@@ -521,7 +523,8 @@ def _ingest_handler(analyzer: Backend, access: Access | None, store_pool: future
                     max_skew_s: float = MAX_CLOCK_SKEW_S,
                     on_broken: Callable[[], None] | None = None,
                     checkers: Any = None,
-                    quotas: AgentQuotas | None = None) -> grpc.GenericRpcHandler:
+                    quotas: AgentQuotas | None = None,
+                    roster: SlurmRoster | None = None) -> grpc.GenericRpcHandler:
     """Ingest.Stream on the server's event loop: every stream is a coroutine, not a thread.
 
     Why: with a thread per stream (grpc's sync server) every window crossed threads twice in
@@ -532,7 +535,9 @@ def _ingest_handler(analyzer: Backend, access: Access | None, store_pool: future
     (:class:`_StoreQueue`); the ack is sent once the store returned, so after the commit that
     holds the window. With ``checkers`` (analyzer/scale/check_process.py) the window's contents are
     checked in their processes, and the loop parses only what they accepted. ``quotas``
-    (analyzer/ingest/quotas.py) bounds what each node may send; None: no bounds (tests)."""
+    (analyzer/ingest/quotas.py) bounds what each node may send; None: no bounds (tests).
+    ``roster`` (analyzer/ingest/roster.py) refuses a node's windows of a Slurm job that does
+    not run on it."""
     store = _StoreQueue(analyzer, store_pool, on_broken) if analyzer.groups_commits else None
 
     # what the loop parses of a checked window: all of it for an Engine in this process (its
@@ -555,12 +560,23 @@ def _ingest_handler(analyzer: Backend, access: Access | None, store_pool: future
                 raw = stored
             w = parse(raw)
             authorize(w, context, access, max_skew_s)
-        if quotas is not None:
-            refused = quotas.admit(w.node, shape, size, time.monotonic())
+        refused: dict[str, Refused] = {}
+        if roster is not None and shape.jobs:
+            if not roster.known(w.node, shape.jobs, time.monotonic()):
+                refused = await asyncio.get_running_loop().run_in_executor(
+                    store_pool, roster.refusals, w.node, shape.jobs)
+            if refused and len(refused) == len(shape.jobs):
+                raise next(iter(refused.values()))
             if refused:
-                w, raw, dropped = _drop_jobs(w, raw, list(dropped), refused)
-                for reason in {r.reason for r in refused.values()}:
-                    analyzer.metrics.reject(reason)
+                shape = dataclasses.replace(
+                    shape, jobs=tuple(j for j in shape.jobs if j not in refused),
+                    gpus=tuple(g for g in shape.gpus if g[0] not in refused))
+        if quotas is not None:
+            refused.update(quotas.admit(w.node, shape, size, time.monotonic()))
+        if refused:
+            w, raw, dropped = _drop_jobs(w, raw, list(dropped), refused)
+            for reason in {r.reason for r in refused.values()}:
+                analyzer.metrics.reject(reason)
         if shape.unknown_bytes:
             analyzer.metrics.unknown_fields.inc()
         return w, raw, dropped

@@ -90,7 +90,7 @@ from hypertrace.proto import hypertrace_pb2 as pb
 #: Why a window was refused (the ``reason`` label's values).
 REJECT_REASONS = ("too_large", "malformed", "invalid", "clock_skew", "identity", "storage",
                   "duplicate_conflict", "quota_processes", "quota_gpus", "quota_bytes",
-                  "quota_jobs", "gpu_set")
+                  "quota_jobs", "gpu_set", "roster")
 
 #: The GPU series' labels, in dcgm-exporter's spelling where it has one (frozen).
 GPU_LABELS = ("job_id", "Hostname", "gpu", "UUID", "modelName", "rank")

@@ -94,6 +94,8 @@ class ServerOptions:
     checker_processes: int = 0
     #: what one agent identity may send (analyzer/ingest/quotas.py); None: no bounds
     quotas: QuotaSettings | None = QuotaSettings()
+    #: the scheduler's roster of each job (analyzer/ingest/roster.py); None: not checked
+    roster: Any = None
 
 
 class AnalyzerServer:
@@ -146,7 +148,8 @@ class AnalyzerServer:
         server.add_generic_rpc_handlers((_ingest_handler(
             self.analyzer, access, self._store_pool, self.options.max_clock_skew_s,
             self._not_serving, self._checkers,
-            AgentQuotas(self.options.quotas) if self.options.quotas is not None else None),))
+            AgentQuotas(self.options.quotas) if self.options.quotas is not None else None,
+            self.options.roster),))
         pb_grpc.add_QueryServicer_to_server(_QueryServicer(self.analyzer, access), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         return server
