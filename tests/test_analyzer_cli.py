@@ -15,6 +15,7 @@ from hypertrace.cli.main import main
     (["--max-jobs-per-node", "0"], "max_jobs_per_node must be >= 1"),
     (["--max-processes-per-window", "300"], "max_processes_per_window must be 1 to 256"),
     (["--max-bytes-per-minute", "1000"], "max_bytes_per_minute must be 0 (off) or at least"),
+    (["--roster", "pbs"], 'roster must be "slurm" or ""'),
 ])
 def test_bad_server_flag_exits_2_naming_it(tmp_path, capsys, flags, message):
     db = tmp_path / "a.db"
