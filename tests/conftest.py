@@ -155,3 +155,21 @@ class Pki:
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory) -> Pki:
     return Pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A real Slurm cluster on this machine (tests/slurm_cluster.py, nodes n1-n3), one per
+    test module (a module may drain its nodes)."""
+    import slurm_cluster
+    why = slurm_cluster.missing()
+    if why:
+        missing_prerequisite(f"a local Slurm cluster needs {why}")
+    cluster = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+    except Exception as exc:                                  # noqa: BLE001 - say why
+        cluster.stop()
+        missing_prerequisite(f"a local Slurm cluster did not start: {exc}")
+    yield cluster
+    cluster.stop()

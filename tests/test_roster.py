@@ -20,19 +20,9 @@ from hypertrace.sim.simulate import SimConfig, generate
 
 
 @pytest.fixture(scope="module")
-def slurm_job(tmp_path_factory):
+def slurm_job(slurm):
     """A real cluster (n1-n3) and a job running on n1 and n2: (cluster, job id)."""
-    import slurm_cluster
-    from conftest import missing_prerequisite
-    why = slurm_cluster.missing()
-    if why:
-        missing_prerequisite(f"a local Slurm cluster needs {why}")
-    cluster = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        cluster.start()
-    except Exception as exc:                                  # noqa: BLE001 - say why
-        cluster.stop()
-        missing_prerequisite(f"a local Slurm cluster did not start: {exc}")
+    cluster = slurm
     job = ""
     try:
         out = subprocess.run(["sbatch", "-N2", "-w", "n1,n2", "--wrap", "sleep 600"],
@@ -52,7 +42,6 @@ def slurm_job(tmp_path_factory):
     finally:
         if job:
             subprocess.run(["scancel", job], env=cluster.env, capture_output=True, timeout=30)
-        cluster.stop()
 
 
 def _windows(job: str, node: str) -> list[pb.NodeWindow]:

@@ -21,6 +21,7 @@ from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.store.storage import Storage
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.transport import channel_credentials
+from hypertrace.sim.fuzz_wire import unknown_field
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
 
 #: One job of 9 nodes of 8 GPUs: node-0000..node-0007 healthy, node-0008 20% slow.
@@ -198,25 +199,13 @@ def test_bytes_per_minute_are_bounded_and_retried_later(served, pki):
     windows = [w for w in generate(JOB) if w.node == "node-0002"]
     for w in windows:
         w.agent_id = w.node
-    padded = [w.SerializeToString() + _unknown_field(5 * 1024 * 1024) for w in windows[:2]]
+    padded = [w.SerializeToString() + unknown_field(5 * 1024 * 1024) for w in windows[:2]]
     assert len(_send(target, pki, "node-0002", padded[:1])) == 1
     err = _refusal(target, pki, "node-0002", padded[1])
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED     # the agent keeps it and retries
     assert "max_bytes_per_minute" in err.details()
     assert _rejected(server, "quota_bytes") == 1
     assert server.analyzer.storage.count_windows() == 1
-
-
-def _unknown_field(size: int, number: int = 1000) -> bytes:
-    """An encoded length-delimited field ``number`` that NodeWindow does not have."""
-    def varint(v: int) -> bytes:
-        out = bytearray()
-        while True:
-            b, v = v & 0x7F, v >> 7
-            out.append(b | (0x80 if v else 0))
-            if not v:
-                return bytes(out)
-    return varint(number << 3 | 2) + varint(size) + b"\x00" * size
 
 
 @pytest.mark.parametrize("checkers", [0, 1])
@@ -229,8 +218,8 @@ def test_unknown_fields_are_dropped_never_stored(served, pki, checkers):
     nested.CopyFrom(w)
     # an unknown field inside a process entry's NVML context, and 7 MiB of them at the top
     ctx = nested.processes[0].nvml
-    ctx.MergeFromString(_unknown_field(1000, number=99))
-    raw = nested.SerializeToString() + _unknown_field(7 * 1024 * 1024)
+    ctx.MergeFromString(unknown_field(1000, number=99))
+    raw = nested.SerializeToString() + unknown_field(7 * 1024 * 1024)
     assert len(raw) > 7 * 1024 * 1024
     acks = _send(target, pki, "node-0003", [raw])
     assert acks[0].seq == w.seq and not acks[0].rejected_processes
