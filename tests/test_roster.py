@@ -25,7 +25,8 @@ def slurm_job(slurm):
     cluster = slurm
     job = ""
     try:
-        out = subprocess.run(["sbatch", "-N2", "-w", "n1,n2", "--wrap", "sleep 600"],
+        out = subprocess.run(["sbatch", "-N2", "-w", "n1,n2", "--output", "/dev/null",
+                              "--wrap", "sleep 600"],
                              env=cluster.env, capture_output=True, text=True, timeout=30,
                              check=True).stdout
         job = out.split()[-1]
