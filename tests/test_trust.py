@@ -314,3 +314,28 @@ def test_nvmls_count_bounds_the_nodes_gpus(served, pki):
     assert "8 GPUs" in err.details() and "NVML counts 4" in err.details()
     del w.processes[4:]
     assert len(_send(target, pki, "node-0006", [w.SerializeToString()])) == 1
+
+
+def test_the_ledger_frees_a_job_after_the_nodes_last_window_of_it_and_refills_bytes():
+    """The quota bounds the jobs one node holds at once, not over all time: a job stops
+    counting job_seconds after the node's last window of it; bytes refill at the minute's
+    rate."""
+    from hypertrace.analyzer.ingest.checks import Refused, WindowShape
+    from hypertrace.analyzer.ingest.quotas import AgentQuotas
+
+    def shape(*jobs: str) -> WindowShape:
+        return WindowShape(jobs=jobs, gpus=tuple((j, "0") for j in jobs), processes=len(jobs))
+    q = AgentQuotas(QuotaSettings(max_jobs_per_node=2, max_bytes_per_minute=8 * 2**20,
+                                  job_seconds=600.0))
+    q.admit("n", shape("a", "b"), 1000, now_s=0.0)
+    with pytest.raises(Refused) as err:
+        q.admit("n", shape("c"), 1000, now_s=300.0)
+    assert err.value.reason == "quota_jobs"
+    q.admit("n", shape("b"), 1000, now_s=400.0)           # b stays; a's last window was at 0
+    assert q.admit("n", shape("c"), 1000, now_s=601.0) == {}
+    assert q.jobs_of("n") == ["b", "c"]
+    q.admit("n", shape("b"), 8 * 2**20 - 3000, now_s=602.0)     # the minute's bytes spent
+    with pytest.raises(Refused) as err:
+        q.admit("n", shape("b"), 2**20, now_s=603.0)
+    assert err.value.reason == "quota_bytes"
+    q.admit("n", shape("b"), 2**20, now_s=612.0)          # 10 s refill 1.33 MiB
