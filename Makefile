@@ -13,7 +13,7 @@ PY     := $(VENV)/bin/python
 HT     := $(VENV)/bin/hypertrace
 STAMP  := $(VENV)/.installed
 
-.PHONY: all venv ebpf-setup test-deps lint typecheck test demo bench bench-report bench-html bench-detect bench-scale bench-agent bench-sched bench-restart bench-cluster bench-storage fuzz dashboard-png report-png proto clean
+.PHONY: all venv ebpf-setup test-deps lint typecheck test demo bench bench-report bench-html bench-detect bench-scale bench-agent bench-sched bench-restart bench-cluster bench-storage bench-flood fuzz dashboard-png report-png proto clean
 
 all: venv
 
@@ -95,6 +95,10 @@ bench-storage: venv
 # the wire boundary fuzzed: 1e6 inputs into the validator, 20,000 into Ingest.Stream (~10 min)
 fuzz: venv
 	$(PY) -m hypertrace.sim.fuzz_wire $(ARGS)
+
+# one agent key floods new job ids: the honest report and the job list, quotas on and off (~30 s)
+bench-flood: venv
+	$(PY) -m hypertrace.sim.bench_flood $(ARGS)
 
 # one analyzer ingesting a 16,384-GPU job over real gRPC, then a ramp (~4-6 min; ARGS=--quick: ~15 s)
 bench-scale: venv

@@ -95,6 +95,28 @@ SERVER_SETTINGS: tuple[Setting, ...] = (
             "labels: hypertrace.analyzer.report.metrics, README 'Monitoring')",
             metavar="HOST:PORT"),
 )
+#: What one agent identity (its certificate's node) may send (analyzer/ingest/quotas.py).
+QUOTA_SETTINGS: tuple[Setting, ...] = (
+    Setting("max_gpus_per_node", int, 8,
+            "GPUs a node has: a window carrying more, or a node whose GPUs in a job grow past "
+            "it, is refused (default 8, at most 16)", metavar="N"),
+    Setting("max_jobs_per_node", int, 8,
+            "jobs one node may send windows of at once; a job stops counting when the node "
+            "sent none of its windows for job_expiry_seconds (default 8)", metavar="N"),
+    Setting("max_processes_per_window", int, 64,
+            "process entries one window may carry (default 64, at most 256)", metavar="N"),
+    Setting("max_bytes_per_minute", int, 64 * 1024 * 1024,
+            "bytes of windows one node may send per minute; beyond, windows are refused with "
+            "RESOURCE_EXHAUSTED and the agent retries them (default 67108864 = 64 MiB; 0: no "
+            "limit; else at least 8 MiB, one window's limit)", metavar="BYTES"),
+)
+#: Where each job's nodes come from (analyzer/ingest/roster.py).
+ROSTER_SETTINGS: tuple[Setting, ...] = (
+    Setting("roster", str, "",
+            "where each job's nodes come from: \"slurm\" (scontrol show job; a node's windows "
+            "of a Slurm job that does not run on it are refused; node names must be Slurm's) "
+            "or \"\" (default: not checked)", metavar="{slurm,}"),
+)
 #: Transport security, declared once like the rest (their own group in --help).
 TLS_SETTINGS: tuple[Setting, ...] = (
     Setting("tls_ca", str, None, "PEM of the CA that signs agent and reader certificates"),
@@ -108,7 +130,8 @@ TLS_SETTINGS: tuple[Setting, ...] = (
             "only)"),
 )
 #: Every key of the server's own settings (the rest of an analyzer.toml is scoring settings).
-SERVER_KEYS = frozenset(s.name for s in SERVER_SETTINGS + TLS_SETTINGS)
+SERVER_KEYS = frozenset(s.name for s in SERVER_SETTINGS + QUOTA_SETTINGS + ROSTER_SETTINGS
+                        + TLS_SETTINGS)
 
 
 def _scoring_fields() -> list[dataclasses.Field]:
@@ -122,6 +145,9 @@ def register(subparsers) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(p, SERVER_SETTINGS)
     p.add_argument("--config", help="TOML file; keys are these flags' names with underscores")
+    add_flags(p.add_argument_group(
+        "what one agent identity (its certificate's node) may send"),
+        QUOTA_SETTINGS + ROSTER_SETTINGS)
     add_flags(p.add_argument_group(
         "transport security (mutual TLS; make test files with `hypertrace certs init`)"),
         TLS_SETTINGS)
@@ -149,8 +175,8 @@ def resolve_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
     evict = file_values.pop("evict", {})
     if not isinstance(evict, dict):
         raise ValueError(f"--config {args.config}: 'evict' must be a table ([evict])")
-    server, scoring = layer(SERVER_SETTINGS + TLS_SETTINGS, file_values, args, scoring_names,
-                            args.config)
+    server, scoring = layer(SERVER_SETTINGS + QUOTA_SETTINGS + ROSTER_SETTINGS + TLS_SETTINGS,
+                            file_values, args, scoring_names, args.config)
     _check_server_settings(server)
     server["evict"] = evict
     return server, scoring
@@ -198,7 +224,16 @@ def _check_server_settings(server: dict[str, Any]) -> None:
 
 
 
+def _roster(kind: str) -> Any:
+    """The job roster the ``roster`` setting names (None: not checked)."""
+    if kind != "slurm":
+        return None
+    from hypertrace.analyzer.ingest.roster import SlurmRoster
+    return SlurmRoster()
+
+
 def run(args: argparse.Namespace) -> int:
+    from hypertrace.analyzer.ingest.quotas import QuotaSettings
     from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions, make_analyzer
     from hypertrace.analyzer.score.config import ConfigError, ScoringConfig
     from hypertrace.analyzer.store.storage import Storage, StorageError
@@ -206,6 +241,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         server_cfg, scoring_cfg = resolve_settings(args)
         config = ScoringConfig.from_mapping(scoring_cfg)
+        quotas = QuotaSettings.for_expiry(
+            config.job_expiry_seconds,
+            **{q.name: int(server_cfg[q.name]) for q in QUOTA_SETTINGS})
+        if server_cfg["roster"] not in ("", "slurm"):
+            raise ValueError(f"roster must be \"slurm\" or \"\" (not checked), got "
+                             f"{server_cfg['roster']!r}")
         if server_cfg["tls"] is not None:
             server_cfg["tls"].read()         # an unreadable key fails now, not after the replay
         if server_cfg["tls"] is None and not server_cfg["insecure"]:
@@ -256,7 +297,8 @@ def run(args: argparse.Namespace) -> int:
                             retention_every_s=float(server_cfg["retention_every_s"]),
                             compact_after_s=float(server_cfg["compact_after_s"]),
                             checker_processes=int(server_cfg["checker_processes"]),
-                            integrity_check_s=float(server_cfg["integrity_check_s"]))
+                            integrity_check_s=float(server_cfg["integrity_check_s"]),
+                            quotas=quotas, roster=_roster(server_cfg["roster"]))
     from hypertrace.cli.cluster_settings import serve_until_signal
     return serve_until_signal(AnalyzerServer(analyzer, options), "analyzer",
                               f"db {storage.path}, {resumed} windows resumed", close)

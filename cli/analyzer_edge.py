@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hypertrace.cli.analyzer import QUOTA_SETTINGS
 from hypertrace.cli.cluster_settings import (
     CLUSTER_KEYS,
     add_cluster_flags,
@@ -54,7 +55,7 @@ EDGE_KEYS: tuple[Setting, ...] = (
     Setting("trust_domain", str, "hypertrace", "SPIFFE trust domain of the certificates' IDs "
                         "(default hypertrace)"),
     Setting("insecure", bool, False, "listen in plaintext without TLS (tests on one machine only)"),
-)
+) + QUOTA_SETTINGS      # what one agent's certificate may send, counted per edge
 
 
 def register(subparsers) -> None:
@@ -68,6 +69,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hypertrace.analyzer.ingest.quotas import QuotaSettings
     from hypertrace.analyzer.scale.cluster.edge import ClusterEdge, EdgeOptions
     from hypertrace.analyzer.scale.cluster.jetstream import ClusterError
     from hypertrace.analyzer.scale.serving import AnalyzerServer, ServerOptions
@@ -89,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
             tls.read()
         options = EdgeOptions(publish_timeout_s=values["publish_timeout_s"],
                               report_timeout_s=values["report_timeout_s"])
+        quotas = QuotaSettings(**{q.name: int(values[q.name]) for q in QUOTA_SETTINGS})
     except (ValueError, ConfigError, ClusterError) as exc:
         print(f"hypertrace analyzer-edge: {exc}", file=sys.stderr)
         return 2
@@ -100,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     server = AnalyzerServer(edge, ServerOptions(
         listen=values["listen"], flush_interval=0, max_workers=values["max_workers"], tls=tls,
         insecure=bool(values["insecure"]), trust_domain=values["trust_domain"],
-        max_clock_skew_s=values["max_clock_skew_s"], metrics_listen=values["metrics_listen"]))
+        max_clock_skew_s=values["max_clock_skew_s"], metrics_listen=values["metrics_listen"],
+        quotas=quotas))
     return serve_until_signal(server, "analyzer-edge", f"NATS {','.join(settings.servers)}, "
                               f"{settings.partitions} partitions", edge.close)

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from hypertrace.collector.attribution import GpuRef
 from hypertrace.proto import hypertrace_pb2 as pb
+from hypertrace.proto.wire import MAX_XID_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +198,10 @@ class Nvml:
             idx = self._call(index_of, data.device) if index_of else None
             if idx is None:
                 idx = -1
-            self._pending_xid.setdefault(int(idx), []).append(int(data.eventData))
+            pending = self._pending_xid.setdefault(int(idx), [])
+            pending.append(int(data.eventData))
+            if len(pending) > MAX_XID_ERRORS:        # the analyzer takes the newest 64
+                del pending[0]
 
     def snapshot(self, index: int) -> NvmlSnapshot:
         """Read the context of GPU ``index``; an empty snapshot when anything is unavailable."""

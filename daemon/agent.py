@@ -199,6 +199,8 @@ class Agent:
         """Merge the in-process backends' frames, hand the window to the uplink, say how the
         window went (log, systemd status, metrics file)."""
         window.agent_version, window.agent_backend, window.probe_mode = self._identity()
+        if self.nvml is not None and self.nvml.available:
+            window.node_gpus = self.nvml.device_count       # what bounds the node's GPUs
         if self.hub is not None:
             # In-process windows of this window; a pid the uprobes cover is counted once (theirs).
             skip = set() if self.cupti_only else set(done.probes)

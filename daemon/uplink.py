@@ -4,8 +4,10 @@ Every window is spooled first (one file per seq, written atomically), sent from 
 when the analyzer acks it: at-least-once from the agent, exactly once stored, since the analyzer
 dedups on ``(agent_id, seq)``. A full spool keeps the oldest windows (the start of an incident
 matters most). An unreachable analyzer is retried with jittered exponential backoff
-(proto/backoff.py) and the spool replayed in seq order; a window refused as invalid or as a
-conflicting duplicate is dropped, so one poison window cannot wedge the agent. A refusal of the
+(proto/backoff.py) and the spool replayed in seq order; a window refused as invalid, as a
+conflicting duplicate or by the node's quota of jobs or GPUs (FAILED_PRECONDITION) is dropped,
+so one poison window cannot wedge the agent; one refused for the node's bytes per minute
+(RESOURCE_EXHAUSTED) is kept and retried. A refusal of the
 node (PERMISSION_DENIED) and a TLS failure before the first successful exchange are
 configuration errors: they end the uplink (``fatal``) instead of being retried. One stream
 carries window after window and closes only after ``idle_close`` seconds idle, because a stream
@@ -370,8 +372,10 @@ class Uplink:
                         call.cancel()
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
-                if code in (grpc.StatusCode.INVALID_ARGUMENT,
-                            grpc.StatusCode.ALREADY_EXISTS) and in_flight:
+                # refused for good (a broken window, another payload under a stored seq, a
+                # node's quota of jobs or GPUs): resending it cannot help
+                if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS,
+                            grpc.StatusCode.FAILED_PRECONDITION) and in_flight:
                     bad = in_flight[0]
                     self.rejected += 1
                     log.error("analyzer rejected window seq %d: %s; dropping it from the spool",

@@ -182,7 +182,7 @@ class ProcessWindow(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., pid: _Optional[int] = ..., gpu_kind: _Optional[str] = ..., apis: _Optional[_Iterable[_Union[ApiStats, _Mapping]]] = ..., step_time: _Optional[_Union[Histogram, _Mapping]] = ..., nvml: _Optional[_Union[NvmlContext, _Mapping]] = ..., overhead: _Optional[_Union[Overhead, _Mapping]] = ..., sched: _Optional[_Union[SchedStats, _Mapping]] = ..., steps: _Optional[_Union[StepStats, _Mapping]] = ..., group: _Optional[str] = ..., backend: _Optional[str] = ..., loader: _Optional[_Union[LoaderStats, _Mapping]] = ...) -> None: ...
 
 class NodeWindow(_message.Message):
-    __slots__ = ("version", "agent_id", "node", "seq", "start", "end", "processes", "rejected_processes", "agent_version", "agent_backend", "probe_mode")
+    __slots__ = ("version", "agent_id", "node", "seq", "start", "end", "processes", "rejected_processes", "agent_version", "agent_backend", "probe_mode", "node_gpus")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +194,7 @@ class NodeWindow(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     AGENT_BACKEND_FIELD_NUMBER: _ClassVar[int]
     PROBE_MODE_FIELD_NUMBER: _ClassVar[int]
+    NODE_GPUS_FIELD_NUMBER: _ClassVar[int]
     version: int
     agent_id: str
     node: str
@@ -205,7 +206,8 @@ class NodeWindow(_message.Message):
     agent_version: str
     agent_backend: str
     probe_mode: str
-    def __init__(self, version: _Optional[int] = ..., agent_id: _Optional[str] = ..., node: _Optional[str] = ..., seq: _Optional[int] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., processes: _Optional[_Iterable[_Union[ProcessWindow, _Mapping]]] = ..., rejected_processes: _Optional[int] = ..., agent_version: _Optional[str] = ..., agent_backend: _Optional[str] = ..., probe_mode: _Optional[str] = ...) -> None: ...
+    node_gpus: int
+    def __init__(self, version: _Optional[int] = ..., agent_id: _Optional[str] = ..., node: _Optional[str] = ..., seq: _Optional[int] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., processes: _Optional[_Iterable[_Union[ProcessWindow, _Mapping]]] = ..., rejected_processes: _Optional[int] = ..., agent_version: _Optional[str] = ..., agent_backend: _Optional[str] = ..., probe_mode: _Optional[str] = ..., node_gpus: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("agent_id", "seq", "duplicate", "rejected_processes", "rejected_reason")
@@ -375,7 +377,7 @@ class ClusterPrediction(_message.Message):
     def __init__(self, spike_probability: _Optional[float] = ..., basis: _Optional[str] = ..., step_time_now_us: _Optional[float] = ..., step_time_after_eviction_us: _Optional[float] = ..., predicted_gain: _Optional[float] = ..., evicted_nodes: _Optional[_Iterable[str]] = ..., spike_basis: _Optional[str] = ..., curve: _Optional[_Iterable[_Union[WhatIfPoint, _Mapping]]] = ..., measured_step_us: _Optional[float] = ...) -> None: ...
 
 class JobReport(_message.Message):
-    __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster", "windows_sampled", "mode", "imbalance", "late_windows", "late_nodes", "healthy_nodes_omitted", "history_windows", "latency_cdfs", "spike_rates")
+    __slots__ = ("job_id", "windows", "gpus", "nodes", "cluster", "windows_sampled", "mode", "imbalance", "late_windows", "late_nodes", "healthy_nodes_omitted", "history_windows", "latency_cdfs", "spike_rates", "held_nodes")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -390,6 +392,7 @@ class JobReport(_message.Message):
     HISTORY_WINDOWS_FIELD_NUMBER: _ClassVar[int]
     LATENCY_CDFS_FIELD_NUMBER: _ClassVar[int]
     SPIKE_RATES_FIELD_NUMBER: _ClassVar[int]
+    HELD_NODES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     windows: int
     gpus: int
@@ -404,7 +407,20 @@ class JobReport(_message.Message):
     history_windows: _containers.RepeatedScalarFieldContainer[int]
     latency_cdfs: _containers.RepeatedCompositeFieldContainer[LatencyCdf]
     spike_rates: SpikeRates
-    def __init__(self, job_id: _Optional[str] = ..., windows: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeReport, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterPrediction, _Mapping]] = ..., windows_sampled: _Optional[int] = ..., mode: _Optional[str] = ..., imbalance: _Optional[_Iterable[_Union[GroupImbalance, _Mapping]]] = ..., late_windows: _Optional[int] = ..., late_nodes: _Optional[_Iterable[_Union[LateNode, _Mapping]]] = ..., healthy_nodes_omitted: _Optional[int] = ..., history_windows: _Optional[_Iterable[int]] = ..., latency_cdfs: _Optional[_Iterable[_Union[LatencyCdf, _Mapping]]] = ..., spike_rates: _Optional[_Union[SpikeRates, _Mapping]] = ...) -> None: ...
+    held_nodes: _containers.RepeatedCompositeFieldContainer[HeldNode]
+    def __init__(self, job_id: _Optional[str] = ..., windows: _Optional[int] = ..., gpus: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeReport, _Mapping]]] = ..., cluster: _Optional[_Union[ClusterPrediction, _Mapping]] = ..., windows_sampled: _Optional[int] = ..., mode: _Optional[str] = ..., imbalance: _Optional[_Iterable[_Union[GroupImbalance, _Mapping]]] = ..., late_windows: _Optional[int] = ..., late_nodes: _Optional[_Iterable[_Union[LateNode, _Mapping]]] = ..., healthy_nodes_omitted: _Optional[int] = ..., history_windows: _Optional[_Iterable[int]] = ..., latency_cdfs: _Optional[_Iterable[_Union[LatencyCdf, _Mapping]]] = ..., spike_rates: _Optional[_Union[SpikeRates, _Mapping]] = ..., held_nodes: _Optional[_Iterable[_Union[HeldNode, _Mapping]]] = ...) -> None: ...
+
+class HeldNode(_message.Message):
+    __slots__ = ("node", "gpus", "reason", "windows")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    gpus: int
+    reason: str
+    windows: int
+    def __init__(self, node: _Optional[str] = ..., gpus: _Optional[int] = ..., reason: _Optional[str] = ..., windows: _Optional[int] = ...) -> None: ...
 
 class LateNode(_message.Message):
     __slots__ = ("node", "windows")

@@ -45,6 +45,16 @@ MAX_HISTOGRAM_COUNT = 10 ** 9
 MAX_STEPS_PER_WINDOW = 10 ** 7
 #: Loader workers (child processes) of one rank.
 MAX_LOADER_WORKERS = 4096
+#: XID errors one process entry may report in one window (NvmlContext.xid_errors): a GPU that
+#: faults reports a handful; thousands are a flood that only costs the analyzer memory.
+MAX_XID_ERRORS = 64
+#: Counters of time of the process as a whole (SchedStats.runq_ns/offcpu_ns/window_s,
+#: Overhead.attached_s) may cover at most the window's length times this factor plus
+#: COUNTER_SLACK_S: the agent reads them a moment after the window's end, never a second window's
+#: worth later. Context switches: at most MAX_SWITCHES_PER_S per second of that span.
+COUNTER_SPAN_FACTOR = 2
+COUNTER_SLACK_S = 1.0
+MAX_SWITCHES_PER_S = 10_000_000
 #: How much of an offending value an error message may quote.
 QUOTE_LEN = 64
 #: Free-text fields (a step source, why no step was inferred, why a window was not sampled).
@@ -145,11 +155,12 @@ def validate_window(w: pb.NodeWindow, encoded_size: int | None = None) -> None:
     validate_header(w, encoded_size)
     extras: set[str] = set()
     budget = [MAX_API_STATS_PER_WINDOW]
+    limit_s = counter_limit_s(w)
     for i, p in enumerate(w.processes):
-        if _process_plainly_valid(p, budget[0]):
+        if _process_plainly_valid(p, budget[0], limit_s):
             budget[0] -= len(p.apis)
         else:
-            check_process(p, f"processes[{i}]", extras, budget)
+            check_process(p, f"processes[{i}]", extras, budget, limit_s)
 
 
 def accept_window(w: pb.NodeWindow, encoded_size: int | None = None) -> list[WireError]:
@@ -162,13 +173,14 @@ def accept_window(w: pb.NodeWindow, encoded_size: int | None = None) -> list[Wir
     extras: set[str] = set()
     budget = [MAX_API_STATS_PER_WINDOW]
     bad: list[tuple[int, WireError]] = []
+    limit_s = counter_limit_s(w)
     for i, p in enumerate(w.processes):
-        if _process_plainly_valid(p, budget[0]):
+        if _process_plainly_valid(p, budget[0], limit_s):
             budget[0] -= len(p.apis)
             continue
         taken = (set(extras), budget[0])
         try:
-            check_process(p, f"processes[{i}]", extras, budget)
+            check_process(p, f"processes[{i}]", extras, budget, limit_s)
         except WireError as exc:
             bad.append((i, exc))
             extras.clear()
@@ -177,6 +189,13 @@ def accept_window(w: pb.NodeWindow, encoded_size: int | None = None) -> list[Wir
     for i, _ in reversed(bad):
         del w.processes[i]
     return [exc for _, exc in bad]
+
+
+def counter_limit_s(w: pb.NodeWindow) -> float:
+    """The most seconds a time counter of ``w``'s processes may hold: the window's length
+    (end - start, validated) times COUNTER_SPAN_FACTOR plus COUNTER_SLACK_S."""
+    span_s = (w.end.seconds - w.start.seconds) + (w.end.nanos - w.start.nanos) / 1e9
+    return COUNTER_SPAN_FACTOR * max(span_s, 0.0) + COUNTER_SLACK_S
 
 
 def validate_header(w: pb.NodeWindow, encoded_size: int | None = None) -> None:
@@ -238,9 +257,11 @@ def _check_api_name(name: str, field: str, extras: set[str]) -> None:
         extras.add(name)
 
 
-def check_process(p: pb.ProcessWindow, pf: str, extras: set[str], budget: list[int]) -> None:
+def check_process(p: pb.ProcessWindow, pf: str, extras: set[str], budget: list[int],
+                  limit_s: float = math.inf) -> None:
     """One process entry (``pf`` is its field path). ``extras``: the window's API names outside
-    the probed table so far; ``budget[0]``: ApiStats the window may still hold."""
+    the probed table so far; ``budget[0]``: ApiStats the window may still hold; ``limit_s``:
+    the most seconds a time counter may hold (:func:`counter_limit_s`)."""
     _check_id(p.job_id, f"{pf}.job_id")
     _check_id(p.group, f"{pf}.group", empty_ok=True)
     _check_id(p.gpu_uuid, f"{pf}.gpu_uuid", empty_ok=True)
@@ -279,10 +300,10 @@ def check_process(p: pb.ProcessWindow, pf: str, extras: set[str], budget: list[i
                         "steps in one window")
     if p.HasField("overhead"):
         _check_overhead(p.overhead, f"{pf}.overhead", extras)
+    if p.HasField("overhead"):
+        _check_within(p.overhead.attached_s, limit_s, f"{pf}.overhead.attached_s")
     if p.HasField("sched"):
-        _check_finite_nonneg(p.sched.window_s, f"{pf}.sched.window_s")
-        if p.sched.HasField("runq_latency"):
-            _check_histogram(p.sched.runq_latency, f"{pf}.sched.runq_latency")
+        _check_sched(p.sched, f"{pf}.sched", limit_s)
     if p.HasField("steps"):
         _check_steps(p.steps, f"{pf}.steps")
     if p.HasField("loader"):
@@ -291,6 +312,32 @@ def check_process(p: pb.ProcessWindow, pf: str, extras: set[str], budget: list[i
         for stat in ("temperature_c", "power_w", "power_limit_w"):
             if p.nvml.HasField(stat):
                 _check_finite_nonneg(getattr(p.nvml, stat), f"{pf}.nvml.{stat}")
+        if len(p.nvml.xid_errors) > MAX_XID_ERRORS:
+            raise WireError(f"{pf}.nvml.xid_errors", f"has {len(p.nvml.xid_errors):,} entries, "
+                            f"over the limit of {MAX_XID_ERRORS} in one window (the agent "
+                            "sends the newest ones)")
+
+
+def _check_within(value: float, limit_s: float, field: str) -> None:
+    """A time counter (seconds) of at most ``limit_s``: the window's span, see counter_limit_s."""
+    if value > limit_s:
+        raise WireError(field, f"is {value:,.6g} s, longer than the window allows "
+                        f"({limit_s:,.6g} s: {COUNTER_SPAN_FACTOR} x its length + "
+                        f"{COUNTER_SLACK_S:g} s); a corrupt counter or a broken agent clock")
+
+
+def _check_sched(sc: pb.SchedStats, field: str, limit_s: float) -> None:
+    _check_finite_nonneg(sc.window_s, f"{field}.window_s")
+    _check_within(sc.window_s, limit_s, f"{field}.window_s")
+    for name in ("runq_ns", "offcpu_ns"):
+        _check_within(getattr(sc, name) / 1e9, limit_s, f"{field}.{name}")
+    for name in ("involuntary_switches", "voluntary_switches"):
+        most = MAX_SWITCHES_PER_S * limit_s
+        if getattr(sc, name) > most:
+            raise WireError(f"{field}.{name}", f"is {getattr(sc, name):,}, over "
+                            f"{MAX_SWITCHES_PER_S:,} per second of the window ({most:,.0f})")
+    if sc.HasField("runq_latency"):
+        _check_histogram(sc.runq_latency, f"{field}.runq_latency")
 
 
 _INF = math.inf
@@ -376,7 +423,8 @@ def _overhead_numbers_plain(o: pb.Overhead) -> bool:
             and 0.0 <= o.fixed_cost_s < _INF and 0.0 <= o.step_fraction < _INF)
 
 
-def _process_plainly_valid(p: pb.ProcessWindow, budget_left: int) -> bool:
+def _process_plainly_valid(p: pb.ProcessWindow, budget_left: int,
+                           limit_s: float = math.inf) -> bool:
     """True when a process entry passes every check of :func:`check_process` the common way,
     with API names (of its latency stats and of its tiers) from the probed table only, so it
     spends none of the window's allowance of other names; ``budget_left``: ApiStats the window
@@ -404,7 +452,8 @@ def _process_plainly_valid(p: pb.ProcessWindow, budget_left: int) -> bool:
         return False
     if has("overhead"):
         o = p.overhead
-        if (not _overhead_numbers_plain(o) or len(o.unsampled_reason) > MAX_TEXT_LEN
+        if (not _overhead_numbers_plain(o) or o.attached_s > limit_s
+                or len(o.unsampled_reason) > MAX_TEXT_LEN
                 or len(o.step_basis) > MAX_TEXT_LEN or len(o.blocked_by) > MAX_TEXT_LEN):
             return False
         tiers = o.tiers
@@ -415,7 +464,12 @@ def _process_plainly_valid(p: pb.ProcessWindow, budget_left: int) -> bool:
                 return False
     if has("sched"):
         sc = p.sched
-        if not 0.0 <= sc.window_s < _INF:
+        if not 0.0 <= sc.window_s <= limit_s:
+            return False
+        limit_ns = limit_s * 1e9
+        most = MAX_SWITCHES_PER_S * limit_s
+        if (sc.runq_ns > limit_ns or sc.offcpu_ns > limit_ns
+                or sc.involuntary_switches > most or sc.voluntary_switches > most):
             return False
         if sc.HasField("runq_latency") and not _hist_within(sc.runq_latency,
                                                             MAX_HISTOGRAM_COUNT):
@@ -439,6 +493,8 @@ def _process_plainly_valid(p: pb.ProcessWindow, budget_left: int) -> bool:
         for stat in ("temperature_c", "power_w", "power_limit_w"):
             if nv.HasField(stat) and not 0.0 <= getattr(nv, stat) < _INF:
                 return False
+        if len(nv.xid_errors) > MAX_XID_ERRORS:
+            return False
     return True
 
 

@@ -365,9 +365,20 @@ def make_pool(cfg: ScaleConfig) -> WindowPool:
                     windows=cfg.pool_windows, seed=cfg.seed, job_id=JOB_ID,
                     stragglers=(Straggler(SLOW_NODE, cfg.slow_factor),))
     bodies: list[list[bytes]] = [[] for _ in range(cfg.pool_windows)]
+    # the bodies are sent as windows of cfg.window_seconds: their time counters are scaled to
+    # that length (the analyzer refuses counters longer than the window), their shares kept
+    shrink = min(1.0, cfg.window_seconds / sim.window_seconds)
     for w in generate(sim):          # window-major: all nodes of window 0 first
         body = pb.NodeWindow()
         body.processes.extend(w.processes)
+        if shrink < 1.0:
+            for p in body.processes:
+                if p.HasField("sched"):
+                    p.sched.window_s *= shrink
+                    p.sched.runq_ns = int(p.sched.runq_ns * shrink)
+                    p.sched.offcpu_ns = int(p.sched.offcpu_ns * shrink)
+                if p.HasField("overhead"):
+                    p.overhead.attached_s *= shrink
         bodies[w.seq - 1].append(body.SerializeToString())
     return WindowPool(bodies)
 

@@ -1,12 +1,15 @@
 """``make fuzz``: a long fuzzing run of the wire boundary, beside the bounded one in ``make test``.
 
 Inputs are mutations of real simulated windows (byte flips, truncations, insertions, splices
-of two windows) plus plain random bytes. Two targets:
+of two windows) plus plain random bytes. The seeds include windows padded with fields the
+analyzer does not know (at the top and inside process entries), windows flooded with XID
+errors, and windows with absurd counters (``sched.runq_ns`` = 2**64 - 1). Two targets:
 
-* the validator in-process (``NodeWindow.FromString`` then ``accept_window``): anything but a
-  protobuf DecodeError or a WireError is a crash;
-* ``Ingest.Stream`` of a real analyzer over localhost gRPC (plaintext, one stream per input):
-  anything but an ack, INVALID_ARGUMENT or ALREADY_EXISTS is a failure.
+* the analyzer's content check in-process (``analyzer.ingest.checks.check_content``: parse,
+  drop unknown fields, ``accept_window``): anything but its named refusal is a crash;
+* ``Ingest.Stream`` of a real analyzer over localhost gRPC (plaintext, one stream per input,
+  the default per-node quotas): anything but an ack, INVALID_ARGUMENT, ALREADY_EXISTS or a
+  quota's refusal (FAILED_PRECONDITION, RESOURCE_EXHAUSTED) is a failure.
 
 At the end the analyzer must still answer a report. The process's peak RSS is printed beside
 its start. Exit status 1 on any crash, unexpected status, failed report or an RSS growth over
@@ -26,13 +29,49 @@ from pathlib import Path
 import numpy as np
 
 
+def unknown_field(size: int, number: int = 1000) -> bytes:
+    """An encoded length-delimited field ``number`` that no hypertrace message has."""
+    def varint(v: int) -> bytes:
+        out = bytearray()
+        while True:
+            b, v = v & 0x7F, v >> 7
+            out.append(b | (0x80 if v else 0))
+            if not v:
+                return bytes(out)
+    return varint(number << 3 | 2) + varint(size) + b"\x00" * size
+
+
+def hostile_seeds(base: list) -> list[bytes]:
+    """Windows of ``base`` (NodeWindow messages) made hostile: unknown fields at the top and
+    inside a process's NVML context, XID floods (at the limit and past it), absurd counters."""
+    from hypertrace.proto.wire import MAX_XID_ERRORS
+    out = []
+    for k, w in enumerate(base):
+        h = type(w)()
+        h.CopyFrom(w)
+        p = h.processes[k % len(h.processes)]
+        if k % 4 == 0:
+            p.nvml.MergeFromString(unknown_field(64, number=99))
+            out.append(h.SerializeToString() + unknown_field(4096))
+        elif k % 4 == 1:
+            p.nvml.xid_errors.extend([79] * (MAX_XID_ERRORS + 1 + k))
+            out.append(h.SerializeToString())
+        elif k % 4 == 2:
+            p.nvml.xid_errors.extend([48] * MAX_XID_ERRORS)
+            out.append(h.SerializeToString())
+        else:
+            p.sched.runq_ns = 2**64 - 1
+            p.sched.involuntary_switches = 2**64 - 1
+            out.append(h.SerializeToString())
+    return out
+
+
 def _seeds() -> list[bytes]:
     from hypertrace.sim.simulate import SimConfig, generate
-    out = []
+    windows = []
     for seed, gpus in ((1, 8), (2, 16), (3, 64)):
-        for w in generate(SimConfig(gpus=gpus, gpus_per_node=8, windows=2, seed=seed)):
-            out.append(w.SerializeToString())
-    return out
+        windows.extend(generate(SimConfig(gpus=gpus, gpus_per_node=8, windows=2, seed=seed)))
+    return [w.SerializeToString() for w in windows] + hostile_seeds(windows)
 
 
 def mutate(rng: np.random.Generator, seeds: list[bytes]) -> bytes:
@@ -61,23 +100,18 @@ def mutate(rng: np.random.Generator, seeds: list[bytes]) -> bytes:
 
 def fuzz_validator(n: int, rng: np.random.Generator, seeds: list[bytes],
                    crash_dir: Path) -> tuple[int, int, int, int]:
-    """(inputs, decode errors, wire errors, crashes)."""
-    from google.protobuf.message import DecodeError
-
-    from hypertrace.proto import hypertrace_pb2 as pb
-    from hypertrace.proto.wire import WireError, accept_window
+    """(inputs, not protobuf, other refusals, crashes)."""
+    from hypertrace.analyzer.ingest.checks import Refused, check_content
     decode = wire = crashes = 0
     for i in range(n):
         raw = mutate(rng, seeds)
         try:
-            w = pb.NodeWindow.FromString(raw)
-        except DecodeError:
-            decode += 1
-            continue
-        try:
-            accept_window(w, encoded_size=len(raw))
-        except WireError:
-            wire += 1
+            check_content(raw)
+        except Refused as refused:
+            if refused.reason == "malformed":
+                decode += 1
+            else:
+                wire += 1
         except Exception as exc:                       # noqa: BLE001 - that is the finding
             crashes += 1
             if crashes <= 20:
@@ -117,7 +151,8 @@ def fuzz_ingest(n: int, rng: np.random.Generator, seeds: list[bytes],
                     except grpc.RpcError as exc:
                         name = exc.code().name
                     codes[name] = codes.get(name, 0) + 1
-                    if name not in ("OK", "INVALID_ARGUMENT", "ALREADY_EXISTS"):
+                    if name not in ("OK", "INVALID_ARGUMENT", "ALREADY_EXISTS",
+                                    "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED"):
                         unexpected += 1
                         if unexpected <= 20:
                             crash_dir.mkdir(parents=True, exist_ok=True)
@@ -159,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     n, decode, wire, crashes = fuzz_validator(args.inputs, rng, seeds, crash_dir)
     t1 = time.monotonic()
     print(f"validator: {n:,} inputs in {t1 - t0:.0f} s: {decode:,} not protobuf, {wire:,} "
-          f"refused (WireError), {n - decode - wire - crashes:,} accepted, {crashes} crashes")
+          f"refused (named), {n - decode - wire - crashes:,} accepted, {crashes} crashes")
     codes, unexpected, served = fuzz_ingest(args.grpc_inputs, rng, seeds, crash_dir)
     t2 = time.monotonic()
     print(f"Ingest.Stream: {args.grpc_inputs:,} inputs in {t2 - t1:.0f} s: "

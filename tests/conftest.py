@@ -174,3 +174,21 @@ def https_receiver(handler, files):
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"https://127.0.0.1:{server.server_address[1]}/hook"
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A real Slurm cluster on this machine (tests/slurm_cluster.py, nodes n1-n3), one per
+    test module (a module may drain its nodes)."""
+    import slurm_cluster
+    why = slurm_cluster.missing()
+    if why:
+        missing_prerequisite(f"a local Slurm cluster needs {why}")
+    cluster = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+    except Exception as exc:                                  # noqa: BLE001 - say why
+        cluster.stop()
+        missing_prerequisite(f"a local Slurm cluster did not start: {exc}")
+    yield cluster
+    cluster.stop()

@@ -11,6 +11,11 @@ from hypertrace.cli.main import main
     (["--max-workers", "0"], "max_workers must be >= 1"),
     (["--listen", "50051"], "listen must be HOST:PORT"),
     (["--flush-interval", "-2"], "flush_interval must be >= 0"),
+    (["--max-gpus-per-node", "17"], "max_gpus_per_node must be 1 to 16"),
+    (["--max-jobs-per-node", "0"], "max_jobs_per_node must be >= 1"),
+    (["--max-processes-per-window", "300"], "max_processes_per_window must be 1 to 256"),
+    (["--max-bytes-per-minute", "1000"], "max_bytes_per_minute must be 0 (off) or at least"),
+    (["--roster", "pbs"], 'roster must be "slurm" or ""'),
 ])
 def test_bad_server_flag_exits_2_naming_it(tmp_path, capsys, flags, message):
     db = tmp_path / "a.db"
@@ -108,3 +113,18 @@ def test_the_engine_process_and_checker_options_flags_and_toml_keys(tmp_path, ca
     assert main(["analyzer", "--db", str(tmp_path / "a.db"), "--insecure",
                  "--checker-processes", "-1"]) == 2
     assert "checker_processes must be 0 (check on the event loop) to 64" in capsys.readouterr().err
+
+
+def test_the_per_node_quotas_defaults_flags_and_toml_keys(tmp_path):
+    """Defaults 8 GPUs, 8 jobs, 64 processes, 64 MiB a minute; TOML and flags set them (flags
+    win)."""
+    from hypertrace.cli.analyzer import QUOTA_SETTINGS, resolve_settings
+    from hypertrace.cli.main import build_parser
+    names = [q.name for q in QUOTA_SETTINGS]
+    server, _ = resolve_settings(build_parser().parse_args(["analyzer"]))
+    assert [server[n] for n in names] == [8, 8, 64, 64 * 1024 * 1024]
+    cfg = tmp_path / "analyzer.toml"
+    cfg.write_text("max_gpus_per_node = 16\nmax_jobs_per_node = 3\n")
+    server, _ = resolve_settings(build_parser().parse_args(
+        ["analyzer", "--config", str(cfg), "--max-jobs-per-node", "5"]))
+    assert (server["max_gpus_per_node"], server["max_jobs_per_node"]) == (16, 5)

@@ -236,21 +236,7 @@ def test_webhook_signed_retried_and_applied_once_by_its_idempotency_key(tmp_path
 
 # ---- a real Slurm cluster -----------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    import slurm_cluster
-    from conftest import missing_prerequisite
-    why = slurm_cluster.missing()
-    if why:
-        missing_prerequisite(f"a local Slurm cluster needs {why}")
-    cluster = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        cluster.start()
-    except Exception as exc:                                  # noqa: BLE001 - say why
-        cluster.stop()
-        missing_prerequisite(f"a local Slurm cluster did not start: {exc}")
-    yield cluster
-    cluster.stop()
+# the ``slurm`` fixture (a real cluster, n1-n3, one per module) is in conftest.py
 
 
 def _slurm_config(tmp_path, enforce: bool):

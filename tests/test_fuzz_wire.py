@@ -18,8 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_server import healthy, send, start_server, stop_server
 
+from hypertrace.analyzer.ingest.checks import Refused, check_content
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import WireError, accept_window, validate_window
+from hypertrace.sim.fuzz_wire import hostile_seeds
 from hypertrace.sim.simulate import SimConfig, generate
 
 EXAMPLES = int(os.environ.get("HYPERTRACE_FUZZ_EXAMPLES", "300"))
@@ -27,6 +29,8 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 SEED = list(generate(SimConfig(gpus=16, gpus_per_node=8, windows=1, seed=5)))[0]
 SEED_BYTES = SEED.SerializeToString()
+#: the seed padded with unknown fields, flooded with XIDs, with absurd counters
+HOSTILE = hostile_seeds([SEED] * 4)
 
 
 def _mutate(data: bytes, edits: list[tuple[int, int]]) -> bytes:
@@ -38,7 +42,8 @@ def _mutate(data: bytes, edits: list[tuple[int, int]]) -> bytes:
 
 
 mutations = st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), max_size=12)
-inputs = st.one_of(st.binary(max_size=512), mutations.map(lambda e: _mutate(SEED_BYTES, e)))
+inputs = st.one_of(st.binary(max_size=512), mutations.map(lambda e: _mutate(SEED_BYTES, e)),
+                   st.tuples(st.sampled_from(HOSTILE), mutations).map(lambda t: _mutate(*t)))
 
 
 def _check(raw: bytes) -> None:
@@ -51,6 +56,10 @@ def _check(raw: bytes) -> None:
             check(pb.NodeWindow.FromString(raw), encoded_size=len(raw))
         except WireError:
             pass
+    try:
+        check_content(raw)
+    except Refused:
+        pass
     assert w is not None
 
 
@@ -78,7 +87,9 @@ def test_ingest_answers_every_input_with_an_ack_or_a_named_refusal(server, raw):
             list(call(iter([raw]), timeout=30))
         except grpc.RpcError as exc:
             assert exc.code() in (grpc.StatusCode.INVALID_ARGUMENT,
-                                  grpc.StatusCode.ALREADY_EXISTS), (exc.code(), exc.details())
+                                  grpc.StatusCode.ALREADY_EXISTS,
+                                  grpc.StatusCode.FAILED_PRECONDITION,      # a node's quotas
+                                  grpc.StatusCode.RESOURCE_EXHAUSTED), (exc.code(), exc.details())
             assert len(exc.details()) < 2000
 
 
@@ -87,6 +98,6 @@ def test_the_server_still_serves_after_the_fuzzing(server):
     assert healthy(target)
     w = pb.NodeWindow()
     w.CopyFrom(SEED)
-    w.agent_id = "after-fuzz"
+    w.agent_id = w.node = "after-fuzz"
     assert [a.duplicate for a in send(target, [w])] == [False]
     assert any(s.agent_id == "after-fuzz" for s in srv.analyzer.storage.iter_windows())

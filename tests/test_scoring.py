@@ -19,6 +19,7 @@ from hypertrace.analyzer.score.scoring import (
     host_allowance,
     host_medians,
     implicates,
+    node_weights,
     sampling_se_us,
     score_hosts,
     score_values,
@@ -502,3 +503,38 @@ def test_scale_reads_a_missing_sampling_error_as_zero():
         se = np.array([[0.1, 4.0], [np.nan, 1.0], [3.0, extra]])
         want = np.maximum(mad[:, None], 0.6745 * np.nan_to_num(se.T))
         assert np.array_equal(_scale(mad, se), want)
+
+
+def test_hosts_alike_score_as_without_weights():
+    """8 hosts of 8 GPUs (some with a GPU short of data): the plain statistics, unchanged."""
+    rng = np.random.default_rng(3)
+    v = 100 + rng.normal(0, 1, (64, 2))
+    v[5, 0] = 130.0
+    count = np.full(64, 1000)
+    count[9] = 10                                   # one GPU short of samples
+    hosts = np.repeat(np.arange(8), 8)
+    plain = score_values(v, count, CFG, ("p50", "p99"))
+    weighted = score_values(v, count, CFG, ("p50", "p99"), hosts=hosts)
+    assert node_weights(hosts) is None
+    for name in ("median_us", "mad_us", "robust_z", "high", "low"):
+        np.testing.assert_array_equal(getattr(plain, name), getattr(weighted, name))
+
+
+def test_a_host_with_more_gpus_than_the_others_weighs_as_a_typical_one():
+    """8 hosts of 4 GPUs near 100 µs and one host of 40 GPUs at 80: unweighted, the 40 own
+    the job's median (80: a real GPU at 100 reads 25% slow, a slow one normal); weighted, that
+    host counts as 4 GPUs, the median stays near 100 and only its own GPUs read off (low)."""
+    rng = np.random.default_rng(4)
+    real = 100 + rng.normal(0, 0.5, 32)
+    fake = 80 + rng.normal(0, 0.5, 40)
+    v = np.concatenate([real, fake])[:, None]
+    count = np.full(v.shape[0], 1000)
+    hosts = np.concatenate([np.repeat(np.arange(8), 4), np.full(40, 8)])
+    w = node_weights(hosts)
+    assert w is not None and w[:32].tolist() == [1.0] * 32 and np.allclose(w[32:], 4 / 40)
+    plain = score_values(v, count, CFG, ("p50",))
+    assert plain.median_us[0] < 85                  # the attack: the fakes own the median
+    weighted = score_values(v, count, CFG, ("p50",), hosts=hosts)
+    assert 98 < weighted.median_us[0] < 102
+    assert not weighted.high[:32, 0].any()
+    assert weighted.low[32:, 0].all()

@@ -81,6 +81,11 @@ EDITS = [
     (_tier, "rate_hz", BAD_FLOATS),
     (lambda p: p.nvml, "temperature_c", BAD_FLOATS), (lambda p: p.nvml, "power_w", BAD_FLOATS),
     (lambda p: p.nvml, "power_limit_w", BAD_FLOATS),
+    (lambda p: p.sched, "runq_ns", [0, 10**9, 21 * 10**9, 2 ** 64 - 1]),
+    (lambda p: p.sched, "offcpu_ns", [0, 10**9, 21 * 10**9, 2 ** 64 - 1]),
+    (lambda p: p.sched, "window_s", [0.0, 10.0, 21.0, 1e9]),
+    (lambda p: p.sched, "involuntary_switches", [0, 10**6, 2 ** 64 - 1]),
+    (lambda p: p.overhead, "attached_s", [0.0, 10.0, 22.0]),
 ]
 #: edits of a whole process: counts past the limits, extra names, too many entries
 SHAPES = [
@@ -94,6 +99,8 @@ SHAPES = [
                for _ in range(40)],
     lambda p: [p.overhead.tiers.add(api=f"lib.t{k}", tier="always") for k in range(5)],
     lambda p: [p.overhead.tiers.add(api="cudaMemcpy", tier="always") for _ in range(40)],
+    lambda p: p.nvml.xid_errors.extend([79] * wire.MAX_XID_ERRORS),
+    lambda p: p.nvml.xid_errors.extend([79] * (wire.MAX_XID_ERRORS + 1)),
     lambda p: p.ClearField("nvml"), lambda p: p.ClearField("overhead"),
     lambda p: p.ClearField("apis"),
 ]
@@ -144,7 +151,7 @@ def test_the_quick_pass_decides_as_the_detailed_checks(case):
     w = _build(*case)
     quick = [_outcome(check, w) for check in (wire.validate_window, wire.accept_window)]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(wire, "_process_plainly_valid", lambda p, budget_left: False)
+        mp.setattr(wire, "_process_plainly_valid", lambda p, budget_left, limit_s=0.0: False)
         detailed = [_outcome(check, w) for check in (wire.validate_window, wire.accept_window)]
     assert quick == detailed
 

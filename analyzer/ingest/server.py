@@ -37,6 +37,7 @@ resumes with the history it had.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -51,6 +52,8 @@ from hypertrace.analyzer.ingest.commit_hold import CATCH_UP_S, CommitHold
 from hypertrace.analyzer.ingest.engines import Engine, LocalEngine
 from hypertrace.analyzer.ingest.loop_groups import LoopGroups
 from hypertrace.analyzer.ingest.nodes import SEED_SPAN_S, NodeTable
+from hypertrace.analyzer.ingest.quotas import AgentQuotas
+from hypertrace.analyzer.ingest.roster import SlurmRoster
 from hypertrace.analyzer.report.metrics import AnalyzerMetrics, JobCollector
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.store.storage import (
@@ -454,7 +457,7 @@ def _refusal(analyzer: Analyzer, exc: BaseException, w: pb.NodeWindow,
     """How a window the store did not take ends its stream."""
     if isinstance(exc, ConflictingDuplicate):
         log.error("%s", exc)
-        return Refused(grpc.StatusCode.ALREADY_EXISTS, "invalid", str(exc))
+        return Refused(grpc.StatusCode.ALREADY_EXISTS, "duplicate_conflict", str(exc))
     if isinstance(exc, StorageCorrupt):
         if on_broken is not None:
             on_broken(exc)
@@ -513,6 +516,24 @@ def _store_one(analyzer: Any, w: pb.NodeWindow, raw: bytes,
         return _refusal(analyzer, exc, w, on_broken)
 
 
+def _drop_jobs(w: Any, raw: bytes, dropped: list, refused: dict[str, Refused]
+               ) -> tuple[pb.NodeWindow, bytes, list]:
+    """The window without the process entries of the jobs in ``refused`` (a node's quota:
+    analyzer/ingest/quotas.py), as a bad entry is dropped: counted in ``rejected_processes``,
+    and why in the Ack. ``w`` may be a header only (the checkers' path): the whole window is
+    parsed for this rare case."""
+    whole = w if isinstance(w, pb.NodeWindow) else pb.NodeWindow.FromString(raw)
+    keep = [p for p in whole.processes if p.job_id not in refused]
+    gone = len(whole.processes) - len(keep)
+    why = next(iter(refused.values())).details
+    del whole.processes[:]
+    whole.processes.extend(keep)
+    whole.rejected_processes += gone
+    log.warning("window %.64r/%d: dropped %d process entries of %d jobs: %s", whole.agent_id,
+                whole.seq, gone, len(refused), why)
+    return whole, whole.SerializeToString(), dropped + [why] * gone
+
+
 #: Streams grpc may hold for the server before the Python loop takes them (soft and hard limit
 #: of ``grpc.server.max_pending_requests``). Why: grpc.aio takes new calls one at a time, one
 #: turn of the event loop each, and grpc's defaults (1,000 soft, 3,000 hard) cancel calls beyond
@@ -529,7 +550,9 @@ STORE_THREADS = 64
 def _ingest_handler(analyzer: Backend, access: Access | None, store_pool: futures.Executor,
                     max_skew_s: float = MAX_CLOCK_SKEW_S,
                     on_broken: Callable[[StorageCorrupt], None] | None = None,
-                    checkers: Any = None) -> grpc.GenericRpcHandler:
+                    checkers: Any = None,
+                    quotas: AgentQuotas | None = None,
+                    roster: SlurmRoster | None = None) -> grpc.GenericRpcHandler:
     """Ingest.Stream on the server's event loop: every stream is a coroutine, not a thread.
 
     Why: with a thread per stream (grpc's sync server) every window crossed threads twice in
@@ -539,7 +562,10 @@ def _ingest_handler(analyzer: Backend, access: Access | None, store_pool: future
     window is checked on the loop and only the blocking store goes to ``store_pool``, in groups
     (:class:`_StoreQueue`); the ack is sent once the store returned, so after the commit that
     holds the window. With ``checkers`` (analyzer/scale/check_process.py) the window's contents are
-    checked in their processes, and the loop parses only what they accepted."""
+    checked in their processes, and the loop parses only what they accepted. ``quotas``
+    (analyzer/ingest/quotas.py) bounds what each node may send; None: no bounds (tests).
+    ``roster`` (analyzer/ingest/roster.py) refuses a node's windows of a Slurm job that does
+    not run on it."""
     store = _StoreQueue(analyzer, store_pool, on_broken) if analyzer.groups_commits else None
 
     # what the loop parses of a checked window: all of it for an Engine in this process (its
@@ -549,17 +575,38 @@ def _ingest_handler(analyzer: Backend, access: Access | None, store_pool: future
              else WindowHeader.FromString)
 
     async def accept(raw: bytes, context: Any) -> tuple[pb.NodeWindow, bytes, list]:
+        size = len(raw)
         if checkers is None:
-            return check_window(raw, context, access, max_skew_s)
-        answer = await checkers.check(raw)
-        if answer[0] != "ok":
-            _, code, reason, details = answer
-            raise Refused(grpc.StatusCode[code], reason, details)
-        _, stored, dropped = answer
-        if stored is not None:
-            raw = stored
-        w = parse(raw)
-        authorize(w, context, access, max_skew_s)
+            w, raw, dropped, shape = check_window(raw, context, access, max_skew_s)
+        else:
+            answer = await checkers.check(raw)
+            if answer[0] != "ok":
+                _, code, reason, details = answer
+                raise Refused(grpc.StatusCode[code], reason, details)
+            _, stored, dropped, shape = answer
+            if stored is not None:
+                raw = stored
+            w = parse(raw)
+            authorize(w, context, access, max_skew_s)
+        refused: dict[str, Refused] = {}
+        if roster is not None and shape.jobs:
+            if not roster.known(w.node, shape.jobs, time.monotonic()):
+                refused = await asyncio.get_running_loop().run_in_executor(
+                    store_pool, roster.refusals, w.node, shape.jobs)
+            if refused and len(refused) == len(shape.jobs):
+                raise next(iter(refused.values()))
+            if refused:
+                shape = dataclasses.replace(
+                    shape, jobs=tuple(j for j in shape.jobs if j not in refused),
+                    gpus=tuple(g for g in shape.gpus if g[0] not in refused))
+        if quotas is not None:
+            refused.update(quotas.admit(w.node, shape, size, time.monotonic()))
+        if refused:
+            w, raw, dropped = _drop_jobs(w, raw, list(dropped), refused)
+            for reason in {r.reason for r in refused.values()}:
+                analyzer.metrics.reject(reason)
+        if shape.unknown_bytes:
+            analyzer.metrics.unknown_fields.inc()
         return w, raw, dropped
 
     nodes = analyzer.nodes                  # analyzer/ingest/nodes.py (not on a cluster edge)

@@ -77,6 +77,8 @@ def job_report(job: JobState, cfg: ScoringConfig, out: pb.JobReport | None = Non
     jr.late_windows = job.late_windows
     for node, n in sorted(job.late_nodes.items(), key=lambda kv: (-kv[1], kv[0]))[:LATE_NODES]:
         jr.late_nodes.add(node=node, windows=n)
+    for node, (gpus, reason, windows) in sorted(job.held_nodes.items()):
+        jr.held_nodes.add(node=node, gpus=gpus, reason=reason, windows=windows)
     if not job.index:
         return jr
     codes = job.persistence.verdicts(no_data_after=cfg.clear_m)

@@ -21,6 +21,8 @@ series                                     labels                        meaning
                                                                          persistent
 ``hypertrace_job_imbalanced_groups``       job_id                        groups reported as
                                                                          imbalance
+``hypertrace_job_held_nodes``              job_id                        nodes held for review,
+                                                                         not scored
 ``hypertrace_job_spike_probability``       job_id                        P(some rank spikes in
                                                                          a step)
 ``hypertrace_job_step_seconds``            job_id                        typical step now
@@ -38,6 +40,9 @@ seconds``
 ``hypertrace_windows_late_total``          (none)                        arrived after their
                                                                          window was scored
 ``hypertrace_windows_rejected_total``      reason                        refused windows
+``hypertrace_unknown_fields_total``        (none)                        windows stored
+                                                                         without their unknown
+                                                                         fields
 ``hypertrace_scoring_seconds``             (histogram)                   one scoring pass
 ``hypertrace_windows_scored_total``        (none)                        job-windows scored
 ``hypertrace_database_bytes``              (none)                        database + WAL on disk
@@ -87,7 +92,9 @@ from prometheus_client.registry import Collector
 from hypertrace.proto import hypertrace_pb2 as pb
 
 #: Why a window was refused (the ``reason`` label's values).
-REJECT_REASONS = ("too_large", "malformed", "invalid", "clock_skew", "identity", "storage")
+REJECT_REASONS = ("too_large", "malformed", "invalid", "clock_skew", "identity", "storage",
+                  "duplicate_conflict", "quota_processes", "quota_gpus", "quota_bytes",
+                  "quota_jobs", "gpu_set", "roster")
 
 #: The GPU series' labels, in dcgm-exporter's spelling where it has one (frozen).
 GPU_LABELS = ("job_id", "Hostname", "gpu", "UUID", "modelName", "rank")
@@ -180,6 +187,8 @@ class JobCollector(Collector):
                    ("stragglers", "GPUs convicted as stragglers"),
                    ("suspects", "GPUs flagged but not yet persistent"),
                    ("imbalanced_groups", "Workload groups reported as imbalance"),
+                   ("held_nodes", "Nodes held for review, not scored (joined the running job "
+                                  "with more GPUs than any other node)"),
                    ("spike_probability", "Probability that some rank spikes in a step"),
                    ("step_seconds", "Typical step time now"),
                    ("step_after_eviction_seconds", "Predicted step time after evicting the "
@@ -199,6 +208,7 @@ class JobCollector(Collector):
                       "stragglers": verdicts.count("straggler"),
                       "suspects": verdicts.count("suspect"),
                       "imbalanced_groups": len({i.group for i in r.imbalance}),
+                      "held_nodes": len(r.held_nodes),
                       "spike_probability": c.spike_probability,
                       "step_seconds": c.step_time_now_us / 1e6,
                       "step_after_eviction_seconds": c.step_time_after_eviction_us / 1e6,
@@ -253,6 +263,9 @@ class AnalyzerMetrics:
                                 ["reason"], registry=r)
         for reason in REJECT_REASONS:            # every reason exported from the start at 0
             self.rejected.labels(reason)
+        self.unknown_fields = Counter(
+            "hypertrace_unknown_fields",
+            "Windows stored without the fields this analyzer does not know (dropped)", registry=r)
         self.scored = Counter("hypertrace_windows_scored",
                               "Job windows scored (one per job and window)", registry=r)
         self.retention_cpu = Counter(

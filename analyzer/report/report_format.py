@@ -11,7 +11,8 @@ even when it has its default value, so consumers never have to guess whether a m
 {"spike_probability", "spike_basis", "basis", "step_time_now_us", "step_time_after_eviction_us",
 "predicted_gain", "evicted_nodes", "curve": [{"ranks", "now_us", "after_us"}],
 "measured_step_us"}, "windows_sampled", "mode", "late_windows", "late_nodes":
-[{"node", "windows"}], "healthy_nodes_omitted", "history_windows", "latency_cdfs", "imbalance":
+[{"node", "windows"}], "held_nodes": [{"node", "gpus", "reason", "windows"}],
+"healthy_nodes_omitted", "history_windows", "latency_cdfs", "imbalance":
 [{"group", "gpus", "signal", "unit", "value", "reference", "ratio"}], "spike_rates": {"upper",
 "gpus", "mean"}}]}``. Nodes and GPUs come worst first. A flagged GPU's ``nvml`` is its latest
 NVML context; a flagged node's ``series`` hold its leading signal and its run-queue share and
@@ -311,6 +312,10 @@ def report_to_table(report: pb.Report, verbose: bool = False,
         if job.healthy_nodes_omitted:
             out.extend(_wrapped(f"{job.healthy_nodes_omitted} more healthy nodes not in this "
                                 "report (hypertrace report --all-nodes lists them)"))
+        for h in job.held_nodes:
+            out.extend(_wrapped(
+                f"held: node {h.node} {h.reason} ({h.windows} windows); check that it belongs "
+                "to this job and that its agent key is its own"))
         if job.late_windows:
             named = ", ".join(f"{x.node} {x.windows}" for x in job.late_nodes[:5])
             more = len(job.late_nodes) - 5

@@ -638,6 +638,9 @@ def _notes(job: pb.JobReport) -> str:
                    f"{value_text(d.value, d.unit)} vs {value_text(d.reference, d.unit)} across "
                    f"groups ({d.ratio - 1:+.1%}): the group does more work; rebalance it, "
                    "evicting its nodes would not help.")
+    for h in job.held_nodes:
+        out.append(f"Held: node {h.node} {h.reason} ({h.windows} windows); check that it "
+                   "belongs to this job and that its agent key is its own.")
     if job.late_windows:
         named = ", ".join(f"{x.node} {x.windows}" for x in job.late_nodes[:5])
         out.append(f"Late: {job.late_windows} windows arrived after their window was scored "

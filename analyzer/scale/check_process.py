@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 MAX_GROUP = 256
 
 #: One window's answer: ("ok", bytes to store or None for the bytes sent, [why each dropped
-#: entry was dropped]) or ("refused", status code name, reject reason, message).
+#: entry was dropped], its WindowShape) or ("refused", status code name, reject reason, message).
 Answer = tuple
 
 
@@ -158,11 +158,11 @@ def check_bytes(raws: list[bytes]) -> list[Answer]:
     out: list[Answer] = []
     for raw in raws:
         try:
-            _, stored, dropped = check_content(raw)
+            _, stored, dropped, shape = check_content(raw)
         except Refused as refused:
             out.append(("refused", refused.code.name, refused.reason, refused.details))
             continue
-        out.append(("ok", None if stored is raw else stored, [str(d) for d in dropped]))
+        out.append(("ok", None if stored is raw else stored, [str(d) for d in dropped], shape))
     return out
 
 

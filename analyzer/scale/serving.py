@@ -18,6 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from hypertrace.analyzer.ingest.checks import Access
+from hypertrace.analyzer.ingest.quotas import AgentQuotas, QuotaSettings
 from hypertrace.analyzer.ingest.server import (
     LIVE_TIMEOUT_S,
     MAX_PENDING_STREAMS,
@@ -98,6 +99,10 @@ class ServerOptions:
     #: seconds between integrity checks of the database file (0: none; damage met by a read
     #: or a write is reported all the same)
     integrity_check_s: float = INTEGRITY_CHECK_S
+    #: what one agent identity may send (analyzer/ingest/quotas.py); None: no bounds
+    quotas: QuotaSettings | None = QuotaSettings()
+    #: the scheduler's roster of each job (analyzer/ingest/roster.py); None: not checked
+    roster: Any = None
 
 
 class AnalyzerServer:
@@ -151,7 +156,9 @@ class AnalyzerServer:
         access = None if self.options.tls is None else Access(self.options.trust_domain)
         server.add_generic_rpc_handlers((_ingest_handler(
             self.analyzer, access, self._store_pool, self.options.max_clock_skew_s,
-            self._storage_broken, self._checkers),))
+            self._storage_broken, self._checkers,
+            AgentQuotas(self.options.quotas) if self.options.quotas is not None else None,
+            self.options.roster),))
         pb_grpc.add_QueryServicer_to_server(_QueryServicer(self.analyzer, access), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         return server

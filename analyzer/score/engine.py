@@ -36,7 +36,7 @@ import numpy as np
 
 from hypertrace.analyzer.score import registry
 from hypertrace.analyzer.score.config import ScoringConfig
-from hypertrace.analyzer.score.cross_section import EpochAccumulator, Input
+from hypertrace.analyzer.score.cross_section import EpochAccumulator, Input, gpu_label
 from hypertrace.analyzer.score.epoch_scoring import EpochResult, ScoreRow, score_epoch
 from hypertrace.analyzer.score.jobs import JobState, UnknownJobError
 from hypertrace.proto import hypertrace_pb2 as pb
@@ -151,7 +151,10 @@ class Engine:
     def _ingest(self, window: pb.NodeWindow, late: bool, arrived_ns: int | None,
                 rows_out: list[int] | None) -> bool:
         """:meth:`ingest`; with ``rows_out``, each process's GPU is registered and its row
-        appended there instead of adding its data (:meth:`ingest_prepared` adds it in bulk)."""
+        appended there instead of adding its data (:meth:`ingest_prepared` adds it in bulk).
+        A node held for review in a job (``JobState.hold_reason``) has its processes of that
+        job counted, not scored; only a running job holds a node, so windows prepared before
+        any epoch was scored (``hypertrace analyze``) never meet one."""
         end_ns = window.end.ToNanoseconds()
         epoch = self._epoch_of_ns(window.start.ToNanoseconds(), end_ns)
         order = (end_ns, window.agent_id, window.seq)
@@ -159,6 +162,7 @@ class Engine:
         jobs = self._jobs
         # per job of the window: its state and the accumulator of this epoch (None: late)
         touched: dict[str, tuple[JobState, EpochAccumulator | None]] = {}
+        held: set[str] = set()                       # jobs that hold this window's node
         rows_arrived: list[tuple[JobState, int]] = []
         for p in window.processes:
             job_id = p.job_id
@@ -167,10 +171,12 @@ class Engine:
                 job = jobs.get(job_id)
                 if job is None:
                     job = jobs[job_id] = JobState(job_id)
+                if rows_out is None and self._holds(job, node, window):
+                    held.add(job_id)
                 too_late = late or (job.last_scored_epoch is not None
                                     and epoch <= job.last_scored_epoch)
                 acc = None
-                if not too_late:
+                if not too_late and job_id not in held:
                     acc = job.pending.get(epoch)
                     if acc is None:
                         acc = job.pending[epoch] = EpochAccumulator(job_id, epoch)
@@ -187,17 +193,34 @@ class Engine:
         for job, row in rows_arrived:
             job.note_arrival(row, arrived)
         any_late = False
-        for job, acc in touched.values():
+        for job_id, (job, acc) in touched.items():
             job.windows += 1
             job.last_window_ns = max(job.last_window_ns, end_ns)
             job.last_arrival_ns = max(job.last_arrival_ns, arrived)
-            if acc is None:
+            if job_id in held:
+                job.held_nodes[node][2] += 1
+            elif acc is None:
                 job.late_windows += 1
                 job.late_nodes[node] = job.late_nodes.get(node, 0) + 1
                 any_late = True
             else:
                 acc.windows += 1
         return any_late
+
+    @staticmethod
+    def _holds(job: JobState, node: str, window: pb.NodeWindow) -> bool:
+        """Whether ``job`` holds ``node`` for review (deciding it at the node's first window of
+        the job: ``JobState.hold_reason``)."""
+        if node in job.held_nodes:
+            return True
+        if job.last_scored_epoch is None or node in job.seen_nodes:
+            return False
+        gpus = len({gpu_label(q) for q in window.processes if q.job_id == job.job_id})
+        reason = job.hold_reason(node, gpus)
+        if reason is None:
+            return False
+        job.held_nodes[node] = [gpus, reason, 0]
+        return True
 
     # ---- scoring ---------------------------------------------------------------------------
 

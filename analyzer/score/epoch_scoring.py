@@ -128,8 +128,9 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
                             for h in cs.apis.values()), default=0))
     layouts = job.host_layouts(rows, groups)
     # the signals first: a launch tail convicts only where the steps corroborate it
+    hosts = np.asarray(job.host_codes, dtype=np.int64)[rows]
     sig = signals.score_signals(cs, cfg, groups, launch_calls, registry.SIGNALS,
-                                _input_sums(cs))
+                                _input_sums(cs), hosts)
     gpu_ok, host_ok = signals.launch_corroboration(sig, cfg, groups, layouts)
     # what a launch finding costs the step: all the time the GPU's step grew, not only the time
     # inside the calls (a launch 30% slower can add 14% to a step of which the calls are 0.3%)
@@ -155,7 +156,8 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
         for sel, layout in zip(groups, layouts):
             one = len(groups) == 1           # no copies for the common single-kind job
             sc = score_values(q if one else q[sel], cnt if one else cnt[sel], cfg,
-                              cfg.stats, se if one else se[sel])
+                              cfg.stats, se if one else se[sel],
+                              hosts=hosts if one else hosts[sel])
             hs, of_gpu = score_hosts(sc.value_us, sc.scored, layout, cfg, cfg.stats)
             mine = sc.scored                 # a host flag never lands on a GPU without data
             h_high = np.ascontiguousarray(hs.high.T).take(of_gpu, axis=1) & mine

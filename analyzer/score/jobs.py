@@ -108,6 +108,9 @@ class JobState:
     free_rows: list[int] = field(default_factory=list)
     pending: dict[int, EpochAccumulator] = field(default_factory=dict)
     seen_nodes: set[str] = field(default_factory=set)
+    #: node -> [GPUs it came with, why it is held, its windows held]: nodes held for review, not
+    #: scored (:meth:`hold_reason`)
+    held_nodes: dict[str, list[Any]] = field(default_factory=dict)
     last_scored_epoch: int | None = None
     windows: int = 0
     late_windows: int = 0
@@ -162,6 +165,25 @@ class JobState:
                 self.nvml_prev[row] = self.nvml[row]
                 self.nvml[row] = p.nvml
         return row
+
+    def hold_reason(self, node: str, gpus: int) -> str | None:
+        """Why ``node``, whose first window of this job carries ``gpus`` GPUs, is held for
+        review instead of scored (None: it is scored). Held: a node that joins the job once it
+        is running (an epoch was scored) with more GPUs than any node already in it. Why: a
+        job's nodes are alike; one that arrives late and larger than all the others is what a
+        stolen agent key speaking for fake GPUs looks like, and its GPUs would move the
+        cross-section that convicts the real ones."""
+        if self.last_scored_epoch is None or node in self.seen_nodes:
+            return None
+        per_node: dict[str, int] = {}
+        for key in self.keys:
+            if key is not None:
+                per_node[key[0]] = per_node.get(key[0], 0) + 1
+        most = max(per_node.values(), default=0)
+        if not most or gpus <= most:
+            return None
+        return (f"joined the running job with {gpus} GPUs, more than any other node of it "
+                f"({most}); its windows are stored, not scored")
 
     def key_of(self, row: int) -> GpuKey:
         """(node, gpu) of a row that holds a GPU (not retired)."""

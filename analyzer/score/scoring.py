@@ -291,6 +291,54 @@ def sorted_median(x: np.ndarray) -> np.ndarray:
     return (x[:, n // 2 - 1] + x[:, n // 2]) / 2.0
 
 
+def node_weights(hosts: np.ndarray) -> np.ndarray | None:
+    """Each scored GPU's weight in the cross-section, from its host (``hosts``, (n,) host
+    codes, small non-negative integers): 1, but
+    on a host with more scored GPUs than the median host, the median host's count over its own,
+    so that no host weighs more than a typical one; None where every weight is 1 (the plain
+    statistics, the usual case: hosts alike).
+
+    Why: the median and the MAD resist outlying GPUs, not a block of GPUs that all speak for
+    one host. A host that sends more GPUs than the others (a misconfigured agent, or a stolen
+    key speaking for fake GPUs) would otherwise move the job's median by its own weight and
+    convict the real hosts, or hide a slow one (docs/design.md, "The trust model")."""
+    if hosts.size == 0:
+        return None
+    per_host = np.bincount(hosts)            # host codes: small non-negative integers
+    counts = per_host[per_host > 0]
+    typical = float(np.median(counts))
+    if counts.max() <= typical:
+        return None
+    return np.minimum(1.0, typical / per_host[hosts])
+
+
+def weighted_quantiles(x: np.ndarray, w: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
+    """Quantiles ``qs`` of the values ``x`` (n,) with weights ``w`` (n,): each value stands at
+    the middle of its weight's span of the cumulative weight, linear in between."""
+    order = np.argsort(x, kind="stable")
+    xs, ws = x[order], w[order]
+    at = (np.cumsum(ws) - ws / 2.0) / ws.sum()
+    return np.interp(qs, at, xs)
+
+
+def _weighted_center(x: np.ndarray, w: np.ndarray, cfg: ScoringConfig
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(q1, median, q3, effective MAD), each (S,), of the rows of ``x`` (S, n) weighted by
+    ``w`` (n,) (:func:`node_weights`); the quartiles of the values within the z cut as
+    :func:`_fence_quartiles` takes them."""
+    s = x.shape[0]
+    q1, med, q3, mad_eff = (np.empty(s) for _ in range(4))
+    for j in range(s):
+        row = x[j]
+        q1[j], med[j], q3[j] = weighted_quantiles(row, w, (0.25, 0.5, 0.75))
+        mad = float(weighted_quantiles(np.abs(row - med[j]), w, (0.5,))[0])
+        mad_eff[j] = max(mad, cfg.mad_floor * abs(med[j]), 1e-9)
+        near = np.abs(0.6745 * (row - med[j]) / mad_eff[j]) <= cfg.z_threshold
+        if near.sum() >= 4 and not near.all():
+            q1[j], q3[j] = weighted_quantiles(row[near], w[near], (0.25, 0.75))
+    return q1, med, q3, mad_eff
+
+
 def _scale(mad: np.ndarray, se_us: np.ndarray) -> np.ndarray:
     """(S, G) each value's scale: ``max(MAD, 0.6745 x SE)`` with a NaN SE read as 0, for
     the (S,) ``mad`` (> 0) and the (G, S) ``se_us``. ``fmax`` passes over a NaN where
@@ -307,8 +355,11 @@ def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
                  stats: tuple[str, ...], se_us: np.ndarray | None = None,
                  allowance: np.ndarray | None = None,
                  no_allowance: np.ndarray | None = None,
-                 absolute_gate: float | None = None, fence: bool = True) -> StatScores:
+                 absolute_gate: float | None = None, fence: bool = True,
+                 hosts: np.ndarray | None = None) -> StatScores:
     """Score precomputed quantiles ``values_us`` (G, S) of G GPUs with ``count`` calls each;
+    ``hosts`` (G,), when given, is each GPU's host: a host with more scored GPUs than the
+    typical host weighs only as much as it (:func:`node_weights`);
     ``se_us`` (G, S), when given, is each value's own sampling error (see module docstring);
     ``allowance`` (S,) lowers the effect gate (hosts only, see :func:`score_hosts`), except for
     the rows where ``no_allowance`` (G,) is True: they keep the plain ``min_effect``.
@@ -332,13 +383,17 @@ def score_values(values_us: np.ndarray, count: np.ndarray, cfg: ScoringConfig,
     # (several times slower). The results are the transposes' views: the same values.
     vt = np.ascontiguousarray(values_us.T)
     x = np.compress(ok, vt, axis=1)                          # (S, n): contiguous per stat
-    x.sort(axis=1)
-    q1, med, q3 = sorted_percentiles(x, (0.25, 0.5, 0.75))
-    dev = np.abs(x - med[:, None])
-    dev.sort(axis=1)
-    mad = sorted_median(dev)
-    mad_eff = np.maximum(mad, np.maximum(cfg.mad_floor * np.abs(med), 1e-9))
-    q1, q3 = _fence_quartiles(x, q1, q3, med, mad_eff, cfg.z_threshold)
+    weights = None if hosts is None else node_weights(np.asarray(hosts)[ok])
+    if weights is None:
+        x.sort(axis=1)
+        q1, med, q3 = sorted_percentiles(x, (0.25, 0.5, 0.75))
+        dev = np.abs(x - med[:, None])
+        dev.sort(axis=1)
+        mad = sorted_median(dev)
+        mad_eff = np.maximum(mad, np.maximum(cfg.mad_floor * np.abs(med), 1e-9))
+        q1, q3 = _fence_quartiles(x, q1, q3, med, mad_eff, cfg.z_threshold)
+    else:
+        q1, med, q3, mad_eff = _weighted_center(x, weights, cfg)
     iqr = q3 - q1
     v = np.where(ok, vt, np.nan)
     med_c = med[:, None]

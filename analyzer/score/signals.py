@@ -333,7 +333,8 @@ def signal_inputs(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
 
 def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray],
                   launch_calls: np.ndarray, signals: tuple[Signal, ...],
-                  extra: dict[str, np.ndarray] | None = None) -> SignalEpoch:
+                  extra: dict[str, np.ndarray] | None = None,
+                  hosts: np.ndarray | None = None) -> SignalEpoch:
     """Score every signal of ``signals`` (the registry: analyzer/score/registry.py) on one
     epoch's cross-section, per GPU kind group; each in turn measures itself
     (:attr:`Signal.measure`), then, once the steps' corroboration is known, says which of its
@@ -346,7 +347,8 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
         m = s.measure(inp)
         if m is None or not m.usable.any():
             continue
-        score = _score(s.name, s.unit, s.stat, m.value, m.usable, m.se, m.gate, groups, cfg)
+        score = _score(s.name, s.unit, s.stat, m.value, m.usable, m.se, m.gate, groups, cfg,
+                       hosts)
         if score.scored.any():
             scored.append((s, score))
     scores = [score for _, score in scored]
@@ -375,8 +377,9 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
 
 def _score(name: str, unit: str, stat: str, value: np.ndarray, usable: np.ndarray,
            se: np.ndarray | None, gate: float | None, groups: list[np.ndarray],
-           cfg: ScoringConfig) -> SignalScore:
-    """Score one signal per kind group (GPUs are compared only within a kind)."""
+           cfg: ScoringConfig, hosts: np.ndarray | None = None) -> SignalScore:
+    """Score one signal per kind group (GPUs are compared only within a kind); ``hosts``: each
+    GPU's host, so that no host outweighs a typical one (scoring.node_weights)."""
     n = value.size
     out = SignalScore(name, unit, stat, np.full(n, np.nan), np.full(n, np.nan),
                       np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, bool),
@@ -386,7 +389,8 @@ def _score(name: str, unit: str, stat: str, value: np.ndarray, usable: np.ndarra
     count = np.where(usable & np.isfinite(value), cfg.min_samples, 0)
     for sel in groups:
         sc = score_values(value[sel, None], count[sel], cfg, (stat,),
-                          None if se is None else se[sel, None], absolute_gate=gate)
+                          None if se is None else se[sel, None], absolute_gate=gate,
+                          hosts=None if hosts is None else hosts[sel])
         out.value[sel] = sc.value_us[:, 0]
         out.median[sel] = sc.median_us[0]
         out.ratio[sel] = sc.ratio[:, 0]
