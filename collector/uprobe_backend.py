@@ -31,6 +31,7 @@ from hypertrace.collector.readings import (
     ProcessReading,
     ProcessRecord,
     SliceOn,
+    probe_hits,
 )
 from hypertrace.proto.apis import ENTRY_ONLY_KINDS, PERIODIC_KINDS, PROBED_APIS
 
@@ -93,6 +94,8 @@ class UprobeBackend:
         self.probed: dict[int, Probed] = {}
         self.exited: dict[int, Probed] = {}             # probed, exited in this window
         self.loaders = LoaderTracker()                  # each rank's loader workers
+        self.foreign_hits = 0                           # the last window's (unattributed_hits)
+        self._foreign_seen: set[int] = set()
         self.worker_of: dict[int, int | None] = {}      # child pid -> its rank's pid, or None
         self.gpus: PidGpuMap | None = None              # NVML's pid -> GPU map, last read
         self._slice_items: list[tuple[str, int, list[str]]] = []   # sliced tier now attached
@@ -103,6 +106,9 @@ class UprobeBackend:
 
     def earning(self) -> bool:
         return True
+
+    def unattributed_hits(self) -> int:
+        return self.foreign_hits
 
     def slice_on(self) -> SliceOn:
         """Attach the sliced tier to every probed process, each library at once."""
@@ -163,8 +169,17 @@ class UprobeBackend:
                      else None)
         self._add_gpu_context(self.gpus)
         report = {**self.exited, **self.probed}
-        for pid in sorted(set(samples) - set(report)):
-            log.debug("dropping samples of pid %d: not probed", pid)
+        foreign = set(samples) - set(report)
+        self.foreign_hits = sum(probe_hits(s) for pid in foreign for s in samples[pid].values())
+        for pid in sorted(foreign - self._foreign_seen):
+            if not os.path.exists(f"/proc/{pid}"):
+                log.warning("probe firings of pid %d, which this agent cannot see: the BPF "
+                            "program keys processes by the host's pids, so the agent must run "
+                            "in the host's PID namespace (a unit on the host, hostPID in a "
+                            "pod); these calls are counted, not attributed", pid)
+            else:
+                log.debug("dropping samples of pid %d: not probed", pid)
+        self._foreign_seen = foreign
         out = []
         for pid, p in report.items():
             st = stats.get(pid)

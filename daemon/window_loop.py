@@ -58,6 +58,10 @@ class ProbeBackend(Protocol):
     def earning(self) -> bool:
         """Whether the window earns budget (a backend that probes nothing saves none up)."""
 
+    def unattributed_hits(self) -> int:
+        """Probe firings of the last read that belong to no reported process (counted in the
+        window's hits: they cost what any firing does)."""
+
     def end(self) -> None:
         """The window is over, delivered or not (also after a failure): clean up."""
 
@@ -309,6 +313,7 @@ class WindowLoop:
             # Each probe of the slice is attached and detached once in its process.
             g.fixed_slice_s = Governor.fixed_cost_s(2 * max(win.on.attached.values()))
         g.observe_always(busiest_always, window_s)
+        hits += self.backend.unattributed_hits()
         self.sink.deliver(window, WindowDone(win.start_ns, end_ns, window_s, win.attached_s,
                                              probes, hits, cost_s), stopping)
         live = {(r.pid, r.key) for r in readings}

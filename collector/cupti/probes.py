@@ -186,6 +186,9 @@ class CuptiProbes:
             return "cupti_busy" if self.state.blocked_by else "attach_failed"
         return ""
 
+    def unattributed_hits(self) -> int:
+        return 0                # every callback is this process's own
+
     def earning(self) -> bool:
         # Credit is earned only while probing: a process paused, backed off or without an
         # agent for a while must not save up a burst of slices for later.
