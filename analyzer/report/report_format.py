@@ -70,9 +70,9 @@ def _fmt(x: float) -> str:
     return f"{x:.1f}" if abs(x) < 1000 else f"{x:.0f}"
 
 
-def _fmt_value(x: float, unit: str) -> str:
+def value_in_unit(x: float, unit: str) -> str:
     """A finding's value in its unit: latencies in µs as before, per-step times in ms, shares as
-    percentages, rates per second."""
+    percentages, rates per second (the HTML report's values too: report_html.value_text)."""
     if unit == "share":
         return f"{100.0 * x:.0f}%" if abs(x) >= 0.1 else f"{100.0 * x:.1f}%"
     if unit == "hz":
@@ -135,8 +135,8 @@ def evidence_words(f: pb.Finding) -> str:
     if f.unit == "share":
         signal = registry.by_name(f.api)
         words = signal.label if signal is not None else f.api
-        return (f"{where}{words} {_fmt_value(f.value_us, 'share')} of "
-                f"time vs {_fmt_value(f.job_median_us, 'share')}")
+        return (f"{where}{words} {value_in_unit(f.value_us, 'share')} of "
+                f"time vs {value_in_unit(f.job_median_us, 'share')}")
     return f"{where}{signal_words(f.api, f.stat)} {f.ratio:.2f}x job median"
 
 
@@ -294,8 +294,8 @@ def report_to_table(report: pb.Report, verbose: bool = False,
         for group, ds in by_group.items():
             d = ds[0]
             also = f" (also {', '.join(x.signal for x in ds[1:])})" if ds[1:] else ""
-            numbers = (f"({d.gpus} GPUs) {d.signal} {_fmt_value(d.value, d.unit)} vs "
-                       f"{_fmt_value(d.reference, d.unit)} across groups ({d.ratio - 1:+.1%})"
+            numbers = (f"({d.gpus} GPUs) {d.signal} {value_in_unit(d.value, d.unit)} vs "
+                       f"{value_in_unit(d.reference, d.unit)} across groups ({d.ratio - 1:+.1%})"
                        f"{also}")
             if NO_STEP_NAME in group:
                 out.extend(_wrapped(

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from typing import Sequence
 
 from hypertrace.analyzer.report.causes import CLOCK_EVENT_REASONS
-from hypertrace.analyzer.report.report_format import evidence_words, signal_words
+from hypertrace.analyzer.report.report_format import evidence_words, signal_words, value_in_unit
 from hypertrace.analyzer.report.svg_chart import (
     Axis,
     Band,
@@ -43,7 +43,6 @@ from hypertrace.analyzer.report.svg_chart import (
     render,
 )
 from hypertrace.analyzer.score import window_series
-from hypertrace.analyzer.score.signal import duration_text, share_text
 from hypertrace.proto import hypertrace_pb2 as pb
 
 #: Node rows of the heatmap (the worst nodes); more flagged nodes fold into a band of their own.
@@ -168,15 +167,8 @@ def value_text(v: float, unit: str) -> str:
     """A value in its unit (Finding.unit): durations in µs, ms or s, shares in %."""
     if not math.isfinite(v):
         return "n/a"
-    if unit == "share":
-        return share_text(v)
-    if unit == "hz":
-        return f"{v:,.0f}/s"
-    if unit == "ratio":
-        return f"{v:.3f}"
-    if unit == "count":
-        return f"{v:.1f}"
-    return duration_text(v, 2).replace(" us", " µs")
+    known = unit in ("share", "hz", "ratio", "count")
+    return value_in_unit(v, unit if known else "us").replace(" us", " µs")
 
 
 def _duration_axis(hi_us: float) -> tuple[float, str]:
