@@ -26,8 +26,8 @@ What it does:
      this script to --agent-cores so they never share a core with a rank;
   4. the schedule: startup (until the report lists all 8 GPUs), clean (--clean-s), cpu_hog (a
      Python busy loop pinned to rank 5's core, --fault-s), recover_cpu (--recover-s), gpu_extra
-     (rank 2's --extra-gpu-file exists: +15% GPU work per step, --fault-s), recover_gpu; with
-     --loader-faults, rank 6's input-pipeline faults;
+     (rank 2's --extra-gpu-file exists: +15% of its step as GPU time, --fault-s), recover_gpu;
+     with --loader-faults, three input-pipeline faults, each on a rank of its own (FAULT_RANKS);
   5. every --poll-s (5) the report (what `hypertrace report --format json` prints) with a
      timestamp, to reports.jsonl;
   6. at the end: agents, ranks and the analyzer stopped; the analyzer's stored windows flattened
@@ -60,7 +60,8 @@ RANKS = 8
 FAULT_RANK = 5
 #: Each fault on a rank of its own: a rank slow in two episodes within 20 windows is held as
 #: intermittent by design, so faults on one rank would not show each one clearing.
-FAULT_RANKS = {"cpu_hog": 5, "gpu_extra": 2, "loader": 6}
+FAULT_RANKS = {"cpu_hog": 5, "gpu_extra": 2, "loader_one_worker": 6, "loader_in_process": 7,
+               "loader_slow_reads": 3}
 #: Input-pipeline faults (--loader-faults): phase name, jitter_loop.py's flag file.
 LOADER_FAULTS = (("loader_one_worker", "one-worker"), ("loader_in_process", "in-process"),
                  ("loader_slow_reads", "slow-reads"))
@@ -168,7 +169,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--poll-s", type=float, default=5.0)
     ap.add_argument("--marker", action="store_true", help="ranks call the step marker")
     ap.add_argument("--loader-faults", action="store_true",
-                    help="after the GPU fault, three input-pipeline faults on the same rank "
+                    help="after the GPU fault, three input-pipeline faults, each on a rank of its own "
                          "(jitter_loop.py's --loader-fault-dir): one worker instead of 4, "
                          "num_workers=0, reads 3x slower; each followed by --recover-s")
     ap.set_defaults(loop=HERE / "jitter_loop.py")
@@ -274,9 +275,14 @@ class Harness:
             time.sleep(0.3)
         raise RuntimeError("analyzer did not say 'listening' within 60 s")
 
+    def loader_fault_dir(self, i: int) -> Path:
+        """Rank i's folder of input-pipeline fault flags (jitter_loop.py --loader-fault-dir)."""
+        return self.work / f"loader-faults-r{i}"
+
     def start_ranks(self, seconds: float, mode: str = "independent", extra_rank: int | None = None,
-                    ranks: int = RANKS, loader_rank: int | None = None) -> None:
-        """``ranks`` loops pinned one per core of --cores on --gpu; waits until all are warm."""
+                    ranks: int = RANKS, loader_ranks: tuple[int, ...] = ()) -> None:
+        """``ranks`` loops pinned one per core of --cores on --gpu; waits until all are warm.
+        ``loader_ranks`` get a folder of input-pipeline fault flags when --loader-faults is on."""
         a = self.args
         master_port = getattr(a, "master_port", 0) or free_port()
         (self.work / "steps").mkdir(exist_ok=True)
@@ -289,10 +295,9 @@ class Harness:
                    "--ready-file", str(self.work / f"ready-{i}")]
             if i == extra_rank:
                 cmd += ["--extra-gpu-file", str(self.work / "slow-gpu")]
-            if i == (extra_rank if loader_rank is None else loader_rank) and getattr(
-                    a, "loader_faults", False):
-                (self.work / "loader-faults").mkdir(exist_ok=True)
-                cmd += ["--loader-fault-dir", str(self.work / "loader-faults")]
+            if i in loader_ranks and getattr(a, "loader_faults", False):
+                self.loader_fault_dir(i).mkdir(exist_ok=True)
+                cmd += ["--loader-fault-dir", str(self.loader_fault_dir(i))]
             if getattr(a, "loader_cores", ""):
                 cmd += ["--loader-cpus", a.loader_cores]
             cmd += list(getattr(a, "loop_arg", []))
@@ -442,7 +447,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{args.mode}] analyzer at {target}; work dir {work}", flush=True)
         h.begin("startup")
         h.start_ranks(total + args.startup_timeout + 120, args.mode, FAULT_RANKS["gpu_extra"],
-                      loader_rank=FAULT_RANKS["loader"])
+                      loader_ranks=tuple(FAULT_RANKS[phase] for phase, _ in loader_faults))
         h.start_agents(target, range(RANKS))
         poller = Poller(h, target, work / "reports.jsonl")
         poller.start()
@@ -469,9 +474,9 @@ def run(args: argparse.Namespace) -> int:
         h.sleep(args.recover_s)
         for phase, flag in loader_faults:
             h.begin(phase)
-            (work / "loader-faults" / flag).touch()
+            (h.loader_fault_dir(FAULT_RANKS[phase]) / flag).touch()
             h.sleep(args.fault_s)
-            (work / "loader-faults" / flag).unlink()
+            (h.loader_fault_dir(FAULT_RANKS[phase]) / flag).unlink()
             h.begin(f"recover_{phase}")
             h.sleep(args.recover_s)
         h.begin("teardown")
@@ -490,8 +495,7 @@ def run(args: argparse.Namespace) -> int:
     phases = [p for p in h.phases if p["name"] not in ("startup", "teardown")]
     meta = {"mode": args.mode, "job": h.job, "gpu": args.gpu, "ranks": RANKS,
             "fault_rank": FAULT_RANK, "nodes": [f"node-{i}" for i in range(RANKS)],
-            "fault_ranks": {"cpu_hog": FAULT_RANKS["cpu_hog"], "gpu_extra": FAULT_RANKS["gpu_extra"],
-                            **{phase: FAULT_RANKS["loader"] for phase, _ in LOADER_FAULTS}},
+            "fault_ranks": dict(FAULT_RANKS),
             "window_s": args.window, "poll_s": args.poll_s, "rank_cores": args.rank_cores,
             "agent_cores": args.agent_core_list, "phases": phases, "all_phases": h.phases,
             "clean_ms_at_start": {i: (work / f"ready-{i}").read_text().strip()

@@ -17,7 +17,13 @@ Why it looks like this: the agent must find steps in loops whose step is not a c
   * in --mode collective, all-reduces the loss over gloo (a CPU collective): every rank's step
     ends when the slowest rank's loss arrives.
 Faults, each while its file exists:
-  --extra-gpu-file PATH   batches --extra-fraction (0.15) longer: more GPU work, same CPU side;
+  --extra-gpu-file PATH   --extra-fraction (0.15) of the clean step's median added as GPU time
+                          on this rank's stream (a spin kernel before the synchronize): a GPU
+                          that takes 15% longer per step, the CPU side unchanged. Why not
+                          longer batches: 8 ranks time-share one GPU, so more FLOPs on one rank
+                          are spread over all 8 contexts (+15% of this loop's FLOPs made its own
+                          step +2.3% on an H200); on a node of its own, a slow GPU delays only
+                          its rank. A CPU rehearsal (--device cpu) lengthens the batches;
   --loader-fault-dir DIR  DIR/one-worker: batches from a DataLoader with 1 worker instead of 4;
                           DIR/in-process: from one with num_workers=0 (the loop loads them);
                           DIR/slow-reads: every read takes 3x as long (a slow disk).
@@ -62,7 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--stall-p", type=float, default=0.02, help="stalls per item read")
     ap.add_argument("--extra-gpu-file", default=None,
                     help="while this file exists, batches are --extra-fraction longer")
-    ap.add_argument("--extra-fraction", type=float, default=0.15)
+    ap.add_argument("--extra-fraction", type=float, default=0.15,
+                    help="GPU time added per step while --extra-gpu-file exists, as a share "
+                         "of the clean step's median")
     ap.add_argument("--loader-fault-dir", default=None,
                     help="one-worker / in-process / slow-reads files in it switch loader faults on")
     ap.add_argument("--marker", action="store_true",
@@ -115,6 +123,20 @@ def _cores(spec: str) -> set[int]:
     return out
 
 
+def spin_cycles(torch, seconds: float) -> int:
+    """GPU clock cycles that ``torch.cuda._sleep`` spins for ``seconds`` on this GPU, measured
+    (the clock differs by GPU and by boost state; the median of 5 timings of a 2e7-cycle spin)."""
+    probe = 20_000_000
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.cuda._sleep(probe)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return max(1, round(probe * seconds / statistics.median(times)))
+
+
 def main() -> None:
     args = parse_args()
     if args.cpu is not None:
@@ -149,17 +171,20 @@ def main() -> None:
         from hypertrace.collector.marker import step as marker_step
     extra = args.extra_gpu_file
     faults = args.loader_fault_dir
+    spin = {"cycles": 0}            # GPU clock cycles of the fault's spin kernel, set once warm
 
     def train_step(x) -> None:
         x = x.to(dev, non_blocking=True)
-        if extra is not None and os.path.exists(extra):
-            # on the device: the CPU side (the copy from pinned memory) stays as it was
+        slow = extra is not None and os.path.exists(extra)
+        if slow and dev.type != "cuda":
             n = x.shape[1]
             x = torch.cat([x, x[:, :round(n * args.extra_fraction)]], dim=1)
         loss = model(x).float().square().mean()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if slow and spin["cycles"]:
+            torch.cuda._sleep(spin["cycles"])   # GPU time only: one launch, no CPU work
         if dev.type == "cuda":
             torch.cuda.synchronize()
         elif standin is not None:
@@ -182,6 +207,8 @@ def main() -> None:
         train_step(fixed)
         bare.append(time.perf_counter() - t0)
     read_s = statistics.median(bare) * args.workers / args.batch / 2
+    if dev.type == "cuda" and extra is not None:
+        spin["cycles"] = spin_cycles(torch, args.extra_fraction * statistics.median(bare))
 
     loader_cpus = _cores(args.loader_cpus) if args.loader_cpus else None
 
@@ -217,7 +244,9 @@ def main() -> None:
         warm.append((time.perf_counter() - t0) * 1e3)
     say(args.rank, f"ready: step median {statistics.median(warm):.2f} ms (without a loader "
                    f"{statistics.median(bare) * 1e3:.2f} ms; a read {read_s * 1e3:.2f} ms per "
-                   f"item, {args.workers} workers)")
+                   f"item, {args.workers} workers"
+                   + (f"; GPU fault: a {spin['cycles']:,}-cycle spin per step" if spin["cycles"]
+                      else "") + ")")
     if args.ready_file:
         with open(args.ready_file, "w") as f:
             f.write(f"{statistics.median(warm):.4f}\n")
