@@ -382,6 +382,16 @@ _LOOPS = (
     Scenario("fast-gpu-nostep", "an independent job without step records, one GPU 10% faster: "
              "it waits less in its synchronize calls, and runs ahead of the job; no straggler",
              "clean", None, _fast_gpu),
+    *(Scenario(f"{name}-nostep", f"{name} without step records, independent ranks (the "
+               "simulator paces a collective's synchronize calls by the GPUs alone): " + what,
+               kind, effect, lambda c, b=build: _no_steps(replace(b(c), mode="independent")))
+      for name, what, kind, effect, build in (
+          ("launch-10", "a launch-bound job whose host is 10% slower at launching; convicted",
+           "straggler", 0.10, _launch_only(0.10)),
+          ("launch-12-gpu-paced", "the slower launches come out of the rank's wait for its "
+           "GPU; must not be convicted", "below-gate", 0.01, _launch_gpu_paced(0.12)),
+          ("launch-30-gpu-paced", "the CPU side sets the rank's pace; convicted",
+           "straggler", 0.14, _launch_gpu_paced(0.30)))),
     Scenario("pipeline-8-unlabeled-nostep", "pipeline-8-unlabeled without step records: the "
              "stages must be found by launches per second, the last one reported as a possible "
              "pipeline stage, none convicted", "clean", None,

@@ -389,17 +389,19 @@ def test_what_if_predicts_the_measured_step_less_the_slow_ranks_lead():
 # ---- (g) launch latency needs the steps' corroboration; sync low never convicts alone -----------
 
 def _independent(slow_launch: dict[int, float], slow_busy: dict[int, float] | None = None,
-                 sync_low: dict[int, float] | None = None, refused: bool = False):
+                 sync_low: dict[int, float] | None = None, refused: bool = False,
+                 wait_ms: float = 20.0):
     """Independent ranks (own step times, no peer wait): per rank a launch p50 factor, a busy
-    factor and an own-GPU wait factor."""
+    factor and an own-GPU wait factor; ``wait_ms`` a typical rank's wait for its GPU per step
+    (20 of 90 ms: GPU-paced; a few ms: launch-bound)."""
     offsets = np.random.default_rng(21).uniform(-0.03, 0.03, RANKS)
 
     def rank_of(e, k, rng):
         b = (slow_busy or {}).get(k, 1.0)
         w = (sync_low or {}).get(k, 1.0)
         f = 1.0 + offsets[k]
-        return Rank(step_ms=(70.0 * b + 20.0 * w) * f / 0.9, busy_ms=70.0 * b * f,
-                    gpu_wait_ms=20.0 * w * f, peer_wait_ms=0.0,
+        return Rank(step_ms=(70.0 * b + wait_ms * w) * f / 0.9, busy_ms=70.0 * b * f,
+                    gpu_wait_ms=wait_ms * w * f, peer_wait_ms=0.0,
                     launch_us=8.0 * slow_launch.get(k, 1.0) * rng.uniform(0.99, 1.01),
                     runq_share=rng.uniform(0.001, 0.003),
                     refused="no periodic call: too few intervals" if refused else "")
@@ -431,10 +433,11 @@ def test_slow_launches_with_longer_own_work_convict():
                for res in results for r in res.rows)
 
 
-def test_without_step_data_launch_latency_alone_still_convicts():
-    """An agent without step inference (every window refused): the old rule, and the cause
-    quotes the launch numbers."""
-    rank_of = _independent({SLOW: 1.25}, refused=True)
+def test_without_step_data_a_launch_bound_ranks_slow_launches_convict():
+    """No step data (every window refused), ranks that hardly wait for their GPUs (2 of 72 ms):
+    a host 25% slower at launching costs its pace about that much, and its launches convict it;
+    the cause quotes the launch numbers."""
+    rank_of = _independent({SLOW: 1.25}, refused=True, wait_ms=2.0)
     engine, results = run(windows(6, rank_of, seed=23))
     assert build_report(engine, now_ns=0).jobs[0].mode == ""
     assert verdicts(engine)[SLOW] == "straggler" and convicted(results) == {SLOW}
@@ -508,7 +511,7 @@ def test_a_growing_pcie_replay_counter_is_named_after_the_convicting_signal():
 
 def test_nvml_follows_launch_evidence_when_no_signal_convicts():
     def rank_of(e, k, rng):
-        r = _independent({SLOW: 1.3}, refused=True)(e, k, rng)
+        r = _independent({SLOW: 1.3}, refused=True, wait_ms=2.0)(e, k, rng)
         r.pcie_replays = 5 * e if k == SLOW else 0
         return r
     engine, _ = run(windows(6, rank_of, seed=28))

@@ -15,7 +15,7 @@ from typing import Mapping
 
 import numpy as np
 
-from hypertrace.analyzer.score import auto_groups, registry, signals, window_series
+from hypertrace.analyzer.score import auto_groups, registry, signals, sync_share, window_series
 from hypertrace.analyzer.score.config import KNOWN_STATS, ScoringConfig
 from hypertrace.analyzer.score.cross_section import CrossSection, GpuKey, Hists
 from hypertrace.analyzer.score.imbalance import group_deviations
@@ -132,6 +132,10 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     sig = signals.score_signals(cs, cfg, groups, launch_calls, registry.SIGNALS,
                                 _input_sums(cs), hosts)
     gpu_ok, host_ok = signals.launch_corroboration(sig, cfg, groups, layouts)
+    has_steps = np.isfinite(sig.own_us) | np.isfinite(sig.step_us)
+    # without steps: a launch finding convicts where its estimated cost reaches min_effect
+    no_step_share = (None if bool(has_steps.all())
+                     else sync_share.measure(cs, cfg, groups).share)
     # what a launch finding costs the step: all the time the GPU's step grew, not only the time
     # inside the calls (a launch 30% slower can add 14% to a step of which the calls are 0.3%)
     own_share = _step_shares(sig.own_us, _finite_median(sig.own_us),
@@ -179,10 +183,15 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
         else:
             shift_gpu, shift_host = _shift_checks(hists, parts, gpu_high, host_high,
                                                   verdict_cols, cfg, g)
+        ok_gpu, ok_host = gpu_ok, host_ok
+        if kind == "launch" and no_step_share is not None and "p50" in cfg.stats:
+            free_gpu, free_host = signals.launch_without_steps(
+                q[:, cfg.stats.index("p50")], no_step_share, cfg, groups, layouts, has_steps)
+            ok_gpu, ok_host = gpu_ok & free_gpu, host_ok & free_host
         if kind == "sync":                   # arrives last: supporting evidence only
             bad = np.zeros((s, g), dtype=bool)
         elif kind == "launch":
-            bad = (gpu_high & (gpu_ok & shift_gpu)) | (host_high & (host_ok & shift_host))
+            bad = (gpu_high & (ok_gpu & shift_gpu)) | (host_high & (ok_host & shift_host))
         else:
             bad = (gpu_high & shift_gpu) | (host_high & shift_host)
         for j in np.flatnonzero(verdict_cols):
@@ -197,7 +206,7 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
                 gi, si = gi[order], si[order]
                 pending.append(_Cells.of(
                     api, kind, basis, gi, si, hi[si, gi], parts, verdict_cols,
-                    gpu_ok if basis == "gpu" else host_ok,
+                    ok_gpu if basis == "gpu" else ok_host,
                     shift_gpu if basis == "gpu" else shift_host, per_step, g))
     sufficient |= sig.sufficient
     flagged |= sig.flagged

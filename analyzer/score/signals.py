@@ -79,6 +79,7 @@ from hypertrace.analyzer.score import sync_share
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.cross_section import CrossSection, Hists
 from hypertrace.analyzer.score.scoring import (
+    MAX_HOST_ALLOWANCE,
     HostLayout,
     host_allowance,
     host_medians,
@@ -447,6 +448,67 @@ def launch_corroboration(sig: SignalEpoch, cfg: ScoringConfig, groups: list[np.n
     return sig.steps_moved, ~host_has | host_up
 
 
+def launch_without_steps(p50_us: np.ndarray, sync_share_of: np.ndarray, cfg: ScoringConfig,
+                         groups: list[np.ndarray], layouts: list[HostLayout],
+                         has_steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """((G,) may a GPU's high launch tail convict it, (G,) may its host's), where the GPU has no
+    step data: only where its estimated effect on its pace (:func:`launch_effect`) is at least
+    ``min_effect`` (host basis: the host's median GPU's, against the host gate's floor
+    ``min_effect`` less :data:`~hypertrace.analyzer.score.scoring.MAX_HOST_ALLOWANCE`). GPUs
+    with step data are left to the steps (:func:`launch_corroboration`): True there."""
+    effect = launch_effect(p50_us, sync_share_of, groups, cfg.min_effect)
+    gpu_ok = has_steps | (np.nan_to_num(effect, nan=np.inf) >= cfg.min_effect)
+    host_ok = np.ones(has_steps.size, dtype=bool)
+    known = np.isfinite(effect)
+    for sel, layout in zip(groups, layouts):
+        med_h, n_h = host_medians(effect[sel][:, None], known[sel], layout)
+        host_e = np.where(n_h > 0, med_h[:, 0], np.inf)[layout.host]
+        host_ok[sel] = host_e >= cfg.min_effect - MAX_HOST_ALLOWANCE
+    return gpu_ok, has_steps | host_ok
+
+
+def launch_effect(p50_us: np.ndarray, sync_share_of: np.ndarray, groups: list[np.ndarray],
+                  min_effect: float) -> np.ndarray:
+    """(G,) what a rank's slower launches add to its pace, as a share of a typical rank's
+    interval, estimated without steps (NaN where its launch p50 is unknown).
+
+    Why this model: nothing measures a loop's step here, and the time inside the launch calls
+    is no measure of the cost (a launch 30% slower added 14% to a step of which the calls were
+    a fraction). Its peers say how a typical rank's time splits: the group's median share of
+    time in synchronize calls (``sync_share_of``), ``s``, is the GPU work the CPU side did not
+    cover, the rest is the CPU side. The rank's CPU side grows by
+    :func:`~hypertrace.analyzer.score.sync_share.cpu_excess`; up to ``s`` of that hides behind
+    the GPU's work, the rest lengthens its interval: the effect is ``excess - s``. On the
+    simulator, a host 12% slower in a GPU-paced job (ranks waiting 11-24% of their time) lost
+    nothing, one 30% slower lost 15% of its pace, one 10% slower in a launch-bound job 10%. A
+    group without synchronize shares is read as launch-bound (``s`` = 0): the finding convicts
+    as it always did, and so is one whose ``s`` is under ``min_effect``: a launch-bound rank
+    still waits for the last kernel and the call itself, time that hides no CPU work, and a
+    wait that short could not hide an effect of ``min_effect`` anyway (on the simulator,
+    ranks of a launch-bound job waited 1-2% of their time). Why the group's ``s`` and not
+    the rank's own fall below it: the rank's
+    wait is also what :func:`~hypertrace.analyzer.score.sync_share.unexplained_wait` reads, and
+    in a collective whose GPUs set the pace every rank leaves the collective together,
+    whatever its own wait. What it cannot see: in a collective, a launch-bound rank that holds
+    its peers up makes their waits long, and its excess reads as hidden; that loop's steps are
+    what convict it (the step inference finds a collective's period)."""
+    effect = np.full(p50_us.size, np.nan)
+    share = np.asarray(sync_share_of, dtype=np.float64)
+    for sel in groups:
+        v = p50_us[sel]
+        ok = np.isfinite(v) & (v > 0)
+        if not ok.any():
+            continue
+        sh = share[sel]
+        known = np.isfinite(sh)
+        s = min(max(float(np.median(sh[known])), 0.0), 1.0) if known.any() else 0.0
+        if s < min_effect:               # what a launch-bound rank waits anyway: no slack
+            s = 0.0
+        ratio = np.where(ok, v / float(np.median(v[ok])), np.nan)
+        effect[sel] = sync_share.cpu_excess(ratio, s) - s
+    return effect
+
+
 def _step_measures(mode: str, own_us: np.ndarray, step_us: np.ndarray) -> list[np.ndarray]:
     """The per-step values a finding outside the steps must be backed by: own time per step,
     and the step itself where it is the rank's own (independent mode)."""
@@ -619,4 +681,4 @@ PEER_WAIT: Signal = Signal(
 
 __all__ = ["BUSY", "COLLECTIVE_SHARE", "GPU_WAIT", "LAUNCH_RATE", "OWN", "PEER_WAIT", "RUNQ",
            "SM_CLOCK", "STEP_TIME", "SignalEpoch", "SignalScore", "infer_mode",
-           "launch_corroboration", "score_signals", "signal_inputs", "steps_corroborate"]
+           "launch_corroboration", "launch_effect", "launch_without_steps", "score_signals", "signal_inputs", "steps_corroborate"]

@@ -73,13 +73,60 @@ SPIKE_CUT = 8.0
 class SyncTime:
     """Per GPU (G,): its share of covered wall time in synchronize calls below the spike cut
     (NaN: unknown), its synchronize calls, and the time-weighted histogram of all of them (µs
-    per bucket), None when the epoch has no synchronize calls."""
+    per bucket), None when the epoch has no synchronize calls; its launch p50 over its group's
+    (:func:`launch_ratio`)."""
 
     share: np.ndarray
     calls: np.ndarray
     time: Hists | None
     #: (G,) synchronize calls per covered second (NaN: unknown)
     rate: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: (G,) launch p50 over the group's median GPU's (:func:`launch_ratio`; NaN: unknown)
+    launch: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+def covered_s(cs: CrossSection, api: str) -> np.ndarray:
+    """(G,) seconds the agent probed ``api`` for each GPU: ``CrossSection.always_s`` where it
+    was in the always tier, else the sliced tier's ``attached_s``."""
+    attached = cs.signals.attached_s if cs.signals is not None else np.zeros(cs.size)
+    always = cs.always_s.get(api)
+    return np.where(always > 0, always, attached) if always is not None else attached
+
+
+def launch_ratio(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]) -> np.ndarray:
+    """(G,) each GPU's launch p50 over its group's median GPU's, the mean over the launch APIs
+    it called (NaN: none): how much slower its host is at issuing work (:func:`cpu_excess`)."""
+    n = cs.size
+    total = np.zeros(n)
+    count = np.zeros(n)
+    for api, h in cs.apis.items():
+        if cfg.api_kind(api) != "launch":
+            continue
+        p50 = h.quantiles_us([0.5])[:, 0]
+        for sel in groups:
+            v = p50[sel]
+            ok = np.isfinite(v) & (v > 0)
+            if ok.any():
+                r = v / float(np.median(v[ok]))
+                total[sel] += np.where(ok, r, 0.0)
+                count[sel] += ok
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / count, np.nan)
+
+
+def cpu_excess(ratio: np.ndarray, typical_share: float) -> np.ndarray:
+    """(G,) the time a rank's CPU side takes beyond a typical rank's, as a share of the typical
+    rank's interval between two waiting synchronizations, without step data.
+
+    The model: a typical rank spends ``typical_share`` of its time waiting in synchronize
+    calls (its GPU work the CPU side did not cover) and the rest on its CPU side; a host whose
+    launches take ``ratio`` times the typical p50 is ``ratio`` times slower at all of its CPU
+    work (the launch calls are a fraction of that work: a host 10% slower read as launches 5%
+    slower, the rest of its CPU work unprobed, so the time inside the calls undercounts). Of
+    that excess, up to ``typical_share`` comes out of the rank's wait for its GPU; the rest
+    lengthens its interval (:func:`hypertrace.analyzer.score.signals.launch_effect`)."""
+    s = min(max(float(typical_share), 0.0), 1.0) if np.isfinite(typical_share) else 0.0
+    return (np.asarray(ratio, dtype=np.float64) - 1.0) * (1.0 - s)
 
 
 def measure(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]) -> SyncTime:
@@ -93,12 +140,10 @@ def measure(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]) -> S
     calls = np.zeros(n)
     rate = np.zeros(n)
     time: Hists | None = None
-    attached = cs.signals.attached_s if cs.signals is not None else np.zeros(n)
     for api, h in cs.apis.items():
         if cfg.api_kind(api) != "sync":
             continue
-        always = cs.always_s.get(api)
-        covered = np.where(always > 0, always, attached) if always is not None else attached
+        covered = covered_s(cs, api)
         weights = _as_time(h)
         parts.append((weights, np.where((h.total() > 0) & (covered > 0), covered, np.nan)))
         calls += np.where(covered > 0, h.total(), 0.0)
@@ -125,7 +170,8 @@ def measure(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]) -> S
         total += np.where(ok, part, 0.0)
         known |= ok
     share[known] = total[known]
-    return SyncTime(share, calls, time, np.where(known, rate, np.nan))
+    return SyncTime(share, calls, time, np.where(known, rate, np.nan),
+                    launch_ratio(cs, cfg, groups))
 
 
 def _as_time(h: Hists) -> Hists:
@@ -189,12 +235,34 @@ def waited_for(time: SyncTime, low: np.ndarray, groups: list[np.ndarray], cfg: S
             continue                     # the ranks do not synchronize in step: no collective
         r = shape_ratios(time.time, cand, peers)
         ratios[cand] = r
-        ok[cand] = (r <= 1.0 - cfg.min_effect) & pace[cand]
+        ok[cand] = (r <= 1.0 - cfg.min_effect) & pace[cand] & (
+            unexplained_wait(time, cand, peers) >= cfg.min_effect)
     return ok, ratios
 
 
+def unexplained_wait(time: SyncTime, cols: np.ndarray, peers: np.ndarray) -> np.ndarray:
+    """(len(cols),) the share of wall time each GPU in ``cols`` waits less than its ``peers``'
+    median, less what its own slower CPU side took out of that wait (:func:`cpu_excess`, never
+    less than nothing).
+
+    Why: a rank whose host is slower, in a job whose GPU sets the pace, spends the extra time
+    issuing work and finds its GPU closer to done when it synchronizes: its wait shrinks by
+    what its CPU side grew, and nobody waits for it (on the simulator, healthy hosts with
+    launches 12% slower waited 6-11% of wall time less than the job, as the model predicts).
+    Where the rank's slower host does hold its peers up, the launch finding is what says so
+    (:func:`hypertrace.analyzer.score.signals.launch_effect`). What is left is time the others
+    wait that the rank's CPU side does not account for: its GPU's. A rank whose launches are
+    unknown keeps the whole deficit."""
+    base = float(np.nanmedian(time.share[peers])) if peers.size else float("nan")
+    deficit = base - time.share[cols]
+    if time.launch.size == 0:
+        return deficit
+    excess = np.maximum(np.nan_to_num(cpu_excess(time.launch[cols], base), nan=0.0), 0.0)
+    return deficit - excess
+
+
 __all__ = ["BODY_QUANTILE", "COLLECTIVE_SHARE", "SIGNAL", "SPIKE_CUT", "SyncTime", "keeps_pace",
-           "measure", "shape_ratios", "waited_for"]
+           "covered_s", "cpu_excess", "launch_ratio", "measure", "shape_ratios", "unexplained_wait", "waited_for"]
 
 
 def _measure(i: SignalInputs) -> Measured | None:
