@@ -27,6 +27,9 @@ FLAGS = ["-O2", "-shared", "-fPIC"]
 
 log = logging.getLogger(__name__)
 
+#: messages per block of ht_wire_scatter (hist_native.c: BLOCK)
+BLOCK = 256
+
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 
@@ -43,7 +46,7 @@ def library() -> ctypes.CDLL | None:
     lib.ht_wire_headers.restype = ctypes.c_int
     lib.ht_wire_headers.argtypes = [_P, _P, _I, _P, _P, _P]
     lib.ht_wire_scatter.restype = ctypes.c_int
-    lib.ht_wire_scatter.argtypes = [_P, _P, _I, _P, _P, _P, _P, _P, _I, _I, _P, _P]
+    lib.ht_wire_scatter.argtypes = [_P, _P, _I, _P, _P, _P, _P, _P, _I, _I, _I, _P, _P, _P]
     return lib
 
 
@@ -77,7 +80,9 @@ def wire_hists(wire: np.ndarray, ends: np.ndarray, local: np.ndarray, totals: np
     lo = int(firsts[keep].min())
     width = int((firsts + lens)[keep].max()) - lo
     dense = np.zeros((width, n))
+    tmp = np.empty(BLOCK * width)
     if lib.ht_wire_scatter(_ptr(wire), _ptr(ends), m, _ptr(firsts), _ptr(lens), _ptr(cstarts),
-                           _ptr(local), _ptr(totals), lo, n, _ptr(dense), _ptr(per_gpu)) != 0:
+                           _ptr(local), _ptr(totals), lo, width, n, _ptr(dense), _ptr(per_gpu),
+                           _ptr(tmp)) != 0:
         return None
     return dense, lo, per_gpu
