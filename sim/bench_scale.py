@@ -94,6 +94,7 @@ from hypertrace.daemon.uplink import IDLE_CLOSE_S
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.sim.demo import stop_process
 from hypertrace.sim.machine import cpu_model
+from hypertrace.sim.proc_memory import TreeMemory, descendants, tree_pss
 from hypertrace.sim.scale_load import LoadProcesses, Plan, WindowPool, WorkerResult, raise_fd_limit
 from hypertrace.sim.simulate import SimConfig, Straggler, generate
 
@@ -173,6 +174,13 @@ class ScaleResult:
     child_cpu_cores: float = 0.0      # the analyzer's child processes (Engine, checkers, retention)
     rss_mb: float = 0.0
     peak_rss_mb: float = 0.0
+    #: PSS of the analyzer's processes together (sim/proc_memory.py), at the end of the
+    #: measured epochs, and the most any sample read (one after each measured epoch and one
+    #: after the generators finished)
+    pss_mb: float = 0.0
+    peak_pss_mb: float = 0.0
+    pss_main_mb: float = 0.0          # of which the main process
+    pss_processes: int = 0            # how many processes (main + every one below it)
     sustained_wps: float = 0.0        # offered paced load: nodes / window length
     max_wps: float | None = None
     latency_p50_s: float = float("nan")
@@ -273,28 +281,6 @@ def read_proc(pid: int) -> ProcSample:
             elif line.startswith("VmHWM:"):
                 hwm = int(line.split()[1])
     return ProcSample(cpu, rss, hwm)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, theirs, ...) from /proc's children lists: the
-    retention process is a child of multiprocessing's forkserver, itself the analyzer's."""
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue                     # ended meanwhile
-        for t in tasks:
-            try:
-                with open(f"/proc/{p}/task/{t}/children", encoding="ascii") as fh:
-                    kids = [int(k) for k in fh.read().split()]
-            except OSError:
-                continue
-            out.extend(kids)
-            todo.extend(kids)
-    return out
 
 
 def children_cpu_s(pid: int) -> float:
@@ -469,8 +455,10 @@ def run_scale(cfg: ScaleConfig, workdir: Path, pool: WindowPool | None = None,
         _sleep_until((measured.start + 1) * win_ns)
         before, t0 = read_proc(proc.pid), time.monotonic()
         kids_before = children_cpu_s(proc.pid)
+        memory: list[TreeMemory] = []
         for k in range(cfg.epochs):
             _sleep_until((measured.start + 2 + k) * win_ns)
+            memory.append(tree_pss(proc.pid))
             progress(f"  measured epoch {k + 1}/{cfg.epochs} done")
         after = read_proc(proc.pid)
         kids_after = children_cpu_s(proc.pid)
@@ -483,6 +471,11 @@ def run_scale(cfg: ScaleConfig, workdir: Path, pool: WindowPool | None = None,
                          cfg, plan, res)
         final = read_proc(proc.pid)
         res.rss_mb, res.peak_rss_mb = final.rss_kb / 1024, final.hwm_kb / 1024
+        last = memory[-1] if memory else tree_pss(proc.pid)
+        memory.append(tree_pss(proc.pid))
+        res.pss_mb, res.pss_main_mb = last.total_mb, last.main_mb
+        res.pss_processes = last.processes
+        res.peak_pss_mb = max(m.total_mb for m in memory)
     finally:
         if gen is not None:
             gen.close()
@@ -575,7 +568,9 @@ def describe(r: ScaleResult) -> str:
         f" after each window end), max {mx} windows/s",
         f"analyzer CPU: {r.cpu_cores:.3f} cores over {r.measured_wall_s:.0f} s "
         f"({r.cpu_ms_per_window:.3f} ms per window); RSS "
-        f"{r.rss_mb:,.0f} MB, peak {r.peak_rss_mb:,.0f} MB; its child processes (Engine, checkers, retention): "
+        f"{r.rss_mb:,.0f} MB, peak {r.peak_rss_mb:,.0f} MB (main process); PSS of all "
+        f"{r.pss_processes} processes {r.pss_mb:,.0f} MB (main {r.pss_main_mb:,.0f} MB), peak "
+        f"sampled {r.peak_pss_mb:,.0f} MB; its child processes (Engine, checkers, retention): "
         f"{r.child_cpu_cores:.3f} cores ({r.child_cpu_ms_per_window:.3f} ms per window)",
         f"acks at the generator ({r.generator_procs} processes, {r.generator_cpu_s:.0f} CPU s, "
         f"fd limit {r.fd_limit:,}): write -> ack p50 {r.ack_p50_s:.3f} s, p99 "
@@ -599,13 +594,15 @@ def table_row(r: ScaleResult) -> str:
     return (f"| {r.gpus:,} | {r.nodes:,} | {r.sustained_wps:,.0f} | {mx} | {r.cpu_cores:.2f} + "
             f"{r.child_cpu_cores:.2f} | "
             f"{r.latency_p99_s:.1f} ({r.beyond_grace_p99_s:+.1f}) | {r.peak_rss_mb:,.0f} | "
+            f"{r.pss_mb:,.0f} ({r.pss_processes}) | "
             f"{r.db_bytes_per_hour / 1e9:,.2f} | {r.late_windows} | "
             f"{'yes' if r.keeps_up else 'no'} |")
 
 
 TABLE_HEAD = ("| GPUs | nodes | windows/s sustained | windows/s max | analyzer cores (+ children) | "
-              "p99 latency s (beyond grace) | peak RSS MB | SQLite GB/hour | late | keeps up |\n"
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:--|")
+              "p99 latency s (beyond grace) | peak RSS MB (main) | PSS MB, all processes (how many) | "
+              "SQLite GB/hour | late | keeps up |\n"
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:--|")
 
 
 def compare(base: ScaleConfig, head: ScaleConfig, rounds: int, workdir: Path,
@@ -626,7 +623,8 @@ def compare(base: ScaleConfig, head: ScaleConfig, rounds: int, workdir: Path,
             print(f"{label} round {k + 1}: {r.cpu_ms_per_window:.3f} ms CPU per window "
                   f"({r.cpu_cores:.3f} cores; child processes {r.child_cpu_ms_per_window:.3f} "
                   f"ms per window), ack p50 {r.ack_p50_s:.3f} s, peak RSS "
-                  f"{r.peak_rss_mb:,.0f} MB, max {mx} windows/s, verdicts p99 beyond grace "
+                  f"{r.peak_rss_mb:,.0f} MB, PSS of all {r.pss_processes} processes "
+                  f"{r.pss_mb:,.0f} MB, max {mx} windows/s, verdicts p99 beyond grace "
                   f"{r.beyond_grace_p99_s:+.2f} s, ack "
                   f"p99 {r.ack_p99_s:.3f} s ({r.ack_beyond_grace_p99_s:+.2f} s beyond grace), "
                   f"late {r.late_windows}, exactly once "
@@ -653,7 +651,11 @@ def compare(base: ScaleConfig, head: ScaleConfig, rounds: int, workdir: Path,
     late = {k: sum(r.late_windows for r in v) for k, v in runs.items()}
     print(f"late windows in all rounds: base {late['base']}, head {late['head']}")
     rss = {k: float(np.median([r.peak_rss_mb for r in v])) for k, v in runs.items()}
-    print(f"median peak RSS: base {rss['base']:,.0f} MB, head {rss['head']:,.0f} MB")
+    print(f"median peak RSS (main process): base {rss['base']:,.0f} MB, head "
+          f"{rss['head']:,.0f} MB")
+    pss = {k: float(np.median([r.pss_mb for r in v])) for k, v in runs.items()}
+    print(f"median PSS of all the analyzer's processes: base {pss['base']:,.0f} MB, head "
+          f"{pss['head']:,.0f} MB -> head/base {pss['head'] / pss['base']:.3f}")
     all_runs = runs["base"] + runs["head"]
     once = all(r.exactly_once for r in all_runs)
     print(f"every run exactly once: {'yes' if once else 'NO'}")

@@ -87,6 +87,9 @@ def test_64_agents_every_window_exactly_once_and_verdicts(tmp_path):
     assert 512 / r.epochs_scored <= r.verdict_rows_per_epoch < 512
     assert r.stragglers == [SLOW_NODE]                # found, and nothing else
     assert r.cpu_cores > 0 and r.peak_rss_mb > 0      # measured from /proc of the subprocess
+    # PSS of the analyzer and every process it started (its Engine worker, checkers, ...)
+    assert r.pss_processes > 1 and r.pss_mb > r.pss_main_mb > 0
+    assert r.peak_pss_mb >= r.pss_mb
     assert r.window_payload_bytes > 0 and r.db_bytes_per_hour > 0
     assert table_row(r).startswith("| 512 | 64 |")
 

@@ -27,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 
+from hypertrace.analyzer.score import hist_native
 from hypertrace.analyzer.score.hist_wire import parse_histograms
 from hypertrace.proto import buckets
 from hypertrace.proto import hypertrace_pb2 as pb
@@ -430,6 +431,20 @@ class _Flat:
         """:meth:`hists`, or None when no histogram added holds a count."""
         if not self.rows and not self.decoded:
             return None
+        if not self.decoded:                         # the compiled path (hist_native.py)
+            built = hist_native.wire_hists(
+                np.frombuffer(self.wire, dtype=np.uint8), np.frombuffer(self.ends, dtype=np.int64),
+                position.take(np.frombuffer(self.rows, dtype=np.int64)),
+                np.frombuffer(self.totals, dtype=np.float64), n_local)
+            if built is not None:
+                dense_kn, first, calls = built
+                return Hists(dense_kn, first, calls) if dense_kn.shape[0] else None
+        return self.numpy_hists(position, n_local, scratch)
+
+    def numpy_hists(self, position: np.ndarray, n_local: int,
+                    scratch: "_Scratch | None" = None) -> Hists | None:
+        """:meth:`hists_or_none` by numpy alone: histograms decoded ahead, or where the
+        compiled path does not apply (hist_native.py says when)."""
         rows, firsts, lens, vals, totals = self.raw()
         if not rows.size:
             return None
