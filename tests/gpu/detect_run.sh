@@ -16,16 +16,15 @@ out=${1:?usage: detect_run.sh OUT_DIR}
 mkdir -p "$out"
 CLEAN_COL=${CLEAN_COL:-300} CLEAN_IND=${CLEAN_IND:-60} FAULT=${FAULT:-60} RECOVER=${RECOVER:-35}
 here=$(cd "$(dirname "$0")" && pwd)
-python3 "$here/fault_matrix.py" --mode collective --gpu 0 --cores 0-7 --agent-cores 14-15 \
-  --loader-cores 8-13 \
-  --out "$out/collective" --clean-s "$CLEAN_COL" --fault-s "$FAULT" --recover-s "$RECOVER" \
-  --loader-faults >"$out/collective.log" 2>&1
-echo "collective rc=$?" >>"$out/status"
-python3 "$here/fault_matrix.py" --mode independent --gpu 0 --cores 0-7 --agent-cores 14-15 \
-  --loader-cores 8-13 \
-  --out "$out/independent" --clean-s "$CLEAN_IND" --fault-s "$FAULT" --recover-s "$RECOVER" \
-  >"$out/independent.log" 2>&1
-echo "independent rc=$?" >>"$out/status"
+# MODES="collective" runs one mode only (a short device budget)
+for mode in ${MODES:-collective independent}; do
+  if [ "$mode" = collective ]; then clean=$CLEAN_COL extra=--loader-faults; else clean=$CLEAN_IND extra=; fi
+  python3 "$here/fault_matrix.py" --mode "$mode" --gpu 0 --cores 0-7 --agent-cores 14-15 \
+    --loader-cores 8-13 \
+    --out "$out/$mode" --clean-s "$clean" --fault-s "$FAULT" --recover-s "$RECOVER" \
+    $extra >"$out/$mode.log" 2>&1
+  echo "$mode rc=$?" >>"$out/status"
+done
 if [ "${BENCH_SCHED:-0}" = 1 ]; then
   python3 -m hypertrace.sim.bench_sched_hooks >"$out/bench-sched.txt" 2>&1
   echo "bench-sched rc=$?" >>"$out/status"
