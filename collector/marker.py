@@ -9,7 +9,7 @@ is not the step; one call per step makes the boundary exact::
         step()
 
 ``step()`` calls ``hypertrace_step`` in ``libhypertrace_step-<hash>.so`` (stepmarker.c), built at
-the first call into the per-user cache (collector/cbuild.py); the agent finds that library in
+the first call into the per-user cache (proto/cbuild.py); the agent finds that library in
 /proc/PID/maps and puts an entry uprobe on it, and with no agent the call costs an empty ctypes
 call (docs/step-marker.md). Training never fails because of the marker: without a compiler, or a
 writable cache, ``step()`` does nothing and one warning says what fixes it.
@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from hypertrace.collector.cbuild import BuildError, build_c
+from hypertrace.proto.cbuild import BuildError, build_c
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def _disabled() -> None:
 def library_path() -> Path:
     """Build the marker library unless it is cached, and return its path.
 
-    Raises :class:`~hypertrace.collector.cbuild.BuildError` naming the fix; ``step()`` never
+    Raises :class:`~hypertrace.proto.cbuild.BuildError` naming the fix; ``step()`` never
     does."""
     return build_c(SOURCE, LIBRARY_STEM, FLAGS, suffix=".so")
 

@@ -16,8 +16,8 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from hypertrace.collector.cbuild import BuildError, build_c
 from hypertrace.collector.ebpf import CALIBRATION_API, ProbeUnavailable, UprobeSession
+from hypertrace.proto.cbuild import BuildError, build_c
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ leaves out, and the analyzer does: hosts, the shift check, signals, groups, pers
 findings, the what-if sums. The bench times the analyzer's whole flush against it.
 
 Built at first use with the system C compiler into the per-user cache
-(:func:`hypertrace.collector.cbuild.build_c`, as the agent builds its C helpers): no build
+(:func:`hypertrace.proto.cbuild.build_c`, as the agent builds its C helpers): no build
 step, no package from an index.
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ import numpy as np
 
 from hypertrace.analyzer.score.config import KNOWN_STATS, ScoringConfig
 from hypertrace.analyzer.score.cross_section import EpochAccumulator
-from hypertrace.collector.cbuild import build_c
 from hypertrace.proto import buckets
+from hypertrace.proto.cbuild import build_c
 
 SOURCE = Path(__file__).with_name("scoring_ref.c")
 #: -ffp-contract=off: no fused multiply-add, so every value is numpy's to the last bit

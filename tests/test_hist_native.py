@@ -1,14 +1,14 @@
-"""The compiled build of an epoch's histogram matrices (analyzer/score/hist_native.c) gives the
+"""The compiled build of an epoch's histogram matrices (proto/hist_native.c) gives the
 numpy path's matrices and totals bit for bit, and hands it what it does not read."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hypertrace.analyzer.score import hist_native
 from hypertrace.analyzer.score.config import ScoringConfig
 from hypertrace.analyzer.score.cross_section import _Flat
 from hypertrace.analyzer.score.engine import Engine
+from hypertrace.proto import hist_native
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.sim.synthetic import job_windows, node_name
 

@@ -179,14 +179,17 @@ def test_an_unnamed_stage_without_step_data_is_a_possible_pipeline_never_convict
     assert "none is convicted as a whole" in text
 
 
-def test_without_step_data_its_last_stage_was_convicted_when_no_groups_are_found():
-    """The same job with automatic grouping off: its last stage is convicted (what the
-    launch-rate groups prevent)."""
+def test_without_step_data_or_groups_its_last_stage_is_reported_but_not_convicted():
+    """The same job with automatic grouping off: its last stage's launches read 12-16% slower
+    than the job's, but its ranks wait for their GPUs 12% of their
+    time, which hides that much CPU work (signals.launch_effect): no conviction (it used to
+    convict the stage, which the launch-rate groups prevented). Only the groups name it as a
+    possible pipeline stage."""
     cfg = scenarios.get("pipeline-8-unlabeled-nostep").config(gpus=64, seed=0, windows=8,
                                                              wide=False)
     job = _report(cfg, ScoringConfig(auto_groups=False)).jobs[0]
-    convicted = {n.node for n in job.nodes if n.verdict == "straggler"}
-    assert convicted == {"node-0007"}
+    assert {n.node for n in job.nodes if n.verdict == "straggler"} == set()
+    assert not job.imbalance
 
 
 def test_stage_shaped_groups_are_whole_hosts_that_launch_more_than_the_largest():

@@ -27,9 +27,8 @@ from typing import Callable
 
 import numpy as np
 
-from hypertrace.analyzer.score import hist_native
 from hypertrace.analyzer.score.hist_wire import parse_histograms
-from hypertrace.proto import buckets
+from hypertrace.proto import buckets, hist_native
 from hypertrace.proto import hypertrace_pb2 as pb
 from hypertrace.proto.wire import TIERS
 

@@ -482,7 +482,8 @@ def launch_effect(p50_us: np.ndarray, sync_share_of: np.ndarray, groups: list[np
     simulator, a host 12% slower in a GPU-paced job (ranks waiting 11-24% of their time) lost
     nothing, one 30% slower lost 15% of its pace, one 10% slower in a launch-bound job 10%. A
     group without synchronize shares is read as launch-bound (``s`` = 0): the finding convicts
-    as it always did, and so is one whose ``s`` is under ``min_effect``: a launch-bound rank
+    as it always did, and so is one whose ``s`` is over 1 (synchronize calls of several threads
+    overlapping: no one thread's wait) or under ``min_effect``: a launch-bound rank
     still waits for the last kernel and the call itself, time that hides no CPU work, and a
     wait that short could not hide an effect of ``min_effect`` anyway (on the simulator,
     ranks of a launch-bound job waited 1-2% of their time). Why the group's ``s`` and not
@@ -501,8 +502,10 @@ def launch_effect(p50_us: np.ndarray, sync_share_of: np.ndarray, groups: list[np
             continue
         sh = share[sel]
         known = np.isfinite(sh)
-        s = min(max(float(np.median(sh[known])), 0.0), 1.0) if known.any() else 0.0
-        if s < min_effect:               # what a launch-bound rank waits anyway: no slack
+        s = float(np.median(sh[known])) if known.any() else 0.0
+        # under min_effect: what a launch-bound rank waits anyway, no slack; over 1: calls of
+        # several threads overlap, and the share is no one thread's wait: unknown
+        if not min_effect <= s <= 1.0:
             s = 0.0
         ratio = np.where(ok, v / float(np.median(v[ok])), np.nan)
         effect[sel] = sync_share.cpu_excess(ratio, s) - s

@@ -1,6 +1,6 @@
 """Build, load and read the in-process CUPTI recorder (recorder.c) through ctypes.
 
-The recorder is compiled at first use into the per-user cache (collector/cbuild.py), like the
+The recorder is compiled at first use into the per-user cache (proto/cbuild.py), like the
 step marker, so hypertrace needs no CUDA headers and no build step: the few CUPTI types it uses
 are declared in the C file, and libcupti is opened with dlopen when :meth:`Recorder.open` finds
 it. Its histograms use the wire's bucket scheme; the bucket arithmetic is the block of
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hypertrace.collector.cbuild import BuildError, build_c, cache_dir
 from hypertrace.collector.ebpf import EVENT_DTYPE, ApiSample
 from hypertrace.collector.steps import BoundaryEvents
 from hypertrace.proto import buckets
+from hypertrace.proto.cbuild import BuildError, build_c, cache_dir
 
 SOURCE = Path(__file__).with_name("recorder.c")
 BPF_SOURCE = Path(__file__).resolve().parent.parent / "ebpf_program.c"

@@ -313,8 +313,8 @@ class InProcessBackend:
 
     def _start_direct(self) -> None:
         """No agent: stream this process's windows to the analyzer with the agent's uplink."""
-        from hypertrace.collector.cbuild import cache_dir
         from hypertrace.daemon.uplink import Spool, Uplink
+        from hypertrace.proto.cbuild import cache_dir
         from hypertrace.proto.transport import channel_credentials, tls_files
         files = tls_files(self.opts.tls_ca, self.opts.tls_cert, self.opts.tls_key)
         if files is None and not self.opts.insecure:

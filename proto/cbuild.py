@@ -1,9 +1,10 @@
 """Build a small C helper once per source version, into a per-user cache directory.
 
-Two parts of hypertrace compile C at first use rather than at install time: the probe-cost
+Several parts of hypertrace compile C at first use rather than at install time: the probe-cost
 calibration helper (an executable the agent times with and without probes) and the step-marker
-library that training processes load (``hypertrace.collector.marker``). Both must work where
-hypertrace was put on ``PYTHONPATH`` without pip (air-gapped GPU nodes), so neither can rely on a
+library that training processes load (``hypertrace.collector.marker``), the in-process CUPTI
+recorder, the analyzer's histogram decoder and the benchmarks' reference pass. All must work where
+hypertrace was put on ``PYTHONPATH`` without pip (air-gapped GPU nodes), so none can rely on a
 build step of the package. The output name carries a hash of the source, so an upgraded source
 is rebuilt and an old process keeps the file it mapped.
 """

@@ -1,4 +1,4 @@
-/* The compiled half of building an epoch's histogram matrices (analyzer/score/hist_native.py).
+/* The compiled half of building an epoch's histogram matrices (proto/hist_native.py).
  *
  * An accumulator keeps each process's serialized Histogram messages back to back
  * (analyzer/score/hist_wire.py says why). Building the epoch decodes every varint of them and

@@ -1,4 +1,4 @@
-"""The compiled path of building an epoch's histogram matrices (analyzer/score/hist_native.c).
+"""The compiled path of building an epoch's histogram matrices (proto/hist_native.c).
 
 Why: at 16,384 GPUs x 10 APIs, decoding the wire histograms and scattering their counts into
 the (bucket, GPU) matrices was over half of a flush in numpy (a dozen passes over ~5 MB per
@@ -8,7 +8,7 @@ numpy path (:func:`hypertrace.analyzer.score.hist_wire.parse_histograms` and
 out otherwise than the protobuf runtime writes it, and for histograms decoded ahead in a worker
 process. Both give the same matrix bit for bit (tests/test_hist_native.py).
 
-Built at first use into the per-user cache (:func:`hypertrace.collector.cbuild.build_c`, as
+Built at first use into the per-user cache (:func:`hypertrace.proto.cbuild.build_c`, as
 the agent's C helpers), so an analyzer put on ``PYTHONPATH`` without pip gets it too.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hypertrace.collector.cbuild import BuildError, build_c
+from hypertrace.proto.cbuild import BuildError, build_c
 
 SOURCE = Path(__file__).with_name("hist_native.c")
 FLAGS = ["-O2", "-shared", "-fPIC"]
