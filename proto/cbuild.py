@@ -24,14 +24,15 @@ class BuildError(RuntimeError):
 
 def cache_dir() -> Path:
     """``$HYPERTRACE_CACHE/hypertrace``, ``$XDG_CACHE_HOME/hypertrace`` or ``~/.cache/hypertrace``,
-    else a private folder under the temp directory when none of those is writable."""
+    else a private folder under the temp directory when none of those is writable, or when the
+    user has no home (a systemd unit's dynamic user: ``Path.home()`` raises there)."""
     base = os.environ.get("HYPERTRACE_CACHE") or os.environ.get("XDG_CACHE_HOME")
-    path = Path(base) / "hypertrace" if base else Path.home() / ".cache" / "hypertrace"
     try:
+        path = Path(base) / "hypertrace" if base else Path.home() / ".cache" / "hypertrace"
         path.mkdir(parents=True, exist_ok=True)
         if os.access(path, os.W_OK):
             return path
-    except OSError:
+    except (OSError, RuntimeError):
         pass
     fallback = Path(tempfile.gettempdir()) / f"hypertrace-{os.getuid()}"
     fallback.mkdir(mode=0o700, exist_ok=True)
