@@ -40,6 +40,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -49,6 +50,15 @@ from hypertrace.sim.bench_scale import ScaleConfig, machine_info, make_pool, sta
 from hypertrace.sim.scale_load import LoadProcesses, Plan, raise_fd_limit
 
 GPUS_PER_NODE = 8
+#: node-windows the file holds at steady state at least (the default retention follows): the
+#: bytes that do not grow with the windows (the WAL up to its bound, the Engine snapshot, the
+#: last page of each table and index, the -shm file) are shared by as many windows as in a job
+#: of 2,048 nodes kept 5 minutes; under the default 6-h retention they are shared by hundreds
+#: of times more
+HELD_AT_LEAST = 15000
+#: job sizes up to this many GPUs run base and head at the same time (the analyzers then take
+#: a fraction of a core each); larger ones one after the other
+PARALLEL_UP_TO_GPUS = 4096
 #: the goal: what ``du`` shows of a live analyzer at steady state, per node-window
 MAX_BYTES = 1536.0
 
@@ -182,7 +192,7 @@ def run_disk(side: str, cfg: ScaleConfig, retention_s: float, compact_after_s: f
             run.samples.append(s)
             if s.t - last_print >= 30:
                 last_print = s.t
-                print(f"    t={s.t:5.0f} s  du {s.total / 1e6:7.2f} MB (wal "
+                print(f"    {side} {run.gpus:,}: t={s.t:5.0f} s  du {s.total / 1e6:7.2f} MB (wal "
                          f"{s.wal / 1e6:.2f})  {s.held:,} node-windows  "
                          f"{s.total / max(s.held, 1):,.0f} B each"
                          + ("  [steady]" if s.t >= run.steady_from else ""), flush=True)
@@ -224,8 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hypertrace.sim.bench_disk", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", default="2048,16384", help="job sizes, comma-separated")
-    ap.add_argument("--retention-s", type=float, default=300.0,
-                    help="the analyzer's raw retention in seconds (default 300)")
+    ap.add_argument("--retention-s", type=float, default=0.0,
+                    help="the analyzer's raw retention in seconds (default: enough that the "
+                    f"file holds {HELD_AT_LEAST:,} node-windows, at least 300 s)")
     ap.add_argument("--compact-after-s", type=float, default=10.0)
     ap.add_argument("--retention-every-s", type=float, default=10.0)
     ap.add_argument("--steady-s", type=float, default=60.0,
@@ -238,12 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.gpus.split(",") if x.strip()]
-    flags = ("--retention-hours", f"{args.retention_s / 3600:.6f}", "--compact-after-s",
-             f"{args.compact_after_s:g}", "--retention-every-s", f"{args.retention_every_s:g}",
-             "--summary-retention-days", "0")
     print(f"== machine: {machine_info()}", flush=True)
-    print(f"== analyzer: {' '.join(flags)}; synchronous=FULL; 10-s windows; steady state "
-          f"sampled {args.steady_s:g} s", flush=True)
+    print(f"== analyzer: --compact-after-s {args.compact_after_s:g} --retention-every-s "
+          f"{args.retention_every_s:g} --summary-retention-days 0; synchronous=FULL; 10-s "
+          f"windows; steady state sampled {args.steady_s:g} s", flush=True)
     raise_fd_limit()
     runs: list[DiskRun] = []
     with tempfile.TemporaryDirectory(prefix="hypertrace-disk-") as tmp:
@@ -253,18 +262,34 @@ def main(argv: list[str] | None = None) -> int:
             sides.insert(0, ("base", base))
             print(f"== base: {args.compare_with}; head: this tree", flush=True)
         for gpus in sizes:
-            for side, path in sides:
+            nodes = gpus // GPUS_PER_NODE
+            retention = args.retention_s or max(300.0, 10.0 * np.ceil(HELD_AT_LEAST / nodes))
+            flags = ("--retention-hours", f"{retention / 3600:.6f}", "--compact-after-s",
+                     f"{args.compact_after_s:g}", "--retention-every-s",
+                     f"{args.retention_every_s:g}", "--summary-retention-days", "0")
+
+            def one(side: str, path: str, gpus: int = gpus, retention: float = retention,
+                    flags: tuple = flags) -> DiskRun:
                 work = Path(tmp) / f"{side}-{gpus}"
                 work.mkdir()
                 cfg = ScaleConfig(nodes=gpus // GPUS_PER_NODE, blast_epochs=0, seed=args.seed,
                                   analyzer_path=path, analyzer_args=flags)
-                print(f"== {side}: {gpus:,} GPUs ({cfg.nodes:,} nodes)", flush=True)
-                r = run_disk(side, cfg, args.retention_s, args.compact_after_s,
+                r = run_disk(side, cfg, retention, args.compact_after_s,
                              args.retention_every_s, args.steady_s, work)
-                runs.append(r)
                 if r.errors:
-                    print(f"    load errors: {r.errors[:3]}", flush=True)
+                    print(f"    {side}: load errors: {r.errors[:3]}", flush=True)
                 print("    " + describe(r)[0], flush=True)
+                return r
+
+            together = gpus <= PARALLEL_UP_TO_GPUS and len(sides) > 1
+            print(f"== {gpus:,} GPUs ({nodes:,} nodes), raw retention {retention:g} s; "
+                  + ("base and head at the same time" if together else
+                     " then ".join(s for s, _ in sides)), flush=True)
+            if together:
+                with ThreadPoolExecutor(len(sides)) as ex:
+                    runs.extend(ex.map(lambda sp: one(*sp), sides))
+            else:
+                runs.extend(one(side, path) for side, path in sides)
     print("\nper node-window (nw) at steady state, as du counts (file + WAL + shm; db, wal, "
           "shm: mean per nw); database file peak and lowest after it while loaded; all files "
           "after SIGINT:")
