@@ -21,6 +21,14 @@ both tables in one order and gives back the exact wire bytes. Verdicts are store
 change; ``epochs`` holds one row per scored epoch. After pruning, the WAL is checkpointed with
 TRUNCATE so the file shrinks back.
 
+Disk: a new file has incremental vacuum (``auto_vacuum = INCREMENTAL``), and each retention pass
+gives the pages its prune and compaction freed back to the file system
+(:meth:`Storage.give_back_free_pages`, in short steps): the file shrinks after retention
+instead of keeping its high-water mark. A file written before is converted when opened if it
+is small, else left with a warning that gives the command. The WAL is checkpointed once it
+holds ``WAL_CHECKPOINT_PAGES`` and cut back to ``WAL_LIMIT_BYTES`` after a large transaction
+(docs/design.md, "The disk of a live analyzer").
+
 Dedup: ``(agent_id, seq)`` is unique over both tables; the same key with other bytes is
 refused (:class:`ConflictingDuplicate`). ``late`` marks a window that arrived after its epoch
 was scored, so the replay after a restart leaves it out of scoring as the live analyzer did.
