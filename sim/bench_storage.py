@@ -231,7 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     from hypertrace.analyzer.ingest.server import RETENTION_EVERY_S, Analyzer
     from hypertrace.analyzer.store import summaries
     from hypertrace.analyzer.store.storage import (
-        COMPACT_AFTER_S, PAGE_SIZE, WAL_CHECKPOINT_PAGES, WAL_LIMIT_BYTES, Storage)
+        COMPACT_AFTER_S,
+        PAGE_SIZE,
+        WAL_CHECKPOINT_PAGES,
+        WAL_LIMIT_BYTES,
+        Storage,
+    )
     from hypertrace.sim import scenarios
     from hypertrace.sim.simulate import generate
 
