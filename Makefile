@@ -90,7 +90,7 @@ bench-cluster: venv
 
 # bytes at rest per node-window (vs the schema-3 layout) and a 16,384-GPU job's steady-state disk (~3 min)
 bench-storage: venv
-	$(PY) -m hypertrace.sim.bench_storage $(ARGS)
+	$(PY) -m hypertrace.sim.bench_disk $(ARGS)
 
 # the wire boundary fuzzed: 1e6 inputs into the validator, 20,000 into Ingest.Stream (~10 min)
 fuzz: venv

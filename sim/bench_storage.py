@@ -1,5 +1,6 @@
-"""``make bench-storage``: bytes at rest per node-window, side by side with schemas 3 and 4,
-and the steady-state disk of a 16,384-GPU job under the default retention.
+"""Bytes at rest per node-window, table by table, side by side with schemas 3 and 4, and the
+steady-state disk of a 16,384-GPU job under the default retention, modelled from those rates.
+(``make bench-storage`` measures the disk of a live analyzer instead: sim/bench_disk.py.)
 
 A job (``--gpus``, ``--windows``; one node 10% slow, wide noise) is stored and scored live
 through ``Analyzer.ingest`` / ``flush`` as the server does, Engine snapshots included. Then:
@@ -229,7 +230,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from hypertrace.analyzer.ingest.server import RETENTION_EVERY_S, Analyzer
     from hypertrace.analyzer.store import summaries
-    from hypertrace.analyzer.store.storage import COMPACT_AFTER_S, Storage
+    from hypertrace.analyzer.store.storage import (
+        COMPACT_AFTER_S,
+        PAGE_SIZE,
+        WAL_CHECKPOINT_PAGES,
+        WAL_LIMIT_BYTES,
+        Storage,
+    )
     from hypertrace.sim import scenarios
     from hypertrace.sim.simulate import generate
 
@@ -351,9 +358,10 @@ def main(argv: list[str] | None = None) -> int:
          + 2 * TARGET_GPUS * verdicts_b / max(verdict_rows, 1)),
         ("scored epochs, 30 days", epochs_b / epochs * epochs_day * SUMMARY_DAYS),
         ("Engine snapshot (per GPU)", snap_target),
-        # the WAL is checkpointed every 1,000 pages (SQLite's default) and truncated after a
-        # prune; one transaction larger than that (a snapshot) makes it grow to its size
-        ("WAL high-water mark", max(1000 * 16384, snap_target) + 1000 * 16384),
+        # the WAL is checkpointed every WAL_CHECKPOINT_PAGES and cut back to WAL_LIMIT_BYTES;
+        # one transaction larger than that (a snapshot) makes it grow to its size meanwhile
+        ("WAL high-water mark", max(WAL_LIMIT_BYTES, snap_target)
+         + WAL_CHECKPOINT_PAGES * PAGE_SIZE),
     ]
     steady = sum(b for _, b in parts)
     print(f"\nsteady state of a {TARGET_GPUS:,}-GPU job ({nodes:,} nodes), default retention "

@@ -21,6 +21,14 @@ both tables in one order and gives back the exact wire bytes. Verdicts are store
 change; ``epochs`` holds one row per scored epoch. After pruning, the WAL is checkpointed with
 TRUNCATE so the file shrinks back.
 
+Disk: a new file has incremental vacuum (``auto_vacuum = INCREMENTAL``), and each retention pass
+gives the pages its prune and compaction freed back to the file system
+(:meth:`Storage.give_back_free_pages`, in short steps): the file shrinks after retention
+instead of keeping its high-water mark. A file written before is converted when opened if it
+is small, else left with a warning that gives the command. The WAL is checkpointed once it
+holds ``WAL_CHECKPOINT_PAGES`` and cut back to ``WAL_LIMIT_BYTES`` after a large transaction
+(docs/design.md, "The disk of a live analyzer").
+
 Dedup: ``(agent_id, seq)`` is unique over both tables; the same key with other bytes is
 refused (:class:`ConflictingDuplicate`). ``late`` marks a window that arrived after its epoch
 was scored, so the replay after a restart leaves it out of scoring as the live analyzer did.
@@ -78,6 +86,24 @@ BLOCK_SPAN_NS = 10 * 10**9
 MAX_BLOCK_WINDOWS = 4096
 #: SQLite page size of a new database file (module docstring). An existing file keeps its own.
 PAGE_SIZE = 16384
+#: The WAL's bound (module docstring, "Disk"): a checkpoint once it holds this many pages
+#: (``wal_autocheckpoint``, 1 MB of 16-KB pages; SQLite's default, 1,000 pages, is 16 MB), and
+#: after a checkpoint it is cut back to this many bytes (``journal_size_limit``) when one large
+#: transaction (an epoch's block, a snapshot, a burst of windows) made it grow past it.
+WAL_CHECKPOINT_PAGES = 64
+WAL_LIMIT_BYTES = 1024 * 1024
+#: Free pages given back to the file system per step of a retention pass (``PRAGMA
+#: incremental_vacuum``, one short write transaction each: 4 MB of 16-KB pages) and per pass at
+#: most, so that a pass after a large prune never holds the write lock that ingest waits for
+#: longer than one step; the rest goes in the next passes.
+RECLAIM_STEP_PAGES = 256
+RECLAIM_PER_PASS = 64 * RECLAIM_STEP_PAGES
+#: An existing file without incremental vacuum (written before it was set) is converted at open
+#: (``VACUUM``: the file rewritten once, in a few seconds per 100 MB) when it is at most this
+#: large; a larger one is left as it is, with a warning that gives the command to run offline.
+CONVERT_MAX_BYTES = 512 * 1024 * 1024
+#: ``PRAGMA auto_vacuum`` value of a file that gives back free pages on request.
+_AUTO_VACUUM_INCREMENTAL = 2
 _PAYLOAD_DICT1 = (Path(__file__).parent / "payload_dict_v1.bin").read_bytes()
 _PAYLOAD_COMPRESSOR = zlib.compressobj(ZLIB_LEVEL, zdict=_PAYLOAD_DICT1)
 _WINDOWS_TABLE = """CREATE TABLE IF NOT EXISTS windows (
@@ -178,6 +204,37 @@ def _layout_problem(conn: sqlite3.Connection, path: str) -> str | None:
                 f"schema_version {meta['schema_version']}); this analyzer reads its own "
                 f"storage schema {SCHEMA_VERSION} only: {fix}")
     return f"{path} is not a hypertrace analyzer database (no storage schema in it): {fix}"
+
+
+def _bound_wal(conn: sqlite3.Connection) -> None:
+    """This connection's WAL bound (:data:`WAL_CHECKPOINT_PAGES`, :data:`WAL_LIMIT_BYTES`):
+    settings of the connection, not of the file, so every connection to it sets them."""
+    conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
+    conn.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
+
+
+def _convert_to_incremental_vacuum(conn: sqlite3.Connection, path: Path) -> None:
+    """Give an existing file that keeps every freed page (written before incremental vacuum
+    was set) incremental vacuum: SQLite sets it on an existing file only with ``VACUUM``, which
+    rewrites the file. Done here when the file is small (:data:`CONVERT_MAX_BYTES`), before
+    anything else uses the connection; a larger file is left as it is, with the command that
+    converts it offline (its freed pages are still reused, only not given back)."""
+    if int(conn.execute("PRAGMA auto_vacuum").fetchone()[0]) == _AUTO_VACUUM_INCREMENTAL:
+        return
+    size = sum(os.stat(f).st_size for f in (path, Path(f"{path}-wal")) if f.exists())
+    if size > CONVERT_MAX_BYTES:
+        log.warning("database %s (%.1f GB) keeps the pages that retention frees instead of "
+                    "giving them back to the file system; to convert it once, stop the "
+                    "analyzer and run: sqlite3 %s 'PRAGMA auto_vacuum=INCREMENTAL; VACUUM'",
+                    path, size / 1e9, path)
+        return
+    t = time.monotonic()
+    conn.execute(f"PRAGMA auto_vacuum = {_AUTO_VACUUM_INCREMENTAL}")
+    conn.execute("VACUUM")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    log.info("database %s converted to incremental vacuum (%.1f MB rewritten in %.1f s): "
+             "pages freed by retention are given back to the file system", path, size / 1e6,
+             time.monotonic() - t)
 
 
 class StorageError(RuntimeError):
@@ -357,11 +414,17 @@ class Storage:
                                    timeout=BUSY_TIMEOUT_MS / 1000)
             problem = _layout_problem(conn, str(p))   # before anything writes to the file
             if problem is None:
+                new = conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0
                 conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")   # a new file only
+                if new:         # before the first table: the file keeps it (module docstring)
+                    conn.execute(f"PRAGMA auto_vacuum = {_AUTO_VACUUM_INCREMENTAL}")
                 mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
                 if str(mode).lower() != "wal":
                     log.warning("database %s: WAL mode unavailable (got %s)", p, mode)
                 conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
+                _bound_wal(conn)
+                if not new:
+                    _convert_to_incremental_vacuum(conn, p)
                 conn.executescript(_SCHEMA)
                 conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema', ?)",
                              (str(SCHEMA_VERSION),))
@@ -1096,6 +1159,33 @@ class Storage:
                 self._load_last_verdicts()
                 self._truncate_wal()
         return n
+
+    def give_back_free_pages(self, max_pages: int | None = None) -> int:
+        """Return free pages (those pruning and compaction freed) to the file system, the file
+        shrinking by as much: ``PRAGMA incremental_vacuum`` in steps of
+        :data:`RECLAIM_STEP_PAGES`, each its own short transaction with the lock released in
+        between, at most ``max_pages`` (default :data:`RECLAIM_PER_PASS`; the next pass goes
+        on); then the WAL those steps wrote
+        is checkpointed and cut back (the file is truncated at that checkpoint). Returns the
+        pages given back; 0 on a file without incremental vacuum (module docstring)."""
+        done, max_pages = 0, RECLAIM_PER_PASS if max_pages is None else max_pages
+        with self._watching():
+            while done < max_pages:
+                with self._lock:
+                    if int(self._conn.execute("PRAGMA auto_vacuum").fetchone()[0]) \
+                            != _AUTO_VACUUM_INCREMENTAL:
+                        return 0
+                    free = int(self._conn.execute("PRAGMA freelist_count").fetchone()[0])
+                    step = min(free, RECLAIM_STEP_PAGES, max_pages - done)
+                    if step <= 0:
+                        break
+                    # to completion: a statement stepped once (execute) frees one page
+                    self._conn.executescript(f"PRAGMA incremental_vacuum({int(step)});")
+                done += step
+            if done:
+                with self._lock:
+                    self._truncate_wal()
+        return done
 
     def _truncate_wal(self) -> None:
         """Give the WAL's pages back after a prune (it would stay at its high-water mark).

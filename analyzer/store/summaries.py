@@ -227,7 +227,9 @@ def apply_retention(storage, cfg: ScoringConfig, raw_hours: float, summary_days:
     Then the windows that ended more than ``compact_after_s`` (default ``COMPACT_AFTER_S``) ago
     are compacted into blocks (``Storage.compact``, at most ``COMPACT_PER_PASS``; after the
     prune, so no window is compacted only to be deleted): the pass runs every minute, so windows
-    spend about three minutes stored one by one, then the rest of the raw retention in blocks."""
+    spend about three minutes stored one by one, then the rest of the raw retention in blocks.
+    Last, the pages the pass freed are given back to the file system
+    (``Storage.give_back_free_pages``): the file shrinks, within a bound of work per pass."""
     import time
 
     from hypertrace.analyzer.store.storage import COMPACT_AFTER_S, COMPACT_PER_PASS
@@ -243,4 +245,6 @@ def apply_retention(storage, cfg: ScoringConfig, raw_hours: float, summary_days:
                           summarized_before_epoch=until // cfg.window_ns - 1 if until else None)
     after_s = COMPACT_AFTER_S if compact_after_s is None else compact_after_s
     storage.compact(now - int(after_s * 1e9), limit=COMPACT_PER_PASS)
+    # what the prune and the compaction freed goes back to the file system (bounded per pass)
+    storage.give_back_free_pages()
     return n
