@@ -26,6 +26,8 @@ Faults, each while its file exists:
                           its rank. A CPU rehearsal (--device cpu) lengthens the batches;
   --loader-fault-dir DIR  DIR/one-worker: batches from a DataLoader with 1 worker instead of 4;
                           DIR/in-process: from one with num_workers=0 (the loop loads them);
+                          one loader at a time (a switch stops the old one's workers and
+                          starts the new one's: about a second's hiccup);
                           DIR/slow-reads: every read takes 3x as long (a slow disk).
 --cpu N pins the process, and every thread it starts later, to core N (a CPU hog pinned to that
   core contends with exactly this rank); --loader-cpus moves its loader workers to other cores
@@ -223,10 +225,11 @@ def main() -> None:
                           prefetch_factor=2 if workers > 0 else None,
                           worker_init_fn=worker_init if workers > 0 else None)
 
-    feeds = {"normal": iter(loader(args.workers))}
-    if faults:
-        feeds["one-worker"] = iter(loader(1))
-        feeds["in-process"] = iter(loader(0))
+    # One loader at a time, as a real job has: switching drops the old iterator (its worker
+    # processes exit) and starts the new one's, so a rank under the in-process fault has no
+    # worker processes at all (num_workers=0), and one under the one-worker fault has one.
+    workers_of = {"normal": args.workers, "one-worker": 1, "in-process": 0}
+    current = {"name": "normal", "it": iter(loader(args.workers))}
 
     def feed() -> str:
         for name in ("in-process", "one-worker"):
@@ -234,13 +237,19 @@ def main() -> None:
                 return name
         return "normal"
 
-    for _ in range(20):                     # warm-up of the loaders' workers
-        for f in feeds.values():
-            train_step(next(f))
+    def batch():
+        name = feed()
+        if name != current["name"]:
+            current["it"] = None             # the old loader's workers shut down
+            current["name"], current["it"] = name, iter(loader(workers_of[name]))
+        return next(current["it"])
+
+    for _ in range(20):                     # warm-up of the loader's workers
+        train_step(next(current["it"]))
     warm = []
     for _ in range(30):
         t0 = time.perf_counter()
-        train_step(next(feeds["normal"]))
+        train_step(next(current["it"]))
         warm.append((time.perf_counter() - t0) * 1e3)
     say(args.rank, f"ready: step median {statistics.median(warm):.2f} ms (without a loader "
                    f"{statistics.median(bare) * 1e3:.2f} ms; a read {read_s * 1e3:.2f} ms per "
@@ -254,7 +263,7 @@ def main() -> None:
     with open(args.log, "w", buffering=1) as log:
         while time.time() < deadline:
             t0 = time.perf_counter()
-            train_step(next(feeds[feed()]))
+            train_step(batch())
             log.write(f"{time.time():.6f} {(time.perf_counter() - t0) * 1e3:.4f}\n")
     if dist is not None:
         dist.destroy_process_group()
