@@ -44,10 +44,12 @@ def compiler() -> str | None:
     return next((shutil.which(c) for c in ("gcc", "cc", "clang") if shutil.which(c)), None)
 
 
-def build_c(source: Path, stem: str, flags: list[str], suffix: str = "") -> Path:
+def build_c(source: Path, stem: str, flags: list[str], suffix: str = "",
+            depends: tuple[Path, ...] = ()) -> Path:
     """Compile ``source`` with ``flags`` into ``<cache>/<stem>-<hash12><suffix>`` unless it
-    exists already; returns its path. Raises :class:`BuildError` naming the fix."""
-    src = Path(source).read_bytes()
+    exists already; returns its path. ``depends``: the headers it includes, hashed with it (a
+    changed header is a new build). Raises :class:`BuildError` naming the fix."""
+    src = Path(source).read_bytes() + b"".join(Path(d).read_bytes() for d in depends)
     digest = hashlib.sha256(src + " ".join(flags).encode()).hexdigest()[:12]
     out = cache_dir() / f"{stem}-{digest}{suffix}"
     if out.exists():

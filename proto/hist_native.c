@@ -11,55 +11,17 @@
  * the caller takes the numpy path, which hands such messages to the protobuf parser. */
 #include <stdint.h>
 
-static int read_varint(const uint8_t *buf, int64_t *p, int64_t end, uint64_t *out) {
-    uint64_t v = 0;
-    int shift = 0;
-    while (*p < end) {
-        uint8_t c = buf[(*p)++];
-        v |= (uint64_t)(c & 0x7F) << shift;
-        if (!(c & 0x80)) {
-            *out = v;
-            return 0;
-        }
-        shift += 7;
-        if (shift > 63) return -1;
-    }
-    return -1;
-}
+#include "hist_wire.h"
 
 /* Per message i of the m ending at ends[i]: its first bucket, its number of counts and the
- * byte where they start. 0, or -1 for a layout other than the protobuf runtime's. */
+ * byte where they start (hist_wire.h). 0, or -1 for a layout other than the protobuf
+ * runtime's. */
 int ht_wire_headers(const uint8_t *wire, const int64_t *ends, int64_t m, int64_t *firsts,
                     int64_t *lens, int64_t *cstarts) {
-    for (int64_t i = 0; i < m; i++) {
-        int64_t p = i ? ends[i - 1] : 0, e = ends[i];
-        uint64_t v;
-        firsts[i] = 0;
-        lens[i] = 0;
-        cstarts[i] = e;
-        if (p < e && wire[p] == 0x08) {
-            p++;
-            if (read_varint(wire, &p, e, &v)) return -1;
-        }
-        if (p < e && wire[p] == 0x10) {
-            p++;
-            if (read_varint(wire, &p, e, &v)) return -1;
-            if (v > (uint64_t)1 << 31) return -1;
-            firsts[i] = (int64_t)v;
-        }
-        if (p < e && wire[p] == 0x1A) {
-            p++;
-            if (read_varint(wire, &p, e, &v)) return -1;
-            if (v != (uint64_t)(e - p)) return -1;
-            cstarts[i] = p;
-            int64_t n = 0;
-            for (int64_t j = p; j < e; j++) n += wire[j] < 0x80;
-            if (e > p && wire[e - 1] >= 0x80) return -1;   /* a varint cut at the end */
-            lens[i] = n;
-        } else if (p != e) {
+    for (int64_t i = 0; i < m; i++)
+        if (ht_parse_header(wire, i ? ends[i - 1] : 0, ends[i], &cstarts[i], &firsts[i],
+                            &lens[i]))
             return -1;
-        }
-    }
     return 0;
 }
 

@@ -23,6 +23,8 @@ import numpy as np
 from hypertrace.proto.cbuild import BuildError, build_c
 
 SOURCE = Path(__file__).with_name("hist_native.c")
+#: the message header it shares with the benchmarks' reference pass
+HEADER = Path(__file__).with_name("hist_wire.h")
 FLAGS = ["-O2", "-shared", "-fPIC"]
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,8 @@ def library() -> ctypes.CDLL | None:
     """The compiled helper, built once per source version; None (the numpy path, logged once)
     where it cannot be built."""
     try:
-        lib = ctypes.CDLL(str(build_c(SOURCE, "hist-native", FLAGS, suffix=".so")))
+        lib = ctypes.CDLL(str(build_c(SOURCE, "hist-native", FLAGS, suffix=".so",
+                                       depends=(HEADER,))))
     except (BuildError, OSError, RuntimeError) as e:   # scoring never fails for want of it
         log.warning("histograms are decoded by numpy, about 10x slower: %s", e)
         return None

@@ -25,59 +25,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hist_wire.h"   /* proto/: the message header, as the analyzer reads it */
+
 #define NUM_BUCKETS 226
 
 typedef struct {
     double z_threshold, iqr_k, min_effect, mad_floor, min_samples;
     int64_t min_gpus;
 } ref_params;
-
-static int read_varint(const uint8_t *buf, int64_t *p, int64_t end, uint64_t *out) {
-    uint64_t v = 0;
-    int shift = 0;
-    while (*p < end) {
-        uint8_t c = buf[(*p)++];
-        v |= (uint64_t)(c & 0x7F) << shift;
-        if (!(c & 0x80)) {
-            *out = v;
-            return 0;
-        }
-        shift += 7;
-        if (shift > 63) return -1;
-    }
-    return -1;
-}
-
-/* Where the packed counts of message [b, e) start, its first bucket and its number of counts;
- * -1 for a layout other than the protobuf runtime's (fields in order, counts packed, last). */
-static int parse_header(const uint8_t *buf, int64_t b, int64_t e, int64_t *cstart,
-                        int64_t *first, int64_t *len) {
-    int64_t p = b;
-    uint64_t v;
-    *first = 0;
-    *len = 0;
-    *cstart = e;
-    if (p < e && buf[p] == 0x08) {
-        p++;
-        if (read_varint(buf, &p, e, &v)) return -1;
-    }
-    if (p < e && buf[p] == 0x10) {
-        p++;
-        if (read_varint(buf, &p, e, &v)) return -1;
-        *first = (int64_t)v;
-    }
-    if (p < e && buf[p] == 0x1A) {
-        p++;
-        if (read_varint(buf, &p, e, &v)) return -1;
-        if (p + (int64_t)v != e) return -1;
-        *cstart = p;
-        int64_t n = 0;
-        for (int64_t i = p; i < e; i++) n += buf[i] < 0x80;
-        *len = n;
-        return 0;
-    }
-    return p == e ? 0 : -1;
-}
 
 static void swap_d(double *a, double *b) {
     double t = *a;
@@ -183,7 +138,7 @@ int ref_score_api(const uint8_t *wire, const int64_t *ends, int64_t m, const int
     int64_t lo = INT64_MAX, top = 0;
     for (int64_t i = 0; i < m; i++) {
         int64_t b = i ? ends[i - 1] : 0;
-        if (parse_header(wire, b, ends[i], &hdr[3 * i], &hdr[3 * i + 1], &hdr[3 * i + 2])) {
+        if (ht_parse_header(wire, b, ends[i], &hdr[3 * i], &hdr[3 * i + 1], &hdr[3 * i + 2])) {
             free(hdr);
             return -1;
         }

@@ -22,12 +22,14 @@ import numpy as np
 
 from hypertrace.analyzer.score.config import KNOWN_STATS, ScoringConfig
 from hypertrace.analyzer.score.cross_section import EpochAccumulator
-from hypertrace.proto import buckets
+from hypertrace.proto import buckets, hist_native
 from hypertrace.proto.cbuild import build_c
 
 SOURCE = Path(__file__).with_name("scoring_ref.c")
 #: -ffp-contract=off: no fused multiply-add, so every value is numpy's to the last bit
 FLAGS = ["-O2", "-shared", "-fPIC", "-ffp-contract=off", "-lm"]
+#: the message header, as the analyzer's decoder reads it (proto/hist_wire.h)
+HEADER = Path(hist_native.__file__).with_name("hist_wire.h")
 
 
 class _Params(ctypes.Structure):
@@ -44,7 +46,8 @@ class ReferencePass:
     """The loaded library, and what each call passes that does not change."""
 
     def __init__(self, cfg: ScoringConfig):
-        self.lib = ctypes.CDLL(str(build_c(SOURCE, "scoring-ref", FLAGS, suffix=".so")))
+        self.lib = ctypes.CDLL(str(build_c(SOURCE, "scoring-ref", FLAGS + ["-I", str(HEADER.parent)],
+                                        suffix=".so", depends=(HEADER,))))
         fn = self.lib.ref_score_api
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 2 + [

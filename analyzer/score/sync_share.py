@@ -73,16 +73,13 @@ SPIKE_CUT = 8.0
 class SyncTime:
     """Per GPU (G,): its share of covered wall time in synchronize calls below the spike cut
     (NaN: unknown), its synchronize calls, and the time-weighted histogram of all of them (µs
-    per bucket), None when the epoch has no synchronize calls; its launch p50 over its group's
-    (:func:`launch_ratio`)."""
+    per bucket), None when the epoch has no synchronize calls."""
 
     share: np.ndarray
     calls: np.ndarray
     time: Hists | None
     #: (G,) synchronize calls per covered second (NaN: unknown)
     rate: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    #: (G,) launch p50 over the group's median GPU's (:func:`launch_ratio`; NaN: unknown)
-    launch: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 def covered_s(cs: CrossSection, api: str) -> np.ndarray:
@@ -170,8 +167,7 @@ def measure(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]) -> S
         total += np.where(ok, part, 0.0)
         known |= ok
     share[known] = total[known]
-    return SyncTime(share, calls, time, np.where(known, rate, np.nan),
-                    launch_ratio(cs, cfg, groups))
+    return SyncTime(share, calls, time, np.where(known, rate, np.nan))
 
 
 def _as_time(h: Hists) -> Hists:
@@ -214,12 +210,14 @@ def keeps_pace(time: SyncTime, peers: np.ndarray, cfg: ScoringConfig) -> np.ndar
         return np.abs(rate / float(np.median(ref)) - 1.0) <= room
 
 
-def waited_for(time: SyncTime, low: np.ndarray, groups: list[np.ndarray], cfg: ScoringConfig
-               ) -> tuple[np.ndarray, np.ndarray]:
+def waited_for(time: SyncTime, low: np.ndarray, groups: list[np.ndarray], cfg: ScoringConfig,
+               launch: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """((G,) which of the GPUs whose share was flagged ``low`` the job waits for, (G,) their
     shape ratios, NaN elsewhere): the group synchronizes in step (at least
-    :data:`COLLECTIVE_SHARE` of its GPUs keep its pace), the GPU keeps that pace, and its shape
-    is at least ``min_effect`` below the peers' (module docstring)."""
+    :data:`COLLECTIVE_SHARE` of its GPUs keep its pace), the GPU keeps that pace, its shape
+    is at least ``min_effect`` below the peers' (module docstring), and its wait fell by at
+    least ``min_effect`` more than its own CPU side explains (:func:`unexplained_wait`, with
+    ``launch``, :func:`launch_ratio`; None: the whole deficit)."""
     n = low.size
     ok = np.zeros(n, dtype=bool)
     ratios = np.full(n, np.nan)
@@ -236,11 +234,12 @@ def waited_for(time: SyncTime, low: np.ndarray, groups: list[np.ndarray], cfg: S
         r = shape_ratios(time.time, cand, peers)
         ratios[cand] = r
         ok[cand] = (r <= 1.0 - cfg.min_effect) & pace[cand] & (
-            unexplained_wait(time, cand, peers) >= cfg.min_effect)
+            unexplained_wait(time, cand, peers, launch) >= cfg.min_effect)
     return ok, ratios
 
 
-def unexplained_wait(time: SyncTime, cols: np.ndarray, peers: np.ndarray) -> np.ndarray:
+def unexplained_wait(time: SyncTime, cols: np.ndarray, peers: np.ndarray,
+                     launch: np.ndarray | None) -> np.ndarray:
     """(len(cols),) the share of wall time each GPU in ``cols`` waits less than its ``peers``'
     median, less what its own slower CPU side took out of that wait (:func:`cpu_excess`, never
     less than nothing).
@@ -251,13 +250,13 @@ def unexplained_wait(time: SyncTime, cols: np.ndarray, peers: np.ndarray) -> np.
     launches 12% slower waited 6-11% of wall time less than the job, as the model predicts).
     Where the rank's slower host does hold its peers up, the launch finding is what says so
     (:func:`hypertrace.analyzer.score.signals.launch_effect`). What is left is time the others
-    wait that the rank's CPU side does not account for: its GPU's. A rank whose launches are
-    unknown keeps the whole deficit."""
+    wait that the rank's CPU side does not account for: its GPU's. ``launch``: each GPU's
+    :func:`launch_ratio`; a rank whose launches are unknown keeps the whole deficit."""
     base = float(np.nanmedian(time.share[peers])) if peers.size else float("nan")
     deficit = base - time.share[cols]
-    if time.launch.size == 0:
+    if launch is None:
         return deficit
-    excess = np.maximum(np.nan_to_num(cpu_excess(time.launch[cols], base), nan=0.0), 0.0)
+    excess = np.maximum(np.nan_to_num(cpu_excess(launch[cols], base), nan=0.0), 0.0)
     return deficit - excess
 
 
@@ -280,7 +279,9 @@ def _measure(i: SignalInputs) -> Measured | None:
 
 def _implicate(s: Any, i: SignalInputs) -> np.ndarray:
     low: np.ndarray = s.low
-    ok, shape = waited_for(i.notes[SIGNAL + ".time"], low, i.groups, i.cfg)
+    # the launch p50s only where some GPU waits less than its peers (most epochs: none)
+    launch = launch_ratio(i.cs, i.cfg, i.groups) if low.any() else None
+    ok, shape = waited_for(i.notes[SIGNAL + ".time"], low, i.groups, i.cfg, launch)
     i.notes[SIGNAL] = shape                  # the evidence's sync.shape
     return low & ok
 
