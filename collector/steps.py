@@ -107,6 +107,7 @@ class StepInference:
     steps: int = 0
     step_hist: np.ndarray = field(default_factory=_empty)    # step durations (ns buckets)
     busy_hist: np.ndarray = field(default_factory=_empty)    # step minus its waits (ns buckets)
+    own_hist: np.ndarray = field(default_factory=_empty)     # step minus its wait for peers
     gpu_wait_ns: int = 0             # synchronize time inside these steps
     peer_wait_ns: int = 0            # idle time inside these steps not ended by the own loader
     loader_wait_ns: int = 0          # idle time inside these steps that its loader workers ended
@@ -125,7 +126,8 @@ class StepInference:
         """``(ProcessWindow.step_time, ProcessWindow.steps)``."""
         return pack_histogram(self.step_hist), pb.StepStats(
             source=self.source, refused=self.refused, steps=self.steps,
-            busy_time=pack_histogram(self.busy_hist), gpu_wait_us=self.gpu_wait_ns / 1e3,
+            busy_time=pack_histogram(self.busy_hist), own_time=pack_histogram(self.own_hist),
+            gpu_wait_us=self.gpu_wait_ns / 1e3,
             peer_wait_us=self.peer_wait_ns / 1e3, step_sum_us=self.step_sum_ns / 1e3,
             loader_wait_us=self.loader_wait_ns / 1e3)
 
@@ -331,7 +333,8 @@ class StepFinder:
         busy = dur - ws - wo
         return StepInference(
             source=source, steps=n, step_hist=buckets.histogram_of_ns(dur),
-            busy_hist=buckets.histogram_of_ns(busy), gpu_wait_ns=int(ws.sum()),
+            busy_hist=buckets.histogram_of_ns(busy),
+            own_hist=buckets.histogram_of_ns(dur - (wo - wl)), gpu_wait_ns=int(ws.sum()),
             peer_wait_ns=int((wo - wl).sum()), loader_wait_ns=int(wl.sum()),
             step_sum_ns=int(dur.sum()),
             ends_ns=ev.ts_ns[b].astype(np.int64), durations_ns=dur)

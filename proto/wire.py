@@ -481,8 +481,9 @@ def _process_plainly_valid(p: pb.ProcessWindow, budget_left: int,
                 and len(st.source) <= MAX_TEXT_LEN
                 and len(st.refused) <= MAX_TEXT_LEN and st.steps <= MAX_STEPS_PER_WINDOW):
             return False
-        if st.HasField("busy_time") and not _hist_within(st.busy_time, MAX_HISTOGRAM_COUNT):
-            return False
+        for hist in ("busy_time", "own_time"):
+            if st.HasField(hist) and not _hist_within(getattr(st, hist), MAX_HISTOGRAM_COUNT):
+                return False
     if has("loader"):
         ld = p.loader
         if not (0.0 <= ld.cpu_s < _INF and 0.0 <= ld.runq_s < _INF
@@ -534,8 +535,9 @@ def _check_steps(st: pb.StepStats, field: str) -> None:
     if st.steps > MAX_STEPS_PER_WINDOW:
         raise WireError(f"{field}.steps", f"is {st.steps:,}, over the limit of "
                         f"{MAX_STEPS_PER_WINDOW:,} steps in one window")
-    if st.HasField("busy_time"):
-        _check_histogram(st.busy_time, f"{field}.busy_time")
+    for hist in ("busy_time", "own_time"):
+        if st.HasField(hist):
+            _check_histogram(getattr(st, hist), f"{field}.{hist}")
 
 
 def _check_loader(ld: pb.LoaderStats, field: str) -> None:

@@ -345,7 +345,7 @@ def _jitter(spread: float) -> Builder:
     from the seed (stream ``[seed, 47]``), and one rank doing 15% of a step more GPU work. In an
     independent job a rank's steps are its own, so its own work varies as much; in a collective
     one the job's step carries the spread and each rank's own work varies by
-    :data:`JITTER_OWN_SIGMA`."""
+    :data:`JITTER_OWN_SIGMA` on its own (``own_sigma``: each step waits for its slowest rank)."""
     sigma = float(np.log(spread) / (2.0 * 1.2815515655446004))      # p90/p10 of a lognormal
     def apply(c: SimConfig) -> SimConfig:
         r = np.random.default_rng([c.seed, 47])
@@ -354,6 +354,7 @@ def _jitter(spread: float) -> Builder:
         return replace(c, mode=mode, step_ms=float(r.uniform(*JITTER_STEP_MS)),
                        step_sigma=sigma,
                        busy_sigma=sigma if mode == "independent" else JITTER_OWN_SIGMA,
+                       own_sigma=0.0 if mode == "independent" else JITTER_OWN_SIGMA,
                        stragglers=(Straggler(node, 1.0 + 0.15 / c.gpu_frac, gpus=gpus,
                                              where="compute"),))
     return apply

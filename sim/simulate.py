@@ -291,6 +291,11 @@ class SimConfig:
     gpu_frac: float = 0.9               # GPU work per healthy step, share of step_ms
     sync_ms: float = 0.5                # the step-ending synchronize beyond the GPU's work
     busy_sigma: float = 0.03            # lognormal per-step noise of the busy time
+    #: per-step lognormal noise of a rank's arrival that is its own (its batch, its loader),
+    #: drawn independently per rank: a collective step waits for each step's slowest rank, so
+    #: it is E[max] of the ranks' draws. 0: every rank arrives at its mean (the job's step is
+    #: the slowest mean)
+    own_sigma: float = 0.0
     wait_jitter: float = 0.02           # per-window noise of a rank's wait sums
     runq_share: float = 0.003           # median run-queue share of wall time, healthy rank
     runq_node_sigma: float = 0.5        # persistent per-node spread of that share (lognormal)
@@ -345,6 +350,8 @@ class SimConfig:
                 raise ValueError(f"burst/cold-read node {n!r} is not in the job")
         if any(not speed > 0 for _, speed in self.kinds):
             raise ValueError("every GPU kind speed must be > 0 (1.25 = 25% slower)")
+        if not self.own_sigma >= 0:
+            raise ValueError("own_sigma must be >= 0 (0: ranks arrive at their means)")
         if not (self.step_ms >= 0 and self.step_sigma > 0 and 0 <= self.step_tail_prob < 1):
             raise ValueError("step_ms must be >= 0 (0: no step times), step_sigma > 0 and "
                              "0 <= step_tail_prob < 1")
@@ -519,16 +526,22 @@ def true_slowdown(cfg: SimConfig) -> np.ndarray:
 def true_step_ms(cfg: SimConfig, evicted: Iterable[str] = (), last: int = 3) -> float:
     """The job's true step (ms) over its last ``last`` windows without the ranks of the
     ``evicted`` nodes, spikes left out (they are the spike rate's, and stay after an eviction):
-    in a collective job the slowest remaining rank's arrival plus the collective
-    (``(1 - gpu_frac) x step - sync_ms``), in an independent job the slowest remaining rank's
-    mean step. What a what-if after evicting those nodes must predict."""
+    in a collective job the remaining ranks' expected last arrival (:func:`expected_max_arrival`,
+    the evicted ranks replaced by spares at the median remaining arrival: the job keeps its
+    size) plus the collective (``(1 - gpu_frac) x step - sync_ms``), in an independent job the
+    slowest remaining rank's mean step. What a what-if after evicting those nodes must
+    predict."""
     arrive = _arrival_ms(cfg, design=True)[-last:]
     ms = cfg.step_ms if cfg.step_ms > 0 else 100.0
     rest = ms * (1.0 - cfg.gpu_frac) - cfg.sync_ms
     gone = set(evicted)
     stay = np.repeat([n not in gone for n in cfg.nodes], cfg.gpus_per_node)
     if cfg.mode == "collective":
-        return float((arrive[:, stay].max(axis=1) + rest).mean())
+        spares = np.broadcast_to(np.median(arrive[:, stay], axis=1, keepdims=True),
+                                 (arrive.shape[0], int((~stay).sum())))
+        last_arrival, _ = expected_max_arrival(np.concatenate((arrive[:, stay], spares), axis=1),
+                                               cfg.own_sigma)
+        return float((last_arrival + rest).mean())
     return float((arrive[:, stay] + rest).mean(axis=0).max())
 
 
@@ -801,6 +814,8 @@ class StepModel:
     step: np.ndarray
     steps: np.ndarray          # int64
     loader_wait: np.ndarray    # the wait for its data loader, before its work
+    #: the squared relative spread the ranks' own draws add to a collective step (own_sigma)
+    max_cv2: float = 0.0
 
 
 def step_model(cfg: SimConfig, compute: np.ndarray | None = None,
@@ -818,8 +833,11 @@ def step_model(cfg: SimConfig, compute: np.ndarray | None = None,
     loader, inline = _before_work_ms(cfg, ms)
     arrive = np.maximum(busy, ms * cfg.gpu_frac * compute) + cfg.sync_ms + loader + inline
     rest = ms * (1.0 - cfg.gpu_frac) - cfg.sync_ms     # collective / input wait of the last one
+    max_cv2 = 0.0
     if cfg.mode == "collective":
-        step = np.broadcast_to(arrive.max(axis=1, keepdims=True) + rest, arrive.shape).copy()
+        last, last_var = expected_max_arrival(arrive, cfg.own_sigma)
+        step = np.broadcast_to(last[:, None] + rest, arrive.shape).copy()
+        max_cv2 = float(np.median(last_var / (last + rest) ** 2))
     else:
         step = arrive + rest
     steps = np.maximum(1, np.rint(cfg.window_seconds * 1e3 / step)).astype(np.int64)
@@ -829,7 +847,34 @@ def step_model(cfg: SimConfig, compute: np.ndarray | None = None,
     return StepModel(busy=busy + inline + cfg.peer_spin * peer,
                      gpu_wait=arrive - busy - inline - loader,
                      peer_wait=(1.0 - cfg.peer_spin) * peer, step=step, steps=steps,
-                     loader_wait=loader)
+                     loader_wait=loader, max_cv2=max_cv2)
+
+
+def expected_max_arrival(arrive: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    """((W,) E[max], (W,) Var[max]) over the columns of ``arrive`` (W, G) of per-step draws
+    ``arrive * exp(sigma Z - sigma^2 / 2)`` (mean ``arrive``), independent per rank: the
+    arrival a collective step waits for. Integrated in log time on a grid of 1,024 points
+    (``E[e^L] = e^b - int F(l) e^l dl``), windows in chunks. ``sigma`` 0: the largest mean."""
+    if sigma <= 0:
+        return arrive.max(axis=1), np.zeros(arrive.shape[0])
+    from scipy.special import log_ndtr
+
+    loc = np.log(arrive) - sigma * sigma / 2.0
+    lo = loc.max(axis=1) - 8.0 * sigma
+    hi = loc.max(axis=1) + 8.0 * sigma
+    t = np.linspace(0.0, 1.0, 1024)
+    mean, second = np.zeros(arrive.shape[0]), np.zeros(arrive.shape[0])
+    chunk = max(1, 4_000_000 // (t.size * arrive.shape[1]))
+    for w0 in range(0, arrive.shape[0], chunk):
+        sl = slice(w0, w0 + chunk)
+        grid = lo[sl, None] + (hi - lo)[sl, None] * t[None, :]          # (w, T)
+        z = (grid[:, None, :] - loc[sl, :, None]) / sigma                # (w, G, T)
+        cdf = np.exp(log_ndtr(z).sum(axis=1))                            # (w, T)
+        for k, out in ((1.0, mean), (2.0, second)):
+            f = cdf * k * np.exp(k * grid)
+            area = ((f[:, 1:] + f[:, :-1]) / 2.0 * np.diff(grid, axis=1)).sum(axis=1)
+            out[sl] = np.exp(k * grid[:, -1]) - area
+    return mean, np.maximum(second - mean * mean, 0.0)
 
 
 def loader_workers(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -852,11 +897,13 @@ def loader_workers(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray]:
     return workers, busy
 
 
-def _step_histograms(cfg: SimConfig, median_ms: np.ndarray, sigma: float, steps: np.ndarray,
+def _step_histograms(cfg: SimConfig, mean_ms: np.ndarray, sigma: float, steps: np.ndarray,
                      stream: int, tail: bool,
                      bursts: tuple[np.ndarray, np.ndarray] | None,
                      shared: bool = False) -> np.ndarray:
-    """(windows, gpus, NUM_BUCKETS) per-step histograms around ``median_ms``: lognormal body,
+    """(windows, gpus, NUM_BUCKETS) per-step histograms whose body has the mean ``mean_ms``
+    (its median ``exp(-sigma^2 / 2)`` of it: a loop whose steps spread 3x has a mean step 10%
+    above its median, and the step model's times are means): lognormal body,
     the second modes ``bursts`` (frac, scale) and, with ``tail``, the Pareto step spikes; drawn
     from the seeded stream ``[seed, stream]``, one vectorized draw per window.
 
@@ -868,6 +915,7 @@ def _step_histograms(cfg: SimConfig, median_ms: np.ndarray, sigma: float, steps:
                      tail_prob=cfg.step_tail_prob if tail else 0.0,
                      tail_alpha=cfg.step_tail_alpha, tail_scale=cfg.step_tail_scale)
     out = np.zeros((cfg.windows, cfg.gpus, buckets.NUM_BUCKETS), np.uint64)
+    median_ms = np.asarray(mean_ms) * np.exp(-sigma * sigma / 2.0)
     for w in range(cfg.windows):
         probs = _mixture_bucket_probs(
             median_ms[w] * 1e3, model, None if bursts is None else (bursts[0][w], bursts[1][w]))
@@ -888,7 +936,8 @@ def simulate_step_counts(cfg: SimConfig, model: StepModel | None = None) -> np.n
         return None
     collective = cfg.mode == "collective"
     bursts = job_step_bursts(cfg) if collective else burst_matrices(cfg)
-    return _step_histograms(cfg, model.step, cfg.step_sigma, model.steps, 11, tail=True,
+    sigma = float(np.sqrt(cfg.step_sigma ** 2 + model.max_cv2))
+    return _step_histograms(cfg, model.step, sigma, model.steps, 11, tail=True,
                             bursts=bursts, shared=collective)
 
 
@@ -898,6 +947,24 @@ def simulate_busy_counts(cfg: SimConfig, model: StepModel | None = None) -> np.n
     if model is None:
         return None
     return _step_histograms(cfg, model.busy, cfg.busy_sigma, model.steps, 17, tail=True,
+                            bursts=burst_matrices(cfg))
+
+
+def simulate_own_counts(cfg: SimConfig, model: StepModel | None = None) -> np.ndarray | None:
+    """Own-time histograms (per step: its duration less its wait for peers), stream
+    ``[seed, 71]``: around the rank's time to the step's end, with the rank's own second modes.
+    Collective: its own noise (``own_sigma``) and the step's shared one (``step_sigma``: what
+    moves every rank's work in a step moves its own time too); independent: the step's, over
+    the shorter own time."""
+    model = model or step_model(cfg)
+    if model is None:
+        return None
+    own = model.step - model.peer_wait
+    if cfg.mode == "collective":
+        sigma = float(np.hypot(cfg.own_sigma, cfg.step_sigma))
+    else:
+        sigma = float(cfg.step_sigma * np.median(model.step / own))
+    return _step_histograms(cfg, own, sigma, model.steps, 71, tail=False,
                             bursts=burst_matrices(cfg))
 
 
@@ -1049,10 +1116,11 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
     counts, compute, host = _simulate(cfg)
     arrays = {api: _ApiArrays.of(c) for api, c in counts.items()}
     model = step_model(cfg, compute, host)
-    steps = busy = None
+    steps = busy = own_time = None
     if model is not None:
         steps = _ApiArrays.of(simulate_step_counts(cfg, model))
         busy = _ApiArrays.of(simulate_busy_counts(cfg, model))
+        own_time = _ApiArrays.of(simulate_own_counts(cfg, model))
         jit = np.exp(np.random.default_rng([cfg.seed, 19]).normal(
             0.0, cfg.wait_jitter, (3, cfg.windows, cfg.gpus)))
         workers, busy_share = loader_workers(cfg)
@@ -1117,6 +1185,7 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
                     st.source = f"inferred:{STEP_API}"
                     st.steps = int(model.steps[w, g])
                     st.busy_time.CopyFrom(busy.histogram(w, g))
+                    st.own_time.CopyFrom(own_time.histogram(w, g))
                     st.gpu_wait_us = float(gpu_wait_us[w, g])
                     st.peer_wait_us = float(peer_wait_us[w, g])
                     st.step_sum_us = float(step_sum_us[w, g])

@@ -112,6 +112,24 @@ def test_a_step_splits_into_gpu_wait_peer_wait_and_busy():
     assert inf.ended_between(10**9 + 100_000_000, 10**9 + 250_000_000) == (4, 200_000_000)
 
 
+def test_own_time_per_step_is_the_step_less_its_wait_for_peers_step_by_step():
+    """Each step's own time (what the what-if takes the maximum of) keeps its own spread: steps
+    of 50 ms whose peer wait alternates 5 and 25 ms are own times of 45 and 25 ms, not a mean
+    of 35; the loader's part of the idle time is the rank's own."""
+    k = np.arange(41, dtype=np.uint64)
+    idle = np.concatenate(([0], np.cumsum(np.where(np.arange(40) % 2 == 0, 5, 25))))
+    loader = np.concatenate(([0], np.cumsum(np.full(40, 2))))      # 2 ms of each idle: loader
+    ev = BoundaryEvents(10**9 + k * 50_000_000, np.full(41, SYNC),
+                        k * 10_000_000, idle.astype(np.uint64) * 1_000_000, 0,
+                        loader.astype(np.uint64) * 1_000_000)
+    inf = StepFinder().feed(ev)
+    assert inf.steps == 40
+    own = buckets.quantiles_us(inf.own_hist, [0.25, 0.75]) * 1e3
+    assert abs(own[0] - 27e6) < 0.07 * 27e6 and abs(own[1] - 47e6) < 0.07 * 47e6
+    _, steps = inf.to_proto()
+    assert int(unpack_histogram(steps.own_time).sum()) == 40
+
+
 def test_steps_that_began_in_the_previous_window_count_in_this_one():
     ev, _ = _loop([(DEV, 20, 5)], 301, seed=5, spread=2.0)
     finder = StepFinder()

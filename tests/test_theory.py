@@ -173,3 +173,94 @@ def test_the_what_if_of_the_used_buckets_alone_equals_all_buckets(shifted):
     first = buckets.NUM_BUCKETS - (hi - lo)
     assert theory.what_if(top[:, first:], evict, shift, first_bucket=first) == \
         theory.what_if(top, evict, shift)
+
+
+# ---- the what-if of ranks whose own time varies from step to step ---------------------------
+
+def test_expected_max_of_normals_matches_monte_carlo():
+    """One rank 15% slower than seven whose own times spread 10%: E[max] as a million draws
+    give it; a steady rank (sd 0) is a floor; no spread at all is the largest mean."""
+    rng = np.random.default_rng(5)
+    m = np.array([100.0] * 7 + [115.0])
+    s = np.full(8, 10.0)
+    draws = (m + s * rng.standard_normal((1_000_000, 8))).max(axis=1).mean()
+    assert theory.expected_max_normal(m, s) == pytest.approx(draws, rel=2e-3)
+    assert theory.expected_max_normal(np.array([100.0, 150.0]), np.array([10.0, 0.0])) == \
+        pytest.approx(150.0, rel=1e-6)
+    assert theory.expected_max_normal(np.array([100.0, 110.0]), np.zeros(2)) == 110.0
+
+
+def test_expected_max_of_16384_normals_groups_the_ranks():
+    """16,384 ranks with scattered means: the grouped integral agrees with the draws."""
+    rng = np.random.default_rng(6)
+    m = rng.normal(100.0, 1.0, 16_384)
+    s = np.full(m.size, 3.0)
+    draws = np.array([(m + s * rng.standard_normal(m.size)).max() for _ in range(2_000)])
+    assert theory.expected_max_normal(m, s) == pytest.approx(draws.mean(), rel=3e-3)
+
+
+def test_variance_of_the_largest_normal_draw():
+    # two draws: 1 - 1/pi exactly; it shrinks as the draws grow in number
+    assert theory.max_of_normals_variance(2) == pytest.approx(1.0 - 1.0 / np.pi, rel=1e-4)
+    v = [theory.max_of_normals_variance(n) for n in (1, 8, 64, 16_384)]
+    assert v[0] == 1.0 and v[0] > v[1] > v[2] > v[3] > 0.0
+
+
+def test_the_own_spread_of_a_collective_is_told_from_the_shared_one():
+    """Own times that spread 20% on their own and 30% together: the step shows the shared 30%
+    and only the largest of the own parts, so the decomposition finds 20% again; a step as
+    spread as the own times (everything shared) leaves no own part; below the histograms'
+    resolution nothing is claimed."""
+    n = 64
+    own_cv2 = np.full(n, 0.2 ** 2 + 0.3 ** 2)
+    step_cv2 = 0.3 ** 2 + theory.max_of_normals_variance(n) * 0.2 ** 2
+    alone, whole = theory.independent_spread(own_cv2, step_cv2, n)
+    assert alone == pytest.approx(0.2, rel=1e-6) and whole == pytest.approx(np.hypot(0.2, 0.3))
+    assert theory.independent_spread(own_cv2, float(own_cv2[0]), n)[0] == 0.0
+    small = np.full(n, 0.03 ** 2)
+    assert theory.independent_spread(small, 0.0, n)[0] == 0.0
+
+
+def test_the_what_if_of_a_jittered_collective_takes_the_expected_last_arrival():
+    """Eight ranks whose own times spread 15% on their own; one of them 15% slower on average.
+    Evicting it shortens the step by what it adds to E[max], far less than its 15 ms lead over
+    the mean (each step already waits for some rank's long draw), and the prediction agrees
+    with drawing the steps; without spreads (older agents) it is the lead over the slowest
+    that stays."""
+    rng = np.random.default_rng(7)
+    own = np.array([100.0] * 7 + [115.0])
+    sd = np.full(8, 15.0)
+    rest = 10.0
+    steps_now = (own + sd * rng.standard_normal((400_000, 8))).max(axis=1) + rest
+    spare = np.array([100.0] * 8)
+    steps_after = (spare + sd * rng.standard_normal((400_000, 8))).max(axis=1) + rest
+    rows = np.arange(8)
+    epoch = (rows, np.full(8, 100.0), np.full(8, steps_now.mean()), own, sd)
+    evict = rows == 7
+    now, after = theory.what_if_step([epoch], rows, evict, collective=True)
+    assert now == pytest.approx(steps_now.mean())
+    assert after == pytest.approx(steps_after.mean(), rel=0.01)
+    assert now - after < 0.6 * 15.0
+    _, after_steady = theory.what_if_step([epoch[:4]], rows, evict, collective=True)
+    assert now - after_steady == pytest.approx(15.0)
+
+
+def test_the_body_variance_of_histograms_corrects_for_the_buckets_width():
+    """A step time spread 10% (lognormal), histogrammed on buckets up to 12.5% wide: its spread
+    read back within a tenth, not the ~12% the midpoints alone give; the spikes above the limit
+    are left out; a rank with one step has no variance."""
+    from hypertrace.analyzer.score.cross_section import Hists
+
+    rng = np.random.default_rng(8)
+    rows = []
+    for median_ms in np.linspace(20.0, 40.0, 16):          # everywhere relative to the edges
+        x = rng.lognormal(np.log(median_ms * 1e6), 0.10, 4_000)
+        x[:40] *= 5.0                                       # stalls
+        rows.append(buckets.histogram_of_ns(x))
+    rows.append(buckets.histogram_of_ns(np.array([30e6])))
+    dense = np.array(rows, dtype=np.float64)
+    h = Hists(dense.T.copy(), 0)
+    mean, var = h.body_moments_us(100_000.0)
+    cv = np.sqrt(var[:-1]) / mean[:-1]
+    assert np.median(cv) == pytest.approx(0.10, rel=0.1)
+    assert np.isnan(var[-1])

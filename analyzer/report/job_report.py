@@ -341,7 +341,7 @@ def _prediction(job: JobState, rates: np.ndarray, evicted: list[str], rows: list
     spikes = ("share of steps" if bool(job.results.step_total.sum() > 0) else
               "share of scored windows whose p99 is") + f" > {1 + cfg.spike_threshold:g} x " \
         "the job median"
-    parts = [rows_e for rows_e, _, _, _ in job.results.pace_epochs if rows_e.size]
+    parts = [epoch[0] for epoch in job.results.pace_epochs if epoch[0].size]
     n = int(np.isin(order, np.concatenate(parts)).sum()) if parts and order.size else 0
     if n:
         collective = job.results.mode == "collective"

@@ -49,7 +49,7 @@ def rank_values(epochs, ranks: np.ndarray, collective: bool) -> np.ndarray:
     sums = np.zeros(ranks.size)
     steps = np.zeros(ranks.size)
     n = len(epochs)
-    for k, (rows, n_steps, pace, own) in enumerate(epochs):
+    for k, (rows, n_steps, pace, own, *_) in enumerate(epochs):
         w = theory.WHATIF_KEEP ** (n - 1 - k)
         value = np.where(np.isfinite(own), own, pace) if collective else pace
         for r, c, v in zip(np.asarray(rows).tolist(), np.asarray(n_steps).tolist(),

@@ -202,6 +202,27 @@ class Hists:
         counts = np.where(above, self.counts_t, 0).astype(np.float64)
         return counts.sum(axis=0), (counts * lower).sum(axis=0), (counts * upper).sum(axis=0)
 
+    def body_moments_us(self, limit_us: float) -> tuple[np.ndarray, np.ndarray]:
+        """((G,) mean in µs, (G,) variance in µs²) of each GPU's samples in the buckets that end
+        at or below ``limit_us`` (the body, its spikes left out), NaN for a GPU with fewer than
+        two there.
+
+        Read at the buckets' midpoints, less each bucket's width² / 12 (Sheppard's correction):
+        a bucket is up to 12.5% of its value wide, so the midpoints alone would give a tight
+        loop's steps a spread of about 3% that they do not have. Clipped at 0."""
+        k = self.counts_t.shape[0]
+        lower = buckets.LOWER_NS[self.first:self.first + k] / 1000.0
+        upper = buckets.UPPER_NS[self.first:self.first + k] / 1000.0
+        keep = (upper <= limit_us)[:, None]
+        c = np.where(keep, self.counts_t, 0).astype(np.float64)
+        mid = ((lower + upper) / 2.0)[:, None]
+        n = c.sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = (c * mid).sum(axis=0) / n
+            var = ((c * (mid - mean) ** 2).sum(axis=0)
+                   - (c * ((upper - lower) ** 2 / 12.0)[:, None]).sum(axis=0)) / n
+        return (np.where(n >= 2, mean, np.nan), np.where(n >= 2, np.maximum(var, 0.0), np.nan))
+
     def dense(self) -> np.ndarray:
         """(G, NUM_BUCKETS) counts, for code that needs the whole scheme (theory, tests)."""
         out = np.zeros((self.size, buckets.NUM_BUCKETS))
@@ -314,6 +335,8 @@ class ProcessSignals:
     step_sources: tuple[str, ...] = ()   # distinct StepStats.source values ("marker", ...)
     #: per signal input (analyzer/score/signal.py ``Input``) its (G,) sums
     extra: dict[str, np.ndarray] = field(default_factory=dict)
+    #: per step: its duration less the wait for peers (StepStats.own_time); None without
+    own_time: Hists | None = None
 
 
 @dataclass
@@ -558,6 +581,7 @@ class EpochAccumulator:
         self._runq_hist = _Flat()
         self._stepstats = _Scalars(("steps", "gpu_wait_us", "peer_wait_us", "step_sum_us"))
         self._busy = _Flat()
+        self._own = _Flat()
         self._overhead = _Scalars(("attached_s", "sampled"))
         self._clock = _Scalars(("ratio", "order"))
         self._sources: set[str] = set()
@@ -610,6 +634,8 @@ class EpochAccumulator:
                 stats.values.extend((steps, st.gpu_wait_us, st.peer_wait_us, st.step_sum_us))
                 if st.HasField("busy_time"):
                     self._busy.add(row, st.busy_time)
+                if st.HasField("own_time"):
+                    self._own.add(row, st.own_time)
                 source = st.source
                 if source:
                     self._sources.add(source)
@@ -659,7 +685,7 @@ class EpochAccumulator:
                 mine = self._apis[name] = _Flat()
             mine.extend(flat, rows)
         for mine, theirs in ((self._steps, other._steps), (self._runq_hist, other._runq_hist),
-                             (self._busy, other._busy)):
+                             (self._busy, other._busy), (self._own, other._own)):
             mine.extend(theirs, rows)
         for mine_s, theirs_s in ((self._sched, other._sched), (self._stepstats, other._stepstats),
                                  (self._overhead, other._overhead), (self._clock, other._clock)):
@@ -678,7 +704,8 @@ class EpochAccumulator:
 
     def seal(self) -> None:
         """Decode every histogram added so far (:meth:`_Flat.seal`)."""
-        for flat in (*self._apis.values(), self._steps, self._runq_hist, self._busy):
+        for flat in (*self._apis.values(), self._steps, self._runq_hist, self._busy,
+                     self._own):
             flat.seal()
 
     def build(self) -> CrossSection:
@@ -719,4 +746,5 @@ class EpochAccumulator:
             busy=self._busy.hists_or_none(position, n),
             attached_s=ov["attached_s"], sampled=ov["sampled"] > 0, sm_clock_ratio=ratio,
             step_sources=tuple(sorted(self._sources)),
-            extra={name: acc.sums(position, n)["value"] for name, acc in self._extra.items()})
+            extra={name: acc.sums(position, n)["value"] for name, acc in self._extra.items()},
+            own_time=self._own.hists_or_none(position, n))

@@ -54,7 +54,8 @@ class JobResults:
     basis_counts: np.ndarray = field(
         default_factory=lambda: np.zeros((buckets.NUM_BUCKETS, 0), np.float32))
     #: the what-if's recent epochs, oldest first (theory.what_if_step): per epoch the rows with
-    #: steps, their steps without spikes, their mean such step and their own time per step (µs)
+    #: steps, their steps without spikes, their mean such step, their own time per step and
+    #: that own time's spread that is the rank's alone (µs; NaN unknown)
     pace_epochs: deque[Any] = field(
         default_factory=lambda: deque(maxlen=theory.WHATIF_EPOCHS))
     mode: str = ""
@@ -224,7 +225,7 @@ class JobState:
                     self.row_arrival):
             arr[idx] = 0
         res.basis_counts[:, idx] = 0
-        for rows_e, _, pace_e, _ in res.pace_epochs:     # the next GPU there starts afresh
+        for rows_e, _, pace_e, *_ in res.pace_epochs:     # the next GPU there starts afresh
             pace_e[np.isin(rows_e, idx)] = np.nan
         self.persistence.reset(idx)
         for store in self.results.p50_ratio.values():

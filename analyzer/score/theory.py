@@ -213,24 +213,29 @@ WHATIF_KEEP = 0.5
 WHATIF_EPOCHS = 8
 
 
-def what_if_step(epochs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+def what_if_step(epochs: Sequence[tuple[np.ndarray, ...]],
                  ranks: np.ndarray, evict: np.ndarray, collective: bool) -> tuple[float, float]:
     """The job's step (µs) now and after evicting ``ranks[evict]``, from its recent epochs.
 
     ``epochs``: oldest first, each (job rows, their steps without spikes, their mean such step
     in µs, their own time per step in µs: the step less the wait for peers, the time the rank
-    takes to reach the step's end); epoch ``k`` of ``n`` weighs ``WHATIF_KEEP ** (n - 1 - k)``.
-    ``ranks``: the job rows to predict on (those with data), ``evict`` (bool) for each.
+    takes to reach the step's end[, the standard deviation of that own time that is the rank's
+    alone, µs: :func:`independent_spread`]); epoch ``k`` of ``n`` weighs
+    ``WHATIF_KEEP ** (n - 1 - k)``. ``ranks``: the job rows to predict on (those with data),
+    ``evict`` (bool) for each.
 
     * **collective**: every rank times the job's step, so an epoch's step is its ranks' median,
-      and evicting takes away what the slowest evicted rank's own time adds over the slowest
-      remaining rank's in that epoch (nothing when a remaining rank is as slow).
+      and evicting takes away what the evicted ranks add to the expected maximum of the ranks'
+      own times per step (:func:`expected_max_normal`): with steady ranks, the slowest evicted
+      rank's lead over the slowest that stays; with ranks whose own time varies from step to
+      step, less, because each step waits for that step's slowest rank. Epochs without
+      spreads (older agents) read steady ranks.
     * **independent**: ranks that wait for nobody go at their own pace (their mean over the
       epochs), and the job at its slowest rank's (ranks that meet now and then wait for it
       there): now the largest pace, after the largest pace of the ranks that stay.
 
-    Spares that replace the evicted ranks behave like the remaining ones, which changes neither
-    maximum. (nan, nan) without a rank with a pace; after is NaN when none would stay."""
+    Evicted ranks are replaced by spares like the typical remaining rank (its median own time
+    and spread). (nan, nan) without a rank with a pace; after is NaN when none would stay."""
     ranks = np.asarray(ranks, dtype=np.int64)
     evict = np.asarray(evict, dtype=bool)
     pos = np.full(int(ranks.max()) + 1 if ranks.size else 0, -1, dtype=np.int64)
@@ -239,8 +244,9 @@ def what_if_step(epochs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     now = after = weight = 0.0
     sums = np.zeros(ranks.size)
     steps = np.zeros(ranks.size)
-    for k, (rows, n_steps, pace, own) in enumerate(epochs):
-        rows = np.asarray(rows, dtype=np.int64)
+    for k, epoch in enumerate(epochs):
+        rows, n_steps, pace, own = (np.asarray(x) for x in epoch[:4])
+        rows = rows.astype(np.int64)
         at = np.where(rows < pos.size, pos[np.minimum(rows, pos.size - 1)], -1) \
             if pos.size else np.full(rows.size, -1)
         ok = (at >= 0) & np.isfinite(pace) & (n_steps > 0)
@@ -250,9 +256,12 @@ def what_if_step(epochs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.n
         at, p, o = at[ok], np.asarray(pace[ok], np.float64), np.asarray(own[ok], np.float64)
         o = np.where(np.isfinite(o), o, p)
         if collective:
+            spread = (np.asarray(epoch[4], np.float64)[ok] if len(epoch) > 4
+                      else np.zeros(o.size))
+            spread = np.where(np.isfinite(spread), spread, 0.0)
             stay = ~evict[at]
             step = float(np.median(p))
-            lead = float(o.max() - o[stay].max()) if stay.any() else float("nan")
+            lead = (_evicted_lead(o, spread, stay) if stay.any() else float("nan"))
             now += w * step
             after += w * (step - max(lead, 0.0))
             weight += w
@@ -268,6 +277,113 @@ def what_if_step(epochs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     stay = has & ~evict
     return (float(np.nanmax(pace)),
             float(np.nanmax(pace[stay])) if stay.any() else float("nan"))
+
+
+def _evicted_lead(own: np.ndarray, spread: np.ndarray, stay: np.ndarray) -> float:
+    """What the ranks not in ``stay`` add to E[max] of the ranks' own times per step (µs):
+    E[max] over all of them less E[max] over those that stay and as many spares (the median
+    staying rank's own time and spread). Without spreads: the slowest evicted rank's lead over
+    the slowest staying one, exactly."""
+    gone = int((~stay).sum())
+    if not gone:
+        return 0.0
+    if not (spread > 0).any():
+        return float(own.max() - own[stay].max())
+    spare_o, spare_s = float(np.median(own[stay])), float(np.median(spread[stay]))
+    after = expected_max_normal(np.concatenate((own[stay], np.full(gone, spare_o))),
+                                np.concatenate((spread[stay], np.full(gone, spare_s))))
+    return expected_max_normal(own, spread) - after
+
+
+#: The grid :func:`expected_max_normal` integrates on, and the standard deviations it spans.
+NORMAL_GRID = 1025
+NORMAL_SPAN = 8.0
+
+
+def expected_max_normal(mean: np.ndarray, sd: np.ndarray) -> float:
+    """E[max] of independent normal draws, one per rank (``mean`` and ``sd``, same unit; an sd of
+    0 is a rank that always takes its mean).
+
+    ``a + ∫_a^b (1 − Π Φ((x − m_i)/s_i)) dx`` on a grid from ``a`` (the largest of the steady
+    ranks' means and of ``m_i − 8 s_i``: no maximum lies below it) to ``b`` (the largest
+    ``m_i + 8 s_i``). Ranks are grouped on a lattice of a sixteenth of the smallest spread first,
+    so a job of 16,384 ranks costs a few hundred rows of the grid, not 16,384."""
+    from scipy.special import log_ndtr          # the log of the normal CDF, stable in its tail
+
+    m = np.asarray(mean, dtype=np.float64)
+    s = np.maximum(np.asarray(sd, dtype=np.float64), 0.0)
+    varies = s > 0
+    floor = float(m[~varies].max()) if (~varies).any() else -np.inf
+    if not varies.any():
+        return floor
+    mv, sv = m[varies], s[varies]
+    a = max(floor, float((mv - NORMAL_SPAN * sv).max()))
+    b = float((mv + NORMAL_SPAN * sv).max())
+    if b <= a:
+        return a
+    q = float(sv.min()) / 16.0
+    cells, count = np.unique(np.stack((np.rint(mv / q), np.rint(sv / q)), axis=1), axis=0,
+                             return_counts=True)
+    mu, sig = cells[:, 0] * q, np.maximum(cells[:, 1], 1.0) * q
+    x = np.linspace(a, b, NORMAL_GRID)
+    log_f = np.zeros(x.size)
+    step = max(1, _CHUNK_ELEMENTS // x.size)
+    for i in range(0, mu.size, step):
+        z = (x[None, :] - mu[i:i + step, None]) / sig[i:i + step, None]
+        log_f += count[i:i + step] @ log_ndtr(z)
+    gap = 1.0 - np.exp(log_f)
+    return a + float(((gap[1:] + gap[:-1]) / 2.0 * np.diff(x)).sum())
+
+
+def max_of_normals_variance(n: int) -> float:
+    """The variance of the largest of ``n`` independent standard normal draws (1 for one draw,
+    0.37 for 8, 0.2 for 64): how much of the ranks' own spread a collective step shows."""
+    from scipy.special import log_ndtr
+
+    if n <= 1:
+        return 1.0
+    x = np.linspace(-NORMAL_SPAN - 2.0, NORMAL_SPAN + 2.0, 8001)
+    pdf = n * np.exp(-x * x / 2.0 - 0.5 * np.log(2.0 * np.pi) + (n - 1) * log_ndtr(x))
+    dx = float(x[1] - x[0])
+    mean = float((x * pdf).sum() * dx)
+    return max(float((x * x * pdf).sum() * dx) - mean * mean, 0.0)
+
+
+#: The smallest relative spread of a rank's own time per step that :func:`independent_spread`
+#: reports: below it the histograms cannot tell a spread from where the steps fall among
+#: buckets 6-12.5% wide (steps 1.5% apart straddle an edge, steps 1.5% apart inside one bucket
+#: read as none), and a spread read there from noise would take a 512-rank job's E[max] 4% up.
+RESOLVED_SPREAD = 0.05
+
+
+def independent_spread(own_cv2: np.ndarray, step_cv2: float, ranks: int) -> tuple[float, float]:
+    """(the relative standard deviation of a typical rank's own time per step that is its own,
+    not shared with its peers; its whole relative standard deviation), NaN without a rank's.
+    ``own_cv2``: each rank's squared coefficient of variation of its own time per step;
+    ``step_cv2``: the job's step's.
+
+    A collective rank's own time per step is ``a_i S Y_i``: a factor ``S`` every rank shares in a
+    step (the sequence length of a batch all ranks pad to, the host's load) and one ``Y_i`` of
+    its own (its batch, its loader). Only ``Y`` makes a step wait for a different rank each
+    time; read as its own, ``S`` would have the what-if take a steady lead for noise. Relative
+    variances add: the typical rank's is ``v = var S + var Y``, the step's ``u = var S +
+    c_n var Y`` (``c_n``: :func:`max_of_normals_variance`), so ``var Y = (v − u) / (1 − c_n)``,
+    within ``[0, v]``. Relative, because sharing scales work (a longer batch on every rank)
+    and the step's collective part scales with it. The typical rank's (the median), not each
+    rank's: a histogram bucket is up to 12.5% wide, and one rank's steps that straddle an edge
+    read as a 5% spread that a rank inside a bucket does not show. Below
+    :data:`RESOLVED_SPREAD` the own part reads 0: steady ranks."""
+    own_cv2 = np.asarray(own_cv2, dtype=np.float64)
+    known = np.isfinite(own_cv2)
+    if not known.any():
+        return float("nan"), float("nan")
+    v = float(np.median(own_cv2[known]))
+    c = max_of_normals_variance(ranks)
+    alone = (min(max((v - step_cv2) / (1.0 - c), 0.0), v) if np.isfinite(step_cv2) and c < 1.0
+             else v)
+    if alone < RESOLVED_SPREAD ** 2:
+        alone = 0.0
+    return float(np.sqrt(alone)), float(np.sqrt(v))
 
 
 def what_if(counts: np.ndarray, evict: np.ndarray,
