@@ -90,7 +90,11 @@ The model (all latencies per GPU, per window, per API):
     every rank's step is ``max_j arrive_j + rest`` (``rest = (1 - gpu_frac) * S - sync_ms``, the
     collective itself), the same for all, and rank i's peer wait (off CPU outside CUDA calls) is
     ``step - arrive_i``: the slowest rank waits least. **independent**: the step is
-    ``arrive_i + rest`` and every peer wait is ``rest`` (an input wait).
+    ``arrive_i + rest`` and every peer wait is ``rest`` (an input wait);
+  - with ``own_sigma`` > 0 each rank's arrival varies from step to step on its own (lognormal,
+    mean ``arrive_i``), and a collective step waits for each step's last draw: ``E[max]`` over
+    the ranks (:func:`expected_max_arrival`), not the slowest mean. ``steps.own_time`` (the
+    step less its peer wait) spreads by ``own_sigma`` and the shared ``step_sigma`` together.
 
   Healthy defaults: 70 ms busy, 90 ms GPU work, 20.5 ms GPU wait, 9.5 ms peer wait, 100 ms
   steps. So a launch-only slowdown (``where="host"``) raises busy time but is hidden by the GPU

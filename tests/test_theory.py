@@ -264,3 +264,14 @@ def test_the_body_variance_of_histograms_corrects_for_the_buckets_width():
     cv = np.sqrt(var[:-1]) / mean[:-1]
     assert np.median(cv) == pytest.approx(0.10, rel=0.1)
     assert np.isnan(var[-1])
+
+
+def test_the_last_draws_quantile_is_where_regular_steps_end():
+    """The 99th percentile of the largest of 64 lognormal draws (mean 100, 45% spread): 1 in
+    100 of drawn steps lands above it; without spread it is the mean."""
+    rng = np.random.default_rng(9)
+    sigma = np.sqrt(np.log1p(0.45 ** 2))
+    draws = (100.0 * rng.lognormal(-sigma ** 2 / 2, sigma, (100_000, 64))).max(axis=1)
+    q = theory.last_draw_quantile(100.0, 0.45, 64)
+    assert (draws > q).mean() == pytest.approx(0.01, abs=0.002)
+    assert theory.last_draw_quantile(100.0, 0.0, 64) == 100.0

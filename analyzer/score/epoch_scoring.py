@@ -517,8 +517,9 @@ def _accumulate_pace(job: JobState, cs: CrossSection, sig: signals.SignalEpoch,
     the spread of that own time that is the rank's alone.
 
     A spike is a step at least ``1 + spike_threshold`` times the slowest rank's own time per
-    step this epoch, or, where the ranks' own times vary from step to step, the expected last
-    of their draws: longer than any rank needs to reach the step's end, so something stalled
+    step this epoch, or, where the ranks' own times vary from step to step, the 99th percentile
+    of the last of their draws (:func:`~hypertrace.analyzer.score.theory.last_draw_quantile`):
+    longer than any rank needs to reach the step's end, so something stalled
     (the spike rate counts those, and evicting a slow rank does not remove them). Why not the
     median step as the spike rate's threshold: where most steps of a large job carry somebody's
     stall, the median step is a stall. The time of the other steps lies both between their
@@ -551,13 +552,18 @@ def _accumulate_pace(job: JobState, cs: CrossSection, sig: signals.SignalEpoch,
     has = np.isfinite(own) & (n_all > 0)
     if has.any():
         spread[has], whole = _own_spread(cs, sig, has, (1.0 + cfg.spike_threshold) * base)
-        if np.isfinite(whole).any():
-            # ranks whose own time varies from step to step reach a step's end at the expected
-            # last of their draws, not at the slowest mean: a 512-rank job with 17% of own
-            # spread per rank steps ~1.5x its ranks' mean own time, and none of it is a stall.
-            # Independent ranks: where the slowest of them gets in a jittered loop (steps that
-            # spread 3x are 2x their mean now and then, and that is no stall either)
-            base = max(base, theory.expected_max_normal(own[has], np.nan_to_num(whole)))
+        cv = whole / own[has]
+        if np.isfinite(cv).any():
+            # ranks whose own time varies from step to step reach a step's end at the last of
+            # their draws, not at the slowest mean: a 512-rank job with 17% of own spread per
+            # rank steps ~1.5x its ranks' mean own time, and a loop whose steps spread 3x is
+            # 2.5x its mean now and then; neither is a stall. The base is where the last of
+            # the ranks' draws lands in 99% of the steps (1.06x the slowest mean for a tight
+            # loop of 512 ranks, 1.5% of spread). Independent ranks do not wait for each other:
+            # the 99th percentile of one rank's own draw
+            ranks = int(has.sum()) if sig.mode == "collective" else 1
+            base = max(base, theory.last_draw_quantile(
+                float(np.nanmax(own[has])), float(np.nanmedian(cv)), ranks))
     n_spike, low_spike, high_spike = h.tail_bounds(
         np.full(cs.size, (1.0 + cfg.spike_threshold) * base))
     body = n_all - n_spike

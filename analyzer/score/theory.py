@@ -335,6 +335,20 @@ def expected_max_normal(mean: np.ndarray, sd: np.ndarray) -> float:
     return a + float(((gap[1:] + gap[:-1]) / 2.0 * np.diff(x)).sum())
 
 
+def last_draw_quantile(mean: float, cv: float, n: int, q: float = 0.99) -> float:
+    """The ``q`` quantile of the largest of ``n`` independent lognormal draws of mean ``mean``
+    and coefficient of variation ``cv``: how long the last of a job's ranks can take in a
+    regular step. Lognormal, because a time spreads by factors (a batch 30% longer takes 30%
+    longer) and its right tail is longer than a normal's."""
+    from scipy.special import ndtri
+
+    if not (cv > 0 and n >= 1):
+        return mean
+    sigma = float(np.sqrt(np.log1p(cv * cv)))
+    z = float(ndtri(q ** (1.0 / n)))
+    return mean * float(np.exp(sigma * z - sigma * sigma / 2.0))
+
+
 def max_of_normals_variance(n: int) -> float:
     """The variance of the largest of ``n`` independent standard normal draws (1 for one draw,
     0.37 for 8, 0.2 for 64): how much of the ranks' own spread a collective step shows."""
