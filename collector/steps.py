@@ -187,7 +187,7 @@ class StepFinder:
     and the period search wants more calls than a short window holds) and the period found last
     (the hysteresis of the module docstring)."""
 
-    def __init__(self, min_steps: int = 3, max_spread: float = 5.0, sticky_spread: float = 10.0,
+    def __init__(self, min_steps: int = 3, max_spread: float = 10.0, sticky_spread: float = 15.0,
                  max_mismatch: float = 0.25, history: int = HISTORY) -> None:
         if min_steps < 1 or not 1 <= max_spread <= sticky_spread or not 0 <= max_mismatch < 1:
             raise ValueError(f"need min_steps >= 1, 1 <= max_spread <= sticky_spread and "

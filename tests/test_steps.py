@@ -172,11 +172,14 @@ def test_a_call_at_random_times_is_not_a_clock():
 
 
 def test_a_period_found_stays_while_contention_stretches_its_steps():
-    """Steps spread 7x (above max_spread, below sticky_spread) after a regular start keep their
-    period; a process seen first in that state is refused."""
+    """Steps spread 12x (above max_spread, below sticky_spread) after a regular start keep their
+    period; a process seen first in that state is refused. One spread 7x is a loop: ranks that
+    share a GPU without meeting stepped 5-8x apart (p90/p10) on an H100."""
     calm, _ = _loop([(DEV, 20, 5)], 300, seed=10, spread=1.5)
     last = int(calm.ts_ns[-1])
-    hogged, _ = _loop([(DEV, 20, 5)], 300, seed=11, spread=7.0, start_ns=last)
+    hogged, _ = _loop([(DEV, 20, 5)], 300, seed=11, spread=12.0, start_ns=last)
+    assert StepFinder().feed(_loop([(DEV, 20, 5)], 300, seed=11, spread=7.0)[0]).source == \
+        f"inferred:{DEV}"
     finder = StepFinder()
     assert finder.feed(calm).source == f"inferred:{DEV}"
     assert finder.feed(hogged).source == f"inferred:{DEV}"
