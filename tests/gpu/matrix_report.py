@@ -23,7 +23,9 @@ Checks (each prints PASS/FAIL; any FAIL exits 1):
                     "run-queue"; extra GPU work: "GPU"), and it is no longer a straggler 30 s
                     after the fault ends
   false positives   no other node is a straggler at any poll of the run; no node at all during
-                    the clean phase
+                    the clean phase. In independent mode a rank whose own log shows it 5% or
+                    more slower than the others' median over the 30 s before the poll is a
+                    straggler by the truth, fault or not (listed with that ratio, not failed)
   coverage          every 30-s stretch from the clean phase's start holds at least one window in
                     which all ranks reported launch-tier data (a full cross-section)
   step inference    per rank over the clean phase: the inferred mean step (step_sum_us / steps)
@@ -58,6 +60,8 @@ CLEAR_MAX_S = 30.0
 #: Share of a rank's windows that must carry steps.
 STEPS_FOUND_MIN = 0.95
 WHATIF_TOL = 0.05
+#: The product's minimum effect: a rank its own log shows this much slower is a straggler
+MIN_EFFECT = 0.05
 #: A conviction may land up to one window + grace + one poll after the fault ends.
 DETECT_TAIL_S = 20.0
 #: Steps of a phase skipped at its start when measuring step times (the change takes effect).
@@ -341,6 +345,24 @@ def fault_cells(run: Run, checks: list[Check]) -> list[dict]:
     return cells
 
 
+def log_slowdown(run: Run, node: str, t: float, span_s: float = 30.0) -> float:
+    """An independent rank's mean step over the ``span_s`` before ``t`` by its own log, over the
+    median of the other ranks' (NaN in a collective job, whose ranks all time the same step, or
+    without log lines there)."""
+    if run.meta.get("mode") != "independent" or node not in run.meta["nodes"]:
+        return float("nan")
+    rank = run.meta["nodes"].index(node)
+    means = {}
+    for r, lines in run.steps.items():
+        seg = [ms for ts, ms in lines if t - span_s <= ts < t]
+        if seg:
+            means[r] = sum(seg) / len(seg)
+    others = sorted(v for r, v in means.items() if r != rank)
+    if rank not in means or not others:
+        return float("nan")
+    return means[rank] / others[len(others) // 2]
+
+
 def false_convictions(run: Run, checks: list[Check]) -> list[dict]:
     """Convictions of a node outside its own faults (each from its start to CLEAR_MAX_S plus a
     poll's tail after its end: a fault's node may still be clearing then)."""
@@ -354,9 +376,12 @@ def false_convictions(run: Run, checks: list[Check]) -> list[dict]:
             continue
         for n, cause in stragglers(j).items():
             if not any(n == node and a <= p["t"] <= b for node, a, b in allowed):
-                out.append({"t": p["t"], "phase": run.phase_at(p["t"]), "node": n, "cause": cause})
-    others = out
-    in_clean = [f for f in out if f["phase"] == "clean"]
+                out.append({"t": p["t"], "phase": run.phase_at(p["t"]), "node": n, "cause": cause,
+                            "log_ratio": log_slowdown(run, n, p["t"])})
+    # an independent rank that its own log shows slower than its peers is a straggler, fault or
+    # not (ranks that share a GPU and a host's loader cores are not equal): not a false one
+    others = [f for f in out if not f["log_ratio"] >= 1.0 + MIN_EFFECT]
+    in_clean = [f for f in others if f["phase"] == "clean"]
     checks.append(Check("no node convicted outside its own faults (whole run)", not others,
                         "none" if not others else
                         f"{len({f['node'] for f in others})} node(s), {len(others)} poll(s); "
@@ -513,7 +538,10 @@ def render(result: dict, checks: list[Check]) -> str:
     fc = result["false_convictions"]
     L.append(f"\nconvictions outside the fault rank's faults: {len(fc)}")
     for f in fc[:10]:
-        L.append(f"  t={f['t']:.0f} {f['phase']:<12} {f['node']:<8} {f['cause']}")
+        ratio = f.get("log_ratio", float("nan"))
+        why = (f" [its own log: {ratio - 1:+.1%} vs the others' median step]"
+               if ratio == ratio else "")
+        L.append(f"  t={f['t']:.0f} {f['phase']:<12} {f['node']:<8} {f['cause']}{why}")
     L.append("\ncoverage per 30-s stretch (from the clean phase's start)")
     L.append(f"{'from s':>8}{'full windows':>14}{'most ranks':>12}{'+windows_sampled':>18}")
     for r in result["coverage"]:
