@@ -168,6 +168,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--recover-s", type=float, default=45.0)
     ap.add_argument("--poll-s", type=float, default=5.0)
     ap.add_argument("--marker", action="store_true", help="ranks call the step marker")
+    ap.add_argument("--no-cpu-hog", action="store_true",
+                    help="skip the CPU hog phase (a short device budget: the GPU fault alone)")
     ap.add_argument("--loader-faults", action="store_true",
                     help="after the GPU fault, three input-pipeline faults, each on a rank of its own "
                          "(jitter_loop.py's --loader-fault-dir): one worker instead of 4, "
@@ -438,7 +440,8 @@ def run(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix=f"ht-matrix-{args.mode}-"))
     h = Harness(args, work, "IND" if args.mode == "independent" else "COL", f"matrix-{args.mode}")
     loader_faults = LOADER_FAULTS if args.loader_faults else ()
-    total = args.clean_s + (2 + len(loader_faults)) * (args.fault_s + args.recover_s)
+    total = args.clean_s + ((not args.no_cpu_hog) + 1 + len(loader_faults)) * (
+        args.fault_s + args.recover_s)
     poller = None
     hog_core = args.rank_cores[FAULT_RANKS["cpu_hog"]]
     t_start = time.time()
@@ -460,12 +463,13 @@ def run(args: argparse.Namespace) -> int:
         args.clean_s = fit_budget(args, t_start, total, args.clean_s, args.mode)
         h.begin("clean")
         h.sleep(args.clean_s)
-        h.begin("cpu_hog")
-        h.start("hog", [h.py, "-c", "while True: pass"], [hog_core])
-        h.sleep(args.fault_s)
-        h.stop(["hog"], signal.SIGKILL, 5)
-        h.begin("recover_cpu")
-        h.sleep(args.recover_s)
+        if not args.no_cpu_hog:
+            h.begin("cpu_hog")
+            h.start("hog", [h.py, "-c", "while True: pass"], [hog_core])
+            h.sleep(args.fault_s)
+            h.stop(["hog"], signal.SIGKILL, 5)
+            h.begin("recover_cpu")
+            h.sleep(args.recover_s)
         h.begin("gpu_extra")
         (work / "slow-gpu").touch()
         h.sleep(args.fault_s)
