@@ -351,13 +351,15 @@ def _prediction(job: JobState, rates: np.ndarray, evicted: list[str], rows: list
         pred.measured_step_us = window_series.measured_step_us(list(job.results.window_series),
                                                                theory.WHATIF_KEEP)
         what = (f"{theory.STEP_BASES[0]}: the job's step measured now (its recent windows, {n} "
-                "ranks), less what the evicted ranks' own time per step (step less the wait for "
-                "peers) adds over the slowest remaining rank's"
+                "ranks), less what the evicted ranks add to the expected last arrival of the "
+                "ranks' own times per step (step less the wait for peers, each with its own "
+                "step-to-step spread)"
                 if collective else
                 f"{theory.STEP_BASES[1]}: the slowest rank's mean step now, and the slowest "
                 f"remaining rank's after ({n} ranks)")
         pred.basis = (what + f"; steps over {1 + cfg.spike_threshold:g} x the slowest own time "
-                      "left out, older windows fade; spike rate: " + spikes + note)
+                      "(or where the last rank's draw lands in 99% of steps, where own times "
+                      "vary) left out, older windows fade; spike rate: " + spikes + note)
     elif (job.results.basis_api and order.size
           and bool(job.results.basis_counts[:, order].sum() > 0)):
         counts = job.results.basis_counts
