@@ -14,6 +14,7 @@ import numpy as np
 
 from hypertrace.collector.apis import apis_for_library
 from hypertrace.collector.steps import StepFinder
+from hypertrace.proto import buckets
 from hypertrace.proto.apis import PERIODIC_KINDS
 
 STEPS = 100
@@ -30,8 +31,10 @@ def _children(pid: int) -> list[int]:
 
 
 def _measure(uprobe_session, fakecuda, run_worker, tmp_path, *how: str):
-    """Run the loop with its input wait ``how``; (loader wait, peer wait, steps) summed over
-    1-s windows as the agent sees them, and the waits the loop logged."""
+    """Run the loop with its input wait ``how``; (loader wait, peer wait) per step summed over
+    1-s windows as the agent sees them, the waits the loop logged, the pooled histogram of each
+    step's own time (its duration less its wait for peers) and the loop's log (step ns,
+    blocked ns per line)."""
     log = tmp_path / "steps.log"
     loop = run_worker("--steps", str(STEPS), "--step-us", "2000", "--spin", *how,
                       "--log", str(log), wait=True, exe=fakecuda.steploop)
@@ -42,6 +45,7 @@ def _measure(uprobe_session, fakecuda, run_worker, tmp_path, *how: str):
     uprobe_session.set_threads(loop.pid, [int(t) for t in os.listdir(f"/proc/{loop.pid}/task")])
     finder = StepFinder()
     loader = peer = steps = 0
+    own = np.zeros(buckets.NUM_BUCKETS, dtype=np.uint64)
     try:
         uprobe_session.read_process_stats()
         loop.go()
@@ -51,20 +55,28 @@ def _measure(uprobe_session, fakecuda, run_worker, tmp_path, *how: str):
             inf = finder.feed(stats.boundaries if stats else None)
             loader, peer, steps = (loader + inf.loader_wait_ns, peer + inf.peer_wait_ns,
                                    steps + inf.steps)
+            own += inf.own_hist
         assert loop.finish() == STEPS
     finally:
         uprobe_session.forget_pids([loop.pid])
-    logged = np.loadtxt(log)[:, 1]
+    logged = np.loadtxt(log)
     assert steps >= 0.9 * (STEPS - 1)
-    return loader / steps, peer / steps, float(logged.mean())
+    return loader / steps, peer / steps, float(logged[:, 1].mean()), own, logged
+
+
+def _median_ns(hist: np.ndarray) -> float:
+    return float(buckets.quantiles_us(hist, [0.5])[0]) * 1e3
 
 
 def test_a_wait_for_a_child_process_is_a_loader_wait(uprobe_session, fakecuda, run_worker,
                                                       tmp_path):
-    loader, peer, known = _measure(uprobe_session, fakecuda, run_worker, tmp_path,
-                                   "--child-wait-us", str(WAIT_S * 1e6))
+    loader, peer, known, own, logged = _measure(uprobe_session, fakecuda, run_worker, tmp_path,
+                                                "--child-wait-us", str(WAIT_S * 1e6))
     assert abs(loader / known - 1) <= 0.10, (loader, known)
     assert peer <= 0.10 * known, (peer, known)
+    # a wait for its own loader is the rank's own time: each step's own time is the whole step
+    want = float(np.median(logged[:, 0]))
+    assert abs(_median_ns(own) / want - 1) <= 0.10, (_median_ns(own), want)
 
 
 def test_a_wait_for_a_tcp_peer_is_a_peer_wait(uprobe_session, fakecuda, run_worker, tmp_path):
@@ -81,9 +93,16 @@ def test_a_wait_for_a_tcp_peer_is_a_peer_wait(uprobe_session, fakecuda, run_work
     t = threading.Thread(target=peer_side, daemon=True)
     t.start()
     try:
-        loader, peer, known = _measure(uprobe_session, fakecuda, run_worker, tmp_path,
-                                       "--peer-port", str(server.getsockname()[1]))
+        loader, peer, known, own, logged = _measure(
+            uprobe_session, fakecuda, run_worker, tmp_path,
+            "--peer-port", str(server.getsockname()[1]))
     finally:
         server.close()
     assert abs(peer / known - 1) <= 0.10, (peer, known)
     assert loader <= 0.10 * known, (loader, known)
+    # each step's own time leaves its wait for the peer out, step by step: the loop's step less
+    # the agent's peer wait per step (the loop's own log counts CPU time inside the wait as not
+    # waiting, the agent as idle until the wake-up: 2 ms apart here on a 2-core machine)
+    step = float(np.median(logged[:, 0]))
+    assert abs(_median_ns(own) / (step - peer) - 1) <= 0.15, (_median_ns(own), step, peer)
+    assert _median_ns(own) < 0.2 * step
