@@ -56,12 +56,12 @@ HIST_DTYPE = np.dtype([("count", "<u8"), ("sum_ns", "<u8"), ("min_ns", "<u8"), (
 EVLOG_LEN = 4096
 #: Layout of struct ht_event (one step boundary; the ring struct ht_evlog is a head and these).
 EVENT_DTYPE = np.dtype([("ts_ns", "<u8"), ("sync_ns", "<u8"), ("offcpu_ns", "<u8"),
-                        ("loader_ns", "<u8"), ("api", "<u8")])
+                        ("loader_ns", "<u8"), ("io_ns", "<u8"), ("api", "<u8")])
 #: Layout of struct ht_proc (cumulative per-process scheduler evidence and sync time).
 PROC_DTYPE = np.dtype([("sync_ns", "<u8"), ("offcpu_ns", "<u8"), ("loader_ns", "<u8"),
-                       ("idle_pending", "<u8"), ("runq_ns", "<u8"),
+                       ("io_ns", "<u8"), ("idle_pending", "<u8"), ("runq_ns", "<u8"),
                        ("involuntary", "<u8"), ("voluntary", "<u8"), ("last_ns", "<u8"),
-                       ("n", "<u8", (4,)), ("runq", "<u8", (buckets.NUM_BUCKETS,))])
+                       ("n", "<u8", (5,)), ("runq", "<u8", (buckets.NUM_BUCKETS,))])
 #: Bits of the program's per-tgid ``pids`` map.
 PID_EXCLUDED = 1
 PID_TRACKED = 2
@@ -161,6 +161,7 @@ class SchedSample:
     voluntary: int              # blocking switches
     runq_hist: np.ndarray       # (NUM_BUCKETS,) uint64 run-queue latency histogram
     loader_ns: int = 0          # the part of offcpu_ns its loader workers ended
+    io_ns: int = 0              # the part of offcpu_ns an active thread spent in D (own I/O)
 
 
 
@@ -739,6 +740,7 @@ class UprobeSession:
             out[pid] = BoundaryEvents(
                 ts_ns=ev["ts_ns"].copy(), sync_ns=ev["sync_ns"].copy(),
                 offcpu_ns=ev["offcpu_ns"].copy(), loader_ns=ev["loader_ns"].copy(),
+                io_ns=ev["io_ns"].copy(),
                 lost=new - take,
                 api=np.where(api < len(names), names[np.minimum(api, len(names) - 1)], "?"))
         return out
@@ -762,7 +764,7 @@ class UprobeSession:
                 if pid in tracked:
                     out[pid] = ProcessStats(pid=pid, sched=SchedSample(
                         runq_ns=int(d["runq_ns"]), offcpu_ns=int(d["offcpu_ns"]),
-                        loader_ns=int(d["loader_ns"]),
+                        loader_ns=int(d["loader_ns"]), io_ns=int(d["io_ns"]),
                         involuntary=int(d["involuntary"]), voluntary=int(d["voluntary"]),
                         runq_hist=d["runq"].astype(np.uint64)))
             for pid, events in self._read_boundaries().items():

@@ -50,6 +50,11 @@
 //    origin of its last wake-up). That part is loader_ns; the rest of the idle time is waiting
 //    for peers or anything else. A rank that waits for its own input pipeline is then not read
 //    as waiting for its peers (the opposite of the truth: the others wait for it).
+//  * Own I/O waits: idle time while an active thread sleeps uninterruptibly (prev_state D: a
+//    disk read, a page fault on a mapped file, an NFS or FUSE request) is io_ns, the rank's own
+//    wait, never a loader's or a peer's. A rank that loads its data itself (num_workers=0) and
+//    blocks on storage is then not read as waiting for its peers. Sleeps, futexes and sockets
+//    (S) stay with whoever ends them: a file handshake sleeps while it waits for its peers.
 //  * Large records (histograms) never live on the BPF stack: new map entries are initialised
 //    from a never-written per-CPU "zero" array element.
 //  * Buckets: exactly proto/buckets.py's scheme computed with shifts only (no division, no
@@ -95,12 +100,13 @@ struct ht_proc {
     u64 sync_ns;                    // latency of returned outermost sync-kind calls
     u64 offcpu_ns;                  // idle: every active thread blocked outside CUDA calls
     u64 loader_ns;                  // the part of offcpu_ns that ended in a wake-up by the loader
+    u64 io_ns;                      // the part of offcpu_ns with an active thread in D (own I/O)
     u64 idle_pending;               // idle time not yet attributed to whoever ended it
     u64 runq_ns;                    // starved: an active thread runnable, none running
     u64 involuntary;                // switched out runnable (preempted)
     u64 voluntary;                  // switched out blocked
     u64 last_ns;                    // last state change of any active thread
-    u64 n[4];                       // active threads per HT_ST_* state (index state - 1)
+    u64 n[5];                       // active threads per HT_ST_* state (index state - 1)
     u64 runq[HT_NUM_BUCKETS];       // run-queue latency histogram (per wait of one thread)
 };
 
@@ -111,6 +117,7 @@ struct ht_event {
     u64 sync_ns;                    // the process's sync_ns as of this boundary
     u64 offcpu_ns;                  // the process's offcpu_ns as of this boundary
     u64 loader_ns;                  // the process's loader_ns as of this boundary
+    u64 io_ns;                      // the process's io_ns as of this boundary
     u64 api;
 };
 
@@ -135,6 +142,9 @@ struct ht_evlog {
 #define HT_ST_QUEUED 2
 #define HT_ST_IN_CALL 3             // blocked inside a probed call (its wait is that call's)
 #define HT_ST_BLOCKED 4             // blocked outside probed calls
+#define HT_ST_BLOCKED_IO 5          // blocked outside probed calls, uninterruptibly (D: I/O)
+// sched_switch prev_state's D bit (TASK_UNINTERRUPTIBLE in the task-state report)
+#define HT_STATE_D 0x2
 struct ht_task {
     u32 tgid;
     u32 state;                      // HT_ST_*; 0 until the process is tracked
@@ -197,7 +207,8 @@ static __always_inline struct ht_hist *ht_slot(u32 buf, struct ht_key *key) {
 
 // Whether the process is idle by these counts: every active thread blocked outside CUDA calls.
 static __always_inline int ht_idle(struct ht_proc *pr) {
-    return (s64)pr->n[0] <= 0 && (s64)pr->n[1] <= 0 && (s64)pr->n[2] <= 0 && (s64)pr->n[3] > 0;
+    return (s64)pr->n[0] <= 0 && (s64)pr->n[1] <= 0 && (s64)pr->n[2] <= 0 &&
+           ((s64)pr->n[3] > 0 || (s64)pr->n[4] > 0);
 }
 
 // Thread t of process pr changes state at now: charge the time since the process's last change to
@@ -214,15 +225,19 @@ static __always_inline void ht_move(struct ht_proc *pr, struct ht_task *t, u32 t
             __sync_fetch_and_add(&pr->runq_ns, now - last);
         else if (was_idle) {
             __sync_fetch_and_add(&pr->offcpu_ns, now - last);
-            __sync_fetch_and_add(&pr->idle_pending, now - last);
+            // a thread in D waits for the rank's own I/O, whoever wakes the process later
+            if ((s64)pr->n[4] > 0)
+                __sync_fetch_and_add(&pr->io_ns, now - last);
+            else
+                __sync_fetch_and_add(&pr->idle_pending, now - last);
         }
     }
     u32 from = t->state;
     // (never below zero: a count made afresh by track_pids after a forget does not know the
     // threads that were already counted)
-    if (from >= HT_ST_RUNNING && from <= HT_ST_BLOCKED && pr->n[from - 1] > 0)
+    if (from >= HT_ST_RUNNING && from <= HT_ST_BLOCKED_IO && pr->n[from - 1] > 0)
         __sync_fetch_and_add(&pr->n[from - 1], (u64)-1);
-    if (to >= HT_ST_RUNNING && to <= HT_ST_BLOCKED)
+    if (to >= HT_ST_RUNNING && to <= HT_ST_BLOCKED_IO)
         __sync_fetch_and_add(&pr->n[to - 1], 1);
     t->state = to;
     if (was_idle && !ht_idle(pr)) {
@@ -308,6 +323,7 @@ static __always_inline void ht_boundary(u32 tgid, u32 api, u64 now) {
     e->sync_ns = pr ? pr->sync_ns : 0;
     e->offcpu_ns = pr ? pr->offcpu_ns : 0;
     e->loader_ns = pr ? pr->loader_ns : 0;
+    e->io_ns = pr ? pr->io_ns : 0;
     e->api = api;
     lg->head = h + 1;
 }
@@ -414,7 +430,9 @@ TRACEPOINT_PROBE(sched, sched_switch) {
             } else {
                 __sync_fetch_and_add(&pr->voluntary, 1);
                 t->queued_ns = 0;
-                ht_move(pr, t, ht_in_call(id) ? HT_ST_IN_CALL : HT_ST_BLOCKED, now, HT_FROM_OTHER);
+                u32 to = ht_in_call(id) ? HT_ST_IN_CALL
+                         : (args->prev_state & HT_STATE_D) ? HT_ST_BLOCKED_IO : HT_ST_BLOCKED;
+                ht_move(pr, t, to, now, HT_FROM_OTHER);
             }
         }
     }
@@ -472,7 +490,7 @@ static __always_inline int ht_wakeup(u32 tid) {
     u64 now = bpf_ktime_get_ns();
     // A wake-up of a thread that has not blocked yet (it is still on its CPU) also lands here:
     // only a blocked thread becomes queued.
-    if (t->state == HT_ST_IN_CALL || t->state == HT_ST_BLOCKED) {
+    if (t->state == HT_ST_IN_CALL || t->state == HT_ST_BLOCKED || t->state == HT_ST_BLOCKED_IO) {
         struct ht_proc *pr = ht_tracked(t->tgid);
         if (pr)
             ht_move(pr, t, HT_ST_QUEUED, now, origin);

@@ -47,9 +47,10 @@ class ApiIntervals:
 class BoundaryEvents:
     """A process's step-boundary events since the previous read, oldest first.
 
-    ``sync_ns``, ``offcpu_ns`` and ``loader_ns`` are cumulative counters as of each event (the
-    process's time in synchronize calls, its idle time, and the part of that its own loader
-    workers ended), so any two events give the waits between them. ``lost``: events that were
+    ``sync_ns``, ``offcpu_ns``, ``loader_ns`` and ``io_ns`` are cumulative counters as of each
+    event (the process's time in synchronize calls, its idle time, the part of that its own
+    loader workers ended, and the part it spent blocked on its own I/O), so any two events give
+    the waits between them. ``lost``: events that were
     overwritten before this read (the log is a ring)."""
 
     ts_ns: np.ndarray
@@ -58,10 +59,13 @@ class BoundaryEvents:
     offcpu_ns: np.ndarray
     lost: int = 0
     loader_ns: np.ndarray | None = None     # None: the backend cannot tell (all zero)
+    io_ns: np.ndarray | None = None         # None: the backend cannot tell (all zero)
 
     def __post_init__(self) -> None:
         if self.loader_ns is None:
             self.loader_ns = np.zeros(len(self.ts_ns), dtype=np.uint64)
+        if self.io_ns is None:
+            self.io_ns = np.zeros(len(self.ts_ns), dtype=np.uint64)
 
     @classmethod
     def empty(cls) -> "BoundaryEvents":
@@ -70,7 +74,7 @@ class BoundaryEvents:
 
     @classmethod
     def of(cls, ts_ns, api, sync_ns=None, offcpu_ns=None, lost: int = 0,
-           loader_ns=None) -> "BoundaryEvents":
+           loader_ns=None, io_ns=None) -> "BoundaryEvents":
         """From sequences (tests, the CUPTI recorder); missing counters read as 0."""
         ts = np.asarray(ts_ns, dtype=np.uint64)
 
@@ -78,7 +82,7 @@ class BoundaryEvents:
             return np.zeros(len(ts), dtype=np.uint64) if v is None else np.asarray(
                 v, dtype=np.uint64)
         return cls(ts, np.asarray(api, dtype=str), col(sync_ns), col(offcpu_ns), lost,
-                   col(loader_ns))
+                   col(loader_ns), col(io_ns))
 
     def __len__(self) -> int:
         return len(self.ts_ns)
@@ -96,7 +100,8 @@ class BoundaryEvents:
         calls would break the pattern)."""
         keep = np.isin(self.api, list(apis))
         return BoundaryEvents(self.ts_ns[keep], self.api[keep], self.sync_ns[keep],
-                              self.offcpu_ns[keep], self.lost, self.loader_ns[keep])
+                              self.offcpu_ns[keep], self.lost, self.loader_ns[keep],
+                              self.io_ns[keep])
 
 
 @dataclass
@@ -111,6 +116,7 @@ class StepInference:
     gpu_wait_ns: int = 0             # synchronize time inside these steps
     peer_wait_ns: int = 0            # idle time inside these steps not ended by the own loader
     loader_wait_ns: int = 0          # idle time inside these steps that its loader workers ended
+    io_wait_ns: int = 0              # idle time inside these steps blocked on its own I/O (D)
     step_sum_ns: int = 0
     #: Each step's end (monotonic ns, the kernel's clock) and duration. Not on the wire: the
     #: agent splits the window's steps into those a probe slice touched and the rest with them.
@@ -129,7 +135,7 @@ class StepInference:
             busy_time=pack_histogram(self.busy_hist), own_time=pack_histogram(self.own_hist),
             gpu_wait_us=self.gpu_wait_ns / 1e3,
             peer_wait_us=self.peer_wait_ns / 1e3, step_sum_us=self.step_sum_ns / 1e3,
-            loader_wait_us=self.loader_wait_ns / 1e3)
+            loader_wait_us=self.loader_wait_ns / 1e3, io_wait_us=self.io_wait_ns / 1e3)
 
 
 def source_api(source: str) -> str | None:
@@ -225,7 +231,8 @@ class StepFinder:
             np.concatenate([ev.api.astype(str), new.api.astype(str)])[keep],
             np.concatenate([ev.sync_ns, new.sync_ns])[keep],
             np.concatenate([ev.offcpu_ns, new.offcpu_ns])[keep], 0,
-            np.concatenate([ev.loader_ns, new.loader_ns])[keep])
+            np.concatenate([ev.loader_ns, new.loader_ns])[keep],
+            np.concatenate([ev.io_ns, new.io_ns])[keep])
         self._idx = np.concatenate([self._idx, idx])[keep]
         self._call = np.concatenate([self._call, call])[keep]
 
@@ -330,11 +337,14 @@ class StepFinder:
         ws = np.minimum(ws, dur)
         wo = np.minimum(wo, dur - ws)
         wl = np.minimum(wl, wo)
+        wi = np.maximum(ev.io_ns[b].astype(np.int64) - ev.io_ns[a].astype(np.int64), 0)
+        wi = np.minimum(wi, wo - wl)
         busy = dur - ws - wo
         return StepInference(
             source=source, steps=n, step_hist=buckets.histogram_of_ns(dur),
             busy_hist=buckets.histogram_of_ns(busy),
-            own_hist=buckets.histogram_of_ns(dur - (wo - wl)), gpu_wait_ns=int(ws.sum()),
-            peer_wait_ns=int((wo - wl).sum()), loader_wait_ns=int(wl.sum()),
+            own_hist=buckets.histogram_of_ns(dur - (wo - wl - wi)), gpu_wait_ns=int(ws.sum()),
+            peer_wait_ns=int((wo - wl - wi).sum()), loader_wait_ns=int(wl.sum()),
+            io_wait_ns=int(wi.sum()),
             step_sum_ns=int(dur.sum()),
             ends_ns=ev.ts_ns[b].astype(np.int64), durations_ns=dur)

@@ -116,7 +116,7 @@ class SchedStats(_message.Message):
     def __init__(self, runq_ns: _Optional[int] = ..., offcpu_ns: _Optional[int] = ..., involuntary_switches: _Optional[int] = ..., voluntary_switches: _Optional[int] = ..., runq_latency: _Optional[_Union[Histogram, _Mapping]] = ..., window_s: _Optional[float] = ...) -> None: ...
 
 class StepStats(_message.Message):
-    __slots__ = ("source", "refused", "steps", "busy_time", "gpu_wait_us", "peer_wait_us", "step_sum_us", "loader_wait_us", "own_time")
+    __slots__ = ("source", "refused", "steps", "busy_time", "gpu_wait_us", "peer_wait_us", "step_sum_us", "loader_wait_us", "own_time", "io_wait_us")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,7 @@ class StepStats(_message.Message):
     STEP_SUM_US_FIELD_NUMBER: _ClassVar[int]
     LOADER_WAIT_US_FIELD_NUMBER: _ClassVar[int]
     OWN_TIME_FIELD_NUMBER: _ClassVar[int]
+    IO_WAIT_US_FIELD_NUMBER: _ClassVar[int]
     source: str
     refused: str
     steps: int
@@ -135,7 +136,8 @@ class StepStats(_message.Message):
     step_sum_us: float
     loader_wait_us: float
     own_time: Histogram
-    def __init__(self, source: _Optional[str] = ..., refused: _Optional[str] = ..., steps: _Optional[int] = ..., busy_time: _Optional[_Union[Histogram, _Mapping]] = ..., gpu_wait_us: _Optional[float] = ..., peer_wait_us: _Optional[float] = ..., step_sum_us: _Optional[float] = ..., loader_wait_us: _Optional[float] = ..., own_time: _Optional[_Union[Histogram, _Mapping]] = ...) -> None: ...
+    io_wait_us: float
+    def __init__(self, source: _Optional[str] = ..., refused: _Optional[str] = ..., steps: _Optional[int] = ..., busy_time: _Optional[_Union[Histogram, _Mapping]] = ..., gpu_wait_us: _Optional[float] = ..., peer_wait_us: _Optional[float] = ..., step_sum_us: _Optional[float] = ..., loader_wait_us: _Optional[float] = ..., own_time: _Optional[_Union[Histogram, _Mapping]] = ..., io_wait_us: _Optional[float] = ...) -> None: ...
 
 class LoaderStats(_message.Message):
     __slots__ = ("workers", "cpu_s", "runq_s")

@@ -478,6 +478,7 @@ def _process_plainly_valid(p: pb.ProcessWindow, budget_left: int,
         st = p.steps
         if not (0.0 <= st.gpu_wait_us < _INF and 0.0 <= st.peer_wait_us < _INF
                 and 0.0 <= st.step_sum_us < _INF and 0.0 <= st.loader_wait_us < _INF
+                and 0.0 <= st.io_wait_us < _INF
                 and len(st.source) <= MAX_TEXT_LEN
                 and len(st.refused) <= MAX_TEXT_LEN and st.steps <= MAX_STEPS_PER_WINDOW):
             return False
@@ -528,7 +529,7 @@ def _check_overhead(o: pb.Overhead, field: str, extras: set[str]) -> None:
 
 
 def _check_steps(st: pb.StepStats, field: str) -> None:
-    for stat in ("gpu_wait_us", "peer_wait_us", "step_sum_us", "loader_wait_us"):
+    for stat in ("gpu_wait_us", "peer_wait_us", "step_sum_us", "loader_wait_us", "io_wait_us"):
         _check_finite_nonneg(getattr(st, stat), f"{field}.{stat}")
     _check_text(st.source, f"{field}.source")
     _check_text(st.refused, f"{field}.refused")

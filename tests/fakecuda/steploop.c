@@ -16,11 +16,14 @@
  *   fakecuda-steploop --steps N --step-us U [--spread S] [--syncs 1|2|3] [--seed X]
  *                     [--child-wait-us W | --peer-port P] [--spin] --log FILE [--wait-stdin]
  * --spin: the phases' share of the step is a busy loop instead of a sleep (no idle time in a
- * step but its input wait). */
+ * step but its input wait). --io-wait-us W: each step first blocks uninterruptibly for W, as a
+ * read from slow storage does (state D): the loop vforks a child that sleeps W and exits, and
+ * the kernel keeps a vfork's parent in D until then. */
 #include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,7 +68,7 @@ int main(int argc, char **argv) {
     int syncs = 1, wait_stdin = 0, spin = 0;
     double step_us = 0, spread = 1.0;
     const char *log_path = NULL;
-    double child_wait_us = 0;
+    double child_wait_us = 0, io_wait_us = 0;
     int peer_port = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atol(argv[++i]);
@@ -76,6 +79,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--log") && i + 1 < argc) log_path = argv[++i];
         else if (!strcmp(argv[i], "--child-wait-us") && i + 1 < argc) child_wait_us = atof(argv[++i]);
         else if (!strcmp(argv[i], "--peer-port") && i + 1 < argc) peer_port = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--io-wait-us") && i + 1 < argc) io_wait_us = atof(argv[++i]);
         else if (!strcmp(argv[i], "--wait-stdin")) wait_stdin = 1;
         else if (!strcmp(argv[i], "--spin")) spin = 1;
         else { fprintf(stderr, "fakecuda-steploop: bad argument %s\n", argv[i]); return 2; }
@@ -131,6 +135,22 @@ int main(int argc, char **argv) {
             schedstat(&run0, &q0);
             long long t0 = fakecuda_now_ns();
             if (write(out_fd, &c, 1) != 1 || read(in_fd, &c, 1) != 1) { perror("input"); return 2; }
+            waited = fakecuda_now_ns() - t0;
+            schedstat(&run1, &q1);
+            waited -= (run1 - run0) + (q1 - q0);
+        }
+        if (io_wait_us > 0) {                         /* own storage: blocked in D */
+            long long ns = (long long)(io_wait_us * 1e3), run0, q0, run1, q1;
+            struct timespec ts = {ns / 1000000000LL, ns % 1000000000LL};
+            schedstat(&run0, &q0);
+            long long t0 = fakecuda_now_ns();
+            pid_t p = vfork();
+            if (p == 0) {                             /* a vfork child: syscalls only */
+                syscall(SYS_nanosleep, &ts, NULL);
+                _exit(0);
+            }
+            if (p < 0) { perror("vfork"); return 2; }
+            waitpid(p, NULL, 0);
             waited = fakecuda_now_ns() - t0;
             schedstat(&run1, &q1);
             waited -= (run1 - run0) + (q1 - q0);
