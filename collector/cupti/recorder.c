@@ -86,9 +86,9 @@ struct ht_period {                    // one periodic API's boundaries (not clea
 // boundaries of one API, which is what a step's two ends are.
 #define HT_EVLOG_LEN 4096
 #define HT_GAP_SLOT 0xffffffffULL     // an event that is a gap: no step spans it
-// The layout of the eBPF program's boundaries (collector/ebpf.py EVENT_DTYPE); loader_ns stays 0:
-// callbacks cannot see who woke a thread.
-struct ht_event { u64 ts_ns, sync_ns, offcpu_ns, loader_ns, api; };
+// The layout of the eBPF program's boundaries (collector/ebpf.py EVENT_DTYPE); loader_ns and
+// io_ns stay 0: callbacks cannot see who woke a thread, nor what it slept in.
+struct ht_event { u64 ts_ns, sync_ns, offcpu_ns, loader_ns, io_ns, api; };
 static struct ht_event evlog[HT_EVLOG_LEN];
 static u64 evhead;
 static struct ht_period period[HT_MAX_SLOTS];
@@ -317,6 +317,7 @@ static void log_event(u64 ts, u64 sync, u64 idle, u64 api) {
     e->sync_ns = sync;
     e->offcpu_ns = idle;
     e->loader_ns = 0;
+    e->io_ns = 0;
     e->api = api;
     evhead++;
 }
