@@ -414,7 +414,8 @@ _LOOPS = (
 
 def _pipeline(where: str, pct: float, mode: str, workers: int | None = None) -> Builder:
     """One rank's input pipeline ``pct`` of a step slow (``where`` "loader": it waits for its
-    loader workers; "inline": num_workers=0, the loading is its own work), in ``mode``."""
+    loader workers; "inline": num_workers=0, the loading is its own work; "storage": the same,
+    blocked on slow storage), in ``mode``."""
     def apply(c: SimConfig) -> SimConfig:
         node, gpus = _one_rank(c, 6_000)
         return replace(c, mode=mode, stragglers=(Straggler(node, 1.0 + pct, gpus=gpus,
@@ -434,7 +435,10 @@ _PIPELINE = tuple(
         ("one-worker", "one rank has 1 loader worker where the others have 4: it waits 15% of "
          "a step per step for it, 90-99% busy", "loader", 1),
         ("inline", "one rank loads its data in the training process (num_workers=0): 15% of a "
-         "step more own work, no loader workers", "inline", None)))
+         "step more own work, no loader workers", "inline", None),
+        ("storage", "one rank loads its data in the training process (num_workers=0) and blocks "
+         "on slow storage (state D) for 15% of a step per step, no loader workers", "storage",
+         None)))
 
 _CATALOG = _CATALOG + _LOOPS + _PIPELINE
 

@@ -190,7 +190,7 @@ DEFAULT_APIS: tuple[ApiModel, ...] = (
 
 
 #: Where a straggler is slow (:class:`Straggler`).
-SIDES = ("both", "host", "compute", "cpu", "loader", "inline")
+SIDES = ("both", "host", "compute", "cpu", "loader", "inline", "storage")
 
 
 @dataclass(frozen=True)
@@ -201,8 +201,10 @@ class Straggler:
     or "cpu" (CPU contention: the busy time per step grows by ``factor`` and the run-queue share
     jumps, launch latency and GPU work stay), "loader" (its data loader keeps it waiting
     ``factor - 1`` of a step per step before its work) or "inline" (its loader runs in the
-    training process, ``num_workers=0``: ``factor - 1`` of a step more own work before its work);
-    ``workers``: its loader workers (None: the job's ``loader_workers``; "inline": 0);
+    training process, ``num_workers=0``: ``factor - 1`` of a step more own work before its work)
+    or "storage" (its loader runs in the training process and blocks on slow storage:
+    ``factor - 1`` of a step per step in state D, the agent's ``io_wait_us``);
+    ``workers``: its loader workers (None: the job's ``loader_workers``; "inline", "storage": 0);
     ``flap_on``/``flap_off`` > 0 make it slow for flap_on windows out of every flap_on+flap_off.
     """
 
@@ -503,11 +505,13 @@ def _arrival_ms(cfg: SimConfig, design: bool) -> np.ndarray:
 
 
 def _before_work_ms(cfg: SimConfig, ms: float, design: bool = True
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """(loader wait, in-process loading), each (windows, gpus) ms per step: what a rank does
-    before it issues a step's work, so its whole arrival moves by it."""
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(loader wait, in-process loading, in-process reads blocked on storage), each (windows,
+    gpus) ms per step: what a rank does before it issues a step's work, so its whole arrival
+    moves by it."""
     wait = ms * (cfg.loader_frac + slowdown_matrix(cfg, "loader", design) - 1.0)
-    return wait, ms * (slowdown_matrix(cfg, "inline", design) - 1.0)
+    return (wait, ms * (slowdown_matrix(cfg, "inline", design) - 1.0),
+            ms * (slowdown_matrix(cfg, "storage", design) - 1.0))
 
 
 def true_slowdown(cfg: SimConfig) -> np.ndarray:
@@ -820,6 +824,8 @@ class StepModel:
     loader_wait: np.ndarray    # the wait for its data loader, before its work
     #: the squared relative spread the ranks' own draws add to a collective step (own_sigma)
     max_cv2: float = 0.0
+    #: its own reads blocked on storage (state D), before its work; None: none
+    io_wait: np.ndarray | None = None
 
 
 def step_model(cfg: SimConfig, compute: np.ndarray | None = None,
@@ -834,8 +840,8 @@ def step_model(cfg: SimConfig, compute: np.ndarray | None = None,
         _, compute, host = _simulate(cfg)
     ms = cfg.step_ms
     busy = ms * cfg.busy_frac * host * slowdown_matrix(cfg, "cpu")
-    loader, inline = _before_work_ms(cfg, ms)
-    arrive = np.maximum(busy, ms * cfg.gpu_frac * compute) + cfg.sync_ms + loader + inline
+    loader, inline, io = _before_work_ms(cfg, ms)
+    arrive = np.maximum(busy, ms * cfg.gpu_frac * compute) + cfg.sync_ms + loader + inline + io
     rest = ms * (1.0 - cfg.gpu_frac) - cfg.sync_ms     # collective / input wait of the last one
     max_cv2 = 0.0
     if cfg.mode == "collective":
@@ -849,9 +855,9 @@ def step_model(cfg: SimConfig, compute: np.ndarray | None = None,
     # a rank that polls for its peers (a file handshake) is on CPU for part of its wait: the
     # agent counts that part as busy time, not as time the process sat idle
     return StepModel(busy=busy + inline + cfg.peer_spin * peer,
-                     gpu_wait=arrive - busy - inline - loader,
+                     gpu_wait=arrive - busy - inline - loader - io,
                      peer_wait=(1.0 - cfg.peer_spin) * peer, step=step, steps=steps,
-                     loader_wait=loader, max_cv2=max_cv2)
+                     loader_wait=loader, max_cv2=max_cv2, io_wait=io)
 
 
 def expected_max_arrival(arrive: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
@@ -890,7 +896,7 @@ def loader_workers(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray]:
                                                          (cfg.windows, cfg.gpus))
     for s in cfg.stragglers:
         cols = _cols(cfg, s.node, s.gpus)
-        if s.where == "inline":
+        if s.where in ("inline", "storage"):
             workers[cols] = 0
         elif s.workers is not None:
             workers[cols] = s.workers
@@ -1130,6 +1136,8 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
         workers, busy_share = loader_workers(cfg)
         gpu_wait_us = model.gpu_wait * model.steps * 1e3 * jit[0]
         loader_us = np.rint(model.loader_wait * model.steps * 1e3 * jit[2] * 1e3) / 1e3
+        io = model.io_wait if model.io_wait is not None else np.zeros_like(model.step)
+        io_us = np.rint(io * model.steps * 1e3 * jit[2] * 1e3) / 1e3
         peer_wait_us = model.peer_wait * model.steps * 1e3 * jit[1]
         step_sum_us = steps.sum_us
         if cfg.mode == "collective":
@@ -1183,7 +1191,8 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
                 sc.runq_latency.CopyFrom(runq.histogram(w, g))
                 sc.window_s = cfg.window_seconds
                 if model is not None:
-                    sc.offcpu_ns = int((peer_wait_us[w, g] + loader_us[w, g]) * 1e3)
+                    sc.offcpu_ns = int((peer_wait_us[w, g] + loader_us[w, g] + io_us[w, g])
+                                       * 1e3)
                     proc.step_time.CopyFrom(steps.histogram(w, g))
                     st = proc.steps
                     st.source = f"inferred:{STEP_API}"
@@ -1194,6 +1203,7 @@ def generate(cfg: SimConfig) -> Iterator[pb.NodeWindow]:
                     st.peer_wait_us = float(peer_wait_us[w, g])
                     st.step_sum_us = float(step_sum_us[w, g])
                     st.loader_wait_us = float(loader_us[w, g])
+                    st.io_wait_us = float(io_us[w, g])
                     proc.loader.workers = int(workers[g])
                     proc.loader.cpu_s = float(busy_share[w, g] * workers[g] * cfg.window_seconds)
             yield nw

@@ -7,7 +7,9 @@ a loader wait (StepStats.loader_wait_us), kept apart from the wait for peers. In
 job every rank waits for the one whose loader is slow, so the waited-for rank is the one with
 the long loader wait, and its own time per step (which holds that wait) moved. A rank with
 fewer workers than the job's (``num_workers=0``: none, the loader runs inside the training
-process as its own work) is named by that count when its steps moved.
+process as its own work) is named by that count when its steps moved. A rank whose threads block
+on their own I/O (state D: a disk read, a page fault on a mapped file, an NFS or FUSE request;
+StepStats.io_wait_us) reads its data itself, and slowly: that wait is its own, never its peers'.
 """
 from __future__ import annotations
 
@@ -25,11 +27,13 @@ from hypertrace.analyzer.score.signal import (
 from hypertrace.proto import hypertrace_pb2 as pb
 
 WAIT = "step.loader_wait"
+IO = "step.io_wait"
 WORKERS = "loader.workers"
 #: The evidence fact: the share of their window the rank's loader workers ran on a CPU.
 BUSY = "loader.busy"
 
 _WAIT_US = "loader_wait_us"
+_IO_US = "io_wait_us"
 _WORKERS = "loader_workers"
 _WINDOWS = "loader_windows"
 _CPU_S = "loader_cpu_s"
@@ -57,6 +61,7 @@ def _worker_s(p: pb.ProcessWindow) -> float | None:
 
 INPUTS = (
     Input(_WAIT_US, _wait_us),
+    Input(_IO_US, lambda p: p.steps.io_wait_us if p.HasField("steps") else None),
     Input(_WORKERS, lambda p: float(p.loader.workers) if _has(p) else None),
     Input(_WINDOWS, lambda p: 1.0 if _has(p) else None),
     Input(_CPU_S, lambda p: p.loader.cpu_s if _has(p) else None),
@@ -73,6 +78,16 @@ def _measure_wait(i: SignalInputs) -> Measured | None:
         per_step = np.where(i.steps > 0, i.extra[_WAIT_US] / np.maximum(i.steps, 1), np.nan)
         worker_s = i.extra.get(_WORKER_S, np.zeros(i.cs.size))
         i.facts[BUSY] = np.where(worker_s > 0, i.extra.get(_CPU_S, 0.0) / worker_s, np.nan)
+    return Measured(per_step, i.step_ok, None, i.wait_gate)
+
+
+def _measure_io(i: SignalInputs) -> Measured | None:
+    """Per step, the idle time a thread of the rank spent blocked on its own I/O; gated like the
+    other waits."""
+    if i.wait_gate is None or _IO_US not in i.extra:
+        return None
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_step = np.where(i.steps > 0, i.extra[_IO_US] / np.maximum(i.steps, 1), np.nan)
     return Measured(per_step, i.step_ok, None, i.wait_gate)
 
 
@@ -102,10 +117,17 @@ def _workers_text(ev: Evidence) -> str:
 
 
 def _pipeline_cause(ev: Evidence) -> str:
-    """One cause for either loader signal: the longer wait for the data loader first when there
-    is one, then the workers; the same words whichever of the two leads."""
+    """One cause for every input-pipeline signal: the wait that grew more, its own reads or its
+    data loader, first when there is one, then the workers; the same words whichever leads."""
     workers = _workers_text(ev)
-    if WAIT in ev and ev[WAIT][0] > ev[WAIT][1]:
+    io_excess = ev[IO][0] - ev[IO][1] if IO in ev else 0.0
+    wait_excess = ev[WAIT][0] - ev[WAIT][1] if WAIT in ev else 0.0
+    if io_excess > max(wait_excess, 0.0):
+        v, m = ev[IO]
+        return (f"blocked {duration_text(v)} per step on its own reads (disk, page faults, NFS) "
+                f"vs {duration_text(m)} job median{'; ' + workers if workers else ''}: it reads "
+                f"its data itself, from slow storage: {REMEDY}")
+    if wait_excess > 0:
         v, m = ev[WAIT]
         return (f"waits {duration_text(v)} per step for its data loader vs {duration_text(m)} "
                 f"job median{'; ' + workers if workers else ''}: {REMEDY}")
@@ -123,6 +145,16 @@ LOADER_WAIT = Signal(
     brief="waits {v} per step for its data loader vs {m}", tier=0, explains=True,
     inputs=INPUTS)
 
+IO_WAIT = Signal(
+    IO, "us", "per_step", "own I/O wait per step",
+    {"high": "blocks on its own reads longer per step than the job: storage, or an input "
+             "pipeline inside the training process",
+     "low": "blocks on its own reads less than the job: not a problem by itself"},
+    measure=_measure_io,
+    implicate=lambda s, i: s.high & i.steps_moved,
+    cause=_pipeline_cause,
+    brief="blocked {v} per step on its own reads vs {m}", tier=0, explains=True)
+
 LOADER_WORKERS = Signal(
     WORKERS, "count", "mean", "loader workers",
     {"low": "fewer loader workers than the job (none: the loader runs inside the training "
@@ -134,4 +166,5 @@ LOADER_WORKERS = Signal(
     cause=_pipeline_cause,
     brief="{v} loader workers vs {m}", tier=0, slow_when_low=True)
 
-__all__ = ["BUSY", "LOADER_WAIT", "LOADER_WORKERS", "REMEDY", "WAIT", "WORKERS"]
+__all__ = ["BUSY", "IO", "IO_WAIT", "LOADER_WAIT", "LOADER_WORKERS", "REMEDY", "WAIT",
+           "WORKERS"]

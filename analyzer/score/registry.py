@@ -11,6 +11,7 @@ SIGNALS: tuple[Signal, ...] = (
     signals.SM_CLOCK,
     signals.GPU_WAIT,
     loader.LOADER_WAIT,
+    loader.IO_WAIT,
     loader.LOADER_WORKERS,
     signals.OWN,
     signals.STEP_TIME,
