@@ -7,9 +7,9 @@ Usage (GPU box, after `source tests/gpu/device_env.sh`; fault_matrix.py starts o
 
 Why it looks like this: the agent must find steps in loops whose step is not a clock. Each step:
   * takes a batch from a torch DataLoader with --workers (4) worker processes, pinned memory and
-    a CPU transform: each item costs a read (a sleep of a quarter of the clean step's median
-    over the batch's items: four workers keep up with twice the pace) and, with probability
-    --stall-p, a 30-80 ms stall (slow storage);
+    a CPU transform: each item costs a read (blocked in D, as on a disk, for a quarter of the
+    clean step's median over the batch's items: four workers keep up with twice the pace) and,
+    with probability --stall-p, a 30-80 ms stall (slow storage);
   * has a sequence length drawn uniformly within +-30% of --seq per batch (variable-length
     batches), so its GPU work varies by about 1.9x from step to step;
   * runs forward, backward and an AdamW step over --depth MLP blocks (Linear, GELU, Linear,
@@ -49,6 +49,7 @@ import random
 import statistics
 import sys
 import time
+from typing import Callable
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,15 +89,34 @@ def say(rank: int, msg: str) -> None:
     print(f"[rank {rank}] {msg}", file=sys.stderr, flush=True)
 
 
+def storage_wait() -> Callable[[float], None]:
+    """How an item's read waits: blocked uninterruptibly (state D) for that long, as on slow
+    storage (tests/gpu/dstate_read.c, built once per source), or ``time.sleep`` where no C
+    compiler is at hand (the wait then reads as interruptible, S)."""
+    try:
+        from hypertrace.proto import cbuild
+        here = os.path.dirname(os.path.abspath(__file__))
+        lib = ctypes.CDLL(str(cbuild.build_c(os.path.join(here, "dstate_read.c"),
+                                             "ht-dstate-read", ["-O2", "-shared", "-fPIC"],
+                                             ".so")))
+        lib.ht_block_d_ns.argtypes = [ctypes.c_longlong]
+        return lambda s: lib.ht_block_d_ns(int(s * 1e9)) and time.sleep(s)
+    except Exception as exc:                 # no compiler, no hypertrace on the path
+        print(f"jitter_loop: reads sleep instead of blocking in D ({exc})", file=sys.stderr)
+        return time.sleep
+
+
 class Items:
     """A map-style dataset: item i is one sequence of the batch i // batch, whose length is that
-    batch's draw. Reading an item sleeps ``read_s`` (x3 while ``slow_file`` exists), and now and
-    then stalls; the transform (normalizing) is CPU work in the worker."""
+    batch's draw. Reading an item blocks in D for ``read_s`` (x3 while ``slow_file`` exists;
+    :func:`storage_wait`), and now and then stalls; the transform (normalizing) is CPU work in
+    the worker."""
 
     def __init__(self, args: argparse.Namespace, read_s: float, slow_file: str | None):
         self.batch, self.width, self.seq = args.batch, args.width, args.seq
         self.stall_p, self.read_s, self.slow_file = args.stall_p, read_s, slow_file
         self.seed = 1000 + args.rank
+        self.wait = storage_wait()
 
     def __len__(self) -> int:
         return 10 ** 9
@@ -111,7 +131,7 @@ class Items:
         wait = self.read_s * (3.0 if self.slow_file and os.path.exists(self.slow_file) else 1.0)
         if rng.random() < self.stall_p:
             wait += rng.uniform(0.030, 0.080)
-        time.sleep(wait)
+        self.wait(wait)
         x = torch.randn(self.length_of(i // self.batch), self.width)
         return (x - x.mean()) / (x.std() + 1e-6)
 
