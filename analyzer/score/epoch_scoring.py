@@ -15,8 +15,14 @@ from typing import Mapping
 
 import numpy as np
 
-from hypertrace.analyzer.score import (auto_groups, registry, signals, sync_share, theory,
-                                       window_series)
+from hypertrace.analyzer.score import (
+    auto_groups,
+    registry,
+    signals,
+    sync_share,
+    theory,
+    window_series,
+)
 from hypertrace.analyzer.score.config import KNOWN_STATS, ScoringConfig
 from hypertrace.analyzer.score.cross_section import CrossSection, GpuKey, Hists
 from hypertrace.analyzer.score.imbalance import group_deviations

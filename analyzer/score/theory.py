@@ -308,7 +308,7 @@ def expected_max_normal(mean: np.ndarray, sd: np.ndarray) -> float:
     ranks' means and of ``m_i − 8 s_i``: no maximum lies below it) to ``b`` (the largest
     ``m_i + 8 s_i``). Ranks are grouped on a lattice of a sixteenth of the smallest spread first,
     so a job of 16,384 ranks costs a few hundred rows of the grid, not 16,384."""
-    from scipy.special import log_ndtr          # the log of the normal CDF, stable in its tail
+    from scipy.special import log_ndtr  # the log of the normal CDF, stable in its tail
 
     m = np.asarray(mean, dtype=np.float64)
     s = np.maximum(np.asarray(sd, dtype=np.float64), 0.0)
