@@ -69,26 +69,30 @@ INPUTS = (
 )
 
 
-def _measure_wait(i: SignalInputs) -> Measured | None:
-    """Per step, the wait its loader workers ended; gated like the other waits (``min_effect``
-    of the job's median step). Also leaves the workers' busy share as evidence."""
-    if i.wait_gate is None or _WAIT_US not in i.extra:
+def _wait_per_step(i: SignalInputs, key: str) -> Measured | None:
+    """Per step, the wait summed in ``extra[key]``; gated like the other waits (``min_effect``
+    of the job's median step)."""
+    if i.wait_gate is None or key not in i.extra:
         return None
     with np.errstate(invalid="ignore", divide="ignore"):
-        per_step = np.where(i.steps > 0, i.extra[_WAIT_US] / np.maximum(i.steps, 1), np.nan)
-        worker_s = i.extra.get(_WORKER_S, np.zeros(i.cs.size))
-        i.facts[BUSY] = np.where(worker_s > 0, i.extra.get(_CPU_S, 0.0) / worker_s, np.nan)
+        per_step = np.where(i.steps > 0, i.extra[key] / np.maximum(i.steps, 1), np.nan)
     return Measured(per_step, i.step_ok, None, i.wait_gate)
+
+
+def _measure_wait(i: SignalInputs) -> Measured | None:
+    """Per step, the wait its loader workers ended. Also leaves the workers' busy share as
+    evidence."""
+    measured = _wait_per_step(i, _WAIT_US)
+    if measured is not None:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            worker_s = i.extra.get(_WORKER_S, np.zeros(i.cs.size))
+            i.facts[BUSY] = np.where(worker_s > 0, i.extra.get(_CPU_S, 0.0) / worker_s, np.nan)
+    return measured
 
 
 def _measure_io(i: SignalInputs) -> Measured | None:
-    """Per step, the idle time a thread of the rank spent blocked on its own I/O; gated like the
-    other waits."""
-    if i.wait_gate is None or _IO_US not in i.extra:
-        return None
-    with np.errstate(invalid="ignore", divide="ignore"):
-        per_step = np.where(i.steps > 0, i.extra[_IO_US] / np.maximum(i.steps, 1), np.nan)
-    return Measured(per_step, i.step_ok, None, i.wait_gate)
+    """Per step, the idle time a thread of the rank spent blocked on its own I/O."""
+    return _wait_per_step(i, _IO_US)
 
 
 def _measure_workers(i: SignalInputs) -> Measured | None:
