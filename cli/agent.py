@@ -89,7 +89,12 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import logging
+    import os
     import sys
+
+    # The agent does no linear algebra, yet numpy's OpenBLAS starts a thread per core, each with
+    # its own buffers, on import (15 on a 16-core GPU node). Set before numpy is first imported.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
     from hypertrace.daemon.agent import run_agent
     from hypertrace.daemon.config import AgentConfig, ConfigError, load_config, require_transport

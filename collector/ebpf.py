@@ -29,6 +29,7 @@ import numpy as np
 
 from hypertrace.collector import prereqs
 from hypertrace.collector.apis import library_kind
+from hypertrace.collector.memory import release_compiler_memory
 from hypertrace.collector.prereqs import uprobe_links_supported
 from hypertrace.collector.steps import BoundaryEvents
 from hypertrace.proto import buckets
@@ -292,6 +293,8 @@ class UprobeSession:
         self._evlogs = self._bpf[b"evlogs"]
         self._members = self._bpf[b"members"]
         self._loaders = self._bpf[b"loaders"]
+        self._active = self._bpf[b"active"]
+        self._map_fds = self._release_module()
         self._loaders_of: dict[int, set[int]] = {}      # rank pid -> its loader workers' pids
         self._buf = 0
         self._gen = 0
@@ -418,13 +421,37 @@ class UprobeSession:
             # The threads' scheduler states go too: a process tracked again starts its state
             # counts from zero, and must not find its threads already counted.
             gone = set(pids)
-            for table in (self._bpf[b"active"], self._members):
+            for table in (self._active, self._members):
                 for tid, rec in list(table.items()):
                     if int(rec.tgid) in gone:
                         try:
                             del table[tid]
                         except KeyError:
                             pass
+
+    def _release_module(self) -> list[int]:
+        """Load every uprobe function now, keep the maps by fds of our own, and destroy bcc's
+        compiled module: the LLVM context and IR it keeps for the session's life (about 30 MB
+        of heap) are needed only to load functions and to print keys, and the session does
+        neither afterwards (the tracepoints were loaded when the program was; map reads and
+        writes go through the fds). Returns the maps' fds, closed with the session. Then the
+        compiler's code and freed heap go back to the system
+        (:func:`~hypertrace.collector.memory.release_compiler_memory`)."""
+        lib = self._lib
+        module = self._bpf.module
+        for i in range(lib.bpf_num_functions(module)):
+            name = lib.bpf_function_name(module, i)
+            if name not in self._bpf.funcs:
+                self._prog_fd(name)
+        fds = []
+        for table in (self._ctl, *self._stats, self._pids, self._procs, self._evlogs,
+                      self._members, self._loaders, self._active):
+            table.map_fd = os.dup(table.map_fd)
+            fds.append(table.map_fd)
+        lib.bpf_module_destroy(module)
+        self._bpf.module = None
+        release_compiler_memory()
+        return fds
 
     def _set_ctl(self, idx: int, value: int) -> None:
         self._ctl[ctypes.c_int(idx)] = ctypes.c_uint64(value)
@@ -781,6 +808,9 @@ class UprobeSession:
             self.detach_all()
         finally:
             self._bpf.cleanup()
+            for fd in self._map_fds:
+                os.close(fd)
+            self._map_fds = []
 
     def __enter__(self) -> "UprobeSession":
         return self

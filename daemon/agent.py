@@ -21,12 +21,11 @@ from typing import Any, Callable
 
 from hypertrace.collector.attribution import attribute_pid
 from hypertrace.collector.governor import Governor
+from hypertrace.collector.memory import resident_kb, trim_heap
 from hypertrace.collector.nvml import Nvml
 from hypertrace.collector.uprobe_backend import UprobeBackend
 from hypertrace.daemon.config import AgentConfig
 from hypertrace.daemon.inprocess import InProcessHub, NoProbes
-from hypertrace.daemon.metrics_file import AgentMetrics
-from hypertrace.daemon.metrics_file import write as write_metrics_file
 from hypertrace.daemon.systemd import SdNotifier, watchdog_interval
 from hypertrace.daemon.window_loop import WindowDone, WindowLoop
 from hypertrace.proto import hypertrace_pb2 as pb
@@ -197,7 +196,8 @@ class Agent:
 
     def deliver(self, window: pb.NodeWindow, done: WindowDone, stopping: bool) -> None:
         """Merge the in-process backends' frames, hand the window to the uplink, say how the
-        window went (log, systemd status, metrics file)."""
+        window went (log, systemd status, metrics file), and give the heap the window freed
+        back to the system."""
         window.agent_version, window.agent_backend, window.probe_mode = self._identity()
         if self.nvml is not None and self.nvml.available:
             window.node_gpus = self.nvml.device_count       # what bounds the node's GPUs
@@ -221,11 +221,13 @@ class Agent:
         status = (f"window {window.seq}: {len(window.processes)} processes, "
                   f"{done.hits} probe hits, {sampled} sampled"
                   + (f" (others: {', '.join(why)})" if why else "")
-                  + f", cadence {g.k}, credit {g.credit_s * 1e3:.1f} ms")
+                  + f", cadence {g.k}, credit {g.credit_s * 1e3:.1f} ms, "
+                  f"resident {resident_kb() / 1024:.0f} MB")
         log.info("%s", status)
         self.notifier.status(status)
         if self.cfg.metrics_textfile:
             self._write_metrics(window, done)
+        trim_heap()
 
     def _tick(self) -> float:
         """While the loop waits: scan for processes and ping the watchdog when due; the
@@ -244,7 +246,10 @@ class Agent:
 
     def _write_metrics(self, window: pb.NodeWindow, done: WindowDone) -> None:
         """The agent's own metrics file (daemon/metrics_file.py); a failure is logged, never
-        fatal: the windows matter more than the file."""
+        fatal: the windows matter more than the file. Imported here: prometheus_client costs
+        12 MB of resident memory, which an agent without the file should not carry."""
+        from hypertrace.daemon.metrics_file import AgentMetrics
+        from hypertrace.daemon.metrics_file import write as write_metrics_file
         try:
             tiers: dict[str, str] = {}
             for p in self.backend.probed.values():
@@ -264,7 +269,8 @@ class Agent:
                 backend="cupti" if self.cupti_only else "ebpf",
                 inprocess_connected=len(self.hub.peers()) if self.hub else 0,
                 inprocess_late_frames=self.hub.late_frames if self.hub else 0,
-                inprocess_dropped_frames=self.hub.dropped_frames if self.hub else 0)
+                inprocess_dropped_frames=self.hub.dropped_frames if self.hub else 0,
+                resident_bytes=resident_kb() * 1024)
             write_metrics_file(self.cfg.metrics_textfile, m)
         except OSError as exc:
             log.warning("cannot write the metrics file %s: %s", self.cfg.metrics_textfile, exc)

@@ -41,6 +41,7 @@ class AgentMetrics:
     inprocess_connected: int = 0            # CUPTI backends connected to the agent's socket
     inprocess_late_frames: int = 0          # their windows that came after the agent's window
     inprocess_dropped_frames: int = 0       # refused, superseded, or counted by uprobes already
+    resident_bytes: int = 0                 # the agent's own resident set (VmRSS)
 
 
 #: (name, kind, help, AgentMetrics field) of the one-value series, in the file's order.
@@ -72,6 +73,8 @@ _SERIES = (
     ("hypertrace_agent_inprocess_dropped_frames", "counter",
      "In-process windows dropped (superseded, or of a process the uprobes measure)",
      "inprocess_dropped_frames"),
+    ("hypertrace_agent_resident_bytes", "gauge", "The agent's own resident memory (VmRSS)",
+     "resident_bytes"),
 )
 
 

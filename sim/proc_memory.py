@@ -47,6 +47,19 @@ def pss_kb(pid: int) -> int | None:
     return None
 
 
+def rss_kb(pid: int) -> int | None:
+    """The resident set of ``pid`` in kB (VmRSS: what top and systemd show a user); None when
+    it ended or cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 @dataclass(frozen=True)
 class TreeMemory:
     """PSS of a process and of every process below it, at one moment."""

@@ -37,7 +37,8 @@ Checks (each prints PASS/FAIL; any FAIL exits 1):
                     step_time_after_eviction_us while it names that node) within 5% of what the
                     remaining ranks measured: in collective mode the job's median step after
                     the fault ended (the job without its straggler), in independent mode the
-                    other ranks' median step during the fault
+                    slowest other rank's median step during the fault (ranks that wait for
+                    nobody: the job goes at its slowest rank's pace, the what-if's definition)
 Why the analyzer's DB and not the report for per-rank steps: the report carries findings only for
 flagged signals; the stored windows carry every rank's step histogram and step sums, exactly as
 the analyzer scored them.
@@ -304,7 +305,9 @@ def fault_cells(run: Run, checks: list[Check]) -> list[dict]:
             d_all = median_steps(run, all_ranks, a + SETTLE_S, b)
             measured = d_all / remaining - 1 if d_all and remaining else None
         else:
-            remaining = median_steps(run, others, a + SETTLE_S, b)
+            # the job of ranks that wait for nobody ends with its slowest rank
+            paces = [median_steps(run, [r], a + SETTLE_S, b) for r in others]
+            remaining = max((x for x in paces if x), default=None)
             measured = None
         cell = {"fault": fault, "convicted": conv_t is not None,
                 "latency_s": None if conv_t is None else conv_t - a, "cause": cause,

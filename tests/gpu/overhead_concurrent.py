@@ -6,8 +6,9 @@ Usage (GPU box, root, repo root, after `source tests/gpu/device_env.sh`):
 Wall time: ~30 s start-up + phases x phase-s + ~30 s teardown. Prints a table; writes
 overhead.json and the gzipped data (steps/, logs/, windows.jsonl.gz) into --out.
 Exit 0 when the steady-state overhead's upper 95% bound is <= --max-overhead (default 0.005, the
-default budget) and the agents' step-time estimate lies within --est-tol (25%) of the measured
-interval; 1 otherwise; 3 if the run broke.
+default budget), the agents' step-time estimate lies within --est-tol (25%) of the measured
+interval and every agent's resident set at a phase's end is <= --max-agent-rss-mb (80); 1
+otherwise; 3 if the run broke.
 
 With --backend cupti the ranks run the in-process CUPTI backend (tests/gpu/fault_matrix.py), all
 8 agents run throughout, and the roles swap by pausing one group's backends and resuming the
@@ -88,6 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "default budget)")
     ap.add_argument("--est-tol", type=float, default=0.25,
                     help="fail when the agents' estimate is off the measured interval by more")
+    ap.add_argument("--max-agent-rss-mb", type=float, default=80.0,
+                    help="fail when an agent's resident set at a phase's end is above this "
+                         "(default 80)")
     args = ap.parse_args(argv)
     fault_matrix.check_placement(ap, args, RANKS)
     if args.phases < 4:
@@ -185,6 +189,20 @@ def analyze(steps: dict[int, list[tuple[float, float]]], windows: list[dict],
                        lo_ok <= est <= hi_ok,
                        f"estimate {est:.3%} ({len(ests)} of {len(rows)} phases measured) vs "
                        f"allowed [{lo_ok:+.3%}, {hi_ok:+.3%}]"))
+    mem = [m for p in probed_phases for m in p.get("agent_memory_kb", []) if m["rss_kb"]]
+    if mem:
+        worst = max(mem, key=lambda m: m["rss_kb"])
+        res["agent_rss_mb"] = {"max": worst["rss_kb"] / 1024,
+                               "median": statistics.median(m["rss_kb"] for m in mem) / 1024,
+                               "pss_median": statistics.median(m["pss_kb"] or 0 for m in mem) / 1024,
+                               "samples": len(mem)}
+        checks.append((f"agent resident set <= {args.max_agent_rss_mb:g} MB at each phase's end",
+                       worst["rss_kb"] / 1024 <= args.max_agent_rss_mb,
+                       f"largest {worst['rss_kb'] / 1024:.0f} MB ({worst['agent']}); median "
+                       f"{res['agent_rss_mb']['median']:.0f} MB RSS, "
+                       f"{res['agent_rss_mb']['pss_median']:.0f} MB PSS over {len(mem)} samples"))
+    elif getattr(args, "backend", "ebpf") != "cupti":
+        checks.append(("agent resident set measured", False, "no agent was running at a phase's end"))
     res["checks"] = [{"name": n, "ok": ok, "detail": d} for n, ok, d in checks]
     return res, all(ok for _, ok, _ in checks)
 
@@ -221,6 +239,10 @@ def render(res: dict) -> str:
     L.append(f"agents' CPU-time charge     {pct(charge, '.3%')}  (mean estimated_fraction, steady "
              f"windows: the budget's account, an upper bound; probe cost "
              f"{res['probe_cost_ns'] or 0:.0f} ns; steps {res['step_sources']})")
+    if "agent_rss_mb" in res:
+        m = res["agent_rss_mb"]
+        L.append(f"agents' memory at each phase's end  RSS median {m['median']:.0f} MB, largest "
+                 f"{m['max']:.0f} MB; PSS median {m['pss_median']:.0f} MB ({m['samples']} samples)")
     L.append("checks")
     for c in res["checks"]:
         L.append(f"  {'PASS' if c['ok'] else 'FAIL'}  {c['name']}: {c['detail']}")
@@ -246,6 +268,17 @@ def set_paused(h: "fault_matrix.Harness", rank: int, pause: bool, timeout_s: flo
             why = str(exc)
         h.sleep(1.0)
     raise RuntimeError(f"could not {'pause' if pause else 'resume'} rank {rank}: {why}")
+
+
+def agent_memory(h: "fault_matrix.Harness", names: list[str]) -> list[dict]:
+    """Each running agent's resident set and PSS (kB) now: at a phase's end, its steady state."""
+    from hypertrace.sim.proc_memory import pss_kb, rss_kb
+    out = []
+    for n in names:
+        p = h.procs.get(n)
+        if p is not None and p.poll() is None:
+            out.append({"agent": n, "rss_kb": rss_kb(p.pid), "pss_kb": pss_kb(p.pid)})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             h.start_agents(target, GROUPS[group], suffix=f"-p{k + 1}")
             h.sleep(args.phase_s)
             names = [f"agent-{i}-p{k + 1}" for i in GROUPS[group]]
+            h.phases[-1]["agent_memory_kb"] = agent_memory(h, names)
             h.stop(names, signal.SIGTERM, 20)
             for n in names:                      # stopped on purpose: not a broken run
                 h.procs.pop(n, None)
