@@ -5,6 +5,7 @@
 #                gates (make lint: ruff; make typecheck: mypy strict on score/ and proto/) and the tests
 #   make bench   scoring time per window at 2k/16k/131k GPUs
 #   make bench-agent  the agent's coverage and cost on this machine's CPUs (stand-in ranks)
+#   make bench-discovery  the agent's /proc scan, every maps read against only what moved
 #   make dashboard-png  docs/img/grafana-dashboard.png: the Grafana dashboard from real queries
 #   make report-png     docs/img/html-report-*.png: the HTML report at 16 and 2,048 nodes
 PYTHON ?= python3
@@ -13,7 +14,7 @@ PY     := $(VENV)/bin/python
 HT     := $(VENV)/bin/hypertrace
 STAMP  := $(VENV)/.installed
 
-.PHONY: all venv ebpf-setup test-deps lint typecheck test demo bench bench-report bench-html bench-detect bench-scale bench-agent bench-sched bench-restart bench-cluster bench-storage bench-flood fuzz dashboard-png report-png proto clean
+.PHONY: all venv ebpf-setup test-deps lint typecheck test demo bench bench-report bench-html bench-detect bench-scale bench-agent bench-discovery bench-sched bench-restart bench-cluster bench-storage bench-flood fuzz dashboard-png report-png proto clean
 
 all: venv
 
@@ -111,6 +112,11 @@ bench-agent: venv ebpf-setup
 	$(PY) tests/gpu/overhead_concurrent.py --loop tests/gpu/standin_loop.py --shared-cores \
 	  --cores 0-$$(($$(nproc) - 1)) --agent-cores 0-$$(($$(nproc) - 1)) --out .bench/agent \
 	  --phases 8 --phase-s 30 --settle-s 10 $(ARGS)
+
+# the agent's /proc scan: every process's maps read against only those whose virtual size moved,
+# side by side on 8 stand-in ranks with 4 workers each (~10 s)
+bench-discovery: venv
+	$(PY) -m hypertrace.sim.bench_discovery $(ARGS)
 
 # the Grafana dashboard's panels and queries drawn from a real Prometheus that scraped an
 # analyzer during a live simulated 512-GPU job, screenshotted by headless Chromium (~2 min;

@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 #: (st_dev, st_ino) of a library file: the identity a uprobe attaches to.
 LibraryId = tuple[int, int]
+#: Every this many scans, every process's maps are read whether its virtual size moved or not.
+FULL_SCAN_EVERY = 30
 
 
 def default_library_kind(path: str) -> str | None:
@@ -74,10 +76,13 @@ class DiscoveryDelta:
 
 @dataclass(frozen=True)
 class ProcStat:
-    """The few fields of /proc/PID/stat discovery needs."""
+    """The few fields of /proc/PID/stat discovery needs. ``vsize``: the process's virtual size
+    in bytes, which every new mapping (a dlopen) changes: the scan re-reads a process's maps only
+    when it moved."""
     comm: str
     ppid: int
     start_time: int
+    vsize: int = 0
 
 
 def read_stat(pid: int, proc_root: str = "/proc") -> ProcStat | None:
@@ -95,8 +100,9 @@ def read_stat(pid: int, proc_root: str = "/proc") -> ProcStat | None:
         return None
     rest = raw[rpar + 2:].split()
     try:
-        # rest[0] is field 3 (state): ppid is field 4, starttime field 22.
-        return ProcStat(comm=raw[lpar + 1:rpar], ppid=int(rest[1]), start_time=int(rest[19]))
+        # rest[0] is field 3 (state): ppid is field 4, starttime field 22, vsize field 23.
+        return ProcStat(comm=raw[lpar + 1:rpar], ppid=int(rest[1]), start_time=int(rest[19]),
+                        vsize=int(rest[20]))
     except (IndexError, ValueError):
         return None
 
@@ -153,6 +159,10 @@ class ProcessScanner:
         self._lib_users: dict[LibraryId, set[int]] = {}
         self.children: dict[int, list[int]] = {}    # ppid -> pids, of every process at the scan
         self._own_ns = self._mnt_ns("self")
+        # pid -> (start time, virtual size) when its maps were last read: unchanged, the maps
+        # are too, and the scan keeps what it found then
+        self._maps_read_at: dict[int, tuple[int, int]] = {}
+        self._scans = 0
 
     # -- helpers ---------------------------------------------------------------------------
     def _mnt_ns(self, pid: int | str) -> str | None:
@@ -199,9 +209,19 @@ class ProcessScanner:
 
     # -- the scan --------------------------------------------------------------------------
     def scan(self) -> DiscoveryDelta:
+        """One pass over /proc: processes started and ended, libraries mapped and unmapped.
+
+        A process's maps (thousands of lines in a PyTorch rank, and a node runs hundreds of
+        processes) are read again only when its virtual size moved since they were last read
+        (:class:`ProcStat`): a dlopen maps new pages, so a library loaded late is still found
+        at the next scan. Every :data:`FULL_SCAN_EVERY` scans all maps are read regardless, in
+        case a mapping and an unmapping of the same size fell between two scans."""
         delta = DiscoveryDelta()
         stats: dict[int, ProcStat | None] = {}
         live: dict[int, CudaProcess] = {}
+        full = self._scans % FULL_SCAN_EVERY == 0
+        self._scans += 1
+        read_at: dict[int, tuple[int, int]] = {}
         for pid in self._pids():
             st = read_stat(pid, self.proc_root)
             stats[pid] = st
@@ -209,9 +229,15 @@ class ProcessScanner:
                 continue
             known = self.processes.get(pid)
             same = known is not None and known.start_time == st.start_time
+            mark = (st.start_time, st.vsize)
+            read_at[pid] = mark
+            if not full and self._maps_read_at.get(pid) == mark:
+                if same:                     # a CUDA process, its libraries as they were
+                    live[pid] = known
+                continue                     # no CUDA library then, none now
             proc = known if same else CudaProcess(pid=pid, start_time=st.start_time, comm=st.comm,
                                                   ppid=st.ppid)
-            # maps is re-read even for known processes: a later dlopen can add a library.
+            # maps is re-read for known processes that moved: a later dlopen can add a library.
             paths = mapped_cuda_paths(pid, self.proc_root, self.library_kind)
             if not paths:
                 continue
@@ -233,6 +259,7 @@ class ProcessScanner:
             if not same:
                 delta.started.append(proc)
 
+        self._maps_read_at = read_at
         children: dict[int, list[int]] = {}
         for pid, st in stats.items():
             if st is not None:

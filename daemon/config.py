@@ -28,7 +28,8 @@ job_env             HYPERTRACE_JOB, SLURM_JOB_ID,  environment variables that na
 scan_interval       1.0                            seconds between /proc scans (a new process
                                                    is found within one scan; its always-on
                                                    tier attaches at once, its launch tier in
-                                                   the next sampled window)
+                                                   the next sampled window; a process's maps
+                                                   are read again only when its size moved)
 probe_unattributed  false                          false: probe only processes attributed to a
                                                    job (job_env found); true: every process
                                                    that maps a CUDA library

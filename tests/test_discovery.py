@@ -132,6 +132,38 @@ def test_library_loaded_later_is_picked_up(libs, loaders):
     assert len(scanner.processes[a.pid].libraries) == 2
 
 
+def test_maps_are_read_again_only_for_processes_that_mapped_something(libs, loaders,
+                                                                       monkeypatch):
+    """A node runs hundreds of processes, and a rank's maps run to thousands of lines: after
+    the first scan a process's maps are read again only once its virtual size moved."""
+    from hypertrace.collector import discovery
+
+    a = loaders(libs["libcudart.so.13"])
+    b = loaders()
+    read: list[int] = []
+    real = discovery.mapped_cuda_paths
+    monkeypatch.setattr(discovery, "mapped_cuda_paths",
+                        lambda pid, *args: (read.append(pid), real(pid, *args))[1])
+    scanner = ProcessScanner(exclude_pids=())
+    scanner.scan()                                 # the first scan reads every process's maps
+    assert {a.pid, b.pid} <= set(read)
+    read.clear()
+    scanner.scan()
+    assert a.pid not in read and b.pid not in read
+    assert a.pid in scanner.processes              # still known, with its library
+    b.load(libs["libcuda.so.1"])
+    read.clear()
+    delta = scanner.scan()
+    assert b.pid in read and a.pid not in read
+    assert b.pid in {p.pid for p in delta.started}
+    for _ in range(discovery.FULL_SCAN_EVERY):     # and now and then, every process again
+        read.clear()
+        scanner.scan()
+        if a.pid in read:
+            break
+    assert a.pid in read
+
+
 def test_never_the_agents_own_process_tree(libs, tmp_path):
     # A child that maps the library and then starts a grandchild that maps it too: both are
     # in the excluded tree; a sibling outside it is found.

@@ -323,6 +323,23 @@ def test_mode_inference_and_override():
         ScoringConfig(job_mode="both")
 
 
+def test_one_rank_far_off_makes_a_large_job_independent_but_edge_noise_does_not():
+    """64 ranks with mean steps: 63 that agree and one 25% slower with as many steps is an
+    independent job (98% agree, above the 95% share); a collective's ranks a few percent apart,
+    the most a window's edges explain (5.3% measured on an H100), stay a collective."""
+    cfg = ScoringConfig()
+    rng = np.random.default_rng(3)
+    mean = 100.0 * (1 + rng.normal(0, 0.004, 64))
+    steps, spread, has = np.full(64, 120.0), np.full(64, 0.6), np.ones(64, bool)
+    assert signals.infer_mode(mean, has, cfg, steps, spread) == "collective"
+    mean[5] = 125.0
+    assert signals.infer_mode(mean, has, cfg, steps, spread) == "independent"
+    mean[5] = 106.0                        # off, but within what its edges and the floor allow
+    assert signals.infer_mode(mean, has, cfg, steps, spread) == "collective"
+    mean[5], steps[5] = 125.0, 6.0         # far off with 6 steps: two edge steps explain it
+    assert signals.infer_mode(mean, has, cfg, steps, spread) == "collective"
+
+
 def test_throttled_sm_clock_is_convicted_and_names_nvml_reasons():
     def rank_of(e, k, rng):
         return Rank(sm_clock=1100 if k == SLOW else int(rng.integers(1960, 1981)))
