@@ -62,6 +62,8 @@ class Agent:
         self.governor: Governor | None = None
         self.backend: UprobeBackend | None = None
         self.windows_sent = 0
+        # the agent's own CPU (all threads), read at each window: what it costs its node
+        self._cpu_mark = (time.monotonic(), time.process_time())
         self._stop = threading.Event()
         self._next_scan = 0.0
         self._next_ping = 0.0
@@ -222,6 +224,7 @@ class Agent:
                   f"{done.hits} probe hits, {sampled} sampled"
                   + (f" (others: {', '.join(why)})" if why else "")
                   + f", cadence {g.k}, credit {g.credit_s * 1e3:.1f} ms, "
+                  f"agent CPU {self._cpu_share():.1%} of a core, "
                   f"resident {resident_kb() / 1024:.0f} MB")
         log.info("%s", status)
         self.notifier.status(status)
@@ -243,6 +246,12 @@ class Agent:
         if self._ping_every:
             due.append(self._next_ping)
         return min(due) - time.monotonic()
+
+    def _cpu_share(self) -> float:
+        """The agent's CPU time (all its threads) since the previous window, per wall second."""
+        wall, cpu = time.monotonic(), time.process_time()
+        (wall0, cpu0), self._cpu_mark = self._cpu_mark, (wall, cpu)
+        return (cpu - cpu0) / (wall - wall0) if wall > wall0 else 0.0
 
     def _write_metrics(self, window: pb.NodeWindow, done: WindowDone) -> None:
         """The agent's own metrics file (daemon/metrics_file.py); a failure is logged, never
@@ -270,7 +279,7 @@ class Agent:
                 inprocess_connected=len(self.hub.peers()) if self.hub else 0,
                 inprocess_late_frames=self.hub.late_frames if self.hub else 0,
                 inprocess_dropped_frames=self.hub.dropped_frames if self.hub else 0,
-                resident_bytes=resident_kb() * 1024)
+                resident_bytes=resident_kb() * 1024, cpu_seconds=time.process_time())
             write_metrics_file(self.cfg.metrics_textfile, m)
         except OSError as exc:
             log.warning("cannot write the metrics file %s: %s", self.cfg.metrics_textfile, exc)

@@ -42,6 +42,7 @@ class AgentMetrics:
     inprocess_late_frames: int = 0          # their windows that came after the agent's window
     inprocess_dropped_frames: int = 0       # refused, superseded, or counted by uprobes already
     resident_bytes: int = 0                 # the agent's own resident set (VmRSS)
+    cpu_seconds: float = 0.0                # the agent's own CPU time, all threads
 
 
 #: (name, kind, help, AgentMetrics field) of the one-value series, in the file's order.
@@ -75,6 +76,8 @@ _SERIES = (
      "inprocess_dropped_frames"),
     ("hypertrace_agent_resident_bytes", "gauge", "The agent's own resident memory (VmRSS)",
      "resident_bytes"),
+    ("hypertrace_agent_cpu_seconds", "counter", "The agent's own CPU time, all its threads",
+     "cpu_seconds"),
 )
 
 

@@ -226,6 +226,7 @@ def _slow_rank_scenario(fakecuda, tmp_path: Path, procs: list, pki) -> None:
     notify = NotifyListener(notify_path)
     env = dict(os.environ, NOTIFY_SOCKET=notify_path, WATCHDOG_USEC="2000000")
     agent_log = open(tmp_path / "agent.log", "w")
+    agent_started = time.monotonic()
     agent = subprocess.Popen(
         hypertrace("agent", "--analyzer", f"127.0.0.1:{port}", "--window", str(WINDOW_S),
                    "--spool-dir", str(tmp_path / "spool"), "--node", "e2e-node",
@@ -299,6 +300,10 @@ def _slow_rank_scenario(fakecuda, tmp_path: Path, procs: list, pki) -> None:
         assert 0 < values["hypertrace_agent_overhead_fraction"] <= 2 * BUDGET
         assert values["hypertrace_agent_last_ack_timestamp_seconds"] > time.time() - 60
         assert 'Hostname="e2e-node"' in prom and 'tier="always"' in prom
+        # what the agent itself costs its node: memory, and CPU time since it started
+        assert 10e6 < values["hypertrace_agent_resident_bytes"] < 1e9
+        assert 0 < values["hypertrace_agent_cpu_seconds_total"] < time.monotonic() - agent_started
+        assert "agent CPU" in (tmp_path / "agent.log").read_text()
 
         # -- SIGTERM: STOPPING=1, the partial window is flushed, exit 0 ---------------------
         agent.send_signal(signal.SIGTERM)
