@@ -174,6 +174,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "H100)")
     ap.add_argument("--no-cpu-hog", action="store_true",
                     help="skip the CPU hog phase (a short device budget: the GPU fault alone)")
+    ap.add_argument("--no-gpu-extra", action="store_true",
+                    help="skip the GPU fault phase (a short device budget: the input-pipeline "
+                         "faults alone, with --loader-faults)")
     ap.add_argument("--loader-faults", action="store_true",
                     help="after the GPU fault, three input-pipeline faults, each on a rank of its own "
                          "(jitter_loop.py's --loader-fault-dir): one worker instead of 4, "
@@ -444,7 +447,7 @@ def run(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix=f"ht-matrix-{args.mode}-"))
     h = Harness(args, work, "IND" if args.mode == "independent" else "COL", f"matrix-{args.mode}")
     loader_faults = LOADER_FAULTS if args.loader_faults else ()
-    total = args.clean_s + ((not args.no_cpu_hog) + 1 + len(loader_faults)) * (
+    total = args.clean_s + ((not args.no_cpu_hog) + (not args.no_gpu_extra) + len(loader_faults)) * (
         args.fault_s + args.recover_s)
     poller = None
     hog_core = args.rank_cores[FAULT_RANKS["cpu_hog"]]
@@ -476,12 +479,13 @@ def run(args: argparse.Namespace) -> int:
             h.stop(hogs, signal.SIGKILL, 5)
             h.begin("recover_cpu")
             h.sleep(args.recover_s)
-        h.begin("gpu_extra")
-        (work / "slow-gpu").touch()
-        h.sleep(args.fault_s)
-        (work / "slow-gpu").unlink()
-        h.begin("recover_gpu")
-        h.sleep(args.recover_s)
+        if not args.no_gpu_extra:
+            h.begin("gpu_extra")
+            (work / "slow-gpu").touch()
+            h.sleep(args.fault_s)
+            (work / "slow-gpu").unlink()
+            h.begin("recover_gpu")
+            h.sleep(args.recover_s)
         for phase, flag in loader_faults:
             h.begin(phase)
             (h.loader_fault_dir(FAULT_RANKS[phase]) / flag).touch()
