@@ -230,3 +230,25 @@ def test_the_step_curve_passes_through_the_measured_what_if_and_grows_with_the_j
     assert all(at[m][0] >= at[n][0] for n, m in zip(sizes, sizes[1:]))
     assert all(a >= b for a, b in at.values())
     assert at[1][0] < at[8][0]
+
+
+def test_independent_ranks_that_wait_off_cpu_keep_their_pace_in_the_what_if():
+    """Ranks that wait for nobody but spend most of each step off-CPU outside CUDA (a loop
+    that sleeps, a queue it waits on) read that time as a wait, so their own time is a tenth of
+    their step. Their step is still their pace: the what-if must not take every step for a
+    spike (it predicted 0.02 ms for a stand-in loop of 8-ms steps)."""
+    from hypertrace.sim.simulate import true_step_ms
+    cfg = replace(scenarios.get("gpu-slow").config(64, 8, 10, seed=31), mode="independent")
+    engine = Engine(ScoringConfig())
+    for w in generate(cfg):
+        for p in w.processes:
+            if p.HasField("steps") and p.steps.steps:
+                p.steps.peer_wait_us = 0.9 * p.steps.step_sum_us
+        engine.ingest(w)
+    engine.flush(None)
+    job = build_report(engine, now_ns=0).jobs[0]
+    c = job.cluster
+    assert job.mode == "independent" and c.evicted_nodes
+    now, after = true_step_ms(cfg), true_step_ms(cfg, c.evicted_nodes)
+    assert c.step_time_now_us / 1e3 == pytest.approx(now, rel=0.05)
+    assert c.step_time_after_eviction_us / 1e3 == pytest.approx(after, rel=0.05)

@@ -549,7 +549,13 @@ def _accumulate_pace(job: JobState, cs: CrossSection, sig: signals.SignalEpoch,
     own = sig.own_us if sig.own_us.size == cs.size else np.full(cs.size, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(n_all > 0, total_us / n_all, np.nan)
-    base = (float(np.nanmax(own)) if np.isfinite(own).any() else
+    # Independent ranks wait for nobody: a rank's step is its pace, whatever part of it the
+    # rank spends off-CPU outside CUDA (a loop that sleeps, a queue it waits on), so a spike is
+    # measured against the slowest rank's mean step where that is longer than its own time. A
+    # stand-in loop whose "GPU work" was a sleep read own time 0.3 ms in 8-ms steps, and every
+    # step a spike.
+    lead = own if sig.mode == "collective" else np.fmax(own, mean)
+    base = (float(np.nanmax(lead)) if np.isfinite(lead).any() else
             float(np.nanmedian(mean)) if np.isfinite(mean).any() else float("nan"))
     if not np.isfinite(base) or base <= 0:
         job.results.pace_epochs.append((rows[:0], empty, empty, empty))
