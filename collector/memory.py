@@ -41,13 +41,15 @@ _MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) \S+ \S+ \S+\s*(.*)$")
 @dataclass(frozen=True)
 class Mapping:
     """One mapping of /proc/self/smaps: its address range, permissions ("r-xp"), the file it
-    maps ("" when none) and how much of it is private copy-on-write memory (kB)."""
+    maps ("" when none), how much of it is private copy-on-write memory and how much is
+    resident (kB)."""
 
     start: int
     end: int
     perms: str
     path: str
     anonymous_kb: int
+    resident_kb: int = 0
 
     @property
     def droppable(self) -> bool:
@@ -58,35 +60,43 @@ class Mapping:
 
 
 def read_mappings(smaps: str = "/proc/self/smaps") -> list[Mapping]:
-    """This process's mappings with their private memory (kB), from ``smaps``."""
+    """This process's mappings with their private and resident memory (kB), from ``smaps``."""
     out: list[Mapping] = []
     head: tuple[int, int, str, str] | None = None
-    anon = 0
+    sizes = {"Anonymous:": 0, "Rss:": 0}
     with open(smaps) as f:
         for line in f:
             m = _MAPPING.match(line)
             if m:
                 if head is not None:
-                    out.append(Mapping(*head, anonymous_kb=anon))
+                    out.append(Mapping(*head, sizes["Anonymous:"], sizes["Rss:"]))
                 head = (int(m.group(1), 16), int(m.group(2), 16), m.group(3), m.group(4).strip())
-                anon = 0
-            elif line.startswith("Anonymous:"):
-                anon = int(line.split()[1])
+                sizes = {"Anonymous:": 0, "Rss:": 0}
+            else:
+                key = line.split(maxsplit=1)[0] if line.strip() else ""
+                if key in sizes:
+                    sizes[key] = int(line.split()[1])
     if head is not None:
-        out.append(Mapping(*head, anonymous_kb=anon))
+        out.append(Mapping(*head, sizes["Anonymous:"], sizes["Rss:"]))
     return out
+
+
+def proc_kb(pid: int | str, name: str, field: str) -> int | None:
+    """One "Field:  N kB" line of /proc/PID/NAME (``status``'s VmRSS, ``smaps_rollup``'s Pss),
+    in kB; None when the process ended or the file cannot be read."""
+    try:
+        with open(f"/proc/{pid}/{name}", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith(field):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def resident_kb() -> int:
     """This process's resident set (kB; VmRSS), 0 where /proc is not at hand."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    return proc_kb("self", "status", "VmRSS:") or 0
 
 
 def _libc() -> ctypes.CDLL:

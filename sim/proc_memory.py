@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from hypertrace.collector.memory import proc_kb
+
 
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (children, theirs, ...) from /proc's children lists: the
@@ -37,27 +39,13 @@ def descendants(pid: int) -> list[int]:
 def pss_kb(pid: int) -> int | None:
     """The proportional set size of ``pid`` in kB; None when it ended or its smaps_rollup
     cannot be read (another user's process, a kernel without it: Linux < 4.14)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
+    return proc_kb(pid, "smaps_rollup", "Pss:")
 
 
 def rss_kb(pid: int) -> int | None:
     """The resident set of ``pid`` in kB (VmRSS: what top and systemd show a user); None when
     it ended or cannot be read."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
+    return proc_kb(pid, "status", "VmRSS:")
 
 
 @dataclass(frozen=True)

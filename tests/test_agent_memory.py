@@ -38,19 +38,7 @@ CHILD = textwrap.dedent("""
     s = UprobeSession(exclude_pids=[])   # it probes itself below
     droppable = [m for m in read_mappings() if m.droppable]
     out = {"module": s._bpf.module is None, "droppable": sorted({m.path for m in droppable})}
-    # each droppable mapping's own resident pages, read from its smaps entry
-    rss = 0
-    with open("/proc/self/smaps") as f:
-        keep = False
-        maps = {(m.start, m.end) for m in droppable}
-        for line in f:
-            head = line.split()
-            if "-" in head[0] and len(head) >= 5 and ":" in head[3]:
-                a, b = (int(x, 16) for x in head[0].split("-"))
-                keep = (a, b) in maps
-            elif keep and line.startswith("Rss:"):
-                rss += int(head[1])
-    out["droppable_rss_kb"] = rss
+    out["droppable_rss_kb"] = sum(m.resident_kb for m in droppable)
     libc = sys.argv[1]
     s.attach_symbol(libc, "getpid", api=CALIBRATION_API.name, pid=__import__("os").getpid())
     getpid = ctypes.CDLL(libc).getpid
@@ -71,7 +59,7 @@ def test_mappings_are_read_from_smaps_and_only_clean_compiler_code_is_droppable(
     assert [(m.perms, m.anonymous_kb) for m in maps] == [
         ("r-xp", 0), ("r--p", 512), ("rw-p", 4), ("r-xp", 0), ("r-xp", 0), ("rw-p", 1024)]
     assert maps[0] == Mapping(0x7f0000000000, 0x7f0000100000, "r-xp",
-                              "/usr/lib/x86_64-linux-gnu/libLLVM-14.so.1", 0)
+                              "/usr/lib/x86_64-linux-gnu/libLLVM-14.so.1", 0, 1024)
     # LLVM's code and clang's: yes; LLVM's relocated read-only data (private pages), its
     # writable data, libc's code and anonymous memory: no
     assert [m.droppable for m in maps] == [True, False, False, True, False, False]
