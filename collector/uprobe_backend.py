@@ -80,7 +80,7 @@ class UprobeBackend:
 
     measures_step_cost = True
 
-    def __init__(self, session: Any, *, node: str, job_env: str,
+    def __init__(self, session: Any, *, node: str, job_env: tuple[str, ...],
                  probe_unattributed: bool = False, nvml: Nvml | None = None,
                  probing: bool = True):
         self.session = session
@@ -250,17 +250,22 @@ class UprobeBackend:
         return bool(rec.attribution.job_source) or self.probe_unattributed
 
     def _rank_of_child(self, pid: int, ppid: int) -> int | None:
-        """The rank process whose loader worker ``pid`` is, or None: a child of a probed rank
-        with the same job and rank in its environment (a DataLoader worker inherits it; a rank
-        that a launcher started has its own rank)."""
+        """The rank process whose loader worker ``pid`` is, or None: a child of a probed rank,
+        or of one of its workers, with the same job and rank in its environment (a DataLoader
+        worker inherits it; a rank that a launcher started has its own rank). A worker's own
+        children count too: one that forks to read or decode (a vfork, a subprocess before its
+        exec) maps the rank's CUDA libraries for as long as it lives, and each was taken for a
+        new process of the rank, with a window of no calls (on an H100, 30-40 such windows per
+        rank in 6 minutes beside the rank's 38)."""
         if pid in self.worker_of:
             return self.worker_of[pid]
-        parent = self.records.get(ppid)
+        owner = ppid if ppid in self.probed else self.worker_of.get(ppid)
+        parent = self.records.get(owner) if owner is not None else None
         rank = None
-        if ppid in self.probed and parent is not None:
+        if owner in self.probed and parent is not None:
             mine = attribute_pid(pid, self.node, self.job_env)
             if (mine.job_id, mine.rank) == (parent.attribution.job_id, parent.attribution.rank):
-                rank = ppid
+                rank = owner
         self.worker_of[pid] = rank
         return rank
 

@@ -72,8 +72,9 @@ TRAIN_SEEDS = tuple(range(0, 50))
 #: launch findings without steps were judged by their cost to the pace, 11000.. until the
 #: collective step waited for each step's slowest draw (own_sigma, E[max] in the what-if),
 #: 12000.. until a rank's own I/O waits (state D) were told from waits for peers, 13000.. until
-#: one rank far off the rest made an epoch independent, 14000.. since.
-HELD_OUT_SEEDS = tuple(range(14000, 14050))
+#: one rank far off the rest made an epoch independent, 14000.. until a launch ratio without
+#: steps was read less its group's noise, 15000.. since.
+HELD_OUT_SEEDS = tuple(range(15000, 15050))
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class RunResult:
     method, the GPUs given a ``straggler`` verdict while neither they nor their node were
     ``HEALTHY_BELOW`` slow (and no straggler was injected there). ``step_effects``: hypertrace's convicting step-time effects
     of the injected nodes' GPUs (the step.own or step.time finding, as a share of the job's
-    median step)."""
+    median step), each with the GPU's true slowdown."""
 
     scenario: str
     gpus: int
@@ -138,7 +139,7 @@ class RunResult:
     first_flag: dict[str, dict[str, int]] = field(default_factory=dict)   # method -> node -> w
     flag_slowdown: dict[str, dict[str, float]] = field(default_factory=dict)
     false_gpus: dict[str, int] = field(default_factory=dict)
-    step_effects: list[float] = field(default_factory=list)
+    step_effects: list[tuple[float, float]] = field(default_factory=list)
     absent: dict[str, list[int]] = field(default_factory=dict)   # injected node -> no-data windows
     #: pipeline scenarios: whether the final report names the last stage as imbalance (None:
     #: not a pipeline)
@@ -188,7 +189,7 @@ def run_one(scenario: str, gpus: int, windows: int, seed: int,
     """Simulate one job and score it with every method, on the same windows."""
     from hypertrace.analyzer.score.engine import Engine
     from hypertrace.sim.baselines import BaselineDetector
-    from hypertrace.sim.simulate import generate, true_slowdown, true_step_ms
+    from hypertrace.sim.simulate import generate, true_slowdown, true_step_ms, true_step_share
 
     sc = scenarios.get(scenario)
     cfg = sc.config(gpus, gpus_per_node, max(windows, sc.min_windows), seed,
@@ -235,7 +236,8 @@ def run_one(scenario: str, gpus: int, windows: int, seed: int,
             and (below_gray or node not in res.truth))
         if m == "hypertrace":
             report = build_report(d, cfg.job_id)
-            res.step_effects = _step_effects(report, res.truth)
+            res.step_effects = _step_effects(report, res.truth, node_index, cfg.gpus_per_node,
+                                             true_step_share(cfg))
             res.stage_found = _stage_found(report, cfg)
             _step_terms(report, cfg, res, true_step_ms)
     return res
@@ -275,9 +277,13 @@ def _stage_found(report, cfg) -> bool | None:
                for job in report.jobs for i in job.imbalance)
 
 
-def _step_effects(report, injected: dict[str, int]) -> list[float]:
-    """The step-time effect of every convicted GPU of an injected node: its step.own (or
-    step.time) finding's deviation over the job's median step."""
+def _step_effects(report, injected: dict[str, int], node_index: dict[str, int],
+                  gpus_per_node: int, true_share: np.ndarray) -> list[tuple[float, float]]:
+    """(quoted, true) for every convicted GPU of an injected node: its step.own (or
+    step.time) finding's deviation over the job's median step, and what the GPU truly adds to
+    a healthy step (``true_share``, :func:`hypertrace.sim.simulate.true_step_share`: the wide
+    noise moves an injected 10% by a few points either way, and the collective's own time is
+    part of the step, so the quote is judged against that, not against the injection)."""
     out = []
     for job in report.jobs:
         for node in job.nodes:
@@ -286,7 +292,9 @@ def _step_effects(report, injected: dict[str, int]) -> list[float]:
             for g in node.gpus:
                 for f in g.findings:
                     if f.api in ("step.own", "step.time") and f.HasField("step_share"):
-                        out.append(round(f.step_share, 5))
+                        true = float(true_share[node_index[node.node] * gpus_per_node
+                                                + int(g.gpu)])
+                        out.append((round(f.step_share, 5), round(true, 5)))
                         break
     return out
 
@@ -479,12 +487,17 @@ def acceptance(groups: dict[tuple[str, int], list[RunResult]],
             out.append((f"{name}: the last stage reported as imbalance in every run",
                         all(staged), f"{sum(staged)} of {len(staged)} runs"))
         if name == "collective":
-            eff = [e for r in rs for e in r.step_effects]
-            mid = float(np.median(eff)) if eff else float("nan")
-            out.append((f"{name}: step-time effect of the 10%-slow GPUs between 8% and 12% "
-                        "(median)", bool(eff) and 0.08 <= mid <= 0.12,
-                        f"median {mid:+.1%}" + (f", range {min(eff):+.1%}..{max(eff):+.1%} "
-                                                f"over {len(eff)} GPUs" if eff else "")))
+            eff = np.array([e for r in rs for e, _ in r.step_effects])
+            true = np.array([t for r in rs for _, t in r.step_effects])
+            use = true > 0
+            mid = float(np.median(eff[use] / true[use])) if use.any() else float("nan")
+            out.append((f"{name}: step-time effect of the 10%-slow GPUs within 20% of what "
+                        "they truly add to the step (median ratio)", bool(use.any()) and 0.8 <= mid <= 1.2,
+                        f"quoted / true {mid:.2f}" + (
+                            f"; quoted median {np.median(eff):+.1%} ({eff.min():+.1%}.."
+                            f"{eff.max():+.1%}), true median {np.median(true):+.1%} "
+                            f"({true.min():+.1%}..{true.max():+.1%}) over {eff.size} GPUs"
+                            if eff.size else "")))
         # Below the promised minimum effect (5%) there is no bar, and a baseline that convicts
         # on a shorter synchronize wait alone may catch more there: that rule convicted healthy
         # ranks on real hardware (docs/signals.md), so the comparison is reported, not judged.
@@ -516,6 +529,18 @@ def acceptance(groups: dict[tuple[str, int], list[RunResult]],
 CONVICT_BY = 6
 #: The what-if's step after eviction is within this share of the remaining ranks' true step.
 WHATIF_TOLERANCE = 0.05
+
+
+def _whatif_error(whatif: tuple[float, float, float, float]) -> float:
+    """The what-if's error against the true step after eviction as the analyzer would measure
+    it: the model's step (``true_step_ms``) is free of the per-window noise, second modes and
+    bursts that the measured step carries, and those stay with the remaining ranks, so the
+    true step after is scaled by the job's measured step over its true one now. Why: on held-out
+    seeds the measured step of a 512-GPU mixed-kinds job read 1-6% over the model both before
+    and after, the predicted drop matching the true one to 0.5%."""
+    now, true_now, after, true_after = whatif
+    scale = now / true_now if true_now > 0 and now > 0 else 1.0
+    return after / (true_after * scale) - 1.0
 
 
 def _step_terms_checks(by_scn: dict[str, list[RunResult]]) -> list[tuple[str, bool, str]]:
@@ -568,14 +593,16 @@ def _step_terms_checks(by_scn: dict[str, list[RunResult]]) -> list[tuple[str, bo
     pairs = [(r.scenario, r.gpus, r.seed, r.whatif) for v in by_scn.values() for r in v
              if r.whatif is not None]
     if pairs:
-        err = [(abs(w[2] / w[3] - 1.0), name, gpus, seed, w) for name, gpus, seed, w in pairs]
+        err = [(abs(_whatif_error(w)), name, gpus, seed, w) for name, gpus, seed, w in pairs]
         worst = max(err)
+        now, true_now, after, true_after = worst[4]
         out.append((f"what-if: the step after eviction within {WHATIF_TOLERANCE:.0%} of the "
-                    "remaining ranks' true step (spikes left out) in every run that evicts",
-                    worst[0] <= WHATIF_TOLERANCE,
+                    "remaining ranks' true step (spikes left out, the job's measured noise "
+                    "kept) in every run that evicts", worst[0] <= WHATIF_TOLERANCE,
                     f"{len(pairs)} runs, median error {float(np.median([e[0] for e in err])):.1%}, "
                     f"worst {worst[0]:.1%} ({worst[1]}, {worst[2]} GPUs, seed {worst[3]}: "
-                    f"{worst[4][2]:.1f} ms predicted, {worst[4][3]:.1f} ms true)"))
+                    f"{after:.1f} ms predicted, {true_after:.1f} ms true, x {now / true_now:.3f} "
+                    f"measured over true now)"))
     return out
 
 

@@ -531,6 +531,19 @@ def true_slowdown(cfg: SimConfig) -> np.ndarray:
     return np.maximum(rel.max(axis=0) - 1.0, 0.0)
 
 
+def true_step_share(cfg: SimConfig) -> np.ndarray:
+    """(gpus,) what each GPU adds to a healthy step, as a share of it: its time to the end of
+    a step beyond the median GPU's, over the median GPU's step (its arrival plus the rest of
+    the step: the collective, or an independent rank's own remainder), in the windows where it
+    is slowest. What a cause's "about +x% of a step" must quote; :func:`true_slowdown` divides
+    the same excess by the arrival alone."""
+    arrive = _arrival_ms(cfg, design=False)
+    ms = cfg.step_ms if cfg.step_ms > 0 else 100.0
+    med = np.median(arrive, axis=1, keepdims=True)
+    share = (arrive - med) / (med + ms * (1.0 - cfg.gpu_frac) - cfg.sync_ms)
+    return np.maximum(share.max(axis=0), 0.0)
+
+
 def true_step_ms(cfg: SimConfig, evicted: Iterable[str] = (), last: int = 3) -> float:
     """The job's true step (ms) over its last ``last`` windows without the ranks of the
     ``evicted`` nodes, spikes left out (they are the spike rate's, and stay after an eviction):

@@ -245,3 +245,26 @@ def test_in_a_job_where_some_ranks_have_steps_only_those_without_are_judged_so(s
     else:
         assert rows and all(r.implicates for r in rows)
         assert verdicts(engine)[slow] == "straggler"
+
+
+def test_a_launch_ratio_within_its_group_s_noise_costs_no_pace():
+    """Without steps a GPU's launch p50 over its group's stands for its whole CPU side
+    (signals.launch_effect), less the group's own spread of launch p50s: a GPU 6% slower at
+    launching among peers that spread about 3% has no effect of ``min_effect``; one 12% slower
+    among the same peers has, and a tight group leaves the 6% one its full 6%."""
+    from hypertrace.analyzer.score.signals import LAUNCH_NOISE_SIGMAS, launch_effect
+    rng = np.random.default_rng(3)
+    spread = 0.03
+    peers = 1.0 + spread * rng.standard_normal(63)
+    group = [np.arange(64)]
+    no_wait = np.zeros(64)                       # a launch-bound group: no slack hides the excess
+
+    def effect_of(ratio: float, peer_ratios: np.ndarray) -> float:
+        p50 = 7.0 * np.r_[peer_ratios, ratio]
+        return float(launch_effect(p50, no_wait, group, min_effect=0.05,
+                                   noise_sigmas=LAUNCH_NOISE_SIGMAS)[-1])
+    assert LAUNCH_NOISE_SIGMAS > 0
+    assert effect_of(1.06, peers) < 0.05
+    assert effect_of(1.12, peers) >= 0.05
+    tight = 1.0 + 0.002 * rng.standard_normal(63)
+    assert effect_of(1.06, tight) == pytest.approx(0.06, abs=0.005)
