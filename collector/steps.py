@@ -194,15 +194,19 @@ class StepFinder:
     (the hysteresis of the module docstring)."""
 
     def __init__(self, min_steps: int = 3, max_spread: float = 10.0, sticky_spread: float = 15.0,
-                 max_mismatch: float = 0.25, history: int = HISTORY) -> None:
-        if min_steps < 1 or not 1 <= max_spread <= sticky_spread or not 0 <= max_mismatch < 1:
-            raise ValueError(f"need min_steps >= 1, 1 <= max_spread <= sticky_spread and "
-                             f"0 <= max_mismatch < 1, got min_steps={min_steps}, "
-                             f"max_spread={max_spread}, sticky_spread={sticky_spread}, "
+                 max_mismatch: float = 0.25, history: int = HISTORY,
+                 pattern_spread: float = 30.0) -> None:
+        if (min_steps < 1 or not 1 <= max_spread <= sticky_spread <= pattern_spread
+                or not 0 <= max_mismatch < 1):
+            raise ValueError(f"need min_steps >= 1, 1 <= max_spread <= sticky_spread <= "
+                             f"pattern_spread and 0 <= max_mismatch < 1, got "
+                             f"min_steps={min_steps}, max_spread={max_spread}, "
+                             f"sticky_spread={sticky_spread}, pattern_spread={pattern_spread}, "
                              f"max_mismatch={max_mismatch}")
         self.min_steps = min_steps
         self.max_spread = max_spread
         self.sticky_spread = sticky_spread
+        self.pattern_spread = pattern_spread
         self.max_mismatch = max_mismatch
         self.history = history
         self._ev = BoundaryEvents.empty()
@@ -306,7 +310,12 @@ class StepFinder:
                      spread_limit: float) -> StepInference:
         anchors = calls[(self._call[calls] % period.lag) == period.phase]
         source = f"inferred:{period.api}" + (f"/{period.lag}" if period.lag > 1 else "")
-        return self._steps(anchors, is_new, source, spread_limit, lag=period.lag)
+        # A pattern of several calls was told from one call a step by its order or its gaps'
+        # shape (choose_period), which calls at random times do not have (spaced in pairs they
+        # spread 7x, in threes 5x): there the spread says how irregular the loop is, not
+        # whether it is one. One call a step has only its regularity to show it is a clock.
+        limit = spread_limit if period.lag == 1 else max(spread_limit, self.pattern_spread)
+        return self._steps(anchors, is_new, source, limit, lag=period.lag)
 
     def _steps(self, anchors: np.ndarray, is_new: np.ndarray, source: str,
                spread_limit: float | None = None, lag: int = 0) -> StepInference:
