@@ -141,7 +141,9 @@ def score_epoch(job: JobState, cs: CrossSection, cfg: ScoringConfig) -> EpochRes
     gpu_ok, host_ok = signals.launch_corroboration(sig, cfg, groups, layouts)
     has_steps = np.isfinite(sig.own_us) | np.isfinite(sig.step_us)
     # without steps: a launch finding convicts where its estimated cost reaches min_effect
+    # (the synchronize-share signal has measured it already where it scored this epoch)
     no_step_share = (None if bool(has_steps.all())
+                     else sig.sync_share if sig.sync_share is not None
                      else sync_share.measure(cs, cfg, groups).share)
     # what a launch finding costs the step: all the time the GPU's step grew, not only the time
     # inside the calls (a launch 30% slower can add 14% to a step of which the calls are 0.3%)

@@ -148,6 +148,9 @@ class SignalEpoch:
     sync_shape: np.ndarray = field(default_factory=lambda: np.zeros(0))
     #: per fact, (G,) what the signals' measures added to the evidence (SignalInputs.facts)
     facts: dict[str, np.ndarray] = field(default_factory=dict)
+    #: (G,) every GPU's synchronize share where the synchronize-share signal measured it this
+    #: epoch (:func:`~hypertrace.analyzer.score.sync_share.measure`), else None
+    sync_share: np.ndarray | None = None
 
     def evidence(self, i: int) -> dict[str, tuple[float, float]]:
         """{signal: (this GPU's value, its job median)} of GPU ``i`` for every scored signal,
@@ -389,7 +392,8 @@ def score_signals(cs: CrossSection, cfg: ScoringConfig, groups: list[np.ndarray]
         flagged |= score.implicating
     shape = inp.notes.get(sync_share.SIGNAL, np.full(n, np.nan))
     return SignalEpoch(mode, scores, runq_p50, sufficient, flagged, by_name, busy_us, step_us,
-                       own_us, inp.steps_moved, shape, inp.facts)
+                       own_us, inp.steps_moved, shape, inp.facts,
+                       inp.notes.get(sync_share.SIGNAL + ".every"))
 
 
 def _score(name: str, unit: str, stat: str, value: np.ndarray, usable: np.ndarray,

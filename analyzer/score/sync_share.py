@@ -271,6 +271,7 @@ def _measure(i: SignalInputs) -> Measured | None:
     if int(no_steps.sum()) < i.cfg.min_gpus or i.mode == "independent":
         return None
     t = measure(i.cs, i.cfg, i.groups)
+    i.notes[SIGNAL + ".every"] = t.share.copy()  # every GPU's, for the launch rule's peers
     t.share[~no_steps] = np.nan
     i.notes[SIGNAL + ".time"] = t
     return Measured(t.share, np.isfinite(t.share) & (t.calls >= i.cfg.min_samples), None,
