@@ -281,6 +281,12 @@ class ProcessScanner:
         self._lib_users = users
         return delta
 
+    def started_at(self, pid: int) -> int | None:
+        """The start time (clock ticks since boot) of ``pid`` as the last scan read it, or None
+        if it had no process then: with the pid, it names one process (pids are reused)."""
+        mark = self._maps_read_at.get(pid)
+        return mark[0] if mark is not None else None
+
     def users_of(self, lib_id: LibraryId) -> set[int]:
         """Pids of live processes mapping the library (as of the last scan)."""
         return set(self._lib_users.get(lib_id, ()))

@@ -96,7 +96,8 @@ class UprobeBackend:
         self.loaders = LoaderTracker()                  # each rank's loader workers
         self.foreign_hits = 0                           # the last window's (unattributed_hits)
         self._foreign_seen: set[int] = set()
-        self.worker_of: dict[int, int | None] = {}      # child pid -> its rank's pid, or None
+        # child pid -> (its start time, its rank's pid or None): a reused pid is asked again
+        self._worker_of: dict[int, tuple[int | None, int | None]] = {}
         self.gpus: PidGpuMap | None = None              # NVML's pid -> GPU map, last read
         self._slice_items: list[tuple[str, int, list[str]]] = []   # sliced tier now attached
 
@@ -257,17 +258,26 @@ class UprobeBackend:
         exec) maps the rank's CUDA libraries for as long as it lives, and each was taken for a
         new process of the rank, with a window of no calls (on an H100, 30-40 such windows per
         rank in 6 minutes beside the rank's 38)."""
-        if pid in self.worker_of:
-            return self.worker_of[pid]
-        owner = ppid if ppid in self.probed else self.worker_of.get(ppid)
+        start = self.scanner.started_at(pid)
+        known = self._worker_of.get(pid)
+        if known is not None and known[0] == start:
+            return known[1]
+        owner = ppid if ppid in self.probed else self.rank_of_worker(ppid)
         parent = self.records.get(owner) if owner is not None else None
         rank = None
         if owner in self.probed and parent is not None:
             mine = attribute_pid(pid, self.node, self.job_env)
             if (mine.job_id, mine.rank) == (parent.attribution.job_id, parent.attribution.rank):
                 rank = owner
-        self.worker_of[pid] = rank
+        self._worker_of[pid] = (start, rank)
         return rank
+
+    def rank_of_worker(self, pid: int) -> int | None:
+        """The rank whose loader worker (or worker's child) ``pid`` was found to be, or None."""
+        known = self._worker_of.get(pid)
+        if known is None or known[0] != self.scanner.started_at(pid):
+            return None
+        return known[1]
 
     def _group_loaders(self) -> None:
         """Tell the probes and the loader tracker each rank's loader workers and threads."""
@@ -283,8 +293,8 @@ class UprobeBackend:
             except Exception:
                 log.exception("telling the probes about pid %d's loader workers failed", pid)
         live = {c for kids in children.values() for c in kids}
-        for pid in [p for p in self.worker_of if p not in live]:
-            del self.worker_of[pid]
+        for pid in [p for p in self._worker_of if p not in live]:
+            del self._worker_of[pid]
 
     def _apply(self, delta: DiscoveryDelta) -> None:
         gpus = PidGpuMap(self.nvml.pid_map()) if self.nvml and self.nvml.available else None

@@ -58,8 +58,8 @@ def test_a_workers_own_child_is_grouped_under_the_rank_not_probed(uprobe_session
         assert worker not in backend.probed and worker not in backend.records
         assert child not in backend.probed and child not in backend.records, (
             "the worker's child was taken for a process of its own")
-        assert backend.worker_of.get(worker) == rank
-        assert backend.worker_of.get(child) == rank
+        assert backend.rank_of_worker(worker) == rank
+        assert backend.rank_of_worker(child) == rank
         assert backend.loaders.workers[rank] == {worker}, "the rank's workers: its children"
     finally:
         for pid in (child, worker):
