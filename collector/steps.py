@@ -163,6 +163,11 @@ def period_scores(tokens: np.ndarray, log_gap: np.ndarray, log_wait: np.ndarray,
     return score, mismatch
 
 
+def _within(best: float, pairs: int) -> float:
+    """The highest score still within the tolerance of ``best`` (:func:`choose_period`)."""
+    return best + max(0.15, 0.3 * best) + 1.0 / np.sqrt(max(pairs, 1))
+
+
 def choose_period(score: np.ndarray, pairs: int) -> int:
     """The shortest lag whose score is within a tolerance of the best (module docstring, 2).
 
@@ -176,13 +181,11 @@ def choose_period(score: np.ndarray, pairs: int) -> int:
     its length. Lag 1 is left to the first rule: every lag is its multiple, so pooling says
     nothing about it."""
     best = float(np.min(score[1:]))
-    tol = max(0.15, 0.3 * best) + 1.0 / np.sqrt(max(pairs, 1))
-    lag = int(np.flatnonzero(score[1:] <= best + tol)[0]) + 1
+    lag = int(np.flatnonzero(score[1:] <= _within(best, pairs))[0]) + 1
     pooled = [float(np.median(score[d::d])) for d in range(2, (score.size - 1) // 2 + 1)]
     if lag < 4 or not pooled:
         return lag
-    robust = min(pooled)
-    bar = robust + max(0.15, 0.3 * robust) + 1.0 / np.sqrt(max(pairs, 1))
+    bar = _within(min(pooled), pairs)
     for d in range(2, lag):
         if lag % d == 0 and score[d] <= bar:
             return d

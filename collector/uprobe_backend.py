@@ -258,9 +258,8 @@ class UprobeBackend:
         exec) maps the rank's CUDA libraries for as long as it lives, and each was taken for a
         new process of the rank, with a window of no calls (on an H100, 30-40 such windows per
         rank in 6 minutes beside the rank's 38)."""
-        start = self.scanner.started_at(pid)
-        known = self._worker_of.get(pid)
-        if known is not None and known[0] == start:
+        known = self._worker_cached(pid)
+        if known is not None:
             return known[1]
         owner = ppid if ppid in self.probed else self.rank_of_worker(ppid)
         parent = self.records.get(owner) if owner is not None else None
@@ -269,15 +268,18 @@ class UprobeBackend:
             mine = attribute_pid(pid, self.node, self.job_env)
             if (mine.job_id, mine.rank) == (parent.attribution.job_id, parent.attribution.rank):
                 rank = owner
-        self._worker_of[pid] = (start, rank)
+        self._worker_of[pid] = (self.scanner.started_at(pid), rank)
         return rank
+
+    def _worker_cached(self, pid: int) -> tuple[int | None, int | None] | None:
+        """What :meth:`_rank_of_child` found for ``pid``, unless the pid is another process now."""
+        known = self._worker_of.get(pid)
+        return known if known is not None and known[0] == self.scanner.started_at(pid) else None
 
     def rank_of_worker(self, pid: int) -> int | None:
         """The rank whose loader worker (or worker's child) ``pid`` was found to be, or None."""
-        known = self._worker_of.get(pid)
-        if known is None or known[0] != self.scanner.started_at(pid):
-            return None
-        return known[1]
+        known = self._worker_cached(pid)
+        return known[1] if known is not None else None
 
     def _group_loaders(self) -> None:
         """Tell the probes and the loader tracker each rank's loader workers and threads."""

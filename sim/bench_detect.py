@@ -492,7 +492,8 @@ def acceptance(groups: dict[tuple[str, int], list[RunResult]],
             use = true > 0
             mid = float(np.median(eff[use] / true[use])) if use.any() else float("nan")
             out.append((f"{name}: step-time effect of the 10%-slow GPUs within 20% of what "
-                        "they truly add to the step (median ratio)", bool(use.any()) and 0.8 <= mid <= 1.2,
+                        "they truly add to the step (median ratio)",
+                        bool(use.any()) and 0.8 <= mid <= 1.2,
                         f"quoted / true {mid:.2f}" + (
                             f"; quoted median {np.median(eff):+.1%} ({eff.min():+.1%}.."
                             f"{eff.max():+.1%}), true median {np.median(true):+.1%} "

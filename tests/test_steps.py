@@ -50,6 +50,18 @@ def _windows(ev: BoundaryEvents, n: int) -> list[BoundaryEvents]:
             for a, b in zip(cut[:-1], cut[1:])]
 
 
+def _steps_in_every_window(ev: BoundaryEvents, source: str) -> tuple[StepFinder, np.ndarray]:
+    """Feed ``ev`` in 6 windows; each must find steps from ``source``. (the finder, the step
+    histograms pooled over the windows)."""
+    finder = StepFinder()
+    pooled = np.zeros(buckets.NUM_BUCKETS, dtype=np.uint64)
+    for w in _windows(ev, 6):
+        inf = finder.feed(w)
+        assert inf.source == source, inf.refused
+        pooled += inf.step_hist
+    return finder, pooled
+
+
 def _median_ns(hist: np.ndarray) -> float:
     return float(buckets.quantiles_us(hist, [0.5])[0]) * 1e3
 
@@ -72,12 +84,7 @@ def test_three_syncs_per_step_make_one_step(spread, seed):
     of the period used to win (every sixth call: the step read twice its length)."""
     ev, true = _loop([(SYNC, 4, 1), (SYNC, 10, 6), (SYNC, 2, 0.01)], 900, seed=seed,
                      spread=spread, stall_p=0.2)
-    finder = StepFinder()
-    pooled = np.zeros(buckets.NUM_BUCKETS, dtype=np.uint64)
-    for w in _windows(ev, 6):
-        inf = finder.feed(w)
-        assert inf.source == f"inferred:{SYNC}/3", inf.refused
-        pooled += inf.step_hist
+    finder, pooled = _steps_in_every_window(ev, f"inferred:{SYNC}/3")
     assert finder.period == 3
     assert abs(_median_ns(pooled) / np.median(true) - 1) < 0.03
 
@@ -219,10 +226,5 @@ def test_a_pattern_of_two_calls_is_a_loop_however_irregular_its_steps():
     one call a step that irregular is still refused (test_a_call_at_random_times_is_not_a_clock)."""
     ev, true = _loop([(DEV, 4, 1), (DEV, 10, 6)], 900, seed=3, spread=12.0, stall_p=0.2)
     assert np.percentile(true, 90) / np.percentile(true, 10) > 10
-    finder = StepFinder()
-    pooled = np.zeros(buckets.NUM_BUCKETS, dtype=np.uint64)
-    for w in _windows(ev, 6):
-        inf = finder.feed(w)
-        assert inf.source == f"inferred:{DEV}/2", inf.refused
-        pooled += inf.step_hist
+    _, pooled = _steps_in_every_window(ev, f"inferred:{DEV}/2")
     assert abs(_median_ns(pooled) / np.median(true) - 1) < 0.03

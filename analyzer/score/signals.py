@@ -545,11 +545,13 @@ LAUNCH_NOISE_SIGMAS = 1.0
 
 def _less_launch_noise(ratio: np.ndarray, ok: np.ndarray, sigmas: float) -> np.ndarray:
     """``ratio`` less ``sigmas`` robust standard deviations of the group's ratios, not below
-    1 (:data:`LAUNCH_NOISE_SIGMAS` for one GPU; a host's median GPU is read without it). Why: a GPU's launch p50 carries its own persistent offset (core,
-    frequency, NUMA placement) that its CPU side as a whole does not, and read as the whole CPU
-    side's excess that offset alone reached the gate: on a simulated 8-stage pipeline without
-    steps a GPU whose launches were 6% slow, its pace under 3%, was convicted. The host rule has
-    its allowance for the same noise the other way round (``host_effect_sigmas``)."""
+    1 (:data:`LAUNCH_NOISE_SIGMAS` for one GPU; a host's median GPU is read without it).
+
+    Why: a GPU's launch p50 carries its own persistent offset (core, frequency, NUMA
+    placement) that its CPU side as a whole does not, and read as the whole CPU side's excess
+    that offset alone reached the gate: on a simulated 8-stage pipeline without steps a GPU
+    whose launches were 6% slow, its pace under 3%, was convicted. The host rule has its
+    allowance for the same noise the other way round (``host_effect_sigmas``)."""
     if sigmas <= 0 or ok.sum() < 3:
         return ratio
     sigma = 1.4826 * float(np.median(np.abs(ratio[ok] - 1.0)))
